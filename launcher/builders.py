@@ -1,0 +1,231 @@
+"""Pure builders: a request (dataclass) → the srun argv or the sbatch script text.
+
+In the style of torchx's ``slurm_scheduler``: the request is data, ``materialize_*``
+turns it into exactly what will run, and ``--dry-run`` prints that. Every option of
+every het component is written out (srun(1): "Heterogeneous Job Support"; in an sbatch
+het job each srun component names its ``--het-group``). Nothing here runs a process.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .container import Container
+from .layout import CHIEF, Component, JobLayout
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+#: python-ws / python-pt as the first word of a command: the execution mode exported.
+EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
+
+
+@lru_cache(maxsize=None)
+def _template(name: str):
+    import jinja2  # only the sbatch path needs it
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda s: shlex.quote(str(s))
+    return env.get_template(name)
+
+
+def expand_python_word(command: Sequence[str], python: str) -> tuple[list[str], Optional[str]]:
+    """``python-ws run.py ...`` → ``[python, "run.py", ...]`` and the execution mode.
+
+    Returns the command unchanged and ``None`` when its first word is not
+    ``python-ws``/``python-pt``.
+    """
+    if command and command[0] in EXECUTION_MODES:
+        return [python, *command[1:]], EXECUTION_MODES[command[0]]
+    return list(command), None
+
+
+def protect_argv(command: Sequence[str], python: str) -> list[str]:
+    """Make ``command`` safe to place on an srun line.
+
+    srun splits its argv at every lone ``:`` (het separator); a command holding one is
+    run through :mod:`launcher.argv_exec`, which execs the exact argv from JSON.
+    """
+    if ":" in command:
+        return [python, "-m", "launcher.argv_exec", json.dumps(list(command))]
+    return list(command)
+
+
+def _common(partition: str, account: str, job_name: str) -> list[str]:
+    opts = [f"--job-name={job_name}"]
+    if partition:
+        opts.append(f"--partition={partition}")
+    if account:
+        opts.append(f"--account={account}")
+    return opts
+
+
+def _step_resources(allocation_options: list[str]) -> list[str]:
+    """Options of an allocation that an srun step inside it repeats: the task shape and
+    GRES. Slurm ≥ 22.05 does not pass ``--cpus-per-task`` from sbatch to srun, so it is
+    written again; job-level options (name, partition, account, exclusive, exclude) are not.
+    """
+    keep = ("--nodes=", "--ntasks=", "--ntasks-per-node=", "--cpus-per-task=", "--gres=")
+    return [o for o in allocation_options if o.startswith(keep)]
+
+
+@dataclass(frozen=True)
+class WseRequest:
+    """A csrun_wse launch: a :class:`JobLayout` and the command every task runs.
+
+    ``command`` is the final argv (``python-ws`` already expanded); ``exclude_node`` is
+    the GRES node, kept out of the non-chief components; ``job_env`` are variables the
+    same for the whole job (exported by csrun_wse itself so that any value survives).
+    """
+
+    layout: JobLayout
+    command: tuple[str, ...]
+    python: str
+    container: Container = field(default_factory=Container)
+    execution_mode: Optional[str] = None
+    partition: str = ""
+    account: str = ""
+    exclude_node: str = ""
+    job_name: str = "csrun_wse"
+    shard_plan: Optional[str] = None
+
+    def task_command(self) -> list[str]:
+        """The argv each task executes (container-wrapped, ``:``-safe)."""
+        return self.container.wrap(protect_argv(self.command, self.python))
+
+    def job_env(self) -> list[tuple[str, str]]:
+        """Variables csrun_wse sets in its own environment before srun (``--export=ALL``)."""
+        return [("CSRUN_SHARD_PLAN", self.shard_plan)] if self.shard_plan else []
+
+    def component_env(self, comp: Component) -> list[tuple[str, str]]:
+        """The role contract of ``docs/CONTRACT.md`` for one component."""
+        env = [
+            ("CSRUN_ROLE", comp.role),
+            ("CSRUN_HET_GROUP", str(comp.het_group)),
+            ("CSRUN_TASK_OFFSET", str(comp.task_offset)),
+            ("CSRUN_WORKER_OFFSET", str(comp.worker_offset)),
+            ("CSRUN_NUM_WORKERS", str(self.layout.num_workers)),
+            ("CSRUN_NUM_TASKS", str(self.layout.num_tasks)),
+            ("CSRUN_CPUS_PER_TASK", str(comp.cpus_per_task or "")),
+            ("PYTHONUNBUFFERED", "1"),
+        ]
+        if self.execution_mode:
+            env.append(("CSRUN_EXECUTION_MODE", self.execution_mode))
+        return env
+
+    def allocation_options(self, comp: Component) -> list[str]:
+        """Resource options of one component (shared by srun and ``#SBATCH``)."""
+        opts = _common(self.partition, self.account, self.job_name)
+        opts += [f"--nodes={comp.nodes}", f"--ntasks={comp.ntasks}",
+                 f"--ntasks-per-node={comp.tasks_per_node}"]
+        if comp.cpus_per_task:
+            opts.append(f"--cpus-per-task={comp.cpus_per_task}")
+        if comp.gres:
+            opts.append(f"--gres={comp.gres}")
+        if comp.exclusive:
+            opts.append("--exclusive")
+        if comp.role != CHIEF and self.exclude_node:
+            opts.append(f"--exclude={self.exclude_node}")
+        return opts
+
+    def step_options(self, comp: Component) -> list[str]:
+        """Step options of one component: distribution, failure policy, output, env."""
+        export = ",".join(["ALL"] + [f"{k}={v}" for k, v in self.component_env(comp)])
+        return [f"--distribution={comp.distribution}", "--kill-on-bad-exit=1", "--unbuffered",
+                f"--export={export}", *self.container.srun_options()]
+
+    def materialize_srun(self) -> list[str]:
+        """The full srun argv: ``srun <comp 0 options> CMD : <comp 1 options> CMD ...``."""
+        argv = ["srun"]
+        cmd = self.task_command()
+        for i, comp in enumerate(self.layout.components):
+            if i:
+                argv.append(":")
+            argv += self.allocation_options(comp) + self.step_options(comp) + cmd
+        return argv
+
+    def srun_line(self) -> str:
+        """One POSIX-shell line that reproduces the launch, job env included."""
+        env = [f"{k}={v}" for k, v in self.job_env()]
+        return shlex.join((["env", *env] if env else []) + self.materialize_srun())
+
+    def materialize_sbatch(self) -> str:
+        """The sbatch het-job script (``templates/csrun_wse.sbatch.j2``)."""
+        comps = []
+        for comp in self.layout.components:
+            sbatch = self.allocation_options(comp)
+            if comp.het_group == 0:
+                sbatch.append(f"--output={self.job_name}-%j.out")
+            srun = [f"--het-group={comp.het_group}"] + _step_resources(self.allocation_options(comp)) \
+                + self.step_options(comp)
+            comps.append({**comp.__dict__, "sbatch_options": sbatch, "srun_options": srun})
+        return _template("csrun_wse.sbatch.j2").render(
+            components=comps,
+            command=self.task_command(),
+            job_env=self.job_env(),
+            total_nodes=self.layout.total_nodes,
+            num_tasks=self.layout.num_tasks,
+            num_workers=self.layout.num_workers,
+        )
+
+
+@dataclass(frozen=True)
+class CpuRequest:
+    """A csrun_cpu run: one task on one CPU node.
+
+    With ``alloc_node`` the task holds the whole node (``--exclusive`` and all its
+    ``node_cpus``), as the original's ``--alloc-node`` default; otherwise it asks for
+    ``cpus_per_task``. ``exclude_node`` (the GRES node) is always excluded.
+    """
+
+    command: tuple[str, ...]
+    python: str
+    alloc_node: bool = True
+    node_cpus: int = 1
+    cpus_per_task: int = 1
+    container: Container = field(default_factory=Container)
+    partition: str = ""
+    account: str = ""
+    exclude_node: str = ""
+    pty: bool = False
+    job_name: str = "csrun_cpu"
+
+    def allocation_options(self) -> list[str]:
+        opts = _common(self.partition, self.account, self.job_name)
+        cpus = self.node_cpus if self.alloc_node else self.cpus_per_task
+        opts += ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+        if self.alloc_node:
+            opts.append("--exclusive")
+        if self.exclude_node:
+            opts.append(f"--exclude={self.exclude_node}")
+        return opts
+
+    def step_options(self) -> list[str]:
+        opts = ["--kill-on-bad-exit=1", "--pty" if self.pty else "--unbuffered"]
+        return opts + self.container.srun_options()
+
+    def task_command(self) -> list[str]:
+        return self.container.wrap(protect_argv(self.command, self.python))
+
+    def materialize_srun(self) -> list[str]:
+        """The srun argv."""
+        return ["srun", *self.allocation_options(), *self.step_options(), *self.task_command()]
+
+    def srun_line(self) -> str:
+        return shlex.join(self.materialize_srun())
+
+    def materialize_sbatch(self) -> str:
+        """The sbatch script (``templates/csrun_cpu.sbatch.j2``)."""
+        sbatch = self.allocation_options() + [f"--output={self.job_name}-%j.out"]
+        srun = _step_resources(self.allocation_options()) + [o for o in self.step_options() if o != "--pty"]
+        return _template("csrun_cpu.sbatch.j2").render(
+            sbatch_options=sbatch, srun_options=srun, command=self.task_command(),
+            alloc_node=self.alloc_node)

@@ -1,0 +1,163 @@
+"""The heterogeneous job layout of ``csrun_wse``: pure data, no Slurm calls.
+
+A layout is a list of het components (Slurm het groups), each ``nodes × tasks_per_node``
+tasks with ``cpus_per_task`` CPUs. The shapes are the original ``csrun_wse``'s:
+
+* 1 node: one component of T tasks × C CPUs, exclusive, with the GRES.
+* N > 1, no single-task nodes: component 0 = 1 node × T tasks × C CPUs with the GRES;
+  component 1 = N−1 nodes × T tasks × C CPUs, exclusive, block or cyclic.
+* S single-task nodes (0 < S < N): S components of 1 node × 1 task holding all the
+  node's CPUs (the first with the GRES), then N−S nodes × T tasks × C CPUs, exclusive,
+  block or cyclic. Total tasks S + (N−S)·T.
+
+Task roles (see ``docs/CONTRACT.md``): task 0 of het group 0 is the chief; every other
+task is an input worker.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .errors import CsrunError
+
+CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One het component (het group) of the job.
+
+    ``cpus_per_task`` is ``None`` when Slurm chooses (``--tasks-per-node`` given and the
+    default CPUs do not fit). ``task_offset`` is the global ``SLURM_PROCID`` of its first
+    task; ``worker_offset`` the input-worker index of its first input-worker task.
+    """
+
+    het_group: int
+    role: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: Optional[int]
+    gres: str
+    exclusive: bool
+    distribution: str
+    task_offset: int
+    worker_offset: int
+
+    @property
+    def ntasks(self) -> int:
+        """Tasks in this component: ``nodes × tasks_per_node``."""
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def num_workers(self) -> int:
+        """Input-worker tasks in this component (the chief is not one)."""
+        return self.ntasks - 1 if self.role == CHIEF else self.ntasks
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """All het components of a csrun_wse job, in het-group order."""
+
+    components: tuple[Component, ...]
+
+    @property
+    def total_nodes(self) -> int:
+        return sum(c.nodes for c in self.components)
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks in the whole het step (``SLURM_NTASKS``)."""
+        return sum(c.ntasks for c in self.components)
+
+    @property
+    def num_workers(self) -> int:
+        """Input-worker tasks in the whole job (all tasks but the chief)."""
+        return self.num_tasks - 1
+
+
+def resolve_counts(
+    tasks_per_node: Optional[int],
+    cpus_per_task: Optional[int],
+    default_tasks: int,
+    default_cpus: int,
+    node_cpus: int,
+) -> tuple[int, Optional[int]]:
+    """Resolve ``(tasks_per_node, cpus_per_task)`` from the flags, the defaults and the
+    CPUs of a node (from Slurm: ``sinfo %c``).
+
+    Rules (csrun_wse issue; the original's help text):
+
+    * both given: kept; ``T × C`` must fit the node.
+    * ``--tasks-per-node`` only: keep the default CPUs if T of them fit, else ``None``
+      (Slurm chooses).
+    * ``--cpus-per-task`` only: ``T = floor(node_cpus / C)``.
+    * neither: the defaults, by the rule for ``--tasks-per-node`` only.
+
+    Raises :class:`CsrunError` naming the flag (or ``defaults.*`` key) and value when T
+    or C alone exceeds the node, or ``T × C`` does.
+    """
+    if node_cpus < 1:
+        raise CsrunError(f"node CPUs {node_cpus}: Slurm reports no CPUs on the nodes")
+    if cpus_per_task is not None and cpus_per_task > node_cpus:
+        raise CsrunError(f"--cpus-per-task {cpus_per_task}: more than the {node_cpus} CPUs of a node")
+    if tasks_per_node is None and cpus_per_task is not None:
+        return node_cpus // cpus_per_task, cpus_per_task
+    t_flag = "--tasks-per-node" if tasks_per_node is not None else "defaults.tasks_per_node"
+    t = tasks_per_node if tasks_per_node is not None else default_tasks
+    if t > node_cpus:
+        raise CsrunError(f"{t_flag} {t}: more tasks than the {node_cpus} CPUs of a node")
+    if cpus_per_task is not None:
+        if t * cpus_per_task > node_cpus:
+            raise CsrunError(
+                f"--tasks-per-node {t} × --cpus-per-task {cpus_per_task} = {t * cpus_per_task}: "
+                f"more than the {node_cpus} CPUs of a node")
+        return t, cpus_per_task
+    return t, (default_cpus if t * default_cpus <= node_cpus else None)
+
+
+def plan_layout(
+    total_nodes: int,
+    tasks_per_node: int,
+    cpus_per_task: Optional[int],
+    single_task_nodes: int = 0,
+    cyclic: bool = False,
+    gres: str = "",
+    node_cpus: int = 1,
+) -> JobLayout:
+    """Build the het components for ``N = total_nodes``, ``T``, ``C``, ``S``.
+
+    ``node_cpus`` is given to single-task components (one task owns the node).
+    Raises :class:`CsrunError` for N < 1, T < 1, C < 1, S < 0 or S ≥ N.
+    """
+    if total_nodes < 1:
+        raise CsrunError(f"--total-nodes {total_nodes}: must be a positive integer")
+    if tasks_per_node < 1:
+        raise CsrunError(f"--tasks-per-node {tasks_per_node}: must be a positive integer")
+    if cpus_per_task is not None and cpus_per_task < 1:
+        raise CsrunError(f"--cpus-per-task {cpus_per_task}: must be a positive integer")
+    if single_task_nodes < 0:
+        raise CsrunError(f"--single-task-nodes {single_task_nodes}: must be 0 or more")
+    if single_task_nodes and single_task_nodes >= total_nodes:
+        raise CsrunError(
+            f"--single-task-nodes {single_task_nodes}: must be less than --total-nodes {total_nodes}")
+    dist = "cyclic" if cyclic else "block"
+    comps: list[Component] = []
+    task_off = worker_off = 0
+
+    def add(role: str, nodes: int, t: int, c: Optional[int], g: str, distribution: str) -> None:
+        nonlocal task_off, worker_off
+        comp = Component(len(comps), role, nodes, t, c, g, True, distribution, task_off, worker_off)
+        comps.append(comp)
+        task_off += comp.ntasks
+        worker_off += comp.num_workers
+
+    if single_task_nodes == 0:
+        add(CHIEF, 1, tasks_per_node, cpus_per_task, gres, "block")
+        if total_nodes > 1:
+            add(WORKER, total_nodes - 1, tasks_per_node, cpus_per_task, "", dist)
+    else:
+        add(CHIEF, 1, 1, node_cpus, gres, "block")
+        for _ in range(single_task_nodes - 1):
+            add(SINGLE_TASK, 1, 1, node_cpus, "", "block")
+        add(WORKER, total_nodes - single_task_nodes, tasks_per_node, cpus_per_task, "", dist)
+    return JobLayout(tuple(comps))

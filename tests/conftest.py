@@ -1,0 +1,49 @@
+"""Shared pytest fixtures.
+
+``slurm_cluster`` starts the real Slurm test cluster (``slurm-test-cluster/cluster up``,
+idempotent: a running cluster is reused) once per session and exports ``SLURM_CONF`` so
+that csrun and the Slurm client commands in the tests talk to it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "slurm-test-cluster" / "cluster"
+BIN = Path(sys.executable).parent
+
+
+def _cluster_conf() -> Path:
+    out = subprocess.run([str(CLUSTER), "env"], capture_output=True, text=True, check=True).stdout
+    # "export SLURM_CONF=/path" (the path is shell-quoted with printf %q; ours has no specials)
+    return Path(out.strip().split("=", 1)[1])
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict:
+    """Start (or reuse) the test cluster; returns ``{"conf": Path, "env": dict}``.
+
+    Skips the test when the Slurm daemons are not installed (run scripts/setup.sh).
+    """
+    if not (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists()):
+        pytest.skip("Slurm is not installed here: run scripts/setup.sh")
+    proc = subprocess.run([str(CLUSTER), "up"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"cluster up failed:\n{proc.stdout}\n{proc.stderr}")
+    conf = _cluster_conf()
+    os.environ["SLURM_CONF"] = str(conf)
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return {"conf": conf, "env": env}
+
+
+@pytest.fixture()
+def cli_env(slurm_cluster) -> dict:
+    """Environment for running csrun CLIs as subprocesses against the test cluster."""
+    return dict(slurm_cluster["env"])
