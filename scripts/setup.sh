@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set csrun up on a fresh Debian machine (run as root): Debian's slurm-wlm + munge,
+# a virtual environment .venv with csrun (editable) + TensorFlow + test tools, and the
+# local Slurm test cluster started (slurm-test-cluster/cluster up). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need_apt+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need_apt+=(munge)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "setup: installing ${need_apt[*]} (apt)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    python3 -m venv .venv
+fi
+stamp=.venv/.csrun-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing csrun[all,test] into .venv (TensorFlow included; about a minute)"
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[all,test]'
+    touch "$stamp"
+fi
+
+slurm-test-cluster/cluster up
+echo "setup: done. Use: source <(slurm-test-cluster/cluster env); export PATH=\"$PWD/.venv/bin:\$PATH\""
