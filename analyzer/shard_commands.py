@@ -1,0 +1,347 @@
+"""The ``shard-plan`` and ``reshard`` subcommands of ``cs_input_analyzer``.
+
+Rule source: the seeds' performance guide (seed 002, "Shard your input data") and the
+CerebrasEstimator limitations (seed 000, "Multiple input workers"). The work is done
+by :mod:`analyzer.shardplan` and :mod:`analyzer.reshard`; this module parses flags,
+resolves the worker layout and prints. Bad input is one line ``Error: ...`` with exit
+status 2 (:class:`analyzer.cli.BadInput`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from typing import Any, Optional
+
+import click
+
+from launcher.shardplan_schema import input_worker_count
+
+__all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
+
+
+def _bad(message: str) -> click.ClickException:
+    from .cli import BadInput
+
+    return BadInput(message)
+
+
+class OneLineCommand(click.Command):
+    """Reports click's own usage errors (bad option values, missing flags) as one line
+    with exit status 2, like every other bad input."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _bad(exc.format_message()) from None
+
+
+def _pos_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _read_report(path: str) -> tuple[dict, str]:
+    file = os.path.join(path, "report.json") if os.path.isdir(path) else path
+    try:
+        with open(file, "r", encoding="utf-8") as fh:
+            report = json.load(fh)
+    except FileNotFoundError:
+        raise _bad(f"--from-report {path}: no report.json there (run cs_input_analyzer first)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _bad(f"--from-report {path}: cannot read {file} ({exc})") from None
+    if not isinstance(report, dict):
+        raise _bad(f"--from-report {path}: {file}: expected a JSON object")
+    return report, file
+
+
+def _report_number(report: dict, *keys: tuple[str, ...]) -> Optional[float]:
+    for path in keys:
+        cur: Any = report
+        for k in path:
+            cur = cur.get(k) if isinstance(cur, dict) else None
+        if isinstance(cur, (int, float)) and not isinstance(cur, bool) and cur > 0:
+            return float(cur)
+    return None
+
+
+def resolve_layout(workers: Optional[int], nodes: Optional[int], tasks_per_node: Optional[int],
+                   single_task_nodes: Optional[int], report_dir: Optional[str]) -> tuple[int, dict, int, dict]:
+    """Resolve the worker layout from exactly one of ``--workers``, ``--nodes`` (with
+    ``--tasks-per-node``/``--single-task-nodes``) and ``--from-report``.
+
+    ``--nodes``/the report's recommendation are csrun_wse's ``--total-nodes``,
+    ``--tasks-per-node`` and ``--single-task-nodes``: the input workers are every task
+    but the chief (:func:`launcher.shardplan_schema.input_worker_count`).
+
+    Returns ``(num_workers, layout dict, workers_per_node, report or {})``. Raises
+    :class:`analyzer.cli.BadInput` (exit 2) naming the flag or report field.
+    """
+    given = [n for n, v in (("--workers", workers), ("--nodes", nodes), ("--from-report", report_dir))
+             if v is not None]
+    if len(given) != 1:
+        raise _bad("give exactly one worker layout: --workers N, --nodes N [--tasks-per-node T] "
+                   "[--single-task-nodes S], or --from-report DIR"
+                   + (f" (got {' and '.join(given)})" if given else ""))
+    if nodes is None and (tasks_per_node is not None or single_task_nodes is not None):
+        flag = "--tasks-per-node" if tasks_per_node is not None else "--single-task-nodes"
+        raise _bad(f"{flag}: only with --nodes (it describes csrun_wse's layout)")
+    if workers is not None:
+        return _pos_int(workers, "--workers"), {"source": "--workers", "input_workers": workers}, 1, {}
+    report: dict = {}
+    if nodes is not None:
+        n, t, s = nodes, 1 if tasks_per_node is None else tasks_per_node, single_task_nodes or 0
+        source = "--nodes"
+        cpus = None
+        names = ("--nodes", "--tasks-per-node", "--single-task-nodes")
+        try:
+            w = input_worker_count(n, t, s)
+        except ValueError as exc:
+            raise _bad(str(exc).replace("--total-nodes", "--nodes")) from None
+    else:
+        report, file = _read_report(report_dir)  # type: ignore[arg-type]
+        rec = report.get("recommendation")
+        if not isinstance(rec, dict):
+            raise _bad(f"--from-report {report_dir}: {file}: recommendation: missing "
+                       f"(the analysis made no recommendation)")
+        n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
+        t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
+        s = rec.get("single_task_nodes") or 0
+        cpus = rec.get("cpus_per_task")
+        source = f"--from-report {file}"
+        names = ("recommendation.nodes", "recommendation.tasks_per_node", "recommendation.single_task_nodes")
+        try:
+            w = input_worker_count(n, t, s)
+        except ValueError as exc:
+            raise _bad(f"--from-report {file}: {exc}") from None
+        stated = rec.get("input_workers")
+        if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
+            raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
+                       f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}) = {w} input workers")
+    if w < 1:
+        raise _bad(f"{names[0]} {n} {names[1]} {t}: the layout has no input worker (the chief runs "
+                   "input_fn in-process); no shard plan is needed")
+    layout = {"source": source, "nodes": n, "tasks_per_node": t, "single_task_nodes": s,
+              "cpus_per_task": cpus, "input_workers": w,
+              "rule": "input workers = every task but the chief (docs/CONTRACT.md)"}
+    return w, layout, t, report
+
+
+def _node_memory() -> tuple[Optional[int], str]:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total), "this host's memory (psutil)"
+    except Exception:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
+        except (ValueError, OSError, AttributeError):
+            return None, ""
+
+
+@click.command("shard-plan", cls=OneLineCommand)
+@click.argument("sources", nargs=-1)
+@click.option("--params", "params_path", metavar="YAML",
+              help="Model Zoo params: the data is train_input.data_dir (str or list); also "
+                   "reads shuffle_buffer, batch_size, shuffle_seed.")
+@click.option("--pattern", metavar="GLOB", help="File names to take from data directories "
+              "(default: *.tfrecord* if any, else every non-hidden file).")
+@click.option("--workers", type=int, help="Number of input workers.")
+@click.option("--nodes", type=int, help="csrun_wse --total-nodes (with --tasks-per-node, "
+              "--single-task-nodes): the plan is for its input workers (every task but the chief).")
+@click.option("--tasks-per-node", type=int, help="csrun_wse --tasks-per-node (default 1).")
+@click.option("--single-task-nodes", type=int, help="csrun_wse --single-task-nodes (default 0).")
+@click.option("--from-report", "report_dir", metavar="DIR",
+              help="Use the layout recommended in DIR/report.json (cs_input_analyzer's output).")
+@click.option("--seed", type=int, help="Base shuffle seed (default: train_input.shuffle_seed, else 0); "
+              "each worker gets a distinct seed derived from it.")
+@click.option("--mode", type=click.Choice(["auto", "shard", "replicate"]), default="auto",
+              show_default=True, help="shard: each file to one worker; replicate: every worker reads "
+              "all files with its own seed; auto: shard unless there are fewer files than workers.")
+@click.option("--balance-by", type=click.Choice(["auto", "bytes", "records"]), default="auto",
+              show_default=True, help="auto: records when every file was counted, else bytes.")
+@click.option("--count", type=click.Choice(["auto", "yes", "no"]), default="auto", show_default=True,
+              help="Count TFRecord records (walks the framing; no proto parsing).")
+@click.option("--count-budget", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="Time budget for counting; past it records are estimated from bytes.")
+@click.option("--shuffle-buffer", type=int, metavar="N",
+              help="Elements in each worker's shuffle buffer (default: train_input.shuffle_buffer, "
+                   "else 10 × batch_size).")
+@click.option("--element-bytes", metavar="SIZE",
+              help="Bytes per element in the shuffle buffer (default: the report's measurement, else "
+                   "the mean TFRecord record size).")
+@click.option("--node-memory", metavar="SIZE", help="Memory of an input node, e.g. 256G "
+              "(default: the report's, else this host's).")
+@click.option("-o", "--output", default="shard_plan.json", show_default=True, metavar="PATH",
+              help="Where to write the plan (JSON).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
+def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern: Optional[str],
+                   workers: Optional[int], nodes: Optional[int], tasks_per_node: Optional[int],
+                   single_task_nodes: Optional[int], report_dir: Optional[str], seed: Optional[int],
+                   mode: str, balance_by: str, count: str, count_budget: float,
+                   shuffle_buffer: Optional[int], element_bytes: Optional[str],
+                   node_memory: Optional[str], output: str, as_json: bool) -> None:
+    """Plan which data files each input worker reads (SOURCES: files, directories, globs).
+
+    Files are assigned whole, balancing records (when counted) or bytes with LPT; each
+    worker gets a distinct shuffle seed. Warns, with the fix, about too few files, a
+    dominating file, uneven loads and shuffle buffers that do not fit a node. Use the
+    plan with: csrun_wse --shard-plan PLAN ...
+    """
+    from . import shardplan as sp
+    from .datafiles import expand_sources, read_params
+
+    num_workers, layout, per_node, report = resolve_layout(
+        workers, nodes, tasks_per_node, single_task_nodes, report_dir)
+    if count_budget < 0:
+        raise _bad(f"--count-budget {count_budget}: must be >= 0")
+    if shuffle_buffer is not None and shuffle_buffer < 0:
+        raise _bad(f"--shuffle-buffer {shuffle_buffer}: must be >= 0")
+    try:
+        elem = sp.parse_size(element_bytes) if element_bytes is not None else None
+    except ValueError as exc:
+        raise _bad(f"--element-bytes {element_bytes!r}: {exc}") from None
+    try:
+        mem = sp.parse_size(node_memory) if node_memory is not None else None
+    except ValueError as exc:
+        raise _bad(f"--node-memory {node_memory!r}: {exc}") from None
+
+    params = None
+    if params_path is not None:
+        try:
+            params = read_params(params_path)
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+    if not sources and params is None:
+        raise _bad("no data files: give SOURCES (files, directories, globs) or --params YAML "
+                   "with train_input.data_dir")
+    try:
+        paths, dups = expand_sources(list(sources), pattern=pattern, what="SOURCES") if sources else ([], 0)
+        if params is not None:
+            more, d2 = expand_sources(params.data_dirs, pattern=pattern,
+                                      what=f"--params {params_path}: train_input.data_dir")
+            merged, d3 = expand_sources(paths + more, what="SOURCES") if paths else (more, 0)
+            paths, dups = merged, dups + d2 + d3
+        gathered = sp.gather_files(paths, count=count, budget_s=count_budget, duplicates=dups)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+    base_seed = seed if seed is not None else (params.shuffle_seed if params and params.shuffle_seed
+                                               is not None else 0)
+    buf = shuffle_buffer if shuffle_buffer is not None else (params.shuffle_buffer if params else None)
+    elem_src = "--element-bytes"
+    if elem is None:
+        rep_elem = _report_number(report, ("element_bytes",), ("measurements", "element_bytes"),
+                                  ("recommendation", "element_bytes"))
+        if rep_elem is not None:
+            elem, elem_src = rep_elem, "measured by the analyzer (report.json)"
+        elif gathered.mean_record_bytes:
+            elem = gathered.mean_record_bytes
+            elem_src = "mean serialized TFRecord record; decoded elements may be larger (--element-bytes)"
+    mem_src = "--node-memory"
+    if mem is None:
+        rep_mem = _report_number(report, ("node_memory_bytes",), ("node", "memory_bytes"))
+        if rep_mem is not None:
+            mem, mem_src = int(rep_mem), "report.json"
+        else:
+            mem, mem_src = _node_memory()
+    hint_sources = list(sources) or (params.data_dirs if params else [])
+    try:
+        plan = sp.plan_shards(
+            gathered.table, num_workers, base_seed=base_seed, mode=mode,
+            balance_by=None if balance_by == "auto" else balance_by, layout=layout,
+            records_exact=gathered.records_exact, records_estimate=gathered.records_estimate,
+            shuffle_buffer=buf, element_bytes=elem, element_source=elem_src,
+            workers_per_node=per_node, node_memory_bytes=mem,
+            reshard_hint=shlex.join(hint_sources), extra_warnings=gathered.warnings)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    if plan.shuffle is not None and plan.shuffle.get("checked"):
+        plan.shuffle["node_memory_source"] = mem_src
+    try:
+        written = plan.write_json(output)
+    except OSError as exc:
+        raise _bad(f"--output {output}: cannot write ({exc.strerror})") from None
+
+    if as_json:
+        out = plan.header_dict()
+        out["output"] = written
+        click.echo(json.dumps(out, indent=1))
+        return
+    tot_rec = plan.total_records
+    rec_text = (f", {tot_rec:,} records" if tot_rec is not None else
+                (f", ~{plan.records_estimate:,} records (estimated)" if plan.records_estimate else ""))
+    lay = (f" (csrun_wse --total-nodes {layout['nodes']} --tasks-per-node {layout['tasks_per_node']}"
+           + (f" --single-task-nodes {layout['single_task_nodes']}" if layout.get("single_task_nodes") else "")
+           + ": every task but the chief)") if "nodes" in layout else ""
+    click.echo(f"shard plan: {len(plan.paths):,} files ({sp.format_bytes(plan.total_bytes)}{rec_text}) "
+               f"-> {num_workers:,} input workers{lay}")
+    imb = f"imbalance (max/mean): {plan.imbalance_bytes:.3f} bytes"
+    if plan.imbalance_records is not None:
+        imb += f", {plan.imbalance_records:.3f} records"
+    click.echo(f"mode: {plan.mode}; balanced by {plan.balance_by}; {imb}")
+    if plan.mode == "shard":
+        per = [int(plan.offsets[i + 1] - plan.offsets[i]) for i in range(min(num_workers, 1_000_000))]
+        click.echo(f"files per worker: {min(per)}..{max(per)}; seeds: distinct, from base seed {plan.base_seed}")
+    else:
+        click.echo(f"every worker reads all {len(plan.paths)} files; seeds: distinct, from base seed "
+                   f"{plan.base_seed}")
+    if plan.shuffle and plan.shuffle.get("checked"):
+        s = plan.shuffle
+        click.echo(f"shuffle buffers: {sp.format_bytes(s['per_node_bytes'])} per node "
+                   f"({s['workers_per_node']} × {s['buffer_elements']} × {sp.format_bytes(s['element_bytes'])}) "
+                   f"of {sp.format_bytes(s['node_memory_bytes'])} ({mem_src}): "
+                   f"{'fits' if s['fits'] else 'does NOT fit'}")
+    for w in plan.warnings:
+        click.echo(f"{w.severity} [{w.code}]: {w.message}")
+        if w.fix:
+            click.echo(f"  fix: {w.fix}")
+    click.echo(f"written: {written}")
+    click.echo(f"use it: csrun_wse --shard-plan {shlex.quote(written)} ...")
+
+
+@click.command("reshard", cls=OneLineCommand)
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--num-shards", type=int, required=True, help="Number of shards to write (e.g. k × workers).")
+@click.option("-o", "--output", required=True, metavar="DIR", help="New directory for the shards "
+              "(must not exist).")
+@click.option("--prefix", default="shard", show_default=True, help="Shard file name prefix.")
+@click.option("--pattern", metavar="GLOB", help="File names to take from source directories.")
+@click.option("--verify-crc", is_flag=True, help="Also check every record's data CRC (slow "
+              "without a crc32c package).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def reshard_cmd(sources: tuple[str, ...], num_shards: int, output: str, prefix: str,
+                pattern: Optional[str], verify_crc: bool, progress: bool, as_json: bool) -> None:
+    """Rewrite TFRecord files (SOURCES: files, directories, globs) into N balanced shards.
+
+    Records are copied verbatim and dealt to the shard with the fewest bytes. The shards
+    appear in DIR only when complete and verified (same record count and
+    order-independent checksum); an existing DIR is never overwritten; an interrupted
+    run leaves neither DIR nor temporary files, and never touches the input.
+    """
+    from .reshard import ReshardVerificationError, reshard
+    from .shardplan import format_bytes
+
+    try:
+        res = reshard(list(sources), num_shards, output, prefix=prefix, verify_crc=verify_crc,
+                      progress=progress, pattern=pattern)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+    except ReshardVerificationError as exc:
+        raise click.ClickException(f"verification failed, nothing written: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=1))
+        return
+    click.echo(f"resharded {res.sources} file(s): {res.records:,} records, {format_bytes(res.bytes)} "
+               f"-> {res.num_shards} shards in {res.output} (shard bytes max/mean "
+               f"{res.imbalance_bytes:.3f}; {min(res.shard_records)}..{max(res.shard_records)} records "
+               f"per shard) in {res.seconds:.1f} s")
+    click.echo(f"verified: the multiset of records is unchanged ({res.records:,} records, "
+               f"order-independent checksum {res.checksum})")
+    for p in res.removed_stale:
+        click.echo(f"removed a leftover temporary directory: {p}", err=True)
+    sys.stdout.flush()
