@@ -1,0 +1,14 @@
+"""Digits: train/evaluate a small fully connected classifier on real data through csrun.
+
+    python examples/digits/run.py --params examples/digits/configs/params.yaml --mode train
+    csrun_wse --total-nodes 4 --single-task-nodes 1 --tasks-per-node 2 \
+        python-ws examples/digits/run.py --params examples/digits/configs/params.yaml \
+        --mode train --max_steps 400
+"""
+from launcher.runtime import run  # first: it quiets TensorFlow's C++ start-up logging
+
+from data import eval_input_fn, input_fn  # noqa: E402
+from model import model_fn  # noqa: E402
+
+if __name__ == "__main__":
+    run(input_fn=input_fn, model_fn=model_fn, eval_input_fn=eval_input_fn)

@@ -1,0 +1,138 @@
+"""model_dir artifacts (seed 003): performance/performance.json, params YAML, reports.
+
+Pure Python; the checkpoint and TensorBoard helpers live in :mod:`launcher.runtime.runner`
+(they need TensorFlow).
+
+Layout written by the runtime::
+
+    <model_dir>/
+      model-ckpt-<step>.index / .data-*   checkpoints (tf.train.CheckpointManager), `checkpoint`
+      events.out.tfevents.*               TensorBoard: loss, samples_per_sec, input_wait_fraction
+      performance/performance.json        see :func:`performance_record`
+      train/params_train.yaml             resolved params of a training run
+      eval/params_eval.yaml, eval/results.json, eval/events.out.tfevents.*
+      compile_report.txt, compile_report.json   compile_only
+      validate_report.txt                 validate_only
+      .csrun/<SLURM_JOB_ID>.<SLURM_STEP_ID>/    rendezvous of a multi-task job (service.py)
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import yaml
+
+__all__ = ["write_json", "read_json", "write_params_yaml", "performance_record",
+           "INPUT_BOTTLENECK_THRESHOLD"]
+
+#: ``suspected_input_bottleneck`` is true when the chief spent more than this share of the
+#: training loop's wall time (after the first step) waiting for the next batch.
+INPUT_BOTTLENECK_THRESHOLD = 0.10
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: Optional[int] = 2) -> Path:
+    """Write JSON atomically (temporary file in the same directory, then rename).
+
+    Readers on a shared file system never see a partial file. Returns the path.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent, sort_keys=False, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def read_json(path: str | os.PathLike) -> Optional[Any]:
+    """Read JSON; ``None`` when the file is missing or (being replaced and) unreadable."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_params_yaml(model_dir: str | os.PathLike, params: Mapping[str, Any], kind: str) -> Path:
+    """Write the resolved params as ``<model_dir>/<kind>/params_<kind>.yaml`` (seed 003).
+
+    Args:
+        kind: ``"train"`` or ``"eval"``.
+    """
+    path = Path(model_dir) / kind / f"params_{kind}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(_plain(params), f, sort_keys=False)
+    return path
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def performance_record(*, batch_size: int, steps: int, total_time: float, first_step_time: float,
+                       compute_times: Sequence[float], wait_times: Sequence[float],
+                       loop_time_after_first: float, programming_time: float,
+                       extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The ``performance/performance.json`` record of a training run (seed 003 keys first).
+
+    Every figure is measured on the chief:
+
+    - ``total_samples`` = ``steps`` × ``batch_size`` (samples);
+    - ``total_time``: wall seconds from the start of the first step to the end of the last
+      (includes the first step's trace/compile, input waits and checkpoint saves);
+    - ``samples_per_sec`` = ``total_samples / total_time``;
+    - ``compile_time``: the first step's wall time minus the median later step (seconds;
+      tracing + XLA compile of the train step);
+    - ``est_samples_per_sec``: ``batch_size`` / median compute time of steps 2..N, i.e. the
+      rate if input were free (samples/s);
+    - ``programming_time``: seconds from process start to the start of the first step;
+    - ``input_wait_fraction``: time waiting for the next batch over loop time, steps 2..N;
+    - ``suspected_input_bottleneck``: ``input_wait_fraction > INPUT_BOTTLENECK_THRESHOLD``.
+
+    Args:
+        compute_times, wait_times: per-step seconds for steps 2..N (the first excluded).
+        loop_time_after_first: wall seconds of steps 2..N.
+        extra: more keys appended (layout, per-worker batch counts, ...).
+    """
+    median_compute = statistics.median(compute_times) if compute_times else first_step_time
+    total_samples = int(steps) * int(batch_size)
+    wait_total = float(sum(wait_times))
+    wait_fraction = (wait_total / loop_time_after_first) if loop_time_after_first > 0 else 0.0
+    rec: Dict[str, Any] = {
+        "compile_time": round(max(0.0, first_step_time - median_compute), 4),
+        "est_samples_per_sec": round(batch_size / median_compute, 2) if median_compute > 0 else None,
+        "programming_time": round(programming_time, 4),
+        "samples_per_sec": round(total_samples / total_time, 2) if total_time > 0 else None,
+        "suspected_input_bottleneck": bool(wait_fraction > INPUT_BOTTLENECK_THRESHOLD),
+        "total_samples": total_samples,
+        "total_time": round(total_time, 4),
+        "input_wait_fraction": round(min(1.0, wait_fraction), 4),
+        "input_wait_time": round(wait_total, 4),
+        "compute_time": round(float(sum(compute_times)) + first_step_time, 4),
+        "median_step_time": round(median_compute, 6),
+        "batch_size": int(batch_size),
+        "steps": int(steps),
+        "input_bottleneck_threshold": INPUT_BOTTLENECK_THRESHOLD,
+    }
+    if extra:
+        rec.update(extra)
+    return rec

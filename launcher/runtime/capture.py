@@ -1,0 +1,154 @@
+"""Capture mode: load a user's run.py without training (docs/CONTRACT.md).
+
+``load_entry(run_py, argv)`` executes run.py as ``__main__`` with ``sys.argv = [run_py, *argv]``;
+its call to :func:`launcher.runtime.run` records ``input_fn``, ``model_fn`` (and
+``eval_input_fn``) with the params resolved from ``argv`` and returns without training. The
+analyzer uses it to probe the very input_fn a launch would run, with nothing edited by the user.
+
+Pure Python: TensorFlow is imported only if run.py imports it.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .params import ParamsError, Resolved, resolve_params, worker_params
+
+__all__ = ["Entry", "EntryError", "load_entry", "active", "record"]
+
+
+class EntryError(RuntimeError):
+    """run.py could not be captured (missing file, it raised, or it never called ``run()``)."""
+
+
+@dataclass
+class Entry:
+    """What a run.py hands to the runtime.
+
+    Attributes:
+        run_py: absolute path of run.py.
+        argv: its arguments (without the program name).
+        input_fn: ``input_fn(params) -> tf.data.Dataset`` of ``(features, labels)`` (training).
+        model_fn: ``model_fn(params) -> compiled keras.Model``.
+        eval_input_fn: the eval input function or ``None`` (then ``input_fn(params, mode="eval")``).
+        params: resolved params dict (command-line overrides applied, runconfig defaults filled).
+        mode: ``params["runconfig"]["mode"]``.
+        warnings: params warnings (unknown/ignored keys).
+        params_path: the params YAML read, or ``None``.
+    """
+
+    run_py: str
+    argv: List[str]
+    input_fn: Callable[..., Any]
+    model_fn: Callable[..., Any]
+    eval_input_fn: Optional[Callable[..., Any]]
+    params: Dict[str, Any]
+    mode: str
+    warnings: List[str] = field(default_factory=list)
+    params_path: Optional[str] = None
+
+    def worker_params(self, worker_index: int = 0, num_workers: int = 1,
+                      plan: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Params as input worker ``worker_index`` of ``num_workers`` would receive them
+        (see :func:`launcher.runtime.params.worker_params`)."""
+        return worker_params(self.params, worker_index, num_workers, plan)
+
+
+class _State:
+    active: bool = False
+    run_py: Optional[str] = None
+    argv: Sequence[str] = ()
+    entry: Optional[Entry] = None
+    loaded: Dict[str, str] = {}  # module name -> run.py directory it was imported from
+
+
+_STATE = _State()
+
+
+def active() -> bool:
+    """True while :func:`load_entry` is executing a run.py."""
+    return _STATE.active
+
+
+def record(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
+           eval_input_fn: Optional[Callable[..., Any]] = None) -> Entry:
+    """Called by ``run()`` in capture mode: resolve params and store the entry.
+
+    Raises:
+        launcher.runtime.params.ParamsError: invalid command line or params.
+    """
+    resolved: Resolved = resolve_params(list(_STATE.argv), run_py=_STATE.run_py)
+    entry = Entry(run_py=str(_STATE.run_py), argv=list(_STATE.argv), input_fn=input_fn,
+                  model_fn=model_fn, eval_input_fn=eval_input_fn, params=resolved.params,
+                  mode=resolved.mode, warnings=resolved.warnings,
+                  params_path=resolved.params_path)
+    _STATE.entry = entry
+    return entry
+
+
+def load_entry(run_py: str | os.PathLike, argv: Sequence[str] = ()) -> Entry:
+    """Execute ``run_py`` in capture mode and return what it passed to ``run()``.
+
+    Args:
+        run_py: path of the user's run.py.
+        argv: its command line without the program name, e.g.
+            ``["--params", "configs/params.yaml", "--mode", "train"]``.
+
+    Returns:
+        :class:`Entry` (``.input_fn``, ``.model_fn``, ``.params``, ``.mode``, ...).
+
+    Raises:
+        EntryError: run.py is missing, raised an exception, or did not call ``run()``.
+        launcher.runtime.params.ParamsError: its command line or params are invalid.
+
+    Side effects: run.py's directory stays on ``sys.path`` (its ``input_fn`` may import
+    siblings lazily) and the modules it imported stay in ``sys.modules`` (so functions pickle
+    by reference); a later ``load_entry`` of a run.py in another directory first drops the
+    modules imported from earlier run.py directories, so two run.py files with a ``data.py``
+    each do not collide.
+    """
+    path = Path(run_py).resolve()
+    if not path.is_file():
+        raise EntryError(f"run.py not found: {run_py}")
+    if _STATE.active:
+        raise EntryError("load_entry is not re-entrant")
+    here = str(path.parent)
+    for name, where in list(_STATE.loaded.items()):
+        if where != here:
+            sys.modules.pop(name, None)
+            _STATE.loaded.pop(name, None)
+            if where in sys.path:
+                sys.path.remove(where)
+    before = set(sys.modules)
+    saved_argv = sys.argv
+    sys.argv = [str(path), *map(str, argv)]
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    _STATE.active, _STATE.run_py, _STATE.argv, _STATE.entry = True, str(path), list(map(str, argv)), None
+    try:
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except SystemExit as e:
+            if _STATE.entry is None:
+                raise EntryError(f"{path} exited (code {e.code}) before calling "
+                                 f"launcher.runtime.run()") from None
+        except (EntryError, ParamsError):
+            raise
+        except Exception as e:
+            raise EntryError(f"{path} raised {type(e).__name__}: {e}") from e
+        if _STATE.entry is None:
+            raise EntryError(f"{path} did not call launcher.runtime.run(input_fn=..., "
+                             f"model_fn=...) under `if __name__ == \"__main__\":`")
+        return _STATE.entry
+    finally:
+        _STATE.active = False
+        sys.argv = saved_argv
+        for name in set(sys.modules) - before:
+            mod = sys.modules.get(name)
+            f = getattr(mod, "__file__", None) or ""
+            if f and os.path.dirname(os.path.abspath(f)) == here:
+                _STATE.loaded[name] = here

@@ -1,0 +1,417 @@
+"""The input_fn contract (seed 000), checked by ``--mode validate_only`` and at every run.
+
+Rules and their messages (seed 000, "Limitations of the CerebrasEstimator"):
+
+1. ``input_fn`` takes a single dictionary parameter, ``params`` -> :data:`MSG_SINGLE_PARAM`.
+2. It returns a ``tf.data.Dataset`` -> :data:`MSG_NOT_DATASET`.
+3. Each element is ``(features, labels)``: features a tensor or a dict of tensors, labels a
+   tensor or ``None`` -> :data:`MSG_STRUCTURE`.
+4. Batches have a fixed size across steps: every tensor's static first dimension is known and
+   the same -> :data:`MSG_BATCH` (``drop_remainder=True``).
+5. For training the dataset repeats indefinitely (cardinality ``INFINITE``; the number of steps
+   comes from ``max_steps``) -> :data:`MSG_REPEAT`.
+6. Each input worker must shuffle differently: a seeded shuffle whose effective seeds are the
+   same on every worker is a *warning* (:data:`MSG_SHARED_SEED`). The check builds the dataset
+   as workers 0 and 1 would, each with its per-worker params and TensorFlow global seed (the
+   runtime sets the global seed of worker ``i`` to its ``shuffle_seed``), so a hard-coded op
+   seed is only flagged when there is no base seed to tell the workers apart.
+
+A violation is an error (validate_only exits 2 listing every one; a run refuses to start);
+a warning is logged. TensorFlow is imported inside the functions.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+__all__ = [
+    "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
+    "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
+    "shuffle_seeds", "check_shuffle_seeds", "check_model", "synthetic_batch", "validate",
+]
+
+MSG_SINGLE_PARAM = ("[Unsupported TensorFlow] The input function only takes a single "
+                    "dictionary parameter, params")
+MSG_NOT_DATASET = "[Unsupported TensorFlow] Input function must return a Dataset"
+MSG_STRUCTURE = ("[Unsupported TensorFlow] Each element of the Dataset must be structured to "
+                 "consist of features and labels: features must be a tensor (or a dict of "
+                 "tensors) and labels a tensor or None")
+MSG_BATCH = ("[Unsupported TensorFlow] Inconsistent batch sizes detected. To ensure a fixed "
+             "batch size across all steps, set `drop_remainder=True` when batching your Dataset "
+             "in the input function.")
+MSG_REPEAT = ("[Unsupported TensorFlow] For training, the Dataset must repeat indefinitely: use "
+              "the default parameter of the repeat function (count=None), e.g. "
+              "dataset.shuffle(1000).repeat().batch(batch_size, drop_remainder=True); the number "
+              "of steps comes from max_steps")
+MSG_SHARED_SEED = ("Each worker node must shuffle its data differently, but input_fn uses a fixed "
+                   "shuffle seed that is the same on every input worker, so every worker feeds "
+                   "the same sequence: use params['train_input']['shuffle_seed'] (distinct per "
+                   "worker) or no seed")
+
+_SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+                "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2")
+
+
+@dataclass
+class Report:
+    """Outcome of checks.
+
+    Attributes:
+        violations: error messages (each starts with the checked section, e.g. ``train_input:``).
+        warnings: warning messages.
+        info: facts found (``batch_size``, ``element_spec`` text, ``cardinality``, ...), by section.
+    """
+
+    violations: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    info: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no violation."""
+        return not self.violations
+
+    def extend(self, other: "Report") -> "Report":
+        """Append another report's findings; returns self."""
+        self.violations += other.violations
+        self.warnings += other.warnings
+        self.info.update(other.info)
+        return self
+
+    def text(self) -> str:
+        """Human-readable listing (one line per finding)."""
+        lines = []
+        for v in self.violations:
+            lines.append(f"ERROR: {v}")
+        for w in self.warnings:
+            lines.append(f"WARNING: {w}")
+        if not lines:
+            lines.append("OK: no violation")
+        return "\n".join(lines)
+
+
+def check_signature(fn: Callable[..., Any], name: str = "input_fn") -> List[str]:
+    """Rule 1: exactly one required positional parameter (``params``).
+
+    Optional parameters with defaults are allowed (e.g. a Model Zoo ``mode=TRAIN``).
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    required = [p for p in sig.parameters.values()
+                if p.default is inspect.Parameter.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(required) != 1 or not positional or required[0].kind == required[0].KEYWORD_ONLY:
+        return [f"{MSG_SINGLE_PARAM} ({name}{sig} has {len(required)} required parameter(s))"]
+    return []
+
+
+def _accepts_mode(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return "mode" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def call_input_fn(input_fn: Callable[..., Any], params: Dict[str, Any], purpose: str = "train",
+                  eval_input_fn: Optional[Callable[..., Any]] = None) -> Any:
+    """Build the dataset for ``purpose`` (``"train"`` or ``"eval"``).
+
+    Training calls ``input_fn(params)``. Evaluation calls ``eval_input_fn(params)`` when given,
+    else ``input_fn(params, mode="eval")`` when input_fn has a ``mode`` parameter (Model Zoo
+    style), else raises.
+
+    Raises:
+        TypeError: evaluation without an eval input function; whatever input_fn raises.
+    """
+    if purpose == "eval":
+        if eval_input_fn is not None:
+            return eval_input_fn(params)
+        if _accepts_mode(input_fn):
+            return input_fn(params, mode="eval")
+        raise TypeError("evaluation needs run(..., eval_input_fn=...) or an input_fn with a "
+                        "`mode` parameter (input_fn(params, mode='eval'))")
+    return input_fn(params)
+
+
+def _spec_text(spec: Any) -> str:
+    text = repr(spec)
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+def _is_tensor_spec(tf: Any, s: Any) -> bool:
+    return isinstance(s, tf.TensorSpec)
+
+
+def _is_none_spec(s: Any) -> bool:
+    return type(s).__name__ == "NoneTensorSpec" or s is None
+
+
+def check_dataset(ds: Any, purpose: str = "train", section: Optional[str] = None,
+                  eval_steps: Optional[int] = None,
+                  batch_size: Optional[int] = None) -> Report:
+    """Rules 2-5 on a built dataset (no element is read).
+
+    Args:
+        ds: what input_fn returned.
+        purpose: ``"train"`` (must repeat) or ``"eval"`` (finite unless ``eval_steps``).
+        section: prefix of messages (default ``train_input``/``eval_input``).
+        eval_steps: ``runconfig.eval_steps``.
+        batch_size: the params section's ``batch_size`` (a mismatch is a warning).
+
+    Returns:
+        :class:`Report`; ``info[section]`` has ``batch_size`` (int or None), ``element_spec``
+        (text), ``cardinality`` (int; -1 infinite, -2 unknown).
+    """
+    import tensorflow as tf
+
+    section = section or ("eval_input" if purpose == "eval" else "train_input")
+    rep = Report()
+    if not isinstance(ds, tf.data.Dataset):
+        rep.violations.append(f"{section}: {MSG_NOT_DATASET} (got {type(ds).__name__})")
+        return rep
+    spec = ds.element_spec
+    info: Dict[str, Any] = {"element_spec": _spec_text(spec), "batch_size": None}
+    rep.info[section] = info
+    tensors: List[Tuple[str, Any]] = []
+    structure_ok = isinstance(spec, tuple) and len(spec) == 2
+    if structure_ok:
+        features, labels = spec
+        if _is_tensor_spec(tf, features):
+            tensors.append(("features", features))
+        elif isinstance(features, Mapping) and features and all(
+                isinstance(k, str) and _is_tensor_spec(tf, v) for k, v in features.items()):
+            tensors += [(f"features[{k!r}]", v) for k, v in features.items()]
+        else:
+            structure_ok = False
+        if _is_tensor_spec(tf, labels):
+            tensors.append(("labels", labels))
+        elif not _is_none_spec(labels):
+            structure_ok = False
+    if not structure_ok:
+        rep.violations.append(f"{section}: {MSG_STRUCTURE} (element_spec: {_spec_text(spec)})")
+    else:
+        dims = {}
+        problems = []
+        for name, s in tensors:
+            if s.shape.rank is None or s.shape.rank == 0:
+                problems.append(f"{name} has shape {s.shape}: elements are not batched")
+            elif s.shape[0] is None:
+                problems.append(f"{name} has static batch dimension None (shape {s.shape})")
+            else:
+                dims[name] = int(s.shape[0])
+        if not problems and len(set(dims.values())) > 1:
+            problems.append("batch dimensions differ: "
+                            + ", ".join(f"{k}={v}" for k, v in dims.items()))
+        if problems:
+            rep.violations.append(f"{section}: {MSG_BATCH} ({'; '.join(problems)})")
+        elif dims:
+            bs = next(iter(dims.values()))
+            info["batch_size"] = bs
+            if batch_size is not None and batch_size != bs:
+                rep.warnings.append(f"{section}: batch_size is {batch_size} in params but the "
+                                    f"Dataset's batches have {bs} elements")
+    card = int(ds.cardinality().numpy())
+    info["cardinality"] = card
+    if purpose == "train":
+        if card >= 0:
+            rep.violations.append(f"{section}: {MSG_REPEAT} (the Dataset has {card} batch(es))")
+        elif card == tf.data.UNKNOWN_CARDINALITY:
+            rep.warnings.append(f"{section}: cannot verify that the Dataset repeats indefinitely "
+                                f"(cardinality unknown, e.g. after filter); make sure it ends "
+                                f"with .repeat()")
+    else:
+        if card == tf.data.INFINITE_CARDINALITY and eval_steps is None:
+            rep.violations.append(f"{section}: the eval Dataset repeats indefinitely; set "
+                                  f"runconfig.eval_steps or do not repeat it")
+    return rep
+
+
+def shuffle_seeds(ds: Any) -> List[Tuple[str, int, int]]:
+    """``(op, seed, seed2)`` of every shuffle op in the dataset's graph (functions included).
+
+    ``(0, 0)`` means unseeded (random per process). Seeds that are not constants are skipped.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework import tensor_util
+
+    gd = tf.compat.v1.GraphDef()
+    gd.ParseFromString(ds._as_serialized_graph(
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN).numpy())
+
+    def scan(nodes, fn_style):
+        consts = {}
+        for n in nodes:
+            if n.op == "Const":
+                try:
+                    consts[n.name] = tensor_util.MakeNdarray(n.attr["value"].tensor)
+                except Exception:  # noqa: BLE001 - non-numeric constants
+                    pass
+        found = []
+        for n in nodes:
+            if n.op in _SHUFFLE_OPS and len(n.input) >= 4:
+                vals = []
+                for ref in n.input[2:4]:
+                    name = ref.lstrip("^").split(":")[0]
+                    vals.append(consts.get(name))
+                if all(v is not None and getattr(v, "shape", ()) == () for v in vals):
+                    found.append((n.op, int(vals[0]), int(vals[1])))
+        return found
+
+    out = scan(gd.node, False)
+    for fn in gd.library.function:
+        out += scan(fn.node_def, True)
+    return out
+
+
+def check_shuffle_seeds(input_fn: Callable[..., Any], params: Mapping[str, Any],
+                        plan: Optional[Mapping[str, Any]] = None) -> Report:
+    """Rule 6: build the training dataset as input workers 0 and 1 of 2 would (each with its
+    per-worker params and global seed) and warn when a seeded shuffle op has the same seeds in
+    both (every worker would shuffle identically). Seed 000, "Multiple input workers"."""
+    import tensorflow as tf
+
+    from .params import worker_params
+
+    rep = Report()
+    num = 2
+    if plan is not None and plan.get("num_workers", 0) >= 2:
+        num = int(plan["num_workers"])
+    else:
+        plan = None
+    seeds = []
+    try:
+        for k in (0, 1):
+            wp = worker_params(params, k, num, plan)
+            tf.random.set_seed(wp["train_input"]["shuffle_seed"])
+            ds = input_fn(wp)
+            if not isinstance(ds, tf.data.Dataset):
+                return rep
+            seeds.append({s for s in shuffle_seeds(ds) if (s[1], s[2]) != (0, 0)})
+    except Exception as e:  # noqa: BLE001 - reported by the other checks
+        rep.warnings.append(f"train_input: could not compare shuffle seeds across workers: {e}")
+        return rep
+    finally:
+        tf.random.set_seed(None)
+    shared = seeds[0] & seeds[1]
+    if shared:
+        ops = ", ".join(f"{op}(seed={a}, seed2={b})" for op, a, b in sorted(shared))
+        rep.warnings.append(f"train_input: {MSG_SHARED_SEED} ({ops})")
+    return rep
+
+
+def synthetic_batch(spec: Any, kind: str = "zeros") -> Tuple[Any, Any]:
+    """A ``(features, labels)`` batch matching ``spec`` (static shapes required).
+
+    Args:
+        spec: a validated element_spec ``(features, labels)``.
+        kind: ``"zeros"`` or ``"random"`` (normal floats; integers stay 0, strings empty).
+    """
+    import tensorflow as tf
+
+    def make(s):
+        if _is_none_spec(s):
+            return None
+        shape = [int(d) for d in s.shape]
+        if s.dtype == tf.string:
+            return tf.fill(shape, "")
+        if s.dtype.is_floating and kind == "random":
+            return tf.random.normal(shape, dtype=s.dtype)
+        return tf.zeros(shape, dtype=s.dtype)
+
+    features, labels = spec
+    if isinstance(features, Mapping):
+        x = {k: make(v) for k, v in features.items()}
+    else:
+        x = make(features)
+    return x, make(labels)
+
+
+def check_model(model_fn: Callable[..., Any], params: Dict[str, Any], spec: Any = None,
+                ) -> Tuple[Report, Any]:
+    """Build the model and run one evaluation step on a zero batch of the input's shapes.
+
+    Returns:
+        ``(report, model)``; ``model`` is ``None`` when model_fn failed.
+    """
+    import keras
+
+    rep = Report()
+    try:
+        model = model_fn(params)
+    except Exception as e:  # noqa: BLE001
+        rep.violations.append(f"model: model_fn raised {type(e).__name__}: {e}")
+        return rep, None
+    if not isinstance(model, keras.Model):
+        rep.violations.append(f"model: model_fn must return a keras.Model (tf.keras.Model), got "
+                              f"{type(model).__name__}")
+        return rep, None
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        rep.violations.append("model: model_fn must return a compiled model "
+                              "(model.compile(optimizer=..., loss=..., metrics=...))")
+        return rep, model
+    if spec is not None:
+        try:
+            x, y = synthetic_batch(spec)
+            model.test_on_batch(x, y)
+            rep.info["model"] = {"parameters": int(model.count_params())}
+        except Exception as e:  # noqa: BLE001
+            msg = str(e).strip().splitlines()
+            rep.violations.append(f"model: the model does not accept the input's "
+                                  f"(features, labels): {type(e).__name__}: "
+                                  f"{' '.join(msg)[:500]}")
+    return rep, model
+
+
+def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params: Dict[str, Any],
+             eval_input_fn: Optional[Callable[..., Any]] = None,
+             plan: Optional[Mapping[str, Any]] = None, num_workers: int = 1,
+             build_model: bool = True) -> Report:
+    """Every check of ``--mode validate_only``: rules 1-6 on the training input (if
+    ``train_input`` exists) and 1-4 on the eval input (if ``eval_input`` exists), then a model
+    build and one step on a zero batch.
+
+    Args:
+        params: resolved params.
+        plan: shard plan (worker 0's params are used to build the datasets).
+        num_workers: input workers of the job (>= 1).
+    """
+    from .params import worker_params
+
+    rep = Report()
+    rep.violations += [f"train_input: {m}" for m in check_signature(input_fn)]
+    if eval_input_fn is not None:
+        rep.violations += [f"eval_input: {m}" for m in check_signature(eval_input_fn, "eval_input_fn")]
+    if rep.violations:
+        return rep
+    rc = params.get("runconfig", {})
+    spec = None
+    sections = [("train", "train_input"), ("eval", "eval_input")]
+    for purpose, section in sections:
+        if not isinstance(params.get(section), dict):
+            continue
+        if purpose == "train":
+            wp = worker_params(params, 0, max(1, num_workers), plan)
+        else:
+            wp = params
+        try:
+            ds = call_input_fn(input_fn, wp, purpose, eval_input_fn)
+        except Exception as e:  # noqa: BLE001
+            rep.violations.append(f"{section}: the input function raised {type(e).__name__}: {e}")
+            continue
+        sub = check_dataset(ds, purpose, section, eval_steps=rc.get("eval_steps"),
+                            batch_size=params[section].get("batch_size"))
+        rep.extend(sub)
+        if sub.ok and spec is None:
+            spec = ds.element_spec
+        if purpose == "train" and sub.ok:
+            rep.extend(check_shuffle_seeds(input_fn, params, plan))
+    if build_model:
+        mrep, _ = check_model(model_fn, params, spec)
+        rep.extend(mrep)
+    return rep

@@ -1,0 +1,487 @@
+"""Command line and params YAML of a run.py, in the Model Zoo layout (seed 004).
+
+Pure Python (no TensorFlow): the CLIs, the analyzer and the unit tests import it.
+
+The params YAML has the sections ``train_input``, ``eval_input``, ``model``, ``optimizer`` and
+``runconfig``. The command line the runtime owns (the Model Zoo's)::
+
+    --mode train|eval|train_and_eval|validate_only|compile_only
+    --params PATH  --model_dir DIR  --max_steps N  --num_steps N  --eval_steps N
+    --checkpoint_path PATH  --cs_ip HOST[:PORT]  (accepted and recorded; there is no system)
+    --validate_only / --compile_only (older Model Zoo spellings of the two modes)
+
+Command-line values override ``runconfig``. Honoured ``runconfig`` keys are listed in
+:data:`RUNCONFIG_KEYS` (documented in ``launcher/runtime/README.md``); Model Zoo keys the runtime does not
+implement are accepted with a warning (:data:`IGNORED_MODELZOO_KEYS`), other unknown keys warn as
+unknown, and an invalid value fails with :class:`ParamsError` naming ``runconfig.<key>``.
+
+Per-worker parameters (what each input worker's ``input_fn`` sees in ``params["train_input"]``):
+
+- ``worker_index`` (int, ``0..num_workers-1``; 0 in single-process mode),
+- ``num_workers`` (int, >= 1; the job's input-worker count, 1 in single-process mode),
+- ``shuffle_seed``: the shard plan's ``seed`` for this worker if there is a plan, else
+  ``base + worker_index`` where ``base`` is the YAML's ``train_input.shuffle_seed`` or else
+  ``runconfig.seed``; ``None`` when there is no base (then shuffle unseeded, which differs per
+  process). The YAML's value is kept as ``base_shuffle_seed``.
+- ``data_files`` (list of str): only with a shard plan (``CSRUN_SHARD_PLAN``): this worker's files.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
+
+__all__ = [
+    "MODES", "TRAIN_MODES", "SECTIONS", "RUNCONFIG_KEYS", "IGNORED_MODELZOO_KEYS", "ParamsError",
+    "build_arg_parser", "parse_args", "load_yaml", "resolve_params", "validate_params",
+    "training_target", "worker_params", "load_shard_plan", "Resolved",
+]
+
+#: Values of ``--mode`` / ``runconfig.mode``.
+MODES = ("train", "eval", "train_and_eval", "validate_only", "compile_only")
+#: Modes that stream training input from the input workers.
+TRAIN_MODES = ("train", "train_and_eval")
+#: Top-level sections of the params YAML (seed 004).
+SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
+
+
+class ParamsError(ValueError):
+    """Invalid command line or params; ``problems`` lists every message (each names its key)."""
+
+    def __init__(self, problems: Sequence[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+# --------------------------------------------------------------------------- value checkers
+def _opt(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def inner(v):
+        return None if v is None else check(v)
+    inner.__doc__ = (check.__doc__ or "") + " or null"
+    return inner
+
+
+def _int_min(minimum: int) -> Callable[[Any], int]:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f"must be an integer >= {minimum}")
+        return v
+    check.__doc__ = f"integer >= {minimum}"
+    return check
+
+
+def _pos_float(v):
+    """number > 0"""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError("must be a number > 0")
+    return float(v)
+
+
+def _bool(v):
+    """true or false"""
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _str(v):
+    """string"""
+    if not isinstance(v, str) or not v:
+        raise ValueError("must be a non-empty string")
+    return v
+
+
+def _int_any(v):
+    """integer"""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError("must be an integer")
+    return v
+
+
+def _mode(v):
+    """one of train, eval, train_and_eval, validate_only, compile_only"""
+    if v not in MODES:
+        raise ValueError(f"must be one of {', '.join(MODES)}")
+    return v
+
+
+def _jit(v):
+    """auto, true or false"""
+    if v in ("auto", True, False):
+        return v
+    raise ValueError("must be auto, true or false")
+
+
+def _logging(v):
+    """DEBUG, INFO, WARNING or ERROR"""
+    if isinstance(v, str) and v.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        return v.upper()
+    raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+
+
+@dataclass(frozen=True)
+class _Key:
+    check: Callable[[Any], Any]
+    default: Any
+    doc: str
+
+
+#: runconfig keys the runtime honours: name -> (checker, default, meaning). Seed 004 for the
+#: Model Zoo ones; the last group are csrun extensions.
+RUNCONFIG_KEYS: Dict[str, _Key] = {
+    "mode": _Key(_mode, "train", "what to run (also --mode)"),
+    "max_steps": _Key(_opt(_int_min(1)), None,
+                      "train until the global step reaches this (also --max_steps)"),
+    "num_steps": _Key(_opt(_int_min(1)), None,
+                      "train this many steps in this run, capped by max_steps (also --num_steps)"),
+    "checkpoint_steps": _Key(_int_min(0), 0,
+                             "save model-ckpt-<step> every N steps (0: only at the end)"),
+    "log_steps": _Key(_int_min(1), 100,
+                      "log 'global_step = N, loss = X' and write summaries every N steps"),
+    "model_dir": _Key(_str, "./model_dir", "where artifacts go (also --model_dir)"),
+    "seed": _Key(_opt(_int_any), None,
+                 "random seed of model init; base of the per-worker shuffle seeds"),
+    "save_initial_checkpoint": _Key(_bool, False, "save a checkpoint before the first step"),
+    "autoload_last_checkpoint": _Key(_bool, True, "restore the newest checkpoint in model_dir"),
+    "checkpoint_path": _Key(_opt(_str), None,
+                            "restore this checkpoint (file prefix or directory) first"),
+    "eval_steps": _Key(_opt(_int_min(1)), None,
+                       "batches per evaluation (null: the whole, finite, eval dataset)"),
+    "eval_frequency": _Key(_opt(_int_min(1)), None,
+                           "train_and_eval: evaluate every N steps (and at the end)"),
+    "keep_checkpoint_max": _Key(_int_min(1), 5, "checkpoints kept in model_dir"),
+    "logging": _Key(_logging, "INFO", "log level of the runtime's messages"),
+    "cs_ip": _Key(_opt(_str), None, "accepted and recorded; there is no system to talk to"),
+    "validate_only": _Key(_bool, False, "same as mode: validate_only"),
+    "compile_only": _Key(_bool, False, "same as mode: compile_only"),
+    # csrun extensions
+    "jit_compile": _Key(_jit, "auto",
+                        "XLA for the train step: auto (try, fall back with a message), true, false"),
+    "input_timeout_secs": _Key(_pos_float, 30.0,
+                               "chief watchdog: fail when no batch arrives for this long"),
+    "worker_start_timeout_secs": _Key(_pos_float, 300.0,
+                                      "wait this long for the rendezvous of chief and workers"),
+    "compile_only_steps": _Key(_int_min(1), 20, "compile_only: timed steps after the compile"),
+}
+
+#: Model Zoo / TF Estimator runconfig keys that are accepted but not implemented (warned about).
+IGNORED_MODELZOO_KEYS = frozenset({
+    "autogen_policy", "check_loss_values", "compile_dir", "credentials_path", "debug_args_path",
+    "disable_strict_checkpoint_loading", "dist_addr", "dist_backend", "enable_distributed",
+    "enable_summaries", "init_method", "job_labels", "load_checkpoint_states", "steps_per_epoch",
+    "mgmt_address", "mount_dirs", "num_act_servers", "num_csx", "num_epochs", "num_wgt_servers",
+    "num_workers_per_csx", "precision_opt_level", "python_paths", "save_losses", "sync_batchnorm",
+    "target_device", "use_cs_grad_accum", "wsc_log_level", "save_summary_steps",
+    "save_checkpoints_steps", "save_checkpoints_secs", "tf_random_seed", "log_step_count_steps",
+    "multireplica", "use_cs_grad_accum", "max_checkpoints", "experimental",
+})
+
+
+# --------------------------------------------------------------------------- command line
+def build_arg_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The Model Zoo command line of a run.py (see the module docstring)."""
+    p = argparse.ArgumentParser(prog=prog, description="Train/evaluate a model with csrun's runtime.")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="train, eval, train_and_eval, validate_only or compile_only "
+                        "(default: runconfig.mode, else train)")
+    p.add_argument("-p", "--params", default=None,
+                   help="params YAML (default: configs/params.yaml beside run.py)")
+    p.add_argument("-o", "--model_dir", default=None, help="model directory (overrides runconfig)")
+    p.add_argument("--max_steps", type=int, default=None, help="overrides runconfig.max_steps")
+    p.add_argument("--num_steps", type=int, default=None, help="overrides runconfig.num_steps")
+    p.add_argument("--eval_steps", type=int, default=None, help="overrides runconfig.eval_steps")
+    p.add_argument("--checkpoint_path", default=None, help="checkpoint to restore first")
+    p.add_argument("--cs_ip", default=None, help="accepted for compatibility; unused")
+    p.add_argument("--validate_only", action="store_true", help="same as --mode validate_only")
+    p.add_argument("--compile_only", action="store_true", help="same as --mode compile_only")
+    return p
+
+
+def parse_args(argv: Sequence[str], run_py: Optional[str] = None) -> argparse.Namespace:
+    """Parse a run.py command line (without the program name).
+
+    Raises:
+        ParamsError: unknown option or bad value (argparse's message), or both
+            ``--validate_only`` and ``--compile_only``.
+    """
+    parser = build_arg_parser(prog=os.path.basename(run_py) if run_py else None)
+
+    def error(message):  # argparse exits by default; we raise instead
+        raise ParamsError(f"command line: {message}")
+
+    parser.error = error  # type: ignore[assignment]
+    args = parser.parse_args(list(argv))
+    if args.validate_only and args.compile_only:
+        raise ParamsError("command line: --validate_only and --compile_only exclude each other")
+    if args.validate_only:
+        args.mode = "validate_only"
+    if args.compile_only:
+        args.mode = "compile_only"
+    if args.params is None and run_py is not None:
+        default = Path(run_py).resolve().parent / "configs" / "params.yaml"
+        if default.exists():
+            args.params = str(default)
+    return args
+
+
+def load_yaml(path: str | os.PathLike) -> Dict[str, Any]:
+    """Load a params YAML with ``yaml.safe_load``.
+
+    Raises:
+        ParamsError: missing file, YAML syntax error, or a top level that is not a mapping.
+    """
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ParamsError(f"params file {path} not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"params file {path} is not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"params file {path}: the top level must be a mapping of sections "
+                          f"({', '.join(SECTIONS)}), got {type(data).__name__}")
+    return data
+
+
+# --------------------------------------------------------------------------- validation
+def validate_params(params: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """Check sections and runconfig; fill runconfig defaults.
+
+    Args:
+        params: the params dict (sections as in seed 004); not modified.
+
+    Returns:
+        ``(params_with_defaults, warnings)``: a deep copy whose ``runconfig`` has every key of
+        :data:`RUNCONFIG_KEYS` (defaults filled, ``mode`` reconciled with the
+        ``validate_only``/``compile_only`` booleans), and the warning messages (unknown
+        sections, unknown or ignored runconfig keys).
+
+    Raises:
+        ParamsError: every invalid value, each message naming ``section.key``; a section that
+            is not a mapping; a mode that needs a missing section (``train_input`` for
+            train/train_and_eval/compile_only, ``eval_input`` for eval/train_and_eval); a
+            training mode without ``max_steps`` or ``num_steps``; ``batch_size`` not an int >= 1.
+    """
+    out = copy.deepcopy(dict(params))
+    problems: List[str] = []
+    warnings: List[str] = []
+    for name in list(out):
+        if name not in SECTIONS:
+            warnings.append(f"params: unknown section '{name}' (known: {', '.join(SECTIONS)}); "
+                            f"passed to input_fn/model_fn unchanged")
+    for name in SECTIONS:
+        if name in out and out[name] is None:
+            out[name] = {}
+        if name in out and not isinstance(out[name], dict):
+            problems.append(f"params.{name} must be a mapping, got {type(out[name]).__name__}")
+    rc_in = out.get("runconfig") if isinstance(out.get("runconfig"), dict) else {}
+    rc: Dict[str, Any] = {}
+    for key, value in rc_in.items():
+        if key in RUNCONFIG_KEYS:
+            try:
+                rc[key] = RUNCONFIG_KEYS[key].check(value)
+            except ValueError as e:
+                problems.append(f"runconfig.{key} {e}, got {value!r}")
+        elif key in IGNORED_MODELZOO_KEYS:
+            warnings.append(f"runconfig.{key} is a Model Zoo key that csrun's runtime does not "
+                            f"implement; ignored")
+            rc[key] = value
+        else:
+            warnings.append(f"runconfig.{key} is not a known runconfig key; ignored")
+            rc[key] = value
+    for key, spec in RUNCONFIG_KEYS.items():
+        rc.setdefault(key, copy.deepcopy(spec.default))
+    if rc.get("validate_only") is True and rc.get("compile_only") is True:
+        problems.append("runconfig.validate_only and runconfig.compile_only are both true")
+    elif rc.get("validate_only") is True:
+        rc["mode"] = "validate_only"
+    elif rc.get("compile_only") is True:
+        rc["mode"] = "compile_only"
+    out["runconfig"] = rc
+    mode = rc.get("mode")
+    if mode in MODES:
+        needs = {"train": ["train_input"], "train_and_eval": ["train_input", "eval_input"],
+                 "eval": ["eval_input"], "compile_only": ["train_input"]}.get(mode, [])
+        for section in needs:
+            if not isinstance(out.get(section), dict):
+                problems.append(f"params.{section} is required for mode {mode}")
+        if mode in TRAIN_MODES and rc.get("max_steps") is None and rc.get("num_steps") is None:
+            problems.append(f"runconfig.max_steps or runconfig.num_steps is required for mode "
+                            f"{mode} (or --max_steps)")
+    for section in ("train_input", "eval_input"):
+        sec = out.get(section)
+        if isinstance(sec, dict) and "batch_size" in sec:
+            bs = sec["batch_size"]
+            if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+                problems.append(f"{section}.batch_size must be an integer >= 1, got {bs!r}")
+    if problems:
+        raise ParamsError(problems)
+    return out, warnings
+
+
+@dataclass
+class Resolved:
+    """Params after command-line overrides and validation.
+
+    Attributes:
+        params: the resolved params dict (runconfig complete; ``model_dir`` absolute).
+        warnings: messages to log (unknown/ignored keys).
+        params_path: the YAML file read (absolute) or ``None``.
+        argv: the command line parsed.
+    """
+
+    params: Dict[str, Any]
+    warnings: List[str]
+    params_path: Optional[str]
+    argv: List[str]
+
+    @property
+    def mode(self) -> str:
+        """``runconfig.mode`` after overrides."""
+        return self.params["runconfig"]["mode"]
+
+    @property
+    def model_dir(self) -> str:
+        """Absolute model directory."""
+        return self.params["runconfig"]["model_dir"]
+
+
+def resolve_params(argv: Sequence[str], run_py: Optional[str] = None,
+                   cwd: Optional[str] = None) -> Resolved:
+    """Parse the command line, load the YAML, apply overrides and validate.
+
+    Args:
+        argv: run.py's arguments (without the program name).
+        run_py: path of run.py (for the default ``configs/params.yaml`` beside it).
+        cwd: directory relative ``model_dir``/``checkpoint_path`` are resolved against
+            (default: the current directory, as the Model Zoo does).
+
+    Returns:
+        :class:`Resolved`.
+
+    Raises:
+        ParamsError: see :func:`parse_args`, :func:`load_yaml`, :func:`validate_params`.
+    """
+    args = parse_args(argv, run_py=run_py)
+    raw: Dict[str, Any] = load_yaml(args.params) if args.params else {}
+    rc = raw.get("runconfig")
+    if rc is None:
+        rc = raw["runconfig"] = {}
+    if isinstance(rc, dict):
+        for key in ("mode", "model_dir", "max_steps", "num_steps", "eval_steps",
+                    "checkpoint_path", "cs_ip"):
+            value = getattr(args, key)
+            if value is not None:
+                rc[key] = value
+        if args.mode is not None:  # an explicit --mode wins over the YAML booleans
+            rc.pop("validate_only", None)
+            rc.pop("compile_only", None)
+    params, warnings = validate_params(raw)
+    base = Path(cwd or os.getcwd())
+    rc = params["runconfig"]
+    rc["model_dir"] = str((base / os.path.expanduser(rc["model_dir"])).resolve())
+    if rc.get("checkpoint_path"):
+        rc["checkpoint_path"] = str((base / os.path.expanduser(rc["checkpoint_path"])).resolve())
+    return Resolved(params=params, warnings=warnings,
+                    params_path=str(Path(args.params).resolve()) if args.params else None,
+                    argv=list(argv))
+
+
+def training_target(start_step: int, runconfig: Mapping[str, Any]) -> int:
+    """Global step at which this run's training stops.
+
+    ``num_steps`` counts from ``start_step`` (the restored global step); ``max_steps`` is an
+    absolute cap. With both, the smaller target wins. Seed 004 (runconfig max_steps/num_steps).
+
+    Raises:
+        ParamsError: neither key is set.
+    """
+    max_steps = runconfig.get("max_steps")
+    num_steps = runconfig.get("num_steps")
+    if max_steps is None and num_steps is None:
+        raise ParamsError("runconfig.max_steps or runconfig.num_steps is required for training")
+    targets = []
+    if num_steps is not None:
+        targets.append(start_step + int(num_steps))
+    if max_steps is not None:
+        targets.append(int(max_steps))
+    return min(targets)
+
+
+# --------------------------------------------------------------------------- workers, shard plan
+def load_shard_plan(path: str | os.PathLike, num_workers: int) -> Dict[str, Any]:
+    """Load and check a shard plan (``CSRUN_SHARD_PLAN``) for a job with ``num_workers``.
+
+    The format, loader and checks are :mod:`launcher.shardplan_schema`'s (``csrun.shard_plan``
+    version 1: ``{"num_workers": W, "workers": [{"index": i, "files": [...], "seed": s, ...}]}``).
+
+    Args:
+        path: the plan file.
+        num_workers: the job's input-worker count (1 for a chief that reads in-process).
+
+    Returns:
+        The validated plan dict (``workers`` in index order).
+
+    Raises:
+        ParamsError: unreadable or malformed plan (the field named), or a plan made for a
+            different number of workers (both numbers named).
+    """
+    from launcher import shardplan_schema as schema
+
+    try:
+        plan = schema.load_plan(path)
+        schema.check_plan_workers(plan, num_workers, source=os.fspath(path))
+    except ValueError as e:
+        raise ParamsError(str(e)) from None
+    return plan
+
+
+def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int,
+                  plan: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The params one input worker's ``input_fn`` receives.
+
+    Args:
+        params: resolved params (not modified).
+        worker_index: this worker's index, ``0 <= worker_index < num_workers``.
+        num_workers: input workers in the job (>= 1; 1 for an in-process pipeline).
+        plan: a shard plan from :func:`load_shard_plan`, or ``None``.
+
+    Returns:
+        A deep copy whose ``train_input`` has ``worker_index``, ``num_workers``,
+        ``shuffle_seed`` (see the module docstring), ``base_shuffle_seed`` and, with a plan,
+        ``data_files`` (the worker's files) and ``shard_plan_entry`` (its whole plan entry).
+
+    Raises:
+        ValueError: ``worker_index`` outside ``[0, num_workers)``.
+    """
+    if not 0 <= worker_index < num_workers:
+        raise ValueError(f"worker_index {worker_index} outside [0, {num_workers})")
+    out = copy.deepcopy(dict(params))
+    ti = out.get("train_input")
+    if not isinstance(ti, dict):
+        ti = out["train_input"] = {}
+    base = ti.get("base_shuffle_seed", ti.get("shuffle_seed"))
+    if base is None:
+        base = (out.get("runconfig") or {}).get("seed")
+    seed = None if base is None else int(base) + worker_index
+    entry = None
+    if plan is not None:
+        entry = plan["workers"][worker_index]
+        plan_seed = entry.get("seed", entry.get("shuffle_seed"))
+        if plan_seed is not None:
+            seed = int(plan_seed)
+        ti["data_files"] = list(entry["files"])
+        ti["shard_plan_entry"] = copy.deepcopy(entry)
+    ti["base_shuffle_seed"] = base
+    ti["shuffle_seed"] = seed
+    ti["worker_index"] = worker_index
+    ti["num_workers"] = num_workers
+    return out

@@ -1,0 +1,188 @@
+"""The role of a launched task, resolved from the environment csrun_wse sets.
+
+Pure Python (no TensorFlow): the CLIs and unit tests import it.
+
+The rules are those of ``docs/CONTRACT.md`` ("What csrun_wse tells every task"):
+
+- no ``CSRUN_ROLE``: **single-process mode**, the chief with its input pipeline in-process;
+- component ``chief`` (het group 0): local index ``i = SLURM_PROCID - CSRUN_TASK_OFFSET``;
+  ``i == 0`` is the chief (hosts the tf.data service dispatchers and trains), ``i > 0`` is an
+  input worker with index ``CSRUN_WORKER_OFFSET + i - 1``;
+- component ``single-task``: one task, the input worker ``CSRUN_WORKER_OFFSET``;
+- component ``worker``: the input worker ``CSRUN_WORKER_OFFSET + (SLURM_PROCID - CSRUN_TASK_OFFSET)``.
+
+With ``CSRUN_NUM_WORKERS == 0`` the chief runs the input pipeline in-process as well.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+__all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS"]
+
+#: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md).
+COMPONENTS = ("chief", "single-task", "worker")
+
+
+class RoleError(ValueError):
+    """The environment does not describe a valid task (names the offending variable)."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one task is in the job.
+
+    Attributes:
+        kind: ``"chief"`` or ``"worker"`` (an input worker).
+        worker_index: input-worker index in ``[0, num_workers)``; ``None`` for the chief.
+        num_workers: number of input-worker tasks in the whole job (``CSRUN_NUM_WORKERS``;
+            0 in single-process mode).
+        component: ``CSRUN_ROLE`` of the task's het component, ``None`` in single-process mode.
+        het_group: ``CSRUN_HET_GROUP`` (0-based) or ``None``.
+        procid: global ``SLURM_PROCID`` or ``None``.
+        job_id: ``SLURM_JOB_ID`` (the het leader's id) or ``None``.
+        step_id: ``SLURM_STEP_ID`` (``"0"`` when unset) or ``None`` in single-process mode.
+        node: Slurm node name of the task (``SLURMD_NODENAME``, else the host name).
+        host: address the task's servers advertise (``CSRUN_ADVERTISE_HOST``, else the host name).
+        cpus_per_task: ``CSRUN_CPUS_PER_TASK`` as an int, ``None`` when empty/unset.
+        shard_plan: ``CSRUN_SHARD_PLAN`` (absolute path of a shard-plan JSON) or ``None``.
+        execution_mode: ``CSRUN_EXECUTION_MODE`` or ``None``.
+    """
+
+    kind: str
+    worker_index: Optional[int]
+    num_workers: int
+    component: Optional[str] = None
+    het_group: Optional[int] = None
+    procid: Optional[int] = None
+    job_id: Optional[str] = None
+    step_id: Optional[str] = None
+    node: str = ""
+    host: str = ""
+    cpus_per_task: Optional[int] = None
+    shard_plan: Optional[str] = None
+    execution_mode: Optional[str] = None
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the chief (in single-process mode too)."""
+        return self.kind == "chief"
+
+    @property
+    def single_process(self) -> bool:
+        """True when no csrun environment is present (``python run.py ...``)."""
+        return self.component is None
+
+    @property
+    def in_process_input(self) -> bool:
+        """True when the chief runs the input pipeline itself (no input-worker tasks)."""
+        return self.is_chief and self.num_workers == 0
+
+    @property
+    def rendezvous_key(self) -> Optional[str]:
+        """``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"``: names the rendezvous directory of the step."""
+        if self.job_id is None:
+            return None
+        return f"{self.job_id}.{self.step_id or '0'}"
+
+    def describe(self) -> str:
+        """One-line human description, e.g. ``"input worker 3 on node2"``."""
+        if self.kind == "chief":
+            where = f" on {self.node}" if self.node else ""
+            if self.single_process:
+                return f"chief (single-process mode){where}"
+            return f"chief{where} with {self.num_workers} input worker(s)"
+        return f"input worker {self.worker_index} on {self.node}"
+
+
+def _int(env: Mapping[str, str], name: str, default: Optional[int] = None, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or str(raw).strip() == "":
+        if default is None:
+            raise RoleError(f"{name} is required when CSRUN_ROLE is set (docs/CONTRACT.md)")
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise RoleError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise RoleError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def resolve_role(env: Optional[Mapping[str, str]] = None) -> Role:
+    """Resolve the role of this task from an environment mapping.
+
+    Args:
+        env: the environment (``os.environ`` when ``None``); only string values are read.
+
+    Returns:
+        A :class:`Role`.
+
+    Raises:
+        RoleError: ``CSRUN_ROLE`` has an unknown value, a required variable is missing
+            (``SLURM_PROCID``, ``CSRUN_NUM_WORKERS``, ``SLURM_JOB_ID`` when there are input
+            workers), a value is not an integer, or the resulting worker index is outside
+            ``[0, CSRUN_NUM_WORKERS)``. The message names the variable.
+
+    Rules: docs/CONTRACT.md ("Role of a task").
+    """
+    env = os.environ if env is None else env
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    host = env.get("CSRUN_ADVERTISE_HOST") or socket.gethostname()
+    cpus_raw = (env.get("CSRUN_CPUS_PER_TASK") or "").strip()
+    try:
+        cpus = int(cpus_raw) if cpus_raw else None
+    except ValueError:
+        raise RoleError(f"CSRUN_CPUS_PER_TASK={cpus_raw!r} is not an integer") from None
+    if cpus is not None and cpus < 1:
+        raise RoleError(f"CSRUN_CPUS_PER_TASK={cpus} must be >= 1")
+    shard_plan = env.get("CSRUN_SHARD_PLAN") or None
+    execution_mode = env.get("CSRUN_EXECUTION_MODE") or None
+
+    component = env.get("CSRUN_ROLE")
+    if component is None or component.strip() == "":
+        return Role(kind="chief", worker_index=None, num_workers=0, node=node, host=host,
+                    cpus_per_task=cpus, shard_plan=shard_plan, execution_mode=execution_mode,
+                    job_id=env.get("SLURM_JOB_ID") or None,
+                    step_id=(env.get("SLURM_STEP_ID") or "0") if env.get("SLURM_JOB_ID") else None)
+    component = component.strip()
+    if component not in COMPONENTS:
+        raise RoleError(f"CSRUN_ROLE={component!r} is not one of {', '.join(COMPONENTS)}")
+
+    procid = _int(env, "SLURM_PROCID")
+    num_workers = _int(env, "CSRUN_NUM_WORKERS")
+    task_offset = _int(env, "CSRUN_TASK_OFFSET", default=0)
+    worker_offset = _int(env, "CSRUN_WORKER_OFFSET", default=0)
+    het_group = _int(env, "CSRUN_HET_GROUP", default=0)
+    local = procid - task_offset
+    if local < 0:
+        raise RoleError(f"SLURM_PROCID={procid} is below CSRUN_TASK_OFFSET={task_offset}")
+
+    if component == "chief":
+        if local == 0:
+            kind, index = "chief", None
+        else:
+            kind, index = "worker", worker_offset + local - 1
+    elif component == "single-task":
+        if local != 0:
+            raise RoleError(f"a single-task component has one task, but SLURM_PROCID={procid} "
+                            f"- CSRUN_TASK_OFFSET={task_offset} = {local}")
+        kind, index = "worker", worker_offset
+    else:
+        kind, index = "worker", worker_offset + local
+    if index is not None and not 0 <= index < num_workers:
+        raise RoleError(f"input-worker index {index} (from SLURM_PROCID={procid}, "
+                        f"CSRUN_TASK_OFFSET={task_offset}, CSRUN_WORKER_OFFSET={worker_offset}) "
+                        f"is outside [0, CSRUN_NUM_WORKERS={num_workers})")
+    job_id = env.get("SLURM_JOB_ID") or None
+    if job_id is None and num_workers > 0:
+        raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0 "
+                        "(it names the rendezvous directory)")
+    return Role(kind=kind, worker_index=index, num_workers=num_workers, component=component,
+                het_group=het_group, procid=procid, job_id=job_id,
+                step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
+                node=node, host=host, cpus_per_task=cpus, shard_plan=shard_plan,
+                execution_mode=execution_mode)
