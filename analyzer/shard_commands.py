@@ -150,7 +150,7 @@ def _node_memory() -> tuple[Optional[int], str]:
 @click.option("--pattern", metavar="GLOB", help="File names to take from data directories "
               "(default: *.tfrecord* if any, else every non-hidden file).")
 @click.option("--workers", type=int, help="Number of input workers.")
-@click.option("--nodes", type=int, help="csrun_wse --total-nodes (with --tasks-per-node, "
+@click.option("--nodes", "--total-nodes", "nodes", type=int, help="csrun_wse --total-nodes (with --tasks-per-node, "
               "--single-task-nodes): the plan is for its input workers (every task but the chief).")
 @click.option("--tasks-per-node", type=int, help="csrun_wse --tasks-per-node (default 1).")
 @click.option("--single-task-nodes", type=int, help="csrun_wse --single-task-nodes (default 0).")
