@@ -491,8 +491,8 @@ class _Chief:
             registry = self._wait_workers()
             source = ServiceSource(self.rdv, addresses, registry)
         else:
-            from .service import LocalSource
-            source = LocalSource(ds)
+            from .service import LocalSource, limit_threads
+            source = LocalSource(limit_threads(ds, self.role.cpus_per_task))
         self._train(model, step_var, mgr, source, batch_size, evaluating)
         return 0
 

@@ -49,6 +49,11 @@ STALE_SECS = 10.0
 #: a worker exits 1 when the chief's heartbeat is older than this (seconds).
 CHIEF_LOST_SECS = 90.0
 
+#: Servers kept referenced until the process leaves with ``os._exit``: destroying a
+#: ``WorkerServer`` tears its pipeline down while holding the GIL, which deadlocks a
+#: pipeline that uses ``tf.py_function`` (seen here with a GIL-bound input_fn).
+_KEEP_ALIVE: List[Any] = []
+
 log = logging.getLogger("csrun.runtime")
 
 
@@ -363,6 +368,20 @@ def _count_elements(ds: Any, counter: List[int]) -> Any:
     return ds.map(fn)
 
 
+def limit_threads(ds: Any, cpus_per_task: Optional[int]) -> Any:
+    """Hold a dataset to ``cpus_per_task`` cores (tf.data private threadpool of that size)
+    unless the input_fn chose a threadpool itself; unchanged when ``cpus_per_task`` is None."""
+    if not cpus_per_task:
+        return ds
+    import tensorflow as tf
+
+    if ds.options().threading.private_threadpool_size not in (None, 0):
+        return ds
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = int(cpus_per_task)
+    return ds.with_options(opts)
+
+
 def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
     """The whole life of an input-worker task; returns its exit code.
 
@@ -447,6 +466,7 @@ def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
     server = svc.WorkerServer(svc.WorkerConfig(
         dispatcher_address=address, worker_address=f"{role.host}:%port%", port=0,
         protocol="grpc", heartbeat_interval_ms=1000))
+    _KEEP_ALIVE.append(server)
 
     try:
         ds = call_input_fn(input_fn, wp, "train")
@@ -462,11 +482,7 @@ def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
             log.error("%s", v)
         return 2
     batch_size = rep.info["train_input"]["batch_size"]
-    if role.cpus_per_task:
-        opts = tf.data.Options()
-        if ds.options().threading.private_threadpool_size in (None, 0):
-            opts.threading.private_threadpool_size = int(role.cpus_per_task)
-        ds = ds.with_options(opts)
+    ds = limit_threads(ds, role.cpus_per_task)
     counter = [0]
     ds = _count_elements(ds, counter)
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None,

@@ -1,0 +1,271 @@
+"""``python -m analyzer.drain [--seconds S] [--warmup W] --out FILE run.py ARGS...``.
+
+The task that ``cs_input_analyzer verify`` launches with ``csrun_wse`` on every task of the
+recommended layout. Per role (:func:`launcher.runtime.roles.resolve_role`, docs/CONTRACT.md):
+
+* an **input worker** runs exactly what a training job's worker runs:
+  :func:`launcher.runtime.service.run_worker` (its own ``input_fn(params_i)`` behind a
+  tf.data service worker) until the chief is done;
+* the **chief** sets up what the runtime's chief sets up for training — the rendezvous, one
+  dispatcher per input worker, the wait for their registrations
+  (:class:`launcher.runtime.runner._Chief`) and the merged stream
+  (:class:`launcher.runtime.service.ServiceSource`), or the in-process pipeline
+  (:class:`launcher.runtime.service.LocalSource`, its pipeline held to the task's
+  ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker — but instead
+  of training it only *drains* the stream: ``--warmup`` seconds after the first batch, then a
+  measured window of ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON),
+  marks the job done (the workers leave) and exits with ``os._exit``.
+
+Result JSON: ``{"status": "ok"|"failed", "samples_per_sec", "window_s", "samples",
+"batches", "batch_size", "batches_per_worker", "num_workers", "startup_s" (process start to
+the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process), "error"}``.
+
+ARGS are run.py's arguments; ``--mode train`` must be among them (verify adds it) so that the
+workers stream.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+#: Objects that must never be destroyed before ``os._exit``: tearing down tf.data service
+#: servers and iterators can block (forever, seen here) in their destructors.
+_KEEP: list = []
+
+
+def _keep_worker_servers() -> None:
+    """Keep every tf.data service ``WorkerServer`` this process creates referenced until
+    ``os._exit``. Destroying one stops it, and stopping it destroys its tasks' iterators
+    while holding the GIL: a pipeline with a ``tf.py_function`` then deadlocks (its calls
+    wait for the GIL) — seen here with a worker whose ``run_worker`` returned."""
+    import tensorflow as tf
+
+    svc = tf.data.experimental.service
+    base = svc.WorkerServer
+    if getattr(base, "_csrun_kept", False):
+        return
+
+    class KeptWorkerServer(base):  # type: ignore[misc, valid-type]
+        _csrun_kept = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _KEEP.append(self)
+
+    svc.WorkerServer = KeptWorkerServer
+
+
+def _samples(batch: Any) -> int:
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(batch)
+    if not flat or len(flat[0].shape) == 0:
+        return 1
+    return int(flat[0].shape[0])
+
+
+def _cpu(procs: list) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        except Exception:  # noqa: BLE001 - a process that left
+            pass
+    return total
+
+
+def _host_busy() -> float:
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+def drain(source: Any, warmup_s: float, seconds: float, first_timeout: float, timeout: float,
+          t_proc: float, local_pids: Optional[list[int]] = None) -> dict:
+    """Drain ``source`` (``get(timeout) -> (worker, (features, labels))``): the first batch,
+    ``warmup_s`` seconds, then a ``seconds`` window. Returns the measured figures (see the
+    module docstring; rates in samples/s). ``local_pids``: input-worker processes on this
+    host; their CPU use is reported (``job_cpu_cores``) with the rest of the host's
+    (``other_cores_busy``: other jobs on a shared host)."""
+    import psutil
+
+    proc = psutil.Process()
+    job = [proc]
+    for pid in local_pids or []:
+        try:
+            job.append(psutil.Process(pid))
+        except Exception:  # noqa: BLE001
+            pass
+    _, batch = source.get(first_timeout)
+    startup = time.time() - t_proc
+    batch_size = _samples(batch)
+    t_end = time.monotonic() + warmup_s
+    while time.monotonic() < t_end:
+        source.get(timeout)
+    counts0 = dict(getattr(source, "counts", {}))
+    ct0 = proc.cpu_times()
+    job0, host0 = _cpu(job), _host_busy()
+    samples = batches = 0
+    t0 = time.monotonic()
+    t_end = t0 + seconds
+    while True:
+        now = time.monotonic()
+        if now >= t_end:
+            break
+        _, batch = source.get(timeout)
+        samples += _samples(batch)
+        batches += 1
+    window = time.monotonic() - t0
+    job1, host1 = _cpu(job), _host_busy()
+    ct1 = proc.cpu_times()
+    counts1 = dict(getattr(source, "counts", {}))
+    return {"status": "ok", "samples_per_sec": samples / window if window > 0 else 0.0, "window_s": window,
+            "samples": samples, "batches": batches, "batch_size": batch_size, "warmup_s": warmup_s,
+            "startup_s": startup,
+            "batches_per_worker": {str(k): counts1.get(k, 0) - counts0.get(k, 0) for k in counts1},
+            "chief_cpu_cores": ((ct1.user - ct0.user) + (ct1.system - ct0.system)) / window if window > 0 else None,
+            "job_cpu_cores_on_host": (job1 - job0) / window if window > 0 else None,
+            "other_cores_busy": max(0.0, (host1 - host0) - (job1 - job0)) / window if window > 0 else None,
+            "host_cpus": psutil.cpu_count()}
+
+
+def _train_argv(argv: list[str]) -> list[str]:
+    """run.py's argv with ``--mode train`` (replacing any mode) and ``--max_steps`` if absent
+    (the params need one for a training mode; the drain never trains)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--mode" and i + 1 < len(argv):
+            i += 2
+            continue
+        if a.startswith("--mode=") or a in ("--validate_only", "--compile_only"):
+            i += 1
+            continue
+        out.append(a)
+        i += 1
+    out += ["--mode", "train"]
+    if not any(a == "--max_steps" or a.startswith("--max_steps=") for a in out):
+        out += ["--max_steps", str(10 ** 9)]
+    return out
+
+
+def _write(path: Optional[str], obj: dict) -> None:
+    if not path:
+        print(json.dumps(obj), flush=True)
+        return
+    from launcher.runtime.artifacts import write_json
+
+    write_json(path, obj)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
+    t_proc = time.time()
+    try:
+        import psutil
+
+        t_proc = float(psutil.Process().create_time())
+    except Exception:  # noqa: BLE001
+        pass
+    ap = argparse.ArgumentParser(prog="python -m analyzer.drain", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured window (s) [20]")
+    ap.add_argument("--warmup", type=float, default=5.0, help="drain this long (s) before measuring [5]")
+    ap.add_argument("--out", default=None, help="result JSON (chief only) [stdout]")
+    ap.add_argument("run_py")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ns = ap.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from launcher.runtime import runner, service
+    from launcher.runtime.capture import load_entry
+    from launcher.runtime.params import ParamsError, resolve_params
+    from launcher.runtime.roles import RoleError, resolve_role
+
+    args = _train_argv(list(ns.args))
+    try:
+        role = resolve_role()
+    except RoleError as exc:
+        print(f"drain: environment: {exc}", file=sys.stderr)
+        return 2
+    runner._setup_logging("" if role.is_chief else f"[worker {role.worker_index} {role.node}] ")
+    try:
+        entry = load_entry(ns.run_py, args)
+        resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))
+    except (ParamsError, Exception) as exc:  # noqa: BLE001 - EntryError, ParamsError
+        if role.is_chief:
+            _write(ns.out, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        print(f"drain: {exc}", file=sys.stderr)
+        return 2
+    if role.kind == "worker":
+        _keep_worker_servers()
+        return service.run_worker(role, resolved, entry.input_fn)
+
+    chief = runner._Chief(role, resolved, entry.input_fn, entry.model_fn, entry.eval_input_fn, t_proc)
+    rc = resolved.params["runconfig"]
+    res: dict[str, Any]
+    try:
+        chief.model_dir.mkdir(parents=True, exist_ok=True)
+        if role.num_workers > 0:
+            chief.rdv = service.Rendezvous(chief.model_dir, role.rendezvous_key)
+            chief.rdv.reset()
+            service.Heartbeat(chief.rdv, "chief").start()
+            servers, ports = service.start_dispatchers(role.num_workers)
+            _KEEP.append(servers)
+            addresses = [f"{role.host}:{p}" for p in ports]
+            chief.rdv.publish_dispatchers(addresses, {
+                "num_workers": role.num_workers, "mode": "train (drain)",
+                "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
+            registry = chief._wait_workers()
+            source = service.ServiceSource(chief.rdv, addresses, registry)
+            _KEEP.append(source)
+            import socket
+
+            local_pids = [int(r["pid"]) for r in registry.values()
+                          if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
+        else:
+            ds, _spec, _bs = chief._check_train_input()
+            if role.cpus_per_task:
+                # Held to the task's CPUs as run_worker holds an input worker (and as the
+                # probes were): on a cluster that does not bind tasks to CPUs the in-process
+                # pipeline would otherwise use every core of the node.
+                import tensorflow as tf
+
+                if ds.options().threading.private_threadpool_size in (None, 0):
+                    opts = tf.data.Options()
+                    opts.threading.private_threadpool_size = int(role.cpus_per_task)
+                    ds = ds.with_options(opts)
+            source = service.LocalSource(ds)
+            _KEEP.append(source)
+            local_pids = []
+        res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
+                    float(rc["input_timeout_secs"]), t_proc, local_pids)
+        res["num_workers"] = role.num_workers
+        res["node"] = role.node
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - reported in the result
+        problems = getattr(exc, "problems", None)
+        res = {"status": "failed", "error": "; ".join(problems) if problems else f"{type(exc).__name__}: {exc}",
+               "num_workers": role.num_workers}
+        code = 1
+    _write(ns.out, res)
+    if chief.rdv is not None:
+        chief.rdv.mark_done("ok" if code == 0 else "failed", "drain finished")
+    print(f"drain: {json.dumps({k: res.get(k) for k in ('status', 'samples_per_sec', 'num_workers', 'error')})}",
+          file=sys.stderr, flush=True)
+    _KEEP.append(chief)
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

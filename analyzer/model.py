@@ -1,0 +1,394 @@
+"""The throughput model of one node, fitted to probe tables (pure: pandas and numpy).
+
+A *probe* ran ``T`` processes on one node, each held to ``C`` CPUs, each iterating the
+user's ``input_fn`` dataset; its row in the probe table holds the node's total rate
+(``samples_per_sec``, the sum of the ``T`` processes' samples/s over the same measured
+window), the CPU cores the processes used and the CPU-seconds spent per sample.
+
+The model of a node with ``n`` CPUs (``n = node_cpus``)::
+
+    task_rate(C)   = r1 / ((1 - p) + p / C_eff)            Amdahl's law per task
+    node_rate(T,C) = min( T * task_rate(C) / (1 + sigma * (T - 1)),   tasks in parallel
+                          n / k,                                      the node's CPU budget
+                          io_cap )                                    a measured plateau
+
+with ``C_eff = min(C, n / T)`` (an oversubscribed node time-shares its cores) and
+
+* ``r1`` — samples/s of one task on one CPU,
+* ``p``  — the parallel fraction of a task's work (0: a serial pipeline, e.g. a GIL-bound
+  ``tf.py_function`` or a sequential source; 1: perfectly parallel map),
+* ``sigma`` — contention between the tasks of a node (memory bandwidth, a shared disk),
+* ``k``  — CPU-seconds per sample (measured with psutil, the median over the probes),
+* ``io_cap`` — a node-level ceiling (samples/s) where throughput stops growing while the
+  CPUs are not busy (``inf`` when the data shows none).
+
+``r1``, ``p``, ``sigma`` and ``io_cap`` are fitted by least squares on log throughput over a
+grid (``p`` step 0.02), ``r1`` in closed form per grid point. Predictions prefer measured
+means: where a layout was probed its mean is the prediction and the model only fills the
+layouts that were not.
+
+Probe table columns used here (see :data:`PROBE_COLUMNS`): ``kind`` (``pipeline`` or
+``ingest``), ``status`` (``ok`` rows only), ``tasks``, ``cpus_per_task``, ``node_cpus``,
+``samples_per_sec``, ``cpu_cores_used``, ``cpu_seconds_per_sample``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+#: Columns of a probe table (CSV) in order. Rates are samples/s summed over the probe's
+#: tasks; byte rates are bytes/s; times are seconds.
+PROBE_COLUMNS = [
+    "probe_id", "kind", "tasks", "cpus_per_task", "node_cpus", "node", "status", "error",
+    "samples_per_sec", "task_rate_min", "task_rate_max", "cpu_cores_used", "cpu_util",
+    "cpu_seconds_per_sample", "read_bytes_per_sec", "disk_read_bytes_per_sec",
+    "element_bytes_per_sec", "window_s", "warmup_s", "first_element_s", "elapsed_s",
+    "started_at", "other_cores_busy", "contended", "samples_per_element",
+]
+
+#: Prior cost of the tf.data service hop (both ends, CPU-seconds) when no ingest probe ran:
+#: per element and per byte of element, from the ingest probes of the examples measured here
+#: (digits: ~1.1 ms per 64-sample element of 17 KB; images: ~11 ms per 6.3 MB element).
+HOP_ELEMENT_S = 1.0e-3
+HOP_BYTE_S = 1.6e-9
+
+#: Bottleneck classes reported by :func:`classify`.
+CPU_PARALLEL, SERIAL, IO_BOUND = "CPU-parallel", "serial", "I/O/latency-bound"
+
+_P_GRID = np.linspace(0.0, 1.0, 51)
+_SIGMA_GRID = np.array([0.0, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5])
+MIN_REL_SPREAD = 0.03
+
+
+class ModelError(ValueError):
+    """The probe table cannot support a fit (no successful pipeline probe)."""
+
+
+@dataclass
+class NodeModel:
+    """A fitted per-node throughput model (see the module docstring for the formula).
+
+    All rates are samples/s; ``k`` is CPU-seconds per sample; ``rel_spread`` is the relative
+    standard deviation of a measurement (pooled over repeated probes, or the fit's residual
+    when nothing was repeated), ``resid_rms`` the fit's RMS residual of ``log(rate)``.
+    ``measured`` maps ``"TxC"`` to ``{"mean", "std", "count", "cpu_util"}`` of the probes.
+    """
+
+    node_cpus: int
+    r1: float
+    p: float
+    sigma: float
+    k: float
+    io_cap: float = math.inf
+    rel_spread: float = MIN_REL_SPREAD
+    resid_rms: float = 0.0
+    n_probes: int = 0
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    # -- model -----------------------------------------------------------------------
+    def task_rate(self, cpus: float, tasks: int = 1) -> float:
+        """Model rate (samples/s) of one task with ``cpus`` CPUs among ``tasks`` on the node."""
+        c_eff = min(float(cpus), max(self.node_cpus / max(tasks, 1), 1.0))
+        return self.r1 / ((1.0 - self.p) + self.p / c_eff)
+
+    def model_rate(self, tasks: int, cpus: int) -> float:
+        """Model node rate (samples/s) with ``tasks`` tasks × ``cpus`` CPUs (no measurement)."""
+        par = tasks * self.task_rate(cpus, tasks) / (1.0 + self.sigma * (tasks - 1))
+        cap = self.node_cpus / self.k if self.k > 0 else math.inf
+        return float(min(par, cap, self.io_cap))
+
+    # -- predictions ----------------------------------------------------------------------
+    def node_rate(self, tasks: int, cpus: int) -> float:
+        """Predicted node rate (samples/s): the measured mean where probed, else the model."""
+        m = self.measured.get(f"{tasks}x{cpus}")
+        if m and m.get("count", 0) >= 1:
+            return float(m["mean"])
+        return self.model_rate(tasks, cpus)
+
+    def node_rel_spread(self, tasks: int, cpus: int) -> float:
+        """Relative standard deviation (fraction) of :meth:`node_rate` at ``tasks × cpus``."""
+        m = self.measured.get(f"{tasks}x{cpus}")
+        if m and m.get("count", 0) >= 2 and m["mean"] > 0:
+            return max(self.rel_spread, float(m["std"]) / float(m["mean"]))
+        if m and m.get("count", 0) >= 1:
+            return self.rel_spread
+        return math.hypot(self.rel_spread, math.expm1(self.resid_rms))
+
+    def cores_used(self, tasks: int, cpus: int) -> float:
+        """CPU cores the node's tasks keep busy at ``tasks × cpus`` (measured, else rate × k)."""
+        m = self.measured.get(f"{tasks}x{cpus}")
+        if m and not math.isnan(m.get("cores_used", math.nan)):
+            return float(m["cores_used"])
+        return min(self.node_rate(tasks, cpus) * self.k, float(tasks * cpus))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``io_cap`` ``inf`` becomes ``None``)."""
+        d = asdict(self)
+        d["io_cap"] = None if math.isinf(self.io_cap) else self.io_cap
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NodeModel":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["io_cap"] = math.inf if d.get("io_cap") is None else float(d["io_cap"])
+        return cls(**d)
+
+
+def _ok_pipeline(probes: pd.DataFrame) -> pd.DataFrame:
+    if probes is None or len(probes) == 0:
+        return pd.DataFrame(columns=PROBE_COLUMNS)
+    df = probes
+    if "kind" in df:
+        df = df[df["kind"].fillna("pipeline") == "pipeline"]
+    if "status" in df:
+        df = df[df["status"] == "ok"]
+    df = df[pd.to_numeric(df["samples_per_sec"], errors="coerce") > 0].copy()
+    if "contended" in df and len(df):
+        # Probes disturbed by other processes on a shared host are dropped where the same
+        # layout also has an undisturbed probe.
+        bad = df["contended"].map(lambda v: str(v).lower() in ("true", "1", "1.0"))
+        key = list(zip(df["tasks"], df["cpus_per_task"]))
+        clean = {k for k, b in zip(key, bad) if not b}
+        keep = [(not b) or (k not in clean) for k, b in zip(key, bad)]
+        df = df[keep]
+    return df
+
+
+def aggregate(probes: pd.DataFrame) -> pd.DataFrame:
+    """Per-layout summary of the successful pipeline probes.
+
+    Returns one row per ``(tasks, cpus_per_task)`` with ``mean``, ``std`` (0 for one probe),
+    ``count``, ``min``, ``max`` of ``samples_per_sec``, and the means of ``cpu_cores_used``,
+    ``cpu_util``, ``cpu_seconds_per_sample`` and ``other_cores_busy`` (NaN when not
+    recorded); sorted by tasks, then CPUs.
+    """
+    df = _ok_pipeline(probes)
+    cols = ["tasks", "cpus_per_task", "mean", "std", "count", "min", "max",
+            "cpu_cores_used", "cpu_util", "cpu_seconds_per_sample", "other_cores_busy"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    for c in ("cpu_cores_used", "cpu_util", "cpu_seconds_per_sample", "other_cores_busy"):
+        if c not in df:
+            df[c] = np.nan
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    g = df.groupby(["tasks", "cpus_per_task"], as_index=False).agg(
+        mean=("samples_per_sec", "mean"), std=("samples_per_sec", "std"),
+        count=("samples_per_sec", "size"), min=("samples_per_sec", "min"),
+        max=("samples_per_sec", "max"), cpu_cores_used=("cpu_cores_used", "mean"),
+        cpu_util=("cpu_util", "mean"), cpu_seconds_per_sample=("cpu_seconds_per_sample", "mean"),
+        other_cores_busy=("other_cores_busy", "mean"))
+    g["std"] = g["std"].fillna(0.0)
+    g[["tasks", "cpus_per_task", "count"]] = g[["tasks", "cpus_per_task", "count"]].astype(int)
+    return g.sort_values(["tasks", "cpus_per_task"]).reset_index(drop=True)[cols]
+
+
+def _predict_grid(T: np.ndarray, C: np.ndarray, n: int, r1: np.ndarray, p: float,
+                  sigma: float, cap: float) -> np.ndarray:
+    c_eff = np.minimum(C, np.maximum(n / T, 1.0))
+    par = T * r1 / ((1.0 - p) + p / c_eff) / (1.0 + sigma * (T - 1))
+    return np.minimum(par, cap)
+
+
+def _grid_fit(df: pd.DataFrame, n: int, k: float, io_caps: list[float]) -> tuple[float, float, float, float, float]:
+    """Least squares on log rate over the (p, sigma, io_cap) grid; r1 in closed form.
+
+    Returns ``(sse, r1, p, sigma, io_cap)`` of the least penalised cost."""
+    T = df["tasks"].to_numpy(float)
+    C = df["cpus_per_task"].to_numpy(float)
+    y = np.log(df["samples_per_sec"].to_numpy(float))
+    cpu_cap = n / k if k > 0 else math.inf
+    inside = T * C <= n + 1e-9
+    if not inside.any():
+        inside = np.ones_like(T, dtype=bool)
+    lam_sigma = 0.02 * len(y)  # keeps sigma at 0 unless the data ask for it
+    best: Optional[tuple[float, float, float, float, float, float]] = None
+    for io in io_caps:
+        cap = min(cpu_cap, io)
+        for sigma in _SIGMA_GRID:
+            for p in _P_GRID:
+                g = _predict_grid(T, C, n, np.ones_like(T), p, sigma, math.inf)
+                log_r1 = float(np.mean(y[inside] - np.log(g[inside])))
+                pred = _predict_grid(T, C, n, np.full_like(T, math.exp(log_r1)), p, sigma, cap)
+                sse = float(np.sum((y - np.log(pred)) ** 2))
+                cost = sse + lam_sigma * sigma * sigma
+                if best is None or cost < best[0] - 1e-12:
+                    best = (cost, sse, math.exp(log_r1), float(p), float(sigma), io)
+    assert best is not None
+    return best[1:]
+
+
+def fit(probes: pd.DataFrame, node_cpus: Optional[int] = None) -> NodeModel:
+    """Fit :class:`NodeModel` to a probe table.
+
+    ``probes``: a DataFrame with :data:`PROBE_COLUMNS` (failed and ``ingest`` rows are
+    ignored). ``node_cpus``: CPUs of the probed node (default: the table's ``node_cpus``).
+    A finite ``io_cap`` is kept only when it removes at least 20 % of the squared error
+    and the probes near it kept under 75 % of their CPUs busy.
+    Raises :class:`ModelError` when there is no successful pipeline probe.
+    """
+    df = _ok_pipeline(probes)
+    if df.empty:
+        raise ModelError("no successful probe of the input pipeline to fit")
+    n = int(node_cpus if node_cpus is not None else df["node_cpus"].max())
+    kk = pd.to_numeric(df["cpu_seconds_per_sample"], errors="coerce").dropna() \
+        if "cpu_seconds_per_sample" in df else pd.Series(dtype=float)
+    kk = kk[kk > 0]
+    k = float(kk.median()) if len(kk) else 0.0
+
+    sse, r1, p, sigma, io = _grid_fit(df, n, k, [math.inf])
+    rates = sorted(set(df["samples_per_sec"].astype(float)))
+    if len(df) >= 4:
+        sse_io, r1_io, p_io, sigma_io, io_io = _grid_fit(df, n, k, rates[-2:])
+        near = df[df["samples_per_sec"] >= 0.9 * io_io]
+        util = pd.to_numeric(near["cpu_util"], errors="coerce").mean() if "cpu_util" in near else math.nan
+        if sse_io < 0.8 * sse and (math.isnan(util) or util < 0.75):
+            sse, r1, p, sigma, io = sse_io, r1_io, p_io, sigma_io, io_io
+    resid_rms = math.sqrt(sse / len(df))
+    return NodeModel(node_cpus=n, r1=r1, p=p, sigma=sigma, k=k, io_cap=io,
+                     rel_spread=_rel_spread(df, resid_rms), resid_rms=resid_rms,
+                     n_probes=int(len(df)), measured=_measured(df))
+
+
+def _measured(df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for (t, c), g in df.groupby(["tasks", "cpus_per_task"]):
+        v = g["samples_per_sec"].to_numpy(float)
+        cores = pd.to_numeric(g.get("cpu_cores_used"), errors="coerce")
+        util = pd.to_numeric(g.get("cpu_util"), errors="coerce")
+        out[f"{int(t)}x{int(c)}"] = {
+            "mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+            "count": int(len(v)), "min": float(v.min()), "max": float(v.max()),
+            "cores_used": float(cores.mean()) if cores.notna().any() else math.nan,
+            "cpu_util": float(util.mean()) if util.notna().any() else math.nan,
+        }
+    return out
+
+
+def _rel_spread(df: pd.DataFrame, resid_rms: float) -> float:
+    """Pooled relative standard deviation of repeated probes (fraction), floored at 3 %;
+    the fit's residual when no layout was probed twice."""
+    num = den = 0.0
+    for _, g in df.groupby(["tasks", "cpus_per_task"]):
+        v = g["samples_per_sec"].to_numpy(float)
+        if len(v) >= 2 and v.mean() > 0:
+            num += (len(v) - 1) * (v.std(ddof=1) / v.mean()) ** 2
+            den += len(v) - 1
+    if den > 0:
+        return max(MIN_REL_SPREAD, math.sqrt(num / den))
+    return max(MIN_REL_SPREAD, math.expm1(resid_rms))
+
+
+def ingest_limits(probes: pd.DataFrame) -> dict[str, Optional[float]]:
+    """The chief's measured ingest limit from ``kind == "ingest"`` probes.
+
+    Returns ``{"samples_per_sec": <samples/s the chief took from tf.data service workers
+    serving cached elements>, "cpu_seconds_per_sample": <CPU-seconds per sample of that
+    service hop, both ends>, "source"}``. Without a successful ingest probe the hop's cost
+    is a prior from the element size (:data:`HOP_ELEMENT_S`, :data:`HOP_BYTE_S`) and the rate
+    is ``None``; both ``None`` when nothing is known.
+    """
+    none = {"samples_per_sec": None, "cpu_seconds_per_sample": None, "source": "none"}
+    if probes is None or len(probes) == 0 or "kind" not in probes:
+        return none
+    df = probes[(probes["kind"] == "ingest") & (probes["status"] == "ok")]
+    if df.empty:
+        return _hop_prior(probes) or none
+    k = pd.to_numeric(df["cpu_seconds_per_sample"], errors="coerce").dropna()
+    return {"samples_per_sec": float(df["samples_per_sec"].median()),
+            "cpu_seconds_per_sample": float(k.median()) if len(k) else None, "source": "ingest probe"}
+
+
+def _hop_prior(probes: pd.DataFrame) -> Optional[dict]:
+    """``cpu_seconds_per_sample`` of the service hop from :data:`HOP_ELEMENT_S` and
+    :data:`HOP_BYTE_S` and the pipeline probes' element size, when no ingest probe ran."""
+    df = _ok_pipeline(probes)
+    if df.empty or "samples_per_element" not in df or "element_bytes_per_sec" not in df:
+        return None
+    spe = pd.to_numeric(df["samples_per_element"], errors="coerce")
+    bps = pd.to_numeric(df["element_bytes_per_sec"], errors="coerce") / pd.to_numeric(df["samples_per_sec"])
+    spe, bps = spe.median(), bps.median()
+    if not (spe > 0) or not (bps >= 0):
+        return None
+    k = (HOP_ELEMENT_S + HOP_BYTE_S * bps * spe) / spe
+    return {"samples_per_sec": None, "cpu_seconds_per_sample": float(k),
+            "source": "prior (no ingest probe): per-element and per-byte costs of the service hop"}
+
+
+def _rate(model: NodeModel, agg: pd.DataFrame, t: int, c: int) -> tuple[float, bool]:
+    row = agg[(agg["tasks"] == t) & (agg["cpus_per_task"] == c)]
+    if len(row):
+        return float(row["mean"].iloc[0]), True
+    return model.model_rate(t, c), False
+
+
+def classify(probes: pd.DataFrame, model: NodeModel) -> dict[str, Any]:
+    """Bottleneck class of the input pipeline, with its evidence.
+
+    Returns ``{"class": one of CPU_PARALLEL | SERIAL | IO_BOUND, "evidence": [str, ...],
+    "cpu_speedup", "task_speedup", "oversubscribed_speedup" (None if not probed),
+    "cpu_util_all_tasks", "cpu_util_one_task"}`` where the speedups compare node rates:
+    ``1×n`` over ``1×1`` (more CPUs per task), ``n×1`` over ``1×1`` (more tasks) and the
+    most oversubscribed ``T×1`` (``T > n``) over ``n×1``. Measured values are used where
+    probed, the model elsewhere (the evidence says which).
+    """
+    agg = aggregate(probes)
+    n = model.node_cpus
+    base, base_m = _rate(model, agg, 1, 1)
+    one_n, one_n_m = _rate(model, agg, 1, n)
+    n_one, n_one_m = _rate(model, agg, n, 1)
+    cpu_speedup = one_n / base if base > 0 else math.nan
+    task_speedup = n_one / base if base > 0 else math.nan
+    over = agg[(agg["cpus_per_task"] == 1) & (agg["tasks"] > n)]
+    over_speedup = None
+    if len(over):
+        top = over.sort_values("tasks").iloc[-1]
+        over_speedup = float(top["mean"]) / n_one if n_one > 0 else None
+    row = agg[(agg["tasks"] == n) & (agg["cpus_per_task"] == 1)]
+    util_all = float(row["cpu_util"].iloc[0]) if len(row) and pd.notna(row["cpu_util"].iloc[0]) else None
+    # Idle share of the host during the n x 1 probes: low use of the CPUs only means
+    # I/O or latency when the CPUs were free (not taken by other processes).
+    other = float(row["other_cores_busy"].iloc[0]) if len(row) and "other_cores_busy" in row \
+        and pd.notna(row["other_cores_busy"].iloc[0]) else 0.0
+    idle_all = None if util_all is None else max(0.0, 1.0 - util_all - other / max(n, 1))
+    row1 = agg[(agg["tasks"] == 1) & (agg["cpus_per_task"] == n)]
+    util_one = float(row1["cpu_util"].iloc[0]) if len(row1) and pd.notna(row1["cpu_util"].iloc[0]) else None
+
+    src = lambda m: "measured" if m else "model"  # noqa: E731
+    ev = [
+        f"1 task: {base:.0f} samples/s on 1 CPU ({src(base_m)}), {one_n:.0f} on {n} CPUs "
+        f"({src(one_n_m)}): ×{cpu_speedup:.2f} from more CPUs per task "
+        f"(fitted parallel fraction p = {model.p:.2f})",
+        f"{n} tasks × 1 CPU: {n_one:.0f} samples/s ({src(n_one_m)}): ×{task_speedup:.2f} from more tasks",
+    ]
+    if util_one is not None:
+        ev.append(f"1 task × {n} CPUs keeps {util_one * 100:.0f} % of its CPUs busy")
+    if util_all is not None:
+        ev.append(f"{n} tasks × 1 CPU keep {util_all * 100:.0f} % of the node's CPUs busy")
+    if over_speedup is not None:
+        ev.append(f"{int(top['tasks'])} tasks on {n} CPUs (oversubscribed): ×{over_speedup:.2f} over {n} tasks")
+
+    if other > 0.2 * n:
+        ev.append(f"other processes kept {other:.2f} of the {n} CPUs busy during the {n} × 1 probes")
+    io_like = (over_speedup is not None and over_speedup >= 1.2 and (util_all is None or util_all < 0.7)
+               and (idle_all is None or idle_all > 0.2)) \
+        or (util_all is not None and util_all < 0.45 and idle_all is not None and idle_all > 0.4)
+    ideal = 1.0 + 0.5 * (n - 1)  # half of linear CPU scaling
+    if io_like:
+        cls = IO_BOUND
+        ev.append("throughput grows past the core count while the CPUs are not busy: "
+                  "the tasks wait on I/O or latency; more tasks per node (and more nodes) help")
+    elif n > 1 and cpu_speedup < ideal and task_speedup >= 1.3 * cpu_speedup:
+        cls = SERIAL
+        ev.append("more CPUs per task do not help but more tasks do: a serial stage "
+                  "(a GIL-bound py_function, a sequential source) limits each task; use 1 CPU per task")
+    else:
+        cls = CPU_PARALLEL
+        ev.append("throughput scales with CPUs per task: the pipeline's map stages use the cores")
+    return {"class": cls, "evidence": ev, "cpu_speedup": cpu_speedup, "task_speedup": task_speedup,
+            "oversubscribed_speedup": over_speedup, "cpu_util_all_tasks": util_all,
+            "cpu_util_one_task": util_one}

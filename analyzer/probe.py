@@ -1,0 +1,570 @@
+"""The probe worker process: ``python -m analyzer.probe SPEC.json``.
+
+One process of a probe. It loads the user's run.py in capture mode
+(:func:`launcher.runtime.capture.load_entry`), then either
+
+* ``"mode": "once"`` — runs the one probe in ``spec["probe"]``, writes its result JSON and
+  leaves, or
+* ``"mode": "serve"`` — stays up and runs every probe command the driver
+  (:mod:`analyzer.probing`) drops into ``<workdir>/cmd/`` (so TensorFlow's ~4 s import and
+  the run.py load are paid once per process, not once per probe), until an ``exit``
+  command, a deadline or the loss of its parent.
+
+A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest", "tasks": T,
+"cpus_per_task": C, "warmup_s", "measure_s", "barrier_timeout_s", "cache_elements"}`` is run
+by the processes with index ``< T`` (index: ``spec["index"]``, else ``$CSRUN_PROBE_INDEX``,
+else ``$SLURM_PROCID``); each pins all its threads to its own ``C`` CPUs
+(``os.sched_setaffinity`` on every thread; CPUs ``[i·C, (i+1)·C)`` of the allowed set,
+wrapping when the node is oversubscribed), builds ``input_fn(params)`` with
+``threading.private_threadpool_size = C`` and ``max_intra_op_parallelism = 1``, iterates it
+for the warm-up, meets the other processes at a file barrier, measures ``measure_s``
+seconds (samples/s, CPU-seconds, bytes read from psutil's I/O counters), keeps iterating
+until every process has measured (so each window sees the full load), and writes
+``<workdir>/res/<seq>_<index>.json``.
+
+``kind == "ingest"`` measures the chief's ingest path instead (:func:`_ingest_role`):
+process 0 hosts the tf.data service dispatchers and drains the streams as the runtime's
+chief does, processes 1..T-1 are service workers serving the first ``cache_elements``
+elements of the pipeline from a cache — the rate and the CPU-seconds per sample of the
+service hop alone (with ``T == 1`` the worker servers live in the chief's process).
+
+Results and the start-up record ``<workdir>/hello_<index>.json`` (pid, host, Slurm node,
+CPUs, load time, or the load error) are written atomically (temp file + rename). The
+process leaves with ``os._exit`` (a pipeline with ``tf.py_function`` can hang interpreter
+exit); the driver still enforces a timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+POLL_S = 0.05
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, default=str))
+    os.replace(tmp, path)
+
+
+def pin_all_threads(cpus: list[int]) -> int:
+    """Set the CPU affinity of every thread of this process to ``cpus``.
+
+    Threads created later inherit the mask of their creator. Returns the number of
+    threads pinned (threads that exit meanwhile are skipped)."""
+    mask = set(cpus)
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mask)
+            count += 1
+        except (ProcessLookupError, OSError):
+            pass
+    return count
+
+
+def cpus_for(index: int, cpus_per_task: int, allowed: list[int]) -> list[int]:
+    """CPUs of task ``index`` of a probe: ``cpus_per_task`` consecutive CPUs of ``allowed``
+    starting at ``index × cpus_per_task``, wrapping around (oversubscription)."""
+    n = len(allowed)
+    if cpus_per_task >= n:
+        return list(allowed)
+    start = index * cpus_per_task
+    return sorted({allowed[(start + j) % n] for j in range(cpus_per_task)})
+
+
+def samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
+    """``(samples, bytes)`` of one dataset element: the leading dimension of its first
+    tensor (1 for a scalar) and the summed size of its tensors."""
+    flat = flatten(element)
+    if not flat:
+        return 1, 0
+    shape = flat[0].shape
+    samples = int(shape[0]) if len(shape) >= 1 and shape[0] is not None else 1
+    nbytes = 0
+    for t in flat:
+        ne = t.shape.num_elements()
+        nbytes += (ne or 0) * (t.dtype.size or 1)
+    return samples, nbytes
+
+
+class Marker:
+    """The file barrier of one probe: ``<workdir>/bar/<seq>_<phase>_<index>``."""
+
+    def __init__(self, workdir: Path, seq: int, tasks: int):
+        self.dir = workdir / "bar"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.seq, self.tasks = seq, tasks
+
+    def set(self, phase: str, index: int) -> None:
+        (self.dir / f"{self.seq}_{phase}_{index}").touch()
+
+    def count(self, phase: str) -> int:
+        prefix = f"{self.seq}_{phase}_"
+        return sum(1 for name in os.listdir(self.dir) if name.startswith(prefix))
+
+    def all(self, phase: str) -> bool:
+        return self.count(phase) >= self.tasks
+
+
+class ContractViolation(RuntimeError):
+    """input_fn broke the runtime's contract (the message is launcher.runtime.contract's)."""
+
+
+class Entry:
+    """The captured run.py (:func:`launcher.runtime.capture.load_entry`): ``input_fn`` and the
+    params input worker 0 of 1 receives (the single-process view: every probe process reads
+    all the data, as an unsharded worker would)."""
+
+    def __init__(self, run_py: str, argv: list[str]):
+        from launcher.runtime import contract
+        from launcher.runtime.capture import load_entry
+
+        self.captured = load_entry(run_py, list(argv))
+        self.input_fn = self.captured.input_fn
+        self.params = self.captured.worker_params(0, 1)
+        problems = contract.check_signature(self.input_fn)
+        if problems:
+            raise ContractViolation("train_input: " + "; ".join(problems))
+
+
+def build_dataset(entry: Entry, cpus_per_task: int):
+    """``input_fn(params)`` checked against the runtime's contract
+    (:func:`launcher.runtime.contract.check_dataset`), with the probe's threading options.
+
+    Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
+    """
+    import tensorflow as tf
+
+    from launcher.runtime import contract
+
+    ds = contract.call_input_fn(entry.input_fn, entry.params, "train")
+    rep = contract.check_dataset(ds, "train")
+    if rep.violations:
+        raise ContractViolation("; ".join(rep.violations))
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = int(cpus_per_task)
+    opts.threading.max_intra_op_parallelism = 1
+    return ds.with_options(opts)
+
+
+class Counter:
+    """Iterates a dataset, restarting it at its end, counting samples and bytes."""
+
+    def __init__(self, ds: Any):
+        import tensorflow as tf
+
+        self.ds, self.flatten = ds, tf.nest.flatten
+        self.it = iter(ds)
+        self.samples = self.batches = self.bytes = self.restarts = 0
+
+    def step(self) -> None:
+        try:
+            el = next(self.it)
+        except StopIteration:
+            self.restarts += 1
+            if self.restarts > 1000 and self.batches == 0:
+                raise RuntimeError("input_fn's dataset yields no element")
+            self.it = iter(self.ds)
+            el = next(self.it)
+        s, b = samples_and_bytes(el, self.flatten)
+        self.samples += s
+        self.batches += 1
+        self.bytes += b
+
+
+def _host_busy() -> float:
+    """CPU-seconds the whole machine has been busy (all processes, all CPUs) so far."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+def _io(proc) -> tuple[int, int]:
+    try:
+        io = proc.io_counters()
+        return int(getattr(io, "read_chars", 0)), int(getattr(io, "read_bytes", 0))
+    except Exception:  # noqa: BLE001 - not every platform has it
+        return 0, 0
+
+
+def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: Path) -> dict:
+    """Run one probe command as process ``index``; returns the result dict (see module doc).
+
+    Result keys: ``index``, ``cpus`` (list), ``samples``, ``batches``, ``window_s``,
+    ``samples_per_sec``, ``cpu_seconds``, ``read_chars``, ``read_bytes`` (bytes in the
+    window), ``element_bytes``, ``first_element_s``, ``build_s``, ``synchronized`` (bool),
+    ``restarts``; or ``error`` (one line) and ``traceback`` on failure.
+    """
+    import psutil
+
+    kind = cmd.get("kind", "pipeline")
+    T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
+    warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
+    barrier_timeout = float(cmd.get("barrier_timeout_s", 30.0))
+    marker = Marker(workdir, int(cmd["seq"]), T)
+    cpus = cpus_for(index, C, allowed) if kind == "pipeline" else list(allowed)
+    pin_all_threads(cpus)
+    res: dict[str, Any] = {"index": index, "cpus": cpus, "kind": kind, "tasks": T,
+                           "cpus_per_task": C, "pid": os.getpid()}
+    proc = psutil.Process()
+    t_build = time.monotonic()
+    cache = int(cmd.get("cache_elements", 16))
+    min_batches = 2
+    if kind == "ingest" and T == 1:
+        counter, servers = _ingest_counter(entry, C, cache, workdir)
+        min_batches = 2 * 2 * cache  # every cached element served twice: the cache is full
+    elif kind == "ingest":
+        counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
+                                        barrier_timeout)
+        min_batches = 2 * (T - 1) * cache if index == 0 else 2
+    else:
+        counter, servers = Counter(build_dataset(entry, C)), None
+    pin_all_threads(cpus)
+    res["build_s"] = time.monotonic() - t_build
+    t0 = time.monotonic()
+    counter.step()
+    res["first_element_s"] = time.monotonic() - t0
+    t_warm_end = time.monotonic() + warmup
+    while time.monotonic() < t_warm_end or counter.batches < min_batches:
+        counter.step()
+    marker.set("ready", index)
+    deadline = time.monotonic() + barrier_timeout
+    next_poll = 0.0
+    synchronized = True
+    while True:
+        now = time.monotonic()
+        if now >= next_poll:
+            if marker.all("ready"):
+                break
+            if now > deadline:
+                synchronized = False
+                break
+            next_poll = now + POLL_S
+        counter.step()
+    s0, b0, e0 = counter.samples, counter.batches, counter.bytes
+    ct0 = proc.cpu_times()
+    io0 = _io(proc)
+    host0 = _host_busy()
+    w0 = time.monotonic()
+    w_end = w0 + measure
+    while time.monotonic() < w_end:
+        counter.step()
+    w1 = time.monotonic()
+    ct1 = proc.cpu_times()
+    io1 = _io(proc)
+    host1 = _host_busy()
+    samples = counter.samples - s0
+    window = w1 - w0
+    res.update({
+        "samples": samples, "batches": counter.batches - b0, "window_s": window,
+        "samples_per_sec": samples / window if window > 0 else 0.0,
+        "cpu_seconds": (ct1.user - ct0.user) + (ct1.system - ct0.system),
+        "read_chars": io1[0] - io0[0], "read_bytes": io1[1] - io0[1],
+        "element_bytes": counter.bytes - e0, "restarts": counter.restarts,
+        "host_busy_cores": (host1 - host0) / window if window > 0 else None,
+    })
+    marker.set("done", index)
+    # Keep the load on until every process has measured.
+    deadline = time.monotonic() + barrier_timeout
+    next_poll = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_poll:
+            if marker.all("done") or now > deadline:
+                synchronized = synchronized and marker.all("done")
+                break
+            next_poll = now + POLL_S
+        counter.step()
+    res["synchronized"] = synchronized
+    _drop(counter, servers)
+    return res
+
+
+#: tf.data service servers and sources of ingest probes: never destroyed before ``os._exit``
+#: (their destructors can block forever, holding the GIL).
+_KEEP: list = []
+
+
+def _drop(counter: Any, servers: Any) -> None:
+    """Release a probe's iterator in a daemon thread (tearing a pipeline down can block);
+    service servers and sources are kept until the process leaves."""
+    import threading
+
+    if servers is not None:
+        _KEEP.append((counter, servers))
+        return
+    holder = [counter]
+
+    def drop() -> None:
+        holder.clear()
+
+    threading.Thread(target=drop, daemon=True).start()
+
+
+class SourceCounter(Counter):
+    """A :class:`Counter` over the runtime's chief-side batch source
+    (:class:`launcher.runtime.service.ServiceSource`: one reader thread per worker stream and
+    a merge queue, exactly the chief's ingest path)."""
+
+    def __init__(self, source: Any, timeout_s: float = 60.0):
+        import tensorflow as tf
+
+        self.source, self.timeout_s, self.flatten = source, timeout_s, tf.nest.flatten
+        self.samples = self.batches = self.bytes = self.restarts = 0
+
+    def step(self) -> None:
+        _, el = self.source.get(self.timeout_s)
+        s, b = samples_and_bytes(el, self.flatten)
+        self.samples += s
+        self.batches += 1
+        self.bytes += b
+
+
+class IdleCounter:
+    """The :class:`Counter` interface for a process that only serves (a tf.data service
+    worker of an ingest probe): ``step`` waits 10 ms; nothing is consumed here."""
+
+    def __init__(self) -> None:
+        self.samples = self.bytes = self.restarts = 0
+        self.batches = 0
+
+    def step(self) -> None:
+        time.sleep(0.01)
+        self.batches += 1
+
+
+def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, seq: int, index: int,
+                 tasks: int, timeout_s: float):
+    """One process of a multi-process ingest probe: the runtime's chief/worker split with a
+    cached pipeline. Process 0 is the chief: one dispatcher per worker
+    (:func:`launcher.runtime.service.start_dispatchers`), the addresses in
+    ``<workdir>/ingest_<seq>.json``, and :class:`launcher.runtime.service.ServiceSource` reading
+    the streams. Processes 1..T-1 are input workers: a ``WorkerServer`` attached to their
+    dispatcher serving the first ``cache_elements`` elements of the pipeline from a cache,
+    wrapped and registered as :func:`launcher.runtime.service.run_worker` does. Every process
+    measures its own CPU, so the probe's CPU-seconds per sample are the service hop's on both
+    ends, each in its own process. Returns ``(counter, objects to keep alive)``.
+    Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``."""
+    import tensorflow as tf
+
+    from launcher.runtime import service
+
+    svc = tf.data.experimental.service
+    addr_file = workdir / f"ingest_{seq}.json"
+    deadline = time.monotonic() + timeout_s
+    if index == 0:
+        servers, ports = service.start_dispatchers(tasks - 1)
+        addresses = [f"localhost:{p}" for p in ports]
+        _write_json(addr_file, {"addresses": addresses})
+        regs = [workdir / f"ingest_{seq}_w{i}.json" for i in range(1, tasks)]
+        while not all(r.exists() for r in regs):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the ingest probe's workers did not register")
+            time.sleep(POLL_S)
+        rdv = service.Rendezvous(workdir / "ingest", f"probe{seq}")
+        rdv.reset()
+        source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname()} for i in range(tasks - 1)})
+        return SourceCounter(source), (servers, source)
+    while not addr_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the ingest probe's chief did not publish its dispatchers")
+        time.sleep(POLL_S)
+    address = json.loads(addr_file.read_text())["addresses"][index - 1]
+    ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
+    counter = [0]
+    ds = service._count_elements(ds, counter)
+    worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address="localhost:%port%",
+                                               port=0, protocol="grpc", heartbeat_interval_ms=1000))
+    svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None, dataset_id=service.DATASET_ID)
+    _write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid()})
+    return IdleCounter(), (worker, counter)
+
+
+def _ingest_counter(entry: Entry, cpus: int, cache_elements: int, workdir: Path, streams: int = 2):
+    """The chief's ingest path on cached elements: ``streams`` tf.data service dispatchers
+    (:func:`launcher.runtime.service.start_dispatchers`), each with a worker in this process
+    serving the first ``cache_elements`` elements of the pipeline from a cache, wrapped and
+    registered as the runtime's input workers do (``_count_elements``, ``compression=None``),
+    and read by :class:`launcher.runtime.service.ServiceSource` (a reader thread per stream
+    and a merge queue). Its CPU-seconds per sample are the cost of the service hop on both
+    ends. Returns the counter and what must stay referenced."""
+    import tensorflow as tf
+
+    from launcher.runtime import service
+
+    svc = tf.data.experimental.service
+    servers, ports = service.start_dispatchers(streams)
+    addresses = [f"localhost:{p}" for p in ports]
+    workers, counters = [], []
+    for address in addresses:
+        ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
+        counter = [0]
+        counters.append(counter)
+        ds = service._count_elements(ds, counter)
+        workers.append(svc.WorkerServer(svc.WorkerConfig(
+            dispatcher_address=address, worker_address="localhost:%port%", port=0, protocol="grpc",
+            heartbeat_interval_ms=1000)))
+        svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None,
+                             dataset_id=service.DATASET_ID)
+    rdv = service.Rendezvous(workdir / "ingest", f"probe{os.getpid()}_{time.time_ns()}")
+    rdv.reset()
+    source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "pid": os.getpid()}
+                                                    for i in range(streams)})
+    return SourceCounter(source), (servers, workers, source, counters)
+
+
+def _error(exc: BaseException) -> dict:
+    msg = str(exc).strip().splitlines()
+    line = msg[0] if msg else ""
+    return {"error": f"{type(exc).__name__}: {line}"[:2000], "traceback": traceback.format_exc()[-8000:]}
+
+
+def _index(spec: dict) -> int:
+    for v in (spec.get("index"), os.environ.get("CSRUN_PROBE_INDEX"), os.environ.get("SLURM_PROCID")):
+        if v is not None and str(v) != "":
+            return int(v)
+    return 0
+
+
+def _alive(ppid: int) -> bool:
+    return ppid <= 1 or os.getppid() == ppid
+
+
+def serve(spec: dict, index: int, entry: Entry, allowed: list[int]) -> None:
+    """Run probe commands from ``<workdir>/cmd/<seq>.json`` until ``exit`` or the deadline."""
+    workdir = Path(spec["workdir"])
+    cmd_dir = workdir / "cmd"
+    res_dir = workdir / "res"
+    res_dir.mkdir(parents=True, exist_ok=True)
+    deadline = float(spec.get("deadline", time.time() + 3600))
+    ppid = int(os.environ.get("CSRUN_PROBE_PARENT") or 0)
+    seq = 0
+    while time.time() < deadline and _alive(ppid):
+        path = cmd_dir / f"{seq}.json"
+        if not path.exists():
+            time.sleep(POLL_S)
+            continue
+        cmd = json.loads(path.read_text())
+        seq += 1
+        if cmd.get("kind") == "exit":
+            return
+        T = int(cmd["tasks"])
+        if index >= T:
+            continue
+        try:
+            res = run_probe(entry, cmd, index, allowed, workdir)
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver
+            res = {"index": index, **_error(exc)}
+        res["seq"] = cmd["seq"]
+        _write_json(res_dir / f"{cmd['seq']}_{index}.json", res)
+        pin_all_threads(allowed)
+
+
+def agent(spec_path: str, workers: int) -> int:
+    """``python -m analyzer.probe --agent M SPEC.json``: the node agent of a probe session.
+
+    Starts ``M`` probe worker processes on this node (``CSRUN_PROBE_INDEX`` 0..M-1, their
+    logs in ``<workdir>/logs/``), waits for them, and kills them all when it is signalled
+    (SIGTERM/SIGINT: srun forwards them) so that no worker outlives the session. Imports no
+    TensorFlow. Returns 0, or 1 when a worker failed.
+    """
+    import signal
+    import subprocess
+
+    spec = json.loads(Path(spec_path).read_text())
+    logs = Path(spec["workdir"]) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+
+    def stop(_signum=None, _frame=None) -> None:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        os._exit(143 if _signum else 0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for i in range(workers):
+        env = dict(os.environ, CSRUN_PROBE_INDEX=str(i), CSRUN_PROBE_PARENT=str(os.getpid()))
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        with open(logs / f"worker_{i}.log", "ab") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "analyzer.probe", spec_path],
+                                          stdout=log, stderr=subprocess.STDOUT, env=env))
+    deadline = float(spec.get("deadline", time.time() + 3600))
+    rc = 0
+    while any(p.poll() is None for p in procs):
+        if time.time() > deadline + 10:
+            stop()
+        time.sleep(0.2)
+    rc = 1 if any(p.returncode for p in procs) else 0
+    return rc
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: ``python -m analyzer.probe SPEC.json`` (see the module docstring), or
+    ``python -m analyzer.probe --agent M SPEC.json`` (see :func:`agent`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "--agent":
+        rc = agent(argv[2], int(argv[1]))
+        sys.stdout.flush()
+        os._exit(rc)
+    if len(argv) != 1:
+        print("usage: python -m analyzer.probe [--agent M] SPEC.json", file=sys.stderr)
+        os._exit(2)
+    spec = json.loads(Path(argv[0]).read_text())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    index = _index(spec)
+    workdir = Path(spec["workdir"])
+    workdir.mkdir(parents=True, exist_ok=True)
+    allowed = sorted(os.sched_getaffinity(0))
+    hello: dict[str, Any] = {
+        "index": index, "pid": os.getpid(), "host": socket.gethostname(),
+        "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
+        "cpu_count": os.cpu_count(), "allowed_cpus": allowed,
+        "job_id": os.environ.get("SLURM_JOB_ID"),
+    }
+    rc = 0
+    t0 = time.monotonic()
+    try:
+        if spec.get("cwd"):
+            os.chdir(spec["cwd"])
+        entry = Entry(spec["run_py"], spec.get("argv", []))
+        import tensorflow  # noqa: F401  - counted in the load time
+        hello["load_s"] = time.monotonic() - t0
+        _write_json(workdir / f"hello_{index}.json", hello)
+        if spec.get("mode", "serve") == "once":
+            cmd = dict(spec["probe"])
+            cmd.setdefault("seq", 0)
+            try:
+                res = run_probe(entry, cmd, index, allowed, workdir)
+            except BaseException as exc:  # noqa: BLE001
+                res = {"index": index, **_error(exc)}
+                rc = 1
+            out = Path(spec.get("out") or workdir / "res" / f"{cmd['seq']}_{index}.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _write_json(out, res)
+        else:
+            serve(spec, index, entry, allowed)
+    except BaseException as exc:  # noqa: BLE001 - the load failed: tell the driver
+        hello.update(_error(exc))
+        hello["load_s"] = time.monotonic() - t0
+        _write_json(workdir / f"hello_{index}.json", hello)
+        rc = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    main()

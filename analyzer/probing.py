@@ -1,0 +1,629 @@
+"""The adaptive probe planner and driver.
+
+A *probe session* is one node agent (``python -m analyzer.probe --agent M SPEC``) started
+locally (``--local``) or with ``srun --nodes=1 --ntasks=1 --exclusive`` on a CPU node; the
+agent starts ``M`` persistent probe workers that load run.py once. Each probe is a command
+file the workers pick up (see :mod:`analyzer.probe`); the driver waits for the ``T``
+results with a per-probe timeout, and kills and restarts the session after a timeout.
+
+The planner (:func:`next_probe`, pure) chooses probes adaptively:
+
+1. bracket the space: ``1 × n`` (one task, all CPUs), ``n × 1`` (all tasks, one CPU each),
+   ``1 × 1``;
+2. measure the chief's ingest (tf.data service hops serving cached elements) once: it
+   caps every multi-node layout;
+3. repeat the best layout once, so the spread is known early;
+4. if ``n × 1`` left the CPUs idle, oversubscribe (``M × 1`` with ``M > n``) to see
+   whether throughput grows past the core count (I/O or latency bound);
+5. then alternate: the unmeasured layout the current fit rates highest (where the curve
+   bends between the brackets), and repeats of the best layouts until each has three;
+6. stop when the next probe would not finish inside the time budget, or when every
+   layout is measured and the best ones are repeated with under 5 % spread.
+
+Units: samples/s, seconds, bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+PROBE_KIND, INGEST_KIND = "pipeline", "ingest"
+#: A probe is *contended* when other processes kept more than this share of the node's CPUs
+#: busy during its window (a shared host); the planner measures it again.
+CONTENDED_CORES = 0.2
+
+
+class ProbeLoadError(RuntimeError):
+    """The probe workers could not load run.py / the input_fn (message: the first error)."""
+
+
+@dataclass
+class Timing:
+    """Durations (seconds) of the probe phases, derived from the time budget."""
+
+    warmup_s: float
+    measure_s: float
+    load_timeout_s: float
+    first_probe_timeout_s: float
+    barrier_timeout_s: float
+
+    @classmethod
+    def for_budget(cls, budget_s: float) -> "Timing":
+        """Timings for a ``budget_s`` probing budget (about ten probes after the load)."""
+        per = max(budget_s - 15.0, 10.0) / 9.0
+        measure = min(max(0.55 * per, 1.5), 10.0)
+        warmup = min(max(0.25 * per, 0.75), 5.0)
+        return cls(warmup_s=warmup, measure_s=measure,
+                   load_timeout_s=max(60.0, min(budget_s, 300.0)),
+                   first_probe_timeout_s=min(max(10.0, budget_s / 3.0), 60.0) + warmup + measure,
+                   barrier_timeout_s=max(10.0, 3 * measure))
+
+
+# --------------------------------------------------------------------------- planner
+def candidates(n: int, max_tasks: int) -> list[tuple[int, int]]:
+    """Probe layouts ``(T, C)`` for a node with ``n`` CPUs and at most ``max_tasks``
+    processes: powers of two and the extremes with ``T × C ≤ n``, plus one oversubscribed
+    ``(min(2n, max_tasks), 1)`` when ``max_tasks > n``."""
+    cs = sorted({1, n} | {2 ** i for i in range(20) if 2 ** i < n})
+    out = []
+    for c in cs:
+        ts = sorted({1, n // c} | {2 ** i for i in range(20) if 2 ** i <= n // c})
+        out += [(t, c) for t in ts if t <= max_tasks]
+    if max_tasks > n:
+        out.append((min(2 * n, max_tasks), 1))
+    return out
+
+
+def _clean_keys(rows: list[dict]) -> set[tuple[int, int]]:
+    """Layouts with at least one successful probe that no other process disturbed."""
+    return {(int(r["tasks"]), int(r["cpus_per_task"])) for r in rows
+            if r.get("kind", PROBE_KIND) == PROBE_KIND and r.get("status") == "ok" and not r.get("contended")}
+
+
+def _stats(rows: list[dict]) -> dict[tuple[int, int], dict[str, float]]:
+    out: dict[tuple[int, int], list[float]] = {}
+    util: dict[tuple[int, int], list[float]] = {}
+    clean = _clean_keys(rows)
+    for r in rows:
+        if r.get("kind", PROBE_KIND) != PROBE_KIND or r.get("status") != "ok":
+            continue
+        if r.get("contended") and (int(r["tasks"]), int(r["cpus_per_task"])) in clean:
+            continue
+        key = (int(r["tasks"]), int(r["cpus_per_task"]))
+        out.setdefault(key, []).append(float(r["samples_per_sec"]))
+        if r.get("cpu_util") is not None and not _isnan(r.get("cpu_util")):
+            util.setdefault(key, []).append(float(r["cpu_util"]))
+    res = {}
+    for k, v in out.items():
+        mean = sum(v) / len(v)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1)) if len(v) > 1 else math.nan
+        res[k] = {"mean": mean, "count": len(v), "cv": sd / mean if mean > 0 and len(v) > 1 else math.nan,
+                  "util": sum(util[k]) / len(util[k]) if util.get(k) else math.nan}
+    return res
+
+
+def _isnan(x: Any) -> bool:
+    try:
+        return math.isnan(float(x))
+    except (TypeError, ValueError):
+        return True
+
+
+def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = True,
+               predict: Optional[Callable[[int, int], float]] = None) -> Optional[tuple[str, int, int]]:
+    """The next probe ``(kind, T, C)`` after the probes in ``rows`` (dicts with ``kind``,
+    ``status``, ``tasks``, ``cpus_per_task``, ``samples_per_sec``, ``cpu_util``), or
+    ``None`` when nothing more is worth measuring. ``predict(T, C)`` is the current fit's
+    node rate (samples/s), used to rank unmeasured layouts (default: rank by ``T × C``).
+    The order is the module docstring's."""
+    cands = candidates(n, max_tasks)
+    inside = [c for c in cands if c[0] * c[1] <= n]
+    attempted: dict[tuple[int, int], int] = {}
+    for r in rows:
+        if r.get("kind", PROBE_KIND) == PROBE_KIND:
+            key = (int(r["tasks"]), int(r["cpus_per_task"]))
+            attempted[key] = attempted.get(key, 0) + 1
+    st = _stats(rows)
+    # 1. brackets
+    for key in dict.fromkeys([(1, n), (n, 1), (1, 1)]):
+        if key in cands and key not in attempted:
+            return PROBE_KIND, key[0], key[1]
+    if not st:
+        return None  # every bracket failed: nothing to refine
+    # 2. the chief's ingest (it caps every multi-node layout: measure it early)
+    if want_ingest and not any(r.get("kind") == INGEST_KIND for r in rows):
+        return INGEST_KIND, 1, n
+    # 2b. a bracket measured only while other processes were busy: measure it again
+    clean = _clean_keys(rows)
+    for key in dict.fromkeys([(1, n), (n, 1), (1, 1)]):
+        if key in st and key not in clean and attempted.get(key, 0) < 2:
+            return PROBE_KIND, key[0], key[1]
+    best = max(st, key=lambda k: st[k]["mean"])
+    # 3. one repeat of the best
+    if all(v["count"] < 2 for v in st.values()) and attempted.get(best, 0) < 3:
+        return PROBE_KIND, best[0], best[1]
+    # 4. oversubscription when n x 1 left CPUs idle
+    over = [c for c in cands if c[0] * c[1] > n]
+    util_all = st.get((n, 1), {}).get("util", math.nan)
+    if over and over[0] not in attempted and not _isnan(util_all) and util_all < 0.8:
+        return PROBE_KIND, over[0][0], over[0][1]
+    # 5. refine where the curve bends / repeat the best
+    rank = predict or (lambda t, c: float(t * c))
+    unmeasured = [c for c in inside if c not in attempted]
+    best_rate = st[best]["mean"]
+    promising = sorted((c for c in unmeasured if rank(*c) >= 0.7 * best_rate), key=lambda c: -rank(*c))
+    top = sorted(st, key=lambda k: -st[k]["mean"])[:3]
+    need_repeat = [k for k in top if st[k]["count"] < 3 and attempted.get(k, 0) < 4]
+    n_done = len(rows)
+    if promising and (not need_repeat or n_done % 2 == 0):
+        return PROBE_KIND, promising[0][0], promising[0][1]
+    if need_repeat:
+        k = min(need_repeat, key=lambda k: (st[k]["count"], -st[k]["mean"]))
+        return PROBE_KIND, k[0], k[1]
+    if unmeasured:
+        k = max(unmeasured, key=lambda c: rank(*c))
+        return PROBE_KIND, k[0], k[1]
+    noisy = [k for k in top if not _isnan(st[k]["cv"]) and st[k]["cv"] > 0.05 and attempted.get(k, 0) < 6]
+    if noisy:
+        k = max(noisy, key=lambda k: st[k]["cv"])
+        return PROBE_KIND, k[0], k[1]
+    return None
+
+
+# --------------------------------------------------------------------------- sessions
+@dataclass
+class Target:
+    """Where probes run: ``local`` or a Slurm CPU node (``partition``, ``exclude`` node,
+    ``container`` from launcher.container, ``node_cpus`` from sinfo)."""
+
+    local: bool = True
+    partition: str = ""
+    account: str = ""
+    exclude: str = ""
+    container: Any = None
+    node_cpus: Optional[int] = None
+    python: str = sys.executable
+
+
+class ProbeSession:
+    """One node agent and its ``workers`` persistent probe workers.
+
+    ``run_py``/``argv``/``cwd``: the user's command (argv after run.py). ``workdir``: a
+    fresh directory (inside the analyzer's output directory) for the spec, command,
+    barrier and result files and the workers' logs.
+    """
+
+    def __init__(self, run_py: str, argv: list[str], cwd: str, workdir: Path, target: Target,
+                 workers: int, deadline: float):
+        self.run_py, self.argv, self.cwd = run_py, list(argv), cwd
+        self.workdir, self.target, self.workers = Path(workdir), target, int(workers)
+        self.deadline = deadline
+        self.proc: Optional[subprocess.Popen] = None
+        self.seq = 0
+        self.hellos: list[dict] = []
+        self.job_name = f"cs_input_analyzer_probe_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, load_timeout_s: float, tick: Callable[[], None] = lambda: None) -> list[dict]:
+        """Start the agent; wait until every worker has loaded run.py (or failed).
+
+        Returns the workers' hello records (``host``, ``node``, ``cpu_count``,
+        ``allowed_cpus``, ``load_s``). Raises :class:`ProbeLoadError` with the first load
+        error (the runtime's contract message when run.py or input_fn breaks it), or when
+        the workers do not come up within ``load_timeout_s`` seconds.
+        """
+        for d in ("cmd", "res", "bar", "logs"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        spec = {"run_py": self.run_py, "argv": self.argv, "cwd": self.cwd,
+                "workdir": str(self.workdir), "mode": "serve", "deadline": self.deadline + 30}
+        spec_path = self.workdir / "spec.json"
+        spec_path.write_text(json.dumps(spec, indent=1))
+        inner = [self.target.python, "-m", "analyzer.probe", "--agent", str(self.workers), str(spec_path)]
+        log = open(self.workdir / "logs" / "agent.log", "ab")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        if self.target.local:
+            argv = inner
+        else:
+            if self.target.container is not None:
+                inner = self.target.container.wrap(inner)
+            argv = ["srun", f"--job-name={self.job_name}", "--nodes=1", "--ntasks=1", "--exclusive",
+                    "--cpu-bind=none", "--kill-on-bad-exit=1", "--quit-on-interrupt"]
+            if self.target.node_cpus:
+                argv.append(f"--cpus-per-task={self.target.node_cpus}")
+            if self.target.partition:
+                argv.append(f"--partition={self.target.partition}")
+            if self.target.account:
+                argv.append(f"--account={self.target.account}")
+            if self.target.exclude:
+                argv.append(f"--exclude={self.target.exclude}")
+            if self.target.container is not None:
+                argv += self.target.container.srun_options()
+            argv += inner
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=env,
+                                     start_new_session=True)
+        log.close()
+        t_end = time.monotonic() + load_timeout_s
+        while True:
+            tick()
+            self.hellos = self._read("hello_*.json")
+            errs = [h for h in self.hellos if h.get("error")]
+            if errs:
+                self.close(force=True)
+                raise ProbeLoadError(errs[0]["error"])
+            if len(self.hellos) >= self.workers:
+                return sorted(self.hellos, key=lambda h: h["index"])
+            if self.proc.poll() is not None:
+                tail = self._log_tail()
+                self.close(force=True)
+                raise ProbeLoadError(f"the probe workers exited (status {self.proc.returncode}) before "
+                                     f"loading run.py{': ' + tail if tail else ''}")
+            if time.monotonic() > t_end:
+                self.close(force=True)
+                raise ProbeLoadError(f"the probe workers did not load run.py within {load_timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _read(self, pattern: str) -> list[dict]:
+        out = []
+        for p in self.workdir.glob(pattern):
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, json.JSONDecodeError):
+                pass
+        return out
+
+    def _log_tail(self) -> str:
+        lines: list[str] = []
+        for p in sorted((self.workdir / "logs").glob("*.log")):
+            try:
+                lines += [ln for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
+            except OSError:
+                pass
+        return lines[-1][:300] if lines else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self, force: bool = False, wait_s: float = 5.0) -> None:
+        """Stop the workers (an ``exit`` command; with ``force`` or when they do not leave in
+        ``wait_s``, SIGTERM then SIGKILL to the agent's process group / srun, and
+        ``scancel`` of the probe job on a cluster)."""
+        if self.proc is None:
+            return
+        if not force and self.proc.poll() is None:
+            self._send({"kind": "exit"})
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                force = True
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self.proc.wait(timeout=5)
+        if not self.target.local and shutil.which("scancel"):
+            subprocess.run(["scancel", f"--name={self.job_name}"], capture_output=True, timeout=30)
+        if self.target.local:
+            # Workers watch their parent; make sure none is left even if the agent was killed.
+            for h in self.hellos:
+                _kill_pid(int(h.get("pid", 0)))
+
+    def _send(self, cmd: dict) -> int:
+        seq = self.seq
+        cmd = dict(cmd, seq=seq)
+        tmp = self.workdir / "cmd" / f".{seq}.tmp"
+        tmp.write_text(json.dumps(cmd))
+        os.replace(tmp, self.workdir / "cmd" / f"{seq}.json")
+        self.seq += 1
+        return seq
+
+    # -- probes ----------------------------------------------------------------------------
+    def probe(self, kind: str, tasks: int, cpus: int, timing: Timing, timeout_s: float,
+              cache_elements: int = 64, tick: Callable[[], None] = lambda: None) -> dict:
+        """Run one probe; returns its probe-table row (see :data:`analyzer.model.PROBE_COLUMNS`)
+        with ``status`` ``ok``, ``failed`` (a worker's error, e.g. the input_fn raised) or
+        ``timeout`` (the session is then dead: start a new one)."""
+        n = int(self.target.node_cpus or len(self.hellos[0]["allowed_cpus"]))
+        T = tasks
+        started = time.time()
+        t0 = time.monotonic()
+        seq = self._send({"kind": kind, "tasks": tasks, "cpus_per_task": cpus,
+                          "warmup_s": timing.warmup_s, "measure_s": timing.measure_s,
+                          "barrier_timeout_s": timing.barrier_timeout_s,
+                          "cache_elements": int(cache_elements)})
+        status, error, results = "timeout", f"no result within {timeout_s:.0f} s (a hanging input_fn?)", []
+        while time.monotonic() - t0 < timeout_s:
+            tick()
+            results = self._read(f"res/{seq}_*.json")
+            errs = [r for r in results if r.get("error")]
+            if errs:
+                status, error = "failed", errs[0]["error"]
+                break
+            if len(results) >= T:
+                status, error = "ok", ""
+                break
+            if not self.alive():
+                status, error = "failed", "the probe workers exited" + (
+                    f": {self._log_tail()}" if self._log_tail() else "")
+                break
+            time.sleep(0.1)
+        if status == "failed" and len(results) < T and self.alive():
+            # Let the other workers finish their share (bounded) so the session stays usable.
+            t_wait = time.monotonic() + timing.warmup_s + timing.measure_s + timing.barrier_timeout_s + 5
+            while len(self._read(f"res/{seq}_*.json")) < T and time.monotonic() < t_wait:
+                tick()
+                time.sleep(0.1)
+        node = (self.hellos[0].get("node") if self.hellos else "") or ""
+        return summarize(kind, tasks, cpus, n, results if status == "ok" else [], status, error,
+                         started=started, elapsed=time.monotonic() - t0, warmup=timing.warmup_s, node=node,
+                         probe_id=seq)
+
+
+def _kill_pid(pid: int) -> None:
+    if pid <= 1:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def summarize(kind: str, tasks: int, cpus: int, node_cpus: int, results: list[dict], status: str,
+              error: str, started: float, elapsed: float, warmup: float, node: str, probe_id: int) -> dict:
+    """One probe-table row from the per-process results of a probe.
+
+    ``samples_per_sec`` is the sum of the processes' rates over their (overlapping)
+    windows; ``cpu_cores_used`` the sum of their CPU-seconds per second; ``cpu_util`` that
+    over the cores the probe was given (``min(T × C, n)``); ``cpu_seconds_per_sample`` the
+    CPU-seconds over the samples; byte rates are bytes/s summed over the processes.
+    """
+    row: dict[str, Any] = {
+        "probe_id": probe_id, "kind": kind, "tasks": int(tasks), "cpus_per_task": int(cpus),
+        "node_cpus": int(node_cpus), "node": node, "status": status, "error": error,
+        "samples_per_sec": math.nan, "task_rate_min": math.nan, "task_rate_max": math.nan,
+        "cpu_cores_used": math.nan, "cpu_util": math.nan, "cpu_seconds_per_sample": math.nan,
+        "read_bytes_per_sec": math.nan, "disk_read_bytes_per_sec": math.nan,
+        "element_bytes_per_sec": math.nan, "window_s": math.nan, "warmup_s": warmup,
+        "first_element_s": math.nan, "elapsed_s": elapsed, "started_at": started,
+    }
+    if status != "ok" or not results:
+        return row
+    rates = [float(r["samples_per_sec"]) for r in results]
+    windows = [float(r["window_s"]) for r in results]
+    cores = sum(float(r["cpu_seconds"]) / float(r["window_s"]) for r in results if r["window_s"] > 0)
+    samples = sum(int(r["samples"]) for r in results)
+    cpu_s = sum(float(r["cpu_seconds"]) for r in results)
+    given = min(tasks * cpus, node_cpus) if kind == PROBE_KIND else node_cpus
+    row.update({
+        "samples_per_sec": sum(rates), "task_rate_min": min(rates), "task_rate_max": max(rates),
+        "cpu_cores_used": cores, "cpu_util": cores / given if given else math.nan,
+        "cpu_seconds_per_sample": cpu_s / samples if samples else math.nan,
+        "read_bytes_per_sec": sum(r.get("read_chars", 0) / r["window_s"] for r in results),
+        "disk_read_bytes_per_sec": sum(r.get("read_bytes", 0) / r["window_s"] for r in results),
+        "element_bytes_per_sec": sum(r.get("element_bytes", 0) / r["window_s"] for r in results),
+        "window_s": sum(windows) / len(windows),
+        "first_element_s": max(float(r.get("first_element_s", 0.0)) for r in results),
+    })
+    host = [float(r["host_busy_cores"]) for r in results if r.get("host_busy_cores") is not None]
+    if host:
+        # CPU the rest of the machine used meanwhile (other jobs on a shared host).
+        row["other_cores_busy"] = max(0.0, sum(host) / len(host) - cores)
+        row["contended"] = bool(row["other_cores_busy"] > CONTENDED_CORES * node_cpus)
+    if not all(r.get("synchronized", True) for r in results):
+        row["error"] = "windows not synchronized (a process was late to the barrier)"
+    row["_elements_per_sec"] = sum(r["batches"] / r["window_s"] for r in results)
+    batches = sum(int(r["batches"]) for r in results)
+    if kind == PROBE_KIND and batches:
+        row["samples_per_element"] = samples / batches
+    return row
+
+
+# --------------------------------------------------------------------------- driver
+@dataclass
+class ProbeRun:
+    """What :func:`run_probes` found: the rows, the workers' hellos, notes and whether it
+    stopped early (``stopped``: ``"budget"``, ``"done"``, ``"failing"``, ``"interrupted"``)."""
+
+    rows: list[dict] = field(default_factory=list)
+    hellos: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stopped: str = ""
+    node_cpus: int = 0
+    load_s: float = 0.0
+    load_times: list[float] = field(default_factory=list)
+    timing: Optional[Timing] = None
+
+
+def max_workers(n: int) -> int:
+    """Probe processes per node: ``2n`` (oversubscription) capped by memory (~1 GB each)
+    and 32."""
+    try:
+        import psutil
+
+        mem = psutil.virtual_memory().available
+        by_mem = max(1, int(mem // (1.0 * 2 ** 30)) - 1)
+    except Exception:  # noqa: BLE001
+        by_mem = 2 * n
+    return max(1, min(2 * n, by_mem, 32))
+
+
+def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Target, budget_s: float,
+               on_row: Callable[[dict], None] = lambda r: None, progress: bool = True,
+               want_ingest: bool = True, fit_fn: Optional[Callable[[list[dict], int], Any]] = None) -> ProbeRun:
+    """Probe the input_fn adaptively within ``budget_s`` seconds (the load of run.py included).
+
+    ``on_row(row)`` is called after every probe (the caller saves partial results).
+    ``fit_fn(rows, n)`` returns an object with ``model_rate(T, C)`` (the current fit) or
+    raises. Raises :class:`ProbeLoadError` when run.py / the input_fn cannot be loaded.
+    """
+    t_start = time.monotonic()
+    deadline_mono = t_start + budget_s
+    deadline_wall = time.time() + budget_s
+    out = ProbeRun()
+    n = int(target.node_cpus or len(os.sched_getaffinity(0)))
+    out.node_cpus = n
+    M = max_workers(n)
+    timing = Timing.for_budget(budget_s)
+    out.timing = timing
+    bar = _Progress(budget_s, progress)
+    tick = lambda: bar.update(time.monotonic() - t_start)  # noqa: E731
+    session_no = 0
+    # Start with one process per CPU (the brackets need no more); a session with M
+    # processes is started only when an oversubscribed probe is worth its load time.
+    base_workers = max(1, min(n, M))
+
+    def new_session(workers: int) -> ProbeSession:
+        nonlocal session_no
+        s = ProbeSession(run_py, argv, cwd, Path(workdir) / f"session{session_no}", target, workers,
+                         deadline=deadline_wall + 60)
+        session_no += 1
+        bar.describe(f"loading run.py in {workers} probe process(es)")
+        t0 = time.monotonic()
+        out.hellos = s.start(max(timing.load_timeout_s, 30.0), tick)
+        out.load_s = time.monotonic() - t0
+        out.load_times.append(out.load_s)
+        return s
+
+    session: Optional[ProbeSession] = new_session(base_workers)
+    try:
+        elapsed_by_key: dict[tuple[str, int, int], float] = {}
+        failures: list[str] = []
+        while True:
+            predict = None
+            if fit_fn is not None and len([r for r in out.rows if r.get("status") == "ok"]) >= 2:
+                try:
+                    model = fit_fn(out.rows, n)
+                    predict = model.model_rate
+                except Exception:  # noqa: BLE001 - planning goes on without a fit
+                    predict = None
+            nxt = next_probe(out.rows, n, M, want_ingest, predict)
+            have = session.workers if session is not None else base_workers
+            remaining = deadline_mono - time.monotonic()
+            if nxt is not None and nxt[0] == PROBE_KIND and nxt[1] > have:
+                est_over = out.load_s + timing.warmup_s + timing.measure_s + 3.0
+                if est_over > remaining:
+                    nxt = next_probe(out.rows, n, have, want_ingest, predict)
+                else:
+                    if session is not None:
+                        session.close()
+                    session = None
+                    have = M
+            if nxt is None:
+                out.stopped = "done" if any(r.get("status") == "ok" for r in out.rows) else "failing"
+                break
+            kind, T, C = nxt
+            est = elapsed_by_key.get((kind, T, C)) or max(
+                [timing.warmup_s + timing.measure_s + 2.0] + list(elapsed_by_key.values()))
+            first = not out.rows
+            if est > remaining and not first:
+                # At least one probe runs, even when loading run.py used up the budget.
+                out.stopped = "budget"
+                break
+            if session is None or not session.alive():
+                if not first and time.monotonic() + out.load_s + est > deadline_mono:
+                    out.stopped = "budget"
+                    break
+                session = new_session(have)
+            if first and est > remaining:
+                out.notes.append(f"loading run.py took {out.load_s:.0f} s of the {budget_s:.0f} s budget: "
+                                 f"only one probe ran; give a larger --time-budget")
+            timeout = max(timing.first_probe_timeout_s, 3.0 * max(elapsed_by_key.values(), default=0.0))
+            remaining = deadline_mono - time.monotonic()
+            timeout = min(timeout, max(remaining + 10.0, timing.warmup_s + timing.measure_s + 10.0))
+            bar.describe(f"probe {len(out.rows) + 1}: {kind} {T} task(s) × {C} CPU(s)")
+            cache = 16
+            ok = [r for r in out.rows if r.get("status") == "ok" and r.get("_elements_per_sec")
+                  and r.get("element_bytes_per_sec")]
+            if ok:
+                # ~64 MB of cached elements per worker stream: out of the CPU caches, like fresh data.
+                elem = max(r["element_bytes_per_sec"] / r["_elements_per_sec"] for r in ok)
+                cache = int(min(max(64e6 / max(elem, 1.0), 16), 128))
+            if kind == INGEST_KIND:
+                # the chief and up to two input workers, each in its own process
+                T = min(session.workers, 3)
+            row = session.probe(kind, T, C, timing, timeout, cache, tick)
+            out.rows.append(row)
+            on_row(row)
+            bar.note(_row_line(row))
+            if row["status"] == "ok":
+                elapsed_by_key[(kind, T, C)] = row["elapsed_s"]
+                failures.clear()
+            else:
+                failures.append(row["error"])
+                if row["status"] == "timeout":
+                    session.close(force=True)
+                    session = None
+                if len(failures) >= 3 or (len(failures) >= 2 and failures[-1] == failures[-2]
+                                          and not any(r["status"] == "ok" for r in out.rows)):
+                    out.stopped = "failing"
+                    out.notes.append(f"stopped after {len(failures)} failing probes in a row: {failures[-1]}")
+                    break
+    except KeyboardInterrupt:
+        out.stopped = "interrupted"
+    finally:
+        if session is not None:
+            session.close()
+        bar.close()
+    return out
+
+
+def _row_line(row: dict) -> str:
+    what = f"{row['kind']} {row['tasks']} task(s) × {row['cpus_per_task']} CPU(s)"
+    if row["status"] != "ok":
+        return f"{what}: {row['status']}: {row['error']}"
+    return (f"{what}: {row['samples_per_sec']:.0f} samples/s, {row['cpu_cores_used']:.2f} cores busy "
+            f"({row['cpu_util'] * 100:.0f} %)")
+
+
+class _Progress:
+    """A tqdm bar over the time budget (seconds) on a terminal; one line per probe otherwise."""
+
+    def __init__(self, total_s: float, enabled: bool):
+        self.enabled = enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.bar = None
+        self.last = 0.0
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(total_s), unit="s", desc="probing", leave=True,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}")
+
+    def update(self, t: float) -> None:
+        if self.bar is not None:
+            t = min(t, self.bar.total)
+            if t - self.last >= 0.5:
+                self.bar.update(t - self.last)
+                self.last = t
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=True)
+
+    def note(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(f"  {line}", file=sys.stderr)
+        else:
+            print(f"cs_input_analyzer: {line}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,305 @@
+"""The analyzer's report: text, JSON, CSV and a PNG plot, all in the output directory.
+
+Files (``out`` is the output directory, default ``<model_dir>/input_analysis/``):
+
+* ``report.txt`` — the text report (also printed), in the original cs_input_analyzer's
+  spirit: recommended nodes, tasks_per_node, cpus_per_task, the estimated input throughput,
+  ending with the exact ``csrun_wse`` command;
+* ``report.json`` — everything: ``"recommendation": {"nodes", "tasks_per_node",
+  "cpus_per_task", "predicted_samples_per_sec", "interval": [lo, hi], ...}`` (read by
+  ``cs_input_analyzer shard-plan --from-report``), every probe, the fitted model, the
+  bottleneck class, the target and its source;
+* ``probes.csv`` — the probe table (:data:`analyzer.model.PROBE_COLUMNS`);
+* ``throughput.png`` — node throughput against tasks per node, one line per CPUs per task
+  (measured points with their spread, the model dashed), the chosen layout starred; and
+  the predicted rate against nodes for the chosen tasks × CPUs with the target.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
+
+_MODE_FLAGS = ("--validate_only", "--compile_only")
+
+
+def train_command(command: Sequence[str]) -> list[str]:
+    """The user's command as a training command for csrun_wse: the first word (``python``,
+    a python path, ``python-ws``) becomes ``python-ws``; ``--mode X`` / ``--mode=X`` becomes
+    ``--mode train`` and ``--validate_only`` / ``--compile_only`` are dropped (``--mode
+    train`` is added when no mode was given)."""
+    words = list(command)
+    if not words:
+        return words
+    out = ["python-ws"] if _is_python(words[0]) else [words[0]]
+    rest = words[1:]
+    i, has_mode = 0, False
+    while i < len(rest):
+        w = rest[i]
+        if w == "--mode" and i + 1 < len(rest):
+            out += ["--mode", "train"]
+            has_mode = True
+            i += 2
+            continue
+        if w.startswith("--mode="):
+            out.append("--mode=train")
+            has_mode = True
+        elif w in _MODE_FLAGS:
+            pass
+        else:
+            out.append(w)
+        i += 1
+    if not has_mode:
+        out += ["--mode", "train"]
+    return out
+
+
+def _is_python(word: str) -> bool:
+    base = os.path.basename(word)
+    return base.startswith("python") or base in ("python-ws", "python-pt")
+
+
+def csrun_wse_command(rec: dict, command: Sequence[str], mount_dirs: Optional[str] = None,
+                      shard_plan: Optional[str] = None) -> str:
+    """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``."""
+    words = ["csrun_wse", "--total-nodes", str(rec["nodes"]), "--tasks-per-node", str(rec["tasks_per_node"]),
+             "--cpus-per-task", str(rec["cpus_per_task"])]
+    if rec.get("single_task_nodes"):
+        words += ["--single-task-nodes", str(rec["single_task_nodes"])]
+    if mount_dirs:
+        words += ["--mount-dirs", mount_dirs]
+    if shard_plan:
+        words += ["--shard-plan", shard_plan]
+    return shlex.join(words + train_command(command))
+
+
+def _fmt_rate(x: Any) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    if math.isnan(x):
+        return "n/a"
+    return f"{x:,.0f}"
+
+
+def render_text(report: dict) -> str:
+    """The text report of a ``report.json`` dict."""
+    rec = report.get("recommendation") or {}
+    lines = ["cs_input_analyzer report", "========================", ""]
+    where = report.get("probed_on") or {}
+    lines.append(f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}")
+    lines.append(f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
+                 f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
+                 f"{sum(1 for p in report.get('probes', []) if p.get('status') == 'ok')} probe(s) ok, "
+                 f"{sum(1 for p in report.get('probes', []) if p.get('status') != 'ok')} failed")
+    lines.append("")
+    if not rec:
+        lines.append("No recommendation: " + (report.get("error") or "no successful probe"))
+        lines += _notes(report)
+        return "\n".join(lines) + "\n"
+    lo, hi = rec["interval"]
+    lines += [
+        "Recommended Slurm settings for csrun_wse:",
+        f"  nodes:          {rec['nodes']}",
+        f"  tasks_per_node: {rec['tasks_per_node']}",
+        f"  cpus_per_task:  {rec['cpus_per_task']}",
+        f"Estimated input throughput: {_fmt_rate(rec['predicted_samples_per_sec'])} samples/s "
+        f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)}), {rec.get('input_workers', 0)} input worker(s), "
+        f"limited by {rec.get('limited_by', '?')}",
+        f"Why this layout: {rec.get('reason', '')}",
+    ]
+    tgt = report.get("target") or {}
+    if tgt.get("samples_per_sec"):
+        state = rec.get("input_starved")
+        verdict = {True: "the accelerator WOULD BE INPUT-STARVED at this rate",
+                   "at risk": "the prediction meets it but its interval's low end does not: "
+                              "the accelerator may be input-starved at times",
+                   False: "met: the accelerator would not be input-starved"}.get(state, "")
+        lines.append(f"Target: {_fmt_rate(tgt['samples_per_sec'])} samples/s ({tgt.get('source', '')}): {verdict}")
+        if state is True:
+            lines.append(f"  best for {report.get('available_nodes')} available node(s): "
+                         f"{_fmt_rate(rec.get('best_available_samples_per_sec'))} samples/s")
+    else:
+        lines.append(f"Target: none ({tgt.get('source', 'not given')}): best layout for "
+                     f"{report.get('available_nodes')} available node(s)")
+    b = report.get("bottleneck") or {}
+    if b:
+        lines += ["", f"Bottleneck: {b.get('class')}"]
+        lines += [f"  - {e}" for e in b.get("evidence", [])]
+    ing = report.get("ingest") or {}
+    if ing.get("samples_per_sec"):
+        lines.append(f"  - the chief ingests up to {_fmt_rate(ing['samples_per_sec'])} samples/s from a "
+                     f"tf.data service worker ({ing.get('cpu_seconds_per_sample', 0) * 1e3:.3f} CPU-ms per sample)")
+    m = report.get("model") or {}
+    if m:
+        io = m.get("io_cap")
+        lines += ["", "Fitted node model: node_rate(T, C) = min(T·r1/((1-p)+p/C)/(1+σ(T-1)), n/k"
+                  + (", io_cap" if io else "") + ")",
+                  f"  r1 = {m['r1']:.1f} samples/s per task-CPU, p = {m['p']:.2f}, σ = {m['sigma']:.2f}, "
+                  f"k = {m['k'] * 1e3:.3f} CPU-ms/sample, n = {m['node_cpus']}"
+                  + (f", io_cap = {io:.0f} samples/s" if io else "")
+                  + f"; measurement spread ±{m['rel_spread'] * 100:.1f} % (1 sd), "
+                  f"fit residual {m['resid_rms'] * 100:.1f} %"]
+    lines += ["", "Probes (samples/s per node; tasks × CPUs per task):"]
+    lines.append(f"  {'#':>3} {'kind':8} {'T×C':>6} {'status':8} {'samples/s':>10} {'cores':>6} "
+                 f"{'util':>5} {'MB/s read':>9}")
+    for p in report.get("probes", []):
+        rd = p.get("read_bytes_per_sec")
+        lines.append(
+            f"  {p.get('probe_id', ''):>3} {p.get('kind', ''):8} {str(p['tasks']) + '×' + str(p['cpus_per_task']):>6} "
+            f"{p.get('status', ''):8} {_fmt_rate(p.get('samples_per_sec')):>10} "
+            f"{_num(p.get('cpu_cores_used'), '.2f'):>6} {_num(_pct(p.get('cpu_util')), '.0f'):>4}% "
+            f"{_num(rd / 1e6 if _finite(rd) else None, '.1f'):>9}"
+            + (f"  {str(p['error'])[:90]}" if isinstance(p.get("error"), str) and p.get("error") else ""))
+    if rec.get("alternatives"):
+        lines += ["", "Next best layouts:"]
+        for a in rec["alternatives"]:
+            lines.append(f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s): "
+                         f"{_fmt_rate(a['predicted_samples_per_sec'])} samples/s")
+    lines += _notes(report)
+    lines += ["", "Files: " + ", ".join([REPORT_JSON, PROBES_CSV, PLOT_PNG, REPORT_TXT])
+              + f" in {report.get('output_dir', '.')}", "",
+              "Run it with:", f"  {report.get('csrun_wse_command', '')}"]
+    return "\n".join(lines) + "\n"
+
+
+def _notes(report: dict) -> list[str]:
+    notes = report.get("notes") or []
+    return (["", "Notes:"] + [f"  - {n}" for n in notes]) if notes else []
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _pct(x: Any) -> Optional[float]:
+    return float(x) * 100 if _finite(x) else None
+
+
+def _num(x: Any, fmt: str) -> str:
+    return format(float(x), fmt) if _finite(x) else "-"
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf → None, numpy scalars → Python."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_probes_csv(out: Path, rows: list[dict]) -> Path:
+    """Write the probe table to ``out/probes.csv`` (columns :data:`PROBE_COLUMNS`)."""
+    import pandas as pd
+
+    from .model import PROBE_COLUMNS
+
+    df = pd.DataFrame([{k: r.get(k) for k in PROBE_COLUMNS} for r in rows], columns=PROBE_COLUMNS)
+    path = Path(out) / PROBES_CSV
+    df.to_csv(path, index=False)
+    return path
+
+
+def write_json(out: Path, report: dict) -> Path:
+    """Write ``report.json`` atomically; returns its path."""
+    path = Path(out) / REPORT_JSON
+    tmp = path.with_name(f".{REPORT_JSON}.tmp")
+    tmp.write_text(json.dumps(_clean(report), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_text(out: Path, report: dict) -> str:
+    """Render and write ``report.txt``; returns the text."""
+    text = render_text(report)
+    (Path(out) / REPORT_TXT).write_text(text)
+    return text
+
+
+def plot(out: Path, report: dict) -> Optional[Path]:
+    """Write ``throughput.png`` (matplotlib, Agg); ``None`` when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from .model import NodeModel, aggregate
+
+    probes = pd.DataFrame(report.get("probes") or [])
+    if probes.empty or report.get("model") is None:
+        return None
+    model = NodeModel.from_dict(report["model"])
+    agg = aggregate(probes)
+    rec = report.get("recommendation") or {}
+    n = model.node_cpus
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    ax = axes[0]
+    cs = sorted(set(agg["cpus_per_task"].astype(int)) | {1, n})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    t_max = max([int(agg["tasks"].max()) if len(agg) else 1, n])
+    for i, c in enumerate(cs):
+        col = colors[i % len(colors)]
+        ts = list(range(1, max(1, t_max // c if c > 1 else t_max) + 1))
+        ax.plot(ts, [model.model_rate(t, c) for t in ts], "--", color=col, alpha=0.6)
+        a = agg[agg["cpus_per_task"] == c]
+        if len(a):
+            ax.errorbar(a["tasks"], a["mean"], yerr=a["std"], fmt="o", color=col, capsize=3,
+                        label=f"{c} CPU(s)/task (measured ± sd; model dashed)")
+        else:
+            ax.plot([], [], "--", color=col, label=f"{c} CPU(s)/task (model)")
+    if rec:
+        t, c = rec["tasks_per_node"], rec["cpus_per_task"]
+        ax.plot([t], [model.node_rate(t, c)], marker="*", markersize=18, color="crimson", linestyle="none",
+                label=f"chosen: {t} task(s) × {c} CPU(s)")
+    ax.axvline(n, color="grey", linewidth=0.8, linestyle=":")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("tasks per node")
+    ax.set_ylabel("node throughput (samples/s)")
+    ax.set_title(f"One node ({n} CPUs): throughput vs tasks and CPUs per task")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    curve = report.get("nodes_curve") or []
+    if curve:
+        xs = [p["nodes"] for p in curve]
+        ax.plot(xs, [p["predicted_samples_per_sec"] for p in curve], "o-", label="predicted")
+        ax.fill_between(xs, [p["interval"][0] for p in curve], [p["interval"][1] for p in curve], alpha=0.2,
+                        label="interval")
+        if rec:
+            ax.plot([rec["nodes"]], [rec["predicted_samples_per_sec"]], marker="*", markersize=18,
+                    color="crimson", linestyle="none", label="chosen")
+        tgt = (report.get("target") or {}).get("samples_per_sec")
+        if tgt:
+            ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
+        ax.set_xlabel("nodes (csrun_wse --total-nodes)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("delivered to the chief (samples/s)")
+        if rec:
+            ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(out) / PLOT_PNG
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

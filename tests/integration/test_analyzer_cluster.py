@@ -1,0 +1,99 @@
+"""cs_input_analyzer on the Slurm test cluster: probes via srun on a CPU node, the report's
+cluster topology, and ``verify`` launching a layout with csrun_wse and the drain task.
+
+Small budgets (25-30 s probing, 5 s drain windows); the accuracy target (within 15 %) is
+measured by bench/bench_verify.py, not here.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.runtime import helpers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
+pytest.importorskip("tensorflow")
+
+REPO = Path(__file__).resolve().parent.parent.parent
+IMAGES = REPO / "examples" / "images"
+BIN = Path(sys.executable).parent
+
+
+def analyzer(args, cwd, env, timeout=400):
+    return subprocess.run([str(BIN / "cs_input_analyzer"), *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def images_params(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("images_cluster")
+    subprocess.run([sys.executable, str(IMAGES / "prepare_data.py"), "--out", str(tmp / "data"), "--shards", "8",
+                    "--stride", "32"], check=True, capture_output=True, timeout=300)
+    p = yaml.safe_load((IMAGES / "configs" / "params.yaml").read_text())
+    p["train_input"]["data_dir"] = str(tmp / "data")
+    p["eval_input"]["data_dir"] = str(tmp / "data")
+    p["runconfig"]["model_dir"] = str(tmp / "model_dir")
+    (tmp / "params.yaml").write_text(yaml.safe_dump(p))
+    return tmp
+
+
+def test_cluster_images_analysis_and_verify(images_params, cli_env):
+    tmp = images_params
+    p = analyzer(["--time-budget", "30", "--available-nodes", "3", "python", str(IMAGES / "run.py"),
+                  "--params", str(tmp / "params.yaml"), "--mode", "validate_only"], cwd=tmp, env=cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "csrun_cpu" in p.stderr  # the command ran through csrun_cpu first
+    out = tmp / "model_dir" / "input_analysis"
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["local"] is False
+    assert rep["probed_on"]["node"] != "node1"  # a CPU node, never the accelerator's
+    assert rep["cluster"]["node_cpus"] >= 1 and len(rep["cluster"]["nodes"]) >= 2
+    assert rep["recommendation"]["nodes"] <= 3
+    assert any(r["kind"] == "ingest" and r["status"] == "ok" for r in rep["probes"]) or rep["stopped"] == "budget"
+
+    v = analyzer(["verify", "--report", str(out), "--seconds", "5", "--warmup", "2"], cwd=tmp, env=cli_env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "predicted:" in v.stdout and "measured:" in v.stdout and "error:" in v.stdout
+    res = json.loads((out / "verify.json").read_text())
+    assert res["measured_samples_per_sec"] > 0 and res["error_pct"] is not None
+    assert res["drain"]["window_s"] >= 5
+
+
+def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
+    data = helpers.prepare_digits(tmp_path / "data")
+    params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
+    p = analyzer(["--time-budget", "25", "--no-run-command", "--output", str(tmp_path / "ana"),
+                  "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
+                  "--mode", "validate_only"], cwd=tmp_path, env=cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
+                  "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1"], cwd=tmp_path, env=cli_env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    res = json.loads((tmp_path / "ana" / "verify.json").read_text())
+    assert res["layout"] == {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0}
+    assert res["drain"]["num_workers"] == 3
+    assert sum(res["drain"]["batches_per_worker"].values()) == res["drain"]["batches"]
+    # nothing of the drain outside the analysis directory
+    assert not (tmp_path / "model_dir").exists() or not any((tmp_path / "model_dir").rglob(".csrun"))
+
+
+def test_cluster_verify_py_function_pipeline_leaves_cleanly(tmp_path, cli_env):
+    """A GIL-bound tf.py_function pipeline served by input workers: every task of the drain
+    leaves by itself once the chief is done (a tf.data service worker stopped while holding
+    the GIL would deadlock with the pipeline's py_function calls)."""
+    pipes = REPO / "tests" / "fixtures" / "probes" / "pipelines"
+    p = analyzer(["--time-budget", "25", "--no-run-command", "--output", str(tmp_path / "ana"),
+                  "python", str(pipes / "run.py"), "--params", str(pipes / "configs" / "params.yaml")],
+                 cwd=tmp_path, env=cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "4", "--warmup", "1",
+                  "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1"], cwd=tmp_path, env=cli_env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    res = json.loads((tmp_path / "ana" / "verify.json").read_text())
+    assert res["exit_status"] == 0, res
+    assert res["drain"]["num_workers"] == 3

@@ -1,0 +1,110 @@
+"""Unit tests of analyzer.recommend: extending the node model to layouts and choosing one."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analyzer import model as M
+from analyzer import recommend as R
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+
+
+def node_model(n=8, r1=1000.0, p=0.9, k=None, **kw) -> M.NodeModel:
+    return M.NodeModel(node_cpus=n, r1=r1, p=p, sigma=0.0, k=k if k is not None else 1.0 / r1, **kw)
+
+
+def test_in_process_layout_is_the_node_rate():
+    m = node_model()
+    pr = R.predict_layout(m, 1, 1, 8)
+    assert pr["input_workers"] == 0
+    assert pr["limited_by"] == "in-process pipeline"
+    assert pr["predicted_samples_per_sec"] == pytest.approx(m.model_rate(1, 8))
+    lo, hi = pr["interval"]
+    assert lo < pr["predicted_samples_per_sec"] < hi
+
+
+def test_nodes_add_up_and_the_chief_takes_one_task_slot():
+    m = node_model()
+    one = m.model_rate(4, 2)
+    pr = R.predict_layout(m, 3, 4, 2)
+    assert pr["input_workers"] == 3 + 2 * 4
+    assert pr["predicted_samples_per_sec"] == pytest.approx(one * 3 / 4 + 2 * one)
+    single = R.predict_layout(m, 3, 4, 2, single_task_nodes=1)
+    assert single["input_workers"] == 2 * 4
+    assert single["predicted_samples_per_sec"] == pytest.approx(2 * one)
+
+
+def test_chief_ingest_caps_the_rate():
+    m = node_model()
+    pr = R.predict_layout(m, 5, 8, 1, ingest={"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 1e-4})
+    assert pr["predicted_samples_per_sec"] == pytest.approx(3000.0)
+    assert pr["limited_by"] == "chief ingest"
+
+
+def test_shared_host_caps_by_its_cores():
+    # 5 nodes on one 2-core host; pipeline 1 ms/sample, service hop 0.25 ms/sample.
+    m = node_model(n=2, r1=1000.0, p=0.9, k=1e-3)
+    topo = {"node_hosts": ["vm"] * 5, "host_cores": {"vm": 2}}
+    ing = {"samples_per_sec": None, "cpu_seconds_per_sample": 2.5e-4}
+    pr = R.predict_layout(m, 5, 2, 1, ingest=ing, topology=topo)
+    assert pr["limited_by"] == "shared host CPUs"
+    assert pr["predicted_samples_per_sec"] == pytest.approx(2 / (1e-3 + 2.5e-4), rel=0.01)
+    # independent nodes: no such cap
+    free = R.predict_layout(m, 5, 2, 1, ingest=ing)
+    assert free["predicted_samples_per_sec"] > 4 * pr["predicted_samples_per_sec"]
+
+
+def test_target_fewest_nodes_then_fewest_cores():
+    m = node_model(n=4, r1=1000.0, p=1.0)  # perfectly parallel: rate = 1000 x cores
+    rec = R.recommend(m, available_nodes=4, target=5000.0)
+    # 1 node delivers at most 4000 (in-process, 4 cores); 2 nodes x (T x C = 4) deliver
+    # (T-1)/T*4000 + 4000 >= 5000 with T = 4: 3000 + 4000 = 7000; fewer cores first.
+    assert rec["nodes"] == 2
+    assert rec["predicted_samples_per_sec"] >= 5000.0
+    assert rec["interval"][0] >= 5000.0 or "low end does not" in rec["reason"]
+    assert rec["input_starved"] in (False, "at risk")
+    cores = rec["nodes"] * rec["tasks_per_node"] * rec["cpus_per_task"]
+    for alt in R.candidate_layouts(4, 2):
+        p = R.predict_layout(m, *alt)
+        if p["interval"][0] >= 5000.0 and alt[0] == 2:
+            assert alt[0] * alt[1] * alt[2] >= cores
+
+
+def test_target_out_of_reach_is_input_starved():
+    m = node_model(n=2, r1=100.0, p=0.5)
+    rec = R.recommend(m, available_nodes=2, target=1e6)
+    assert rec["input_starved"] is True
+    assert rec["meets_target"] is False
+    assert "no layout" in rec["reason"]
+
+
+def test_no_target_best_for_available_nodes():
+    m = node_model(n=4, r1=1000.0, p=1.0)
+    rec = R.recommend(m, available_nodes=3)
+    best = max(R.predict_layout(m, *c)["predicted_samples_per_sec"] for c in R.candidate_layouts(4, 3))
+    assert rec["predicted_samples_per_sec"] >= 0.95 * best
+    assert rec["nodes"] == 3
+    assert rec["target"] is None and rec["input_starved"] is None
+    assert len(rec["alternatives"]) <= 5
+
+
+def test_serial_table_recommends_one_cpu_per_task():
+    df = pd.read_csv(FIX / "gil_serial_local.csv")
+    m = M.fit(df, 2)
+    rec = R.recommend(m, available_nodes=3, target=15000.0)
+    assert rec["cpus_per_task"] == 1
+    assert rec["tasks_per_node"] == 2
+
+
+def test_bad_layouts_raise():
+    m = node_model()
+    for args in [(0, 1, 1), (1, 0, 1), (1, 1, 0)]:
+        with pytest.raises(ValueError):
+            R.predict_layout(m, *args)
+    with pytest.raises(ValueError):
+        R.predict_layout(m, 2, 1, 1, single_task_nodes=2)
+    with pytest.raises(ValueError):
+        R.recommend(m, 0)
