@@ -462,29 +462,3 @@ def analyze_command(available_nodes, mount_dirs, target_samples_per_sec, local, 
                    target=target_samples_per_sec, local=local, budget_s=time_budget, output=output,
                    partition=partition, run_command=not no_run_command, progress=not no_progress)
     return analyze(opts)
-
-
-def one_line_main(super_main, prog: str, args=None, prog_name=None, **extra):
-    """Run a click ``main`` so that usage errors, :class:`click.ClickException` and csrun's
-    one-line errors (anything with an ``exit_code``) print ``<prog>: error: <message>`` on one
-    line and exit with their status (2 for bad flags), never a traceback. Used by the
-    ``cs_input_analyzer`` group (:class:`analyzer.cli.AnalyzerGroup`)."""
-    try:
-        rv = super_main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.Abort:
-        sys.exit(130)
-    except click.UsageError as exc:
-        click.echo(f"{prog}: error: {exc.format_message()}", err=True)
-        sys.exit(2)
-    except click.ClickException as exc:
-        click.echo(f"{prog}: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 - CsrunError and friends: one line
-        code = getattr(exc, "exit_code", None)
-        if code is None:
-            raise
-        click.echo(f"{prog}: error: {exc}", err=True)
-        sys.exit(code)
-    sys.exit(rv if isinstance(rv, int) else 0)

@@ -44,7 +44,7 @@ class AnalyzerGroup(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):  # noqa: D102
         # One-line errors, exit 2 for bad flags (issue 4, "Bad input").
-        from .analyze import one_line_main
+        from launcher.cli import one_line_main
 
         return one_line_main(super().main, prog_name or "cs_input_analyzer", args, prog_name, **extra)
 
