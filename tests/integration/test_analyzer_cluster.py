@@ -44,7 +44,7 @@ def images_params(tmp_path_factory):
 
 def test_cluster_images_analysis_and_verify(images_params, cli_env):
     tmp = images_params
-    p = analyzer(["--time-budget", "30", "--available-nodes", "3", "python", str(IMAGES / "run.py"),
+    p = analyzer(["--time-budget", "60", "--available-nodes", "3", "python", str(IMAGES / "run.py"),
                   "--params", str(tmp / "params.yaml"), "--mode", "validate_only"], cwd=tmp, env=cli_env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "csrun_cpu" in p.stderr  # the command ran through csrun_cpu first
@@ -67,7 +67,7 @@ def test_cluster_images_analysis_and_verify(images_params, cli_env):
 def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
     data = helpers.prepare_digits(tmp_path / "data")
     params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
-    p = analyzer(["--time-budget", "25", "--no-run-command", "--output", str(tmp_path / "ana"),
+    p = analyzer(["--time-budget", "60", "--no-run-command", "--output", str(tmp_path / "ana"),
                   "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
                   "--mode", "validate_only"], cwd=tmp_path, env=cli_env)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -87,7 +87,7 @@ def test_cluster_verify_py_function_pipeline_leaves_cleanly(tmp_path, cli_env):
     leaves by itself once the chief is done (a tf.data service worker stopped while holding
     the GIL would deadlock with the pipeline's py_function calls)."""
     pipes = REPO / "tests" / "fixtures" / "probes" / "pipelines"
-    p = analyzer(["--time-budget", "25", "--no-run-command", "--output", str(tmp_path / "ana"),
+    p = analyzer(["--time-budget", "60", "--no-run-command", "--output", str(tmp_path / "ana"),
                   "python", str(pipes / "run.py"), "--params", str(pipes / "configs" / "params.yaml")],
                  cwd=tmp_path, env=cli_env)
     assert p.returncode == 0, p.stdout + p.stderr

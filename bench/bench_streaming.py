@@ -1,0 +1,361 @@
+"""Benchmark 6: streaming efficiency of tf.data service from ``k`` input workers to the chief.
+
+*Delivered*: the samples/s a chief receives from ``k`` input workers through csrun's
+runtime — exactly its training path, as local processes on this host:
+
+* the chief process starts one tf.data service dispatcher per worker
+  (:func:`launcher.runtime.service.start_dispatchers`), publishes them in a rendezvous
+  directory (:class:`launcher.runtime.service.Rendezvous`) and, once every worker has
+  registered, reads the merged stream with :class:`launcher.runtime.service.ServiceSource`
+  (``from_dataset_id``/``distribute``, ``parallel_epochs``, no compression: one reader thread
+  per worker); after a warm-up it counts samples over a fixed window;
+* each worker process runs :func:`launcher.runtime.service.run_worker` — the very function
+  an input-worker task of ``csrun_wse`` runs — with the role an srun task would get
+  (``CSRUN_ROLE=worker``, ``CSRUN_CPUS_PER_TASK=C``): its own ``input_fn(params_i)`` behind a
+  WorkerServer.
+
+*Standalone*: the same ``k`` workers' pipelines (``input_fn(params_i)``, the same
+``private_threadpool_size = C``) iterated in-process, no service, measured
+**concurrently** over a common window (a file barrier): their summed samples/s. On a
+host whose cores all processes share this is the fair reference: the same CPU
+contention without the service hop. Full mode also measures each worker **alone**
+(``standalone_alone_sum``: the ideal of one node per worker).
+
+Figures per pipeline and ``k``: medians and IQRs over ``repeats`` alternated repetitions of
+the delivered and the concurrent-standalone rates (samples/s), ``efficiency`` = median
+delivered / median standalone sum, and ``paired`` (per-repetition ratios).
+
+The processes are this script: ``python bench/bench_streaming.py --chief|--worker|--standalone SPEC``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _p in (str(REPO), str(HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import common  # noqa: E402
+
+PIPELINES = common.PIPELINES
+CPUS_PER_WORKER = 1
+
+
+# --------------------------------------------------------------------------- child processes
+def _write(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _samples(el: Any) -> int:
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(el)
+    if not flat or len(flat[0].shape) == 0:
+        return 1
+    return int(flat[0].shape[0])
+
+
+def _argv(spec: dict) -> list[str]:
+    return [*spec["argv"], "--mode", "train", "--model_dir", spec["model_dir"]]
+
+
+def child_standalone(spec: dict) -> None:
+    """Iterate worker ``index``'s pipeline in-process: warm-up, barrier with the other
+    ``barrier`` processes, a ``measure_s`` window, then keep iterating until all have
+    measured. Writes ``{"samples_per_sec", "samples", "window_s"}``."""
+    import tensorflow as tf
+
+    from launcher.runtime import contract
+    from launcher.runtime.capture import load_entry
+
+    entry = load_entry(spec["run_py"], _argv(spec))
+    params = entry.worker_params(spec["index"], spec["num_workers"])
+    seed = params["train_input"].get("shuffle_seed")
+    if seed is not None:
+        tf.random.set_seed(int(seed))
+    ds = contract.call_input_fn(entry.input_fn, params, "train")
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = int(spec["cpus"])
+    ds = ds.with_options(opts)
+    it = iter(ds)
+    wd = Path(spec["workdir"])
+    tag = spec["tag"]
+    t_end = time.monotonic() + spec["warmup_s"]
+    n = 0
+    while time.monotonic() < t_end or n < 2:
+        next(it)
+        n += 1
+    (wd / f"{tag}.ready.{spec['index']}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(wd.glob(f"{tag}.ready.*"))) < spec["barrier"] and time.monotonic() < deadline:
+        next(it)
+    samples = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < spec["measure_s"]:
+        samples += _samples(next(it))
+    dt = time.monotonic() - t0
+    (wd / f"{tag}.done.{spec['index']}").touch()
+    _write(Path(spec["out"]), {"samples_per_sec": samples / dt, "samples": samples, "window_s": dt})
+    deadline = time.monotonic() + 120
+    while len(list(wd.glob(f"{tag}.done.*"))) < spec["barrier"] and time.monotonic() < deadline:
+        next(it)
+
+
+def child_worker(spec: dict) -> None:
+    """An input-worker task: :func:`launcher.runtime.service.run_worker` with the srun
+    environment of worker ``index`` of ``num_workers``."""
+    os.environ.update({
+        "CSRUN_ROLE": "worker", "CSRUN_HET_GROUP": "1", "CSRUN_TASK_OFFSET": "0", "CSRUN_WORKER_OFFSET": "0",
+        "CSRUN_NUM_WORKERS": str(spec["num_workers"]), "CSRUN_NUM_TASKS": str(spec["num_workers"] + 1),
+        "CSRUN_CPUS_PER_TASK": str(spec["cpus"]), "SLURM_PROCID": str(spec["index"]),
+        "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0", "CSRUN_ADVERTISE_HOST": "localhost",
+    })
+    from launcher.runtime.capture import load_entry
+    from launcher.runtime.params import resolve_params
+    from launcher.runtime.roles import resolve_role
+    from launcher.runtime.service import run_worker
+
+    argv = _argv(spec)
+    entry = load_entry(spec["run_py"], argv)
+    resolved = resolve_params(argv, run_py=spec["run_py"])
+    rc = run_worker(resolve_role(), resolved, entry.input_fn)
+    _write(Path(spec["out"]), {"exit": rc})
+
+
+def child_chief(spec: dict) -> None:
+    """The chief's ingest path: dispatchers, rendezvous, wait for the registrations, then
+    drain :class:`ServiceSource` (warm-up, ``measure_s`` window). Writes the delivered
+    ``samples_per_sec`` and marks the job done so the workers leave."""
+    from launcher.runtime import service
+    from launcher.runtime.capture import load_entry
+
+    load_entry(spec["run_py"], _argv(spec))  # the same imports as a chief (input_fn's modules)
+    k = spec["num_workers"]
+    rdv = service.Rendezvous(spec["model_dir"], f"{spec['job_id']}.0")
+    rdv.reset()
+    hb = service.Heartbeat(rdv, "chief").start()
+    servers, ports = service.start_dispatchers(k)
+    addresses = [f"localhost:{p}" for p in ports]
+    rdv.publish_dispatchers(addresses, {"chief_host": socket.gethostname(), "bench": True})
+    res: dict[str, Any] = {}
+    try:
+        t0 = time.monotonic()
+        regs: dict = {}
+        while len(regs) < k:
+            regs = {i: r for i in range(k) if (r := rdv.worker(i)) and r.get("status") == "ok"}
+            bad = [r for i in range(k) if (r := rdv.worker(i)) and r.get("status") == "failed"]
+            if bad:
+                raise RuntimeError(f"a worker failed to register: {bad[0].get('violations')}")
+            if time.monotonic() - t0 > spec["start_timeout_s"]:
+                raise RuntimeError(f"{len(regs)} of {k} workers registered in {spec['start_timeout_s']} s")
+            time.sleep(0.1)
+        res["registered_s"] = time.monotonic() - t0
+        source = service.ServiceSource(rdv, addresses, regs)
+        source.get(spec["start_timeout_s"])
+        t_end = time.monotonic() + spec["warmup_s"]
+        while time.monotonic() < t_end:
+            source.get(60)
+        samples = 0
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < spec["measure_s"]:
+            _, el = source.get(60)
+            samples += _samples(el)
+        dt = time.monotonic() - t1
+        res.update({"samples_per_sec": samples / dt, "samples": samples, "window_s": dt,
+                    "batches_per_worker": source.describe()["batches_per_worker"]})
+        rdv.mark_done("ok")
+    except BaseException as exc:  # noqa: BLE001 - reported to the harness
+        res["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        rdv.mark_done("failed", res["error"])
+    hb.stop()
+    _write(Path(spec["out"]), res)
+    del servers
+
+
+def _child_main(argv: list[str]) -> None:
+    role, spec_path = argv[0], argv[1]
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    code = 0
+    try:
+        {"--chief": child_chief, "--worker": child_worker, "--standalone": child_standalone}[role](spec)
+    except BaseException as exc:  # noqa: BLE001
+        try:
+            _write(Path(spec["out"]), {"error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+        except OSError:
+            pass
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a pipeline with tf.py_function can hang interpreter exit
+
+
+# --------------------------------------------------------------------------- harness
+class _Procs:
+    """Child processes of one measurement; all killed (process groups) on exit."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.procs = workdir, []
+
+    def start(self, role: str, spec: dict, name: str) -> Path:
+        spec_path = self.workdir / f"{name}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        log = open(self.workdir / f"{name}.log", "ab")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        self.procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, str(spec_path)],
+                                           stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env,
+                                           stdin=subprocess.DEVNULL, start_new_session=True))
+        log.close()
+        return Path(spec["out"])
+
+    def wait(self, timeout: float) -> bool:
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if all(p.poll() is not None for p in self.procs):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                common.stop_group(p, grace=3.0)
+
+    def __enter__(self) -> "_Procs":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"error": f"no result in {path.name}"}
+
+
+def _log_tail(workdir: Path, name: str) -> str:
+    try:
+        lines = [ln for ln in (workdir / f"{name}.log").read_text(errors="replace").splitlines() if ln.strip()]
+        return " | ".join(lines[-3:])[:400]
+    except OSError:
+        return ""
+
+
+def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path, tag: str,
+                    timeout_s: float = 240.0) -> float:
+    """Delivered samples/s at the chief from ``k`` input workers (see the module docstring)."""
+    run_py, argv = PIPELINES[pipeline]
+    wd = workdir / tag
+    wd.mkdir(parents=True)
+    base = {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
+            "cpus": CPUS_PER_WORKER, "job_id": f"bench{os.getpid()}{tag}", "warmup_s": warmup_s,
+            "measure_s": measure_s, "start_timeout_s": timeout_s * 0.6, "workdir": str(wd)}
+    with _Procs(wd) as procs:
+        out = procs.start("--chief", {**base, "out": str(wd / "chief.json")}, "chief")
+        t_end = time.monotonic() + 60
+        while not (wd / "model_dir" / ".csrun" / f"{base['job_id']}.0" / "dispatchers.json").exists():
+            if procs.procs[0].poll() is not None or time.monotonic() > t_end:
+                raise RuntimeError(f"the chief did not publish its dispatchers: {_log_tail(wd, 'chief')}")
+            time.sleep(0.2)
+        for i in range(k):
+            procs.start("--worker", {**base, "index": i, "out": str(wd / f"worker{i}.json")}, f"worker{i}")
+        t_end = time.monotonic() + timeout_s
+        while procs.procs[0].poll() is None and time.monotonic() < t_end:
+            time.sleep(0.2)
+        res = _read(out)
+        procs.wait(15)
+    if res.get("error") or "samples_per_sec" not in res:
+        raise RuntimeError(f"service run failed: {res.get('error')} {_log_tail(wd, 'chief')} {_log_tail(wd, 'worker0')}")
+    return float(res["samples_per_sec"])
+
+
+def measure_standalone(pipeline: str, indices: list[int], k: int, warmup_s: float, measure_s: float,
+                       workdir: Path, tag: str, timeout_s: float = 180.0) -> list[float]:
+    """In-process samples/s of workers ``indices`` (of ``k``), run concurrently over a
+    common window; returns each one's rate."""
+    run_py, argv = PIPELINES[pipeline]
+    wd = workdir / tag
+    wd.mkdir(parents=True)
+    base = {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
+            "cpus": CPUS_PER_WORKER, "warmup_s": warmup_s, "measure_s": measure_s, "workdir": str(wd),
+            "tag": "sa", "barrier": len(indices)}
+    with _Procs(wd) as procs:
+        outs = [procs.start("--standalone", {**base, "index": i, "out": str(wd / f"sa{i}.json")}, f"sa{i}")
+                for i in indices]
+        procs.wait(timeout_s)
+        res = [_read(o) for o in outs]
+    bad = [r for r in res if "samples_per_sec" not in r]
+    if bad:
+        raise RuntimeError(f"standalone run failed: {bad[0].get('error')} {_log_tail(wd, f'sa{indices[0]}')}")
+    return [float(r["samples_per_sec"]) for r in res]
+
+
+def run(quick: bool = False) -> dict:
+    """For each pipeline and ``k`` (quick: digits, k = 1, 2 repetitions, 2 s windows;
+    full: digits and images, k = 1, 2, 3 repetitions, 6 s windows, plus each worker alone),
+    the delivered vs standalone samples/s and their ratio (see the module docstring)."""
+    if quick:
+        plan, repeats, warmup, window, alone = [("digits", 1)], 2, 1.0, 2.0, False
+    else:
+        plan = [("digits", 1), ("digits", 2), ("images", 1), ("images", 2)]
+        repeats, warmup, window, alone = 3, 2.0, 6.0, True
+    out: dict[str, Any] = {
+        "benchmark": "streaming efficiency: tf.data service delivery vs standalone rates",
+        "unit": "samples/s", "repeats": repeats, "warmup_s": warmup, "window_s": window,
+        "cpus_per_worker": CPUS_PER_WORKER, "where": "local processes on this host (chief and workers)",
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="bench_streaming_") as tmp:
+        work = Path(tmp)
+        for pipeline, k in plan:
+            key = f"{pipeline}, k={k}"
+            svc, conc, alone_sums = [], [], []
+            try:
+                for r in range(repeats):
+                    order = ["service", "standalone"] if r % 2 == 0 else ["standalone", "service"]
+                    for what in order:
+                        tag = f"{pipeline}_k{k}_r{r}_{what}"
+                        if what == "service":
+                            svc.append(measure_service(pipeline, k, warmup, window, work, tag))
+                        else:
+                            conc.append(sum(measure_standalone(pipeline, list(range(k)), k, warmup, window, work, tag)))
+                    if alone:
+                        alone_sums.append(sum(measure_standalone(pipeline, [i], k, warmup, window, work,
+                                                                 f"{pipeline}_k{k}_r{r}_alone{i}")[0]
+                                              for i in range(k)))
+                rec: dict[str, Any] = {
+                    "pipeline": pipeline, "k": k,
+                    "service": common.spread(svc, 2),
+                    "standalone_concurrent_sum": common.spread(conc, 2),
+                    "efficiency": round(common.ratio_of_medians(svc, conc), 4),
+                    "paired": common.compare(svc, conc),
+                }
+                if alone_sums:
+                    rec["standalone_alone_sum"] = round(common.median(alone_sums), 2)
+                    rec["standalone_alone_sums"] = [round(x, 2) for x in alone_sums]
+                    rec["efficiency_vs_alone"] = round(common.ratio_of_medians(svc, alone_sums), 4)
+            except Exception as exc:  # noqa: BLE001 - recorded, the other runs go on
+                rec = {"pipeline": pipeline, "k": k, "error": f"{type(exc).__name__}: {str(exc)[:800]}",
+                       "service_so_far": svc, "standalone_so_far": conc}
+            out["runs"][key] = rec
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--standalone"):
+        _child_main(sys.argv[1:])
+    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))

@@ -1,0 +1,634 @@
+"""Shared helpers of the benchmarks: timing, robust statistics, metadata, the results table.
+
+Statistics are medians and inter-quartile ranges, never single runs: every figure in
+``bench/results/*.json`` is the median of several measurements, with its spread
+(:func:`spread`). Two commands are compared by running them in *alternated pairs*
+(A B, B A, A B, ...: :func:`alternate_pairs`) so that drift of a shared machine (other
+jobs starting or stopping) hits both sides alike; the comparison is the median of the
+per-pair ratios and the ratio of the medians (:func:`compare`).
+
+Units: seconds for times, samples/s for rates; ratios are dimensionless.
+
+This module imports nothing heavy (no TensorFlow, no numpy): ``bench/run.py`` and the
+unit tests import it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+CLUSTER = REPO / "slurm-test-cluster"
+TOPOLOGY = CLUSTER / "run" / "etc" / "topology"
+TABLE_START = "<!-- bench:table:start -->"
+TABLE_END = "<!-- bench:table:end -->"
+
+#: The benchmarked input pipelines: name -> (run.py, its arguments before ``--mode``).
+PIPELINES: dict[str, tuple[Path, list[str]]] = {
+    "digits": (REPO / "examples/digits/run.py", ["--params", str(REPO / "examples/digits/configs/params.yaml")]),
+    "images": (REPO / "examples/images/run.py", ["--params", str(REPO / "examples/images/configs/params.yaml")]),
+    "serial": (BENCH / "pipelines/serial/run.py", ["--params", str(BENCH / "pipelines/serial/configs/params.yaml")]),
+}
+
+
+# --------------------------------------------------------------------------- statistics
+def median(xs: Iterable[float]) -> float:
+    """Median of ``xs`` (NaN for an empty sequence; NaN values are dropped)."""
+    v = sorted(float(x) for x in xs if x is not None and not _isnan(x))
+    if not v:
+        return math.nan
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2.0
+
+
+def quantile(xs: Iterable[float], q: float) -> float:
+    """Quantile ``q`` (0..1) of ``xs`` with linear interpolation (NumPy's default method)."""
+    v = sorted(float(x) for x in xs if x is not None and not _isnan(x))
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def spread(xs: Sequence[float], digits: int = 6) -> dict:
+    """Summary of repeated measurements (same unit as ``xs``): ``median``, ``q1``, ``q3``,
+    ``iqr`` (q3 − q1), ``rel_iqr`` (iqr / median), ``min``, ``max``, ``n`` and the raw
+    ``values``. NaNs are dropped."""
+    v = [float(x) for x in xs if x is not None and not _isnan(x)]
+    med = median(v)
+    q1, q3 = quantile(v, 0.25), quantile(v, 0.75)
+    r = lambda x: None if _isnan(x) else round(x, digits)  # noqa: E731
+    return {"median": r(med), "q1": r(q1), "q3": r(q3), "iqr": r(q3 - q1),
+            "rel_iqr": r((q3 - q1) / med) if v and med else None,
+            "min": r(min(v)) if v else None, "max": r(max(v)) if v else None,
+            "n": len(v), "values": [round(x, digits) for x in v]}
+
+
+def ratio_of_medians(a: Sequence[float], b: Sequence[float]) -> float:
+    """``median(a) / median(b)`` (NaN when ``b``'s median is 0 or either is empty)."""
+    ma, mb = median(a), median(b)
+    if _isnan(ma) or _isnan(mb) or mb == 0:
+        return math.nan
+    return ma / mb
+
+
+def compare(a: Sequence[float], b: Sequence[float], digits: int = 4) -> dict:
+    """Compare paired measurements ``a[i]`` vs ``b[i]`` (same unit, e.g. seconds).
+
+    Returns ``{"median_ratio"`` (median of a[i]/b[i]), ``"ratio_iqr"`` ([q1, q3] of the
+    per-pair ratios), ``"ratio_of_medians"``, ``"median_difference"`` (median of a[i] − b[i],
+    in the unit of the inputs), ``"pairs"}``.
+    """
+    pairs = [(float(x), float(y)) for x, y in zip(a, b)
+             if not _isnan(x) and not _isnan(y)]
+    ratios = [x / y for x, y in pairs if y]
+    diffs = [x - y for x, y in pairs]
+    r = lambda x: None if _isnan(x) else round(x, digits)  # noqa: E731
+    return {"median_ratio": r(median(ratios)),
+            "ratio_iqr": [r(quantile(ratios, 0.25)), r(quantile(ratios, 0.75))],
+            "ratio_of_medians": r(ratio_of_medians([p[0] for p in pairs], [p[1] for p in pairs])),
+            "median_difference": r(median(diffs)), "pairs": len(pairs)}
+
+
+def _isnan(x: Any) -> bool:
+    try:
+        return math.isnan(float(x))
+    except (TypeError, ValueError):
+        return True
+
+
+# --------------------------------------------------------------------------- timing
+def alternate_pairs(a: Callable[[], float], b: Callable[[], float], pairs: int,
+                    warmup: int = 1) -> tuple[list[float], list[float]]:
+    """Run ``a`` and ``b`` in ``pairs`` alternated pairs (A B, B A, A B, ...) after
+    ``warmup`` unrecorded pairs; each callable returns one measurement (e.g. seconds).
+    Returns ``(a_values, b_values)`` with ``a_values[i]`` and ``b_values[i]`` from the same
+    pair."""
+    for _ in range(warmup):
+        a()
+        b()
+    av, bv = [], []
+    for i in range(pairs):
+        if i % 2 == 0:
+            x = a()
+            y = b()
+        else:
+            y = b()
+            x = a()
+        av.append(x)
+        bv.append(y)
+    return av, bv
+
+
+def round_robin(fns: Mapping[str, Callable[[], float]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Run every callable of ``fns`` once per round for ``rounds`` rounds, rotating the
+    order each round (so none is always first), after ``warmup`` unrecorded rounds.
+    Returns the measurements by name."""
+    names = list(fns)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for w in range(warmup + rounds):
+        k = w % len(names)
+        for name in names[k:] + names[:k]:
+            v = fns[name]()
+            if w >= warmup:
+                out[name].append(v)
+    return out
+
+
+class CommandFailed(RuntimeError):
+    """A timed command exited non-zero or ran past its timeout (message: argv and tail)."""
+
+
+def time_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: float = 120.0,
+                 cwd: Optional[str] = None, check: bool = True) -> float:
+    """Wall time (seconds, ``time.perf_counter``) of running ``argv`` to completion, its
+    output discarded. Raises :class:`CommandFailed` on a non-zero exit (with ``check``) or a
+    timeout (the process group gets SIGINT twice — an srun cancels its step — then
+    SIGKILL)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        raise CommandFailed(f"{' '.join(argv[:3])} ...: no exit within {timeout:.0f} s") from None
+    dt = time.perf_counter() - t0
+    if check and proc.returncode != 0:
+        tail = (err or b"").decode(errors="replace").strip().splitlines()[-3:]
+        raise CommandFailed(f"{' '.join(argv[:3])} ... exited {proc.returncode}: {' | '.join(tail)}")
+    return dt
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a child started with ``start_new_session=True`` and everything in its process
+    group: SIGINT twice (srun: cancel the step), then SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGINT, signal.SIGINT):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.3)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=10)
+
+
+def venv_bin(name: str) -> str:
+    """Path of console script ``name`` beside this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+def slurm_env() -> dict:
+    """This process's environment with ``SLURM_CONF`` pointing at the test cluster (unless
+    already set) and the interpreter's bin directory first on ``PATH``."""
+    env = dict(os.environ)
+    conf = CLUSTER / "run" / "etc" / "slurm.conf"
+    if not env.get("SLURM_CONF") and conf.exists():
+        env["SLURM_CONF"] = str(conf)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def others_jobs(env: Optional[Mapping[str, str]] = None) -> int:
+    """Jobs in the Slurm queue right now (any user, pending or running); -1 if unknown.
+    Used to note when a timed launch may have waited behind someone else's job."""
+    try:
+        out = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True,
+                             timeout=15, env=dict(env) if env is not None else None)
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
+    if out.returncode != 0:
+        return -1
+    return len([ln for ln in out.stdout.splitlines() if ln.strip()])
+
+
+def wait_queue_empty(env: Optional[Mapping[str, str]] = None, max_wait: float = 30.0) -> float:
+    """Wait (at most ``max_wait`` seconds) until the Slurm queue is empty; returns the
+    seconds waited. Timed launches start on an idle cluster when others allow it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < max_wait:
+        if others_jobs(env) <= 0:
+            break
+        time.sleep(1.0)
+    return time.monotonic() - t0
+
+
+# --------------------------------------------------------------------------- metadata
+def read_topology(path: Path = TOPOLOGY) -> dict:
+    """``slurm-test-cluster/run/etc/topology`` (``KEY=VALUE`` lines: ``PINNED``,
+    ``NODE_CPUS``, ``HOST_CPUS``, ``NODES``) as a dict of ints/strings; ``{}`` if absent."""
+    out: dict[str, Any] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = re.match(r"^\s*([A-Z_]+)\s*=\s*(\S*)\s*$", line)
+        if m:
+            v = m.group(2)
+            out[m.group(1).lower()] = int(v) if v.isdigit() else v
+    return out
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib_metadata.version(dist)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def slurm_version() -> Optional[str]:
+    """``sinfo --version`` (e.g. ``slurm-wlm 22.05.8``), or ``None`` without Slurm."""
+    try:
+        out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def metadata(quick: bool) -> dict:
+    """The common metadata of every result file: the machine's cores (``os.cpu_count``,
+    the usable set), the test cluster's topology (nodes, CPUs per node, whether nodes are
+    pinned to disjoint cores), versions (Python, TensorFlow, NumPy, Slurm), the date, the
+    load average, the git commit and the quick flag. TensorFlow is not imported (its
+    version comes from the package metadata)."""
+    topo = read_topology()
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        usable = None
+    tf = _version("tensorflow-cpu") or _version("tensorflow")
+    commit = None
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=10, cwd=str(REPO))
+        commit = out.stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=str(REPO)).stdout.strip()
+        if commit and dirty:
+            commit += "+dirty"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": bool(quick),
+        "host_cores": os.cpu_count(),
+        "host_cores_usable": usable,
+        "cluster": {"nodes": topo.get("nodes"), "node_cpus": topo.get("node_cpus"),
+                    "host_cpus": topo.get("host_cpus"), "pinned": bool(topo.get("pinned", 0)),
+                    "topology_file": str(TOPOLOGY) if topo else None},
+        "pinned": bool(topo.get("pinned", 0)),
+        "versions": {"python": platform.python_version(), "tensorflow": tf, "numpy": _version("numpy"),
+                     "slurm": slurm_version(), "csrun": _version("csrun")},
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git_commit": commit,
+    }
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+# --------------------------------------------------------------------------- the table
+def _g(d: Any, *keys: Any, default: Any = None) -> Any:
+    for k in keys:
+        if isinstance(d, Mapping) and k in d:
+            d = d[k]
+        elif isinstance(d, (list, tuple)) and isinstance(k, int) and -len(d) <= k < len(d):
+            d = d[k]
+        else:
+            return default
+    return d
+
+
+def fmt(x: Any, unit: str = "", digits: int = 3) -> str:
+    """A number for the table: 3 significant digits (thousands separated), ``—`` for
+    missing values."""
+    if x is None or _isnan(x):
+        return "—"
+    x = float(x)
+    if x == 0:
+        s = "0"
+    elif abs(x) >= 10 ** digits:
+        s = f"{x:,.0f}"
+    else:
+        s = f"{x:.{digits}g}"
+        if "e" in s:
+            s = f"{x:.{digits}f}"
+    return f"{s} {unit}".rstrip() if unit else s
+
+
+def _iqr_text(sp: Any, unit: str = "") -> str:
+    if not isinstance(sp, Mapping):
+        return ""
+    q1, q3 = sp.get("q1"), sp.get("q3")
+    if q1 is None or q3 is None:
+        return ""
+    return f"IQR {fmt(q1)}–{fmt(q3, unit)}, n={sp.get('n')}"
+
+
+Row = dict  # {"figure", "value", "spread", "compared"}
+
+
+def _rows_launch(r: dict) -> list[Row]:
+    rows = []
+    c = r.get("compare") or {}
+    rows.append({"figure": "launch time csrun_wse / bare srun (median of pair ratios)",
+                 "value": fmt(c.get("median_ratio"), "×"),
+                 "spread": (f"pair ratios IQR {fmt(_g(c, 'ratio_iqr', 0))}–{fmt(_g(c, 'ratio_iqr', 1))}, "
+                            f"{c.get('pairs')} pairs"),
+                 "compared": f"same het layout: {r.get('layout_text', '?')}"})
+    rows.append({"figure": "csrun_wse overhead over srun (median of pair differences)",
+                 "value": fmt(c.get("median_difference"), "s"),
+                 "spread": f"csrun_wse {fmt(_g(r, 'csrun_wse_s', 'median'), 's')}, srun {fmt(_g(r, 'srun_s', 'median'), 's')} (medians)",
+                 "compared": "`csrun_wse ... true` vs `srun <same components> true`"})
+    return rows
+
+
+def _rows_startup(r: dict) -> list[Row]:
+    rows = []
+    base = _g(r, "commands", "python -c pass", "median")
+    for name, rec in (r.get("commands") or {}).items():
+        if name == "python -c pass":
+            continue
+        rows.append({"figure": f"start-up: `{name}`", "value": fmt(rec.get("median"), "s"),
+                     "spread": _iqr_text(rec, "s"),
+                     "compared": (f"{fmt(_g(r, 'ratios', name), '×')} `python -c pass` "
+                                  f"({fmt(base, 's')})")})
+    return rows
+
+
+def _rows_recommend(r: dict) -> list[Row]:
+    rows = []
+    for name, p in (r.get("pipelines") or {}).items():
+        if p.get("error"):
+            rows.append({"figure": f"recommendation quality, {name}", "value": "error",
+                         "spread": str(p["error"])[:120], "compared": ""})
+            continue
+        rec = p.get("recommended") or {}
+        orc = p.get("oracle") or {}
+        job = p.get("job_recommendation_quality") or {}
+        ar = p.get("analyzer_recommendation") or {}
+        job_text = (f"; CLI's job layout {ar.get('nodes')} node(s) × {ar.get('tasks_per_node')}×{ar.get('cpus_per_task')}: "
+                    f"{fmt(job.get('quality'))} of oracle" if ar else "")
+        layouts = sorted({f"{s.get('tasks')}x{s.get('cpus_per_task')}" for s in (p.get("sweep") or [])})
+        rows.append({
+            "figure": f"recommended / oracle throughput, {name}",
+            "value": fmt(p.get("quality")),
+            "spread": (f"rec {rec.get('tasks')}×{rec.get('cpus')}: {fmt(rec.get('samples_per_sec'), 'samples/s')}; "
+                       f"oracle {orc.get('tasks')}×{orc.get('cpus')}: {fmt(orc.get('samples_per_sec'), 'samples/s')} "
+                       f"(medians of {p.get('repeats')}){job_text}"),
+            "compared": f"exhaustive sweep of {len(layouts)} T×C layouts on one node"})
+        rows.append({"figure": f"analyzer wall time / sweep wall time, {name}",
+                     "value": fmt(p.get("time_ratio")),
+                     "spread": f"analyzer {fmt(p.get('analyzer_s'), 's')}, sweep {fmt(p.get('sweep_s'), 's')}",
+                     "compared": "cs_input_analyzer (budget "
+                                 f"{fmt(p.get('analyzer_budget_s'), 's')}) vs the sweep"})
+        d = p.get("vs_default") or {}
+        if d:
+            rows.append({
+                "figure": f"recommended / default delivered throughput, {name}",
+                "value": fmt(_g(d, "compare", "median_ratio"), "×") if not d.get("error") else "error",
+                "spread": (f"rec {fmt(_g(d, 'recommended', 'median'), 'samples/s')}, default "
+                           f"{fmt(_g(d, 'default', 'median'), 'samples/s')} (medians, "
+                           f"{_g(d, 'compare', 'pairs')} pairs)") if not d.get("error") else str(d["error"])[:120],
+                "compared": f"default: {d.get('default_layout_text', '1 task × all CPUs, AUTOTUNE')}"})
+    return rows
+
+
+def _rows_streaming(r: dict) -> list[Row]:
+    rows = []
+    for key, s in (r.get("runs") or {}).items():
+        if s.get("error"):
+            rows.append({"figure": f"streaming efficiency, {key}", "value": "error",
+                         "spread": str(s["error"])[:120], "compared": ""})
+            continue
+        rows.append({
+            "figure": f"streaming efficiency, {key}",
+            "value": fmt(s.get("efficiency")),
+            "spread": (f"service {fmt(_g(s, 'service', 'median'), 'samples/s')} vs "
+                       f"standalone sum {fmt(_g(s, 'standalone_concurrent_sum', 'median'), 'samples/s')} "
+                       f"(medians of {_g(s, 'service', 'n')})"),
+            "compared": "tf.data service to the chief vs the same workers in-process, concurrently"})
+        if s.get("efficiency_vs_alone") is not None:
+            rows.append({"figure": f"streaming vs sum of rates measured alone, {key}",
+                         "value": fmt(s.get("efficiency_vs_alone")),
+                         "spread": f"sum alone {fmt(_g(s, 'standalone_alone_sum'), 'samples/s')}",
+                         "compared": "each worker measured alone on the host"})
+    return rows
+
+
+def _rows_shardplan(r: dict) -> list[Row]:
+    return [
+        {"figure": f"shard plan: {fmt(r.get('files'))} files onto {fmt(r.get('workers'))} workers",
+         "value": fmt(_g(r, "plan_s", "median"), "s"),
+         "spread": f"min {fmt(_g(r, 'plan_s', 'min'), 's')}, max {fmt(_g(r, 'plan_s', 'max'), 's')}, n={r.get('repeats')}",
+         "compared": (f"textbook heap LPT {fmt(r.get('reference_heap_lpt_s'), 's')}"
+                      if r.get("reference_heap_lpt_s") is not None else "requirement < 2 s")},
+        {"figure": "shard plan imbalance (max / mean worker bytes)", "value": fmt(r.get("imbalance"), digits=6),
+         "spread": f"max / lower bound {fmt(r.get('max_over_lower_bound'), digits=6)}",
+         "compared": "1.0 is perfect balance"},
+    ]
+
+
+def _rows_verify(r: dict) -> list[Row]:
+    rows = []
+    runs = r.get("runs") or r.get("results") or r.get("layouts")
+    items: list[tuple[str, Mapping]] = []
+    if isinstance(runs, Mapping):
+        items = [(str(k), v) for k, v in runs.items() if isinstance(v, Mapping)]
+    elif isinstance(runs, list):
+        for v in runs:
+            if isinstance(v, Mapping):
+                label = v.get("name") or v.get("label") or (f"{v.get('worker_nodes', v.get('nodes', '?'))} worker node(s)")
+                items.append((str(label), v))
+    for label, v in items:
+        err = v.get("error_pct", _g(v, "error_pct", "median"))
+        if isinstance(err, Mapping):
+            err = err.get("median")
+        pred = v.get("predicted_samples_per_sec")
+        meas = v.get("measured_samples_per_sec")
+        if isinstance(meas, Mapping):
+            meas = meas.get("median")
+        err_sp = v.get("error_pct") if isinstance(v.get("error_pct"), Mapping) else None
+        err_iqr = f"; error {_iqr_text(err_sp, '%')}" if err_sp and err_sp.get("n", 0) > 1 else ""
+        rows.append({"figure": f"prediction error, {label}",
+                     "value": fmt(err, "%") if err is not None else ("error" if v.get("error") else "—"),
+                     "spread": (f"predicted {fmt(pred, 'samples/s')}, measured {fmt(meas, 'samples/s')} (median)"
+                                f"{err_iqr}" if not v.get("error") else str(v.get("error"))[:120]),
+                     "compared": "cs_input_analyzer verify: predicted vs measured"})
+    if not rows:
+        rows = _rows_generic(r)
+    return rows
+
+
+def _rows_generic(r: dict) -> list[Row]:
+    rows = []
+    for k, v in r.items():
+        if k in ("meta", "machine") or isinstance(v, (dict, list)) or isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            rows.append({"figure": k, "value": fmt(v), "spread": "", "compared": ""})
+    return rows[:8]
+
+
+SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
+    "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
+    "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
+}
+
+#: Table order (numbers of the issue's list).
+ORDER = ["launch", "startup", "recommend", "verify", "streaming", "shardplan"]
+
+
+def load_results(results_dir: Path) -> dict[str, dict]:
+    """Every ``*.json`` of ``results_dir`` (not recursive) by file stem; a file that does
+    not parse is kept as ``{"error": "unreadable: ..."}``."""
+    out: dict[str, dict] = {}
+    for p in sorted(Path(results_dir).glob("*.json")):
+        try:
+            data = json.loads(p.read_text())
+            out[p.stem] = data if isinstance(data, dict) else {"error": "not a JSON object"}
+        except (OSError, ValueError) as exc:
+            out[p.stem] = {"error": f"unreadable: {exc}"}
+    return out
+
+
+def _sort_key(stem: str) -> tuple:
+    base = stem[:-len("_quick")] if stem.endswith("_quick") else stem
+    return (ORDER.index(base) if base in ORDER else len(ORDER), stem)
+
+
+def summary_rows(results: Mapping[str, dict]) -> list[dict]:
+    """Table rows from the result dicts by name: each row ``{"benchmark", "figure",
+    "value", "spread", "compared", "mode", "date"}``. A result with ``error`` gives one
+    error row; a summarizer that fails on an unexpected shape falls back to the result's
+    numeric top-level values."""
+    rows = []
+    for stem in sorted(results, key=_sort_key):
+        r = results[stem]
+        base = stem[:-len("_quick")] if stem.endswith("_quick") else stem
+        meta = r.get("meta") or {}
+        quick = meta.get("quick", stem.endswith("_quick"))
+        date = str(meta.get("date") or r.get("when") or "")[:10]
+        mode = "quick" if quick else "full"
+        if r.get("error"):
+            got = [{"figure": "(benchmark failed)", "value": "error", "spread": str(r["error"])[:160],
+                    "compared": ""}]
+        else:
+            try:
+                got = SUMMARIZERS.get(base, _rows_generic)(r)
+            except Exception as exc:  # noqa: BLE001 - a result of an older shape
+                got = _rows_generic(r) or [{"figure": "(unreadable result)", "value": "—",
+                                            "spread": f"{type(exc).__name__}: {exc}"[:160], "compared": ""}]
+        for g in got:
+            rows.append({"benchmark": stem, "mode": mode, "date": date, **g})
+    return rows
+
+
+def _cell(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table of :func:`summary_rows` rows."""
+    head = "| benchmark | figure | value | spread / detail | compared with | mode | date |"
+    sep = "|---|---|---:|---|---|---|---|"
+    lines = [head, sep]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r.get(k, "")) for k in
+                                        ("benchmark", "figure", "value", "spread", "compared", "mode", "date")) + " |")
+    if not rows:
+        lines.append("| (no results) | | | | | | |")
+    return "\n".join(lines)
+
+
+def machine_line(results: Mapping[str, dict]) -> str:
+    """One sentence naming the machine(s) the results came from (cores, pinned or not,
+    versions), from the results' metadata."""
+    seen = []
+    for r in results.values():
+        m = r.get("meta")
+        if not m:
+            continue
+        c = m.get("cluster") or {}
+        v = m.get("versions") or {}
+        s = (f"{m.get('host_cores')} host cores ({m.get('processor')}), test cluster of {c.get('nodes')} nodes × "
+             f"{c.get('node_cpus')} CPUs, nodes {'pinned to disjoint cores' if m.get('pinned') else 'NOT pinned (all nodes share the host cores)'}; "
+             f"Python {v.get('python')}, TensorFlow {v.get('tensorflow')}, {v.get('slurm')}")
+        if s not in seen:
+            seen.append(s)
+    loads = [float(x[0]) for r in results.values() for x in ((r.get("meta") or {}).get("loadavg"),
+                                                              (r.get("meta") or {}).get("loadavg_end")) if x]
+    text = "; ".join(seen) if seen else "no metadata in the result files"
+    if loads:
+        text += (f"; 1-min load average {min(loads):.1f}–{max(loads):.1f} at the benchmarks' starts and ends "
+                 f"(other jobs shared the machine)")
+    return text
+
+
+def generated_section(results: Mapping[str, dict], results_dir: str = "bench/results") -> str:
+    """The text between the table markers: provenance line, the machine and the table."""
+    return "\n".join([
+        TABLE_START,
+        f"<!-- generated by `python bench/run.py` from {results_dir}/*.json; do not edit by hand -->",
+        "",
+        f"Machine: {machine_line(results)}.",
+        "",
+        render_table(summary_rows(results)),
+        TABLE_END,
+    ])
+
+
+def update_markdown(path: Path, section: str) -> None:
+    """Replace the text between :data:`TABLE_START` and :data:`TABLE_END` in ``path`` with
+    ``section`` (which includes the markers); append it when the markers are missing;
+    create the file when it does not exist."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if TABLE_START in text and TABLE_END in text and text.index(TABLE_START) < text.index(TABLE_END):
+        a = text.index(TABLE_START)
+        b = text.index(TABLE_END) + len(TABLE_END)
+        text = text[:a] + section + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

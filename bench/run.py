@@ -1,0 +1,138 @@
+"""The one benchmark command: ``python bench/run.py [--quick] [--only NAME,...] [--results DIR]``.
+
+Runs every benchmark module's ``run(quick) -> dict`` in turn on the local Slurm test cluster
+(``slurm-test-cluster/cluster up`` first), writes ``<results>/<name>.json`` — the module's
+figures plus ``meta`` (host cores, the cluster's topology and whether its nodes are pinned,
+Python/TensorFlow/NumPy/Slurm versions, date, quick flag, git commit, load average, the
+benchmark's wall time) — then regenerates the table between the ``bench:table`` markers of
+the Markdown file from *all* the JSON files present in the results directory.
+
+Benchmarks (names for ``--only``), in order:
+
+====================  ==========================================================  =====
+name                  what                                                          issue
+====================  ==========================================================  =====
+``launch``            csrun_wse vs bare srun, same het layout, alternated pairs     1
+``startup``           csrun_wse --dry-run, cs_input_analyzer --help vs python       2
+``shardplan``         1,000,000 files onto 10,000 workers: time, imbalance          7
+``streaming``         tf.data service delivery vs the workers' standalone rates     6
+``recommend``         analyzer's layout vs exhaustive sweep; vs the default         3, 4
+``verify``            cs_input_analyzer verify: predicted vs measured               5
+====================  ==========================================================  =====
+
+A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
+run goes on; the exit status is 1 when any failed. ``--quick`` is a smoke test (seconds per
+benchmark for launch/startup/shardplan): its figures are not for comparison, and by default
+they go to ``bench/results/quick/`` so the recorded full results are never overwritten.
+
+Markdown: ``--markdown PATH``; default ``BENCHMARKS.md`` at the repository root when the
+results directory is ``bench/results``, else ``<results>/BENCHMARKS.md``; ``--no-markdown``
+skips it. ``--table-only`` regenerates the table from the files present, running nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for p in (str(REPO), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import common  # noqa: E402
+
+#: Benchmark name -> module in bench/ (each has ``run(quick: bool) -> dict``).
+BENCHMARKS = {
+    "launch": "bench_launch",
+    "startup": "bench_startup",
+    "shardplan": "bench_shardplan",
+    "streaming": "bench_streaming",
+    "recommend": "bench_recommend",
+    "verify": "bench_verify",
+}
+DEFAULT_RESULTS = HERE / "results"
+
+
+def run_one(name: str, quick: bool) -> dict:
+    """Import ``bench/<module>.py`` and return its ``run(quick)`` dict with ``meta`` added
+    (``meta.elapsed_s``: the benchmark's wall time in seconds). Any exception becomes
+    ``{"error": "<type>: <message>", "traceback": ...}``."""
+    meta = common.metadata(quick)
+    t0 = time.monotonic()
+    try:
+        mod = importlib.import_module(BENCHMARKS[name])
+        res = mod.run(quick=quick)
+        if not isinstance(res, dict):
+            raise TypeError(f"{BENCHMARKS[name]}.run returned {type(res).__name__}, not a dict")
+        res = dict(res)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, the run goes on
+        res = {"error": f"{type(exc).__name__}: {str(exc).strip()[:1000]}",
+               "traceback": traceback.format_exc()[-6000:]}
+    meta["elapsed_s"] = round(time.monotonic() - t0, 3)
+    meta["loadavg_end"] = common.metadata(quick)["loadavg"]
+    res["benchmark"] = name
+    res["meta"] = meta
+    return res
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke-test sizes (not for comparison)")
+    ap.add_argument("--only", default="", metavar="NAME,...",
+                    help=f"run only these benchmarks ({', '.join(BENCHMARKS)})")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="results directory [default: bench/results, bench/results/quick with --quick]")
+    ap.add_argument("--markdown", default=None, metavar="PATH",
+                    help="Markdown file whose table is regenerated [default: BENCHMARKS.md for bench/results, "
+                         "else DIR/BENCHMARKS.md]")
+    ap.add_argument("--no-markdown", action="store_true", help="do not regenerate any Markdown table")
+    ap.add_argument("--table-only", action="store_true", help="only regenerate the table from the files present")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
+    bad = [n for n in names if n not in BENCHMARKS]
+    if bad:
+        ap.error(f"--only {','.join(bad)}: unknown benchmark(s); choose from {', '.join(BENCHMARKS)}")
+    args.names = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    results_dir = Path(args.results).resolve() if args.results else (
+        DEFAULT_RESULTS / "quick" if args.quick else DEFAULT_RESULTS)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    failed = []
+    if not args.table_only:
+        for name in args.names:
+            print(f"bench: {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
+            res = run_one(name, args.quick)
+            common.write_json(results_dir / f"{name}.json", res)
+            status = f"error: {res['error'][:300]}" if res.get("error") else "ok"
+            if res.get("error"):
+                failed.append(name)
+            print(f"bench: {name}: {status} ({res['meta']['elapsed_s']:.1f} s) -> {results_dir / (name + '.json')}",
+                  file=sys.stderr, flush=True)
+    if not args.no_markdown:
+        md = Path(args.markdown) if args.markdown else (
+            REPO / "BENCHMARKS.md" if results_dir == DEFAULT_RESULTS.resolve() else results_dir / "BENCHMARKS.md")
+        results = common.load_results(results_dir)
+        try:
+            rel = str(results_dir.relative_to(REPO))
+        except ValueError:
+            rel = str(results_dir)
+        common.update_markdown(md, common.generated_section(results, rel))
+        print(f"bench: table of {len(results)} result file(s) written to {md}", file=sys.stderr)
+        print(common.render_table(common.summary_rows(results)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

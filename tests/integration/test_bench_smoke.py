@@ -1,0 +1,58 @@
+"""Smoke test of the benchmark harness on the Slurm test cluster (no timing assertions).
+
+Runs ``bench/run.py --quick --only launch,startup,shardplan`` into a temporary results
+directory and checks that every JSON file exists with the common metadata and its
+benchmark's figures, and that the Markdown table was generated from them.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.cluster
+
+REQUIRED = {
+    "launch": ["csrun_wse_s", "srun_s", "compare", "layout", "pairs"],
+    "startup": ["commands", "ratios", "paired"],
+    "shardplan": ["plan_s", "imbalance", "files", "workers"],
+}
+META = ["date", "quick", "host_cores", "pinned", "versions", "cluster", "elapsed_s"]
+
+
+def test_bench_quick_smoke(cli_env, tmp_path):
+    results = tmp_path / "results"
+    md = tmp_path / "BENCHMARKS.md"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--only", ",".join(REQUIRED),
+         "--results", str(results), "--markdown", str(md)],
+        cwd=str(REPO), env=cli_env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, keys in REQUIRED.items():
+        path = results / f"{name}.json"
+        assert path.is_file(), f"{path} missing; stderr: {proc.stderr[-2000:]}"
+        data = json.loads(path.read_text())
+        assert "error" not in data, data.get("error")
+        assert data["benchmark"] == name
+        for key in keys:
+            assert key in data, f"{name}.json lacks {key}"
+        for key in META:
+            assert key in data["meta"], f"{name}.json meta lacks {key}"
+        assert data["meta"]["quick"] is True
+        assert data["meta"]["versions"]["python"]
+        assert data["meta"]["versions"]["slurm"]
+    launch = json.loads((results / "launch.json").read_text())
+    assert launch["compare"]["pairs"] == launch["pairs"]
+    assert launch["srun_argv"][0] == "srun" and ":" in launch["srun_argv"]  # a het launch
+    startup = json.loads((results / "startup.json").read_text())
+    assert "python -c pass" in startup["commands"]
+    assert startup["commands"]["csrun_wse --dry-run"]["n"] >= 2
+    text = md.read_text()
+    assert "<!-- bench:table:start -->" in text and "<!-- bench:table:end -->" in text
+    for name in REQUIRED:
+        assert f"| {name} |" in text
