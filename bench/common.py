@@ -405,7 +405,10 @@ def _rows_recommend(r: dict) -> list[Row]:
         orc = p.get("oracle") or {}
         job = p.get("job_recommendation_quality") or {}
         ar = p.get("analyzer_recommendation") or {}
-        job_text = (f"; CLI's job layout {ar.get('nodes')} node(s) × {ar.get('tasks_per_node')}×{ar.get('cpus_per_task')}: "
+        anyb = p.get("oracle_any") or {}
+        over_text = (f"; rec = {fmt(p.get('quality_vs_any'))} of the oversubscribed {anyb.get('layout')}"
+                     if anyb.get("layout") and p.get("quality_vs_any") not in (None, p.get("quality")) else "")
+        job_text = over_text + (f"; CLI's job layout {ar.get('nodes')} node(s) × {ar.get('tasks_per_node')}×{ar.get('cpus_per_task')}: "
                     f"{fmt(job.get('quality'))} of oracle" if ar else "")
         layouts = sorted({f"{s.get('tasks')}x{s.get('cpus_per_task')}" for s in (p.get("sweep") or [])})
         rows.append({
