@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -180,21 +179,10 @@ def _wait(proc: subprocess.Popen, result: Path, timeout_s: float, grace_s: float
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop csrun_wse and its srun (SIGINT twice cancels an srun step), then kill the group."""
-    for sig in (signal.SIGINT, signal.SIGINT):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.3)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait(timeout=10)
+    """Stop csrun_wse and its srun step (see :func:`launcher.slurm.stop_process_group`)."""
+    from launcher.slurm import stop_process_group
+
+    stop_process_group(proc, grace=15.0)
 
 
 def render(res: dict) -> str:

@@ -20,7 +20,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -175,22 +174,11 @@ def time_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, t
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop a child started with ``start_new_session=True`` and everything in its process
-    group: SIGINT twice (srun: cancel the step), then SIGKILL after ``grace`` seconds."""
-    for sig in (signal.SIGINT, signal.SIGINT):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        time.sleep(0.3)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait(timeout=10)
+    """Stop a child started with ``start_new_session=True`` and its process group
+    (:func:`launcher.slurm.stop_process_group`)."""
+    from launcher.slurm import stop_process_group
+
+    stop_process_group(proc, grace)
 
 
 def venv_bin(name: str) -> str:

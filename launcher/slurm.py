@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -129,6 +128,26 @@ def run_foreground(argv: Sequence[str], env: Optional[dict] = None) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
     return 128 - rc if rc < 0 else rc
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a child started with ``start_new_session=True`` (a csrun_wse or srun) and its
+    whole process group: SIGINT twice (srun(1): two within a second cancel the step), then
+    SIGKILL after ``grace`` seconds. Used by ``cs_input_analyzer verify`` and the benchmarks."""
+    for sig in (signal.SIGINT, signal.SIGINT):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        time.sleep(0.3)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=10)
 
 
 def submit_batch(script: str, env: Optional[dict] = None) -> str:
