@@ -10,6 +10,7 @@ import sys
 
 
 def main() -> None:
+    """Exec ``json.loads(sys.argv[1])``; exit 127 when the program cannot be executed."""
     argv = json.loads(sys.argv[1])
     try:
         os.execvp(argv[0], argv)

@@ -199,6 +199,8 @@ class CpuRequest:
     job_name: str = "csrun_cpu"
 
     def allocation_options(self) -> list[str]:
+        """Resource options (shared by srun and ``#SBATCH``): one task on one node, all the
+        node's CPUs and ``--exclusive`` with ``alloc_node``, never the GRES node."""
         opts = _common(self.partition, self.account, self.job_name)
         cpus = self.node_cpus if self.alloc_node else self.cpus_per_task
         opts += ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
@@ -209,10 +211,13 @@ class CpuRequest:
         return opts
 
     def step_options(self) -> list[str]:
+        """Step options: failure policy, ``--pty`` for an interactive terminal (else
+        ``--unbuffered``), and the Pyxis container options."""
         opts = ["--kill-on-bad-exit=1", "--pty" if self.pty else "--unbuffered"]
         return opts + self.container.srun_options()
 
     def task_command(self) -> list[str]:
+        """The argv the task executes (container-wrapped, ``:``-safe)."""
         return self.container.wrap(protect_argv(self.command, self.python))
 
     def materialize_srun(self) -> list[str]:
@@ -220,6 +225,7 @@ class CpuRequest:
         return ["srun", *self.allocation_options(), *self.step_options(), *self.task_command()]
 
     def srun_line(self) -> str:
+        """One POSIX-shell line that reproduces the run."""
         return shlex.join(self.materialize_srun())
 
     def materialize_sbatch(self) -> str:

@@ -62,6 +62,7 @@ class JobLayout:
 
     @property
     def total_nodes(self) -> int:
+        """Nodes in the whole job (``--total-nodes``)."""
         return sum(c.nodes for c in self.components)
 
     @property
