@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fixtures.runtime import helpers
 
@@ -32,14 +31,7 @@ def analyzer(args, cwd, env, timeout=400):
 @pytest.fixture(scope="module")
 def images_params(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("images_cluster")
-    subprocess.run([sys.executable, str(IMAGES / "prepare_data.py"), "--out", str(tmp / "data"), "--shards", "8",
-                    "--stride", "32"], check=True, capture_output=True, timeout=300)
-    p = yaml.safe_load((IMAGES / "configs" / "params.yaml").read_text())
-    p["train_input"]["data_dir"] = str(tmp / "data")
-    p["eval_input"]["data_dir"] = str(tmp / "data")
-    p["runconfig"]["model_dir"] = str(tmp / "model_dir")
-    (tmp / "params.yaml").write_text(yaml.safe_dump(p))
-    return tmp
+    return helpers.images_params(tmp)
 
 
 def test_cluster_images_analysis_and_verify(images_params, cli_env):

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fixtures.runtime import helpers
 
@@ -39,14 +38,7 @@ def snapshot(d: Path) -> dict:
 def images(tmp_path_factory):
     """The images example's data in a temporary directory and a params file reading it."""
     tmp = tmp_path_factory.mktemp("images")
-    subprocess.run([sys.executable, str(IMAGES / "prepare_data.py"), "--out", str(tmp / "data"), "--shards", "8",
-                    "--stride", "32"], check=True, capture_output=True, timeout=300, env=ENV)
-    p = yaml.safe_load((IMAGES / "configs" / "params.yaml").read_text())
-    p["train_input"]["data_dir"] = str(tmp / "data")
-    p["eval_input"]["data_dir"] = str(tmp / "data")
-    p["runconfig"]["model_dir"] = str(tmp / "model_dir")
-    (tmp / "params.yaml").write_text(yaml.safe_dump(p))
-    return tmp
+    return helpers.images_params(tmp, env=ENV)
 
 
 @pytest.fixture(scope="module")
