@@ -191,22 +191,32 @@ def cluster_info(partition: str, exclude: str) -> dict[str, Any]:
 
 
 def _topology(info: Optional[dict], hellos: list[dict]) -> Optional[dict]:
-    """Host sharing for :func:`analyzer.recommend.predict_layout`: only hosts carrying several
-    nodes are kept; a probed host's cores are what the probe process saw (``cpu_count``)."""
+    """Host sharing for :func:`analyzer.recommend.predict_layout`: the hosts that carry
+    several nodes declaring more CPUs together than the host has (``cpu_count`` seen by the
+    probe processes on that host; the Slurm test cluster unpinned); nodes pinned to their
+    own CPUs of one host (``cluster up --pin``) are independent. ``None`` when none is
+    shared."""
     if not info:
         return None
     counts: dict[str, int] = {}
     for h in info["node_hosts"]:
         counts[h] = counts.get(h, 0) + 1
-    shared = {h for h, c in counts.items() if c > 1}
+    seen: dict[str, int] = {}
+    for hello in hellos:
+        if hello.get("host") and hello.get("cpu_count"):
+            seen[hello["host"]] = int(hello["cpu_count"])
+    cores = {}
+    for h, c in counts.items():
+        declared = info["host_cores"][h]
+        if c > 1 and h in seen and declared > seen[h]:
+            cores[h] = seen[h]
+        elif c > 1 and h not in seen:
+            cores[h] = declared  # not probed: what the nodes declare together
+    shared = {h for h, c in cores.items() if c < info["host_cores"][h]}
     if not shared:
         return None
-    cores = {h: info["host_cores"][h] for h in shared}
-    for hello in hellos:
-        if hello.get("host") in cores and hello.get("cpu_count"):
-            cores[hello["host"]] = min(cores[hello["host"]], int(hello["cpu_count"]))
-    return {"nodes": info["nodes"], "node_hosts": info["node_hosts"], "host_cores": cores,
-            "shared_hosts": sorted(shared)}
+    return {"nodes": info["nodes"], "node_hosts": info["node_hosts"],
+            "host_cores": {h: cores[h] for h in shared}, "shared_hosts": sorted(shared)}
 
 
 @dataclass
@@ -379,14 +389,16 @@ def build_report(base: dict, rows: list[dict], topology: Optional[dict]) -> dict
             f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
             f"{', '.join(topology['shared_hosts'])} with {', '.join(str(v) for v in topology['host_cores'].values())} "
             f"CPU(s): predictions cap the whole job by those cores"]
-    if ingest.get("samples_per_sec"):
+    if ingest.get("samples_per_sec") and not ingest.get("cpu_bound"):
         rep["notes"] = list(rep.get("notes") or []) + [
-            "the chief's ingest limit was measured with the tf.data service workers on the chief's node "
-            "(a conservative bound for dedicated nodes)"]
-    elif ingest.get("cpu_seconds_per_sample"):
+            "the chief's ingest probe left CPUs idle: its rate caps every layout with input workers "
+            "(a latency or GIL limit of the chief's stream)"]
+    if ingest.get("worker_hop_cpu_seconds_per_sample") is None and ingest.get("cpu_seconds_per_sample"):
         rep["notes"] = list(rep.get("notes") or []) + [
-            "no ingest probe ran: the service hop's CPU cost is a prior from the element size; "
-            "give a larger --time-budget to measure it"]
+            "no served probe ran: what serving costs the input workers is unknown (taken as 0) and the "
+            "chief's share is the whole hop" + ("" if ingest.get("samples_per_sec") else
+                                              " (a prior from the element size)")
+            + "; give a larger --time-budget to measure it"]
     return rep
 
 

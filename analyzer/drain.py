@@ -8,7 +8,7 @@ recommended layout. Per role (:func:`launcher.runtime.roles.resolve_role`, docs/
   tf.data service worker) until the chief is done;
 * the **chief** sets up what the runtime's chief sets up for training — the rendezvous, one
   dispatcher per input worker, the wait for their registrations
-  (:class:`launcher.runtime.runner._Chief`) and the merged stream
+  (:class:`launcher.runtime.runner.Chief`) and the merged stream
   (:class:`launcher.runtime.service.ServiceSource`), or the in-process pipeline
   (:class:`launcher.runtime.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker — but instead
@@ -195,7 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except RoleError as exc:
         print(f"drain: environment: {exc}", file=sys.stderr)
         return 2
-    runner._setup_logging("" if role.is_chief else f"[worker {role.worker_index} {role.node}] ")
+    runner.setup_logging("" if role.is_chief else f"[worker {role.worker_index} {role.node}] ")
     try:
         entry = load_entry(ns.run_py, args)
         resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))
@@ -208,7 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         _keep_worker_servers()
         return service.run_worker(role, resolved, entry.input_fn)
 
-    chief = runner._Chief(role, resolved, entry.input_fn, entry.model_fn, entry.eval_input_fn, t_proc)
+    chief = runner.Chief(role, resolved, entry.input_fn, entry.model_fn, entry.eval_input_fn, t_proc)
     rc = resolved.params["runconfig"]
     res: dict[str, Any]
     try:
@@ -223,7 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             chief.rdv.publish_dispatchers(addresses, {
                 "num_workers": role.num_workers, "mode": "train (drain)",
                 "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
-            registry = chief._wait_workers()
+            registry = chief.wait_workers()
             source = service.ServiceSource(chief.rdv, addresses, registry)
             _KEEP.append(source)
             import socket
@@ -232,16 +232,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                           if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
         else:
             ds, _spec, _bs = chief._check_train_input()
-            if role.cpus_per_task:
-                # Held to the task's CPUs as run_worker holds an input worker (and as the
-                # probes were): on a cluster that does not bind tasks to CPUs the in-process
-                # pipeline would otherwise use every core of the node.
-                import tensorflow as tf
-
-                if ds.options().threading.private_threadpool_size in (None, 0):
-                    opts = tf.data.Options()
-                    opts.threading.private_threadpool_size = int(role.cpus_per_task)
-                    ds = ds.with_options(opts)
+            # Held to the task's CPUs as run_worker holds an input worker and the runtime's
+            # chief its in-process pipeline (and as the probes were): on a cluster that does
+            # not bind tasks to CPUs the pipeline would otherwise use every core of the node.
+            ds = service.limit_threads(ds, role.cpus_per_task)
             source = service.LocalSource(ds)
             _KEEP.append(source)
             local_pids = []

@@ -48,6 +48,7 @@ PROBE_COLUMNS = [
     "cpu_seconds_per_sample", "read_bytes_per_sec", "disk_read_bytes_per_sec",
     "element_bytes_per_sec", "window_s", "warmup_s", "first_element_s", "elapsed_s",
     "started_at", "other_cores_busy", "contended", "samples_per_element",
+    "chief_cpu_seconds_per_sample", "worker_cpu_seconds_per_sample",
 ]
 
 #: Prior cost of the tf.data service hop (both ends, CPU-seconds) when no ingest probe ran:
@@ -283,24 +284,68 @@ def _rel_spread(df: pd.DataFrame, resid_rms: float) -> float:
     return max(MIN_REL_SPREAD, math.expm1(resid_rms))
 
 
-def ingest_limits(probes: pd.DataFrame) -> dict[str, Optional[float]]:
-    """The chief's measured ingest limit from ``kind == "ingest"`` probes.
+def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
+    """What the tf.data service costs, from the ``ingest`` and ``served`` probes.
 
-    Returns ``{"samples_per_sec": <samples/s the chief took from tf.data service workers
-    serving cached elements>, "cpu_seconds_per_sample": <CPU-seconds per sample of that
-    service hop, both ends>, "source"}``. Without a successful ingest probe the hop's cost
-    is a prior from the element size (:data:`HOP_ELEMENT_S`, :data:`HOP_BYTE_S`) and the rate
-    is ``None``; both ``None`` when nothing is known.
+    Returns a dict:
+
+    * ``samples_per_sec`` — samples/s the chief took from service workers serving cached
+      elements (the ingest probe), ``None`` when not measured;
+    * ``cpu_bound`` — the ingest probe kept its node's CPUs busy (≥ 85 %): its rate is then
+      a CPU limit of the node it ran on, which :func:`analyzer.recommend.predict_layout`
+      replaces by the chief's own CPU budget; otherwise (latency, the GIL) a fixed cap;
+    * ``cpu_seconds_per_sample`` — the service hop's CPU-seconds per sample on both ends
+      (ingest probe, else a prior from the element size: :data:`HOP_ELEMENT_S`,
+      :data:`HOP_BYTE_S`);
+    * ``chief_cpu_seconds_per_sample`` — the chief's CPU-seconds per sample taking the
+      stream (the served probe's chief process, else the ingest probe's), ``None`` unknown;
+    * ``worker_hop_cpu_seconds_per_sample`` — what serving adds to an input worker's
+      CPU-seconds per sample: the served probe's worker CPU per sample minus the pipeline
+      probes' at the same layout (``1 × C``), floored at 0; ``None`` without a served probe;
+    * ``source`` — where the figures come from.
     """
-    none = {"samples_per_sec": None, "cpu_seconds_per_sample": None, "source": "none"}
+    out: dict[str, Any] = {"samples_per_sec": None, "cpu_bound": False, "cpu_seconds_per_sample": None,
+                           "chief_cpu_seconds_per_sample": None, "worker_hop_cpu_seconds_per_sample": None,
+                           "source": "none"}
     if probes is None or len(probes) == 0 or "kind" not in probes:
-        return none
-    df = probes[(probes["kind"] == "ingest") & (probes["status"] == "ok")]
-    if df.empty:
-        return _hop_prior(probes) or none
-    k = pd.to_numeric(df["cpu_seconds_per_sample"], errors="coerce").dropna()
-    return {"samples_per_sec": float(df["samples_per_sec"].median()),
-            "cpu_seconds_per_sample": float(k.median()) if len(k) else None, "source": "ingest probe"}
+        return out
+    ok = probes[probes["status"] == "ok"]
+
+    def med(df: pd.DataFrame, col: str) -> Optional[float]:
+        if col not in df:
+            return None
+        v = pd.to_numeric(df[col], errors="coerce").dropna()
+        return float(v.median()) if len(v) else None
+
+    ing = ok[ok["kind"] == "ingest"]
+    srv = ok[ok["kind"] == "served"]
+    sources = []
+    if len(ing):
+        out["samples_per_sec"] = float(ing["samples_per_sec"].median())
+        util = med(ing, "cpu_util")
+        out["cpu_bound"] = util is not None and util >= 0.85
+        out["cpu_seconds_per_sample"] = med(ing, "cpu_seconds_per_sample")
+        out["chief_cpu_seconds_per_sample"] = med(ing, "chief_cpu_seconds_per_sample")
+        sources.append("ingest probe")
+    else:
+        prior = _hop_prior(probes)
+        if prior:
+            out["cpu_seconds_per_sample"] = prior["cpu_seconds_per_sample"]
+            sources.append(prior["source"])
+    if len(srv):
+        kc = med(srv, "chief_cpu_seconds_per_sample")
+        if kc is not None:
+            out["chief_cpu_seconds_per_sample"] = kc
+        kw = med(srv, "worker_cpu_seconds_per_sample")
+        pipe = _ok_pipeline(probes)
+        cpus = int(srv["cpus_per_task"].iloc[0])
+        same = pipe[(pipe["tasks"] == 1) & (pipe["cpus_per_task"] == cpus)]
+        kp = med(same, "cpu_seconds_per_sample")
+        if kw is not None and kp is not None:
+            out["worker_hop_cpu_seconds_per_sample"] = max(0.0, kw - kp)
+        sources.append("served probe")
+    out["source"] = ", ".join(sources) or "none"
+    return out
 
 
 def _hop_prior(probes: pd.DataFrame) -> Optional[dict]:

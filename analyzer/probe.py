@@ -10,7 +10,7 @@ One process of a probe. It loads the user's run.py in capture mode
   the run.py load are paid once per process, not once per probe), until an ``exit``
   command, a deadline or the loss of its parent.
 
-A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest", "tasks": T,
+A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest"|"served", "tasks": T,
 "cpus_per_task": C, "warmup_s", "measure_s", "barrier_timeout_s", "cache_elements"}`` is run
 by the processes with index ``< T`` (index: ``spec["index"]``, else ``$CSRUN_PROBE_INDEX``,
 else ``$SLURM_PROCID``); each pins all its threads to its own ``C`` CPUs
@@ -27,6 +27,12 @@ process 0 hosts the tf.data service dispatchers and drains the streams as the ru
 chief does, processes 1..T-1 are service workers serving the first ``cache_elements``
 elements of the pipeline from a cache — the rate and the CPU-seconds per sample of the
 service hop alone (with ``T == 1`` the worker servers live in the chief's process).
+
+``kind == "served"`` is the same split with the real pipeline: processes 1..T-1 serve
+``input_fn``'s dataset exactly as the runtime's input workers do (held to ``C`` CPUs each,
+pinned to their own CPUs where the node has them), process 0 drains it as the chief. Each
+process measures its own CPU, so the input workers' CPU-seconds per sample *with* the
+service (the pipeline plus serving its elements) and the chief's per sample are known apart.
 
 Results and the start-up record ``<workdir>/hello_<index>.json`` (pid, host, Slurm node,
 CPUs, load time, or the load error) are written atomically (temp file + rename). The
@@ -77,6 +83,21 @@ def cpus_for(index: int, cpus_per_task: int, allowed: list[int]) -> list[int]:
         return list(allowed)
     start = index * cpus_per_task
     return sorted({allowed[(start + j) % n] for j in range(cpus_per_task)})
+
+
+def probe_cpus(kind: str, index: int, tasks: int, cpus_per_task: int, allowed: list[int]) -> list[int]:
+    """CPUs process ``index`` of a probe is pinned to: a pipeline task its own
+    (:func:`cpus_for`); in a ``served`` probe, input worker ``i`` (index ``i ≥ 1``) the CPUs of
+    task ``i - 1`` and the chief (index 0) the CPUs no worker holds (all of them when the
+    workers hold every CPU); an ``ingest`` probe's processes share all allowed CPUs."""
+    if kind == "pipeline":
+        return cpus_for(index, cpus_per_task, allowed)
+    if kind == "served":
+        if index >= 1:
+            return cpus_for(index - 1, cpus_per_task, allowed)
+        held = {c for i in range(tasks - 1) for c in cpus_for(i, cpus_per_task, allowed)}
+        return [c for c in allowed if c not in held] or list(allowed)
+    return list(allowed)
 
 
 def samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
@@ -136,22 +157,18 @@ class Entry:
 
 def build_dataset(entry: Entry, cpus_per_task: int):
     """``input_fn(params)`` checked against the runtime's contract
-    (:func:`launcher.runtime.contract.check_dataset`), with the probe's threading options.
+    (:func:`launcher.runtime.contract.check_dataset`), held to ``cpus_per_task`` cores as
+    the runtime holds its input workers (:func:`launcher.runtime.service.limit_threads`).
 
     Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
     """
-    import tensorflow as tf
-
-    from launcher.runtime import contract
+    from launcher.runtime import contract, service
 
     ds = contract.call_input_fn(entry.input_fn, entry.params, "train")
     rep = contract.check_dataset(ds, "train")
     if rep.violations:
         raise ContractViolation("; ".join(rep.violations))
-    opts = tf.data.Options()
-    opts.threading.private_threadpool_size = int(cpus_per_task)
-    opts.threading.max_intra_op_parallelism = 1
-    return ds.with_options(opts)
+    return service.limit_threads(ds, cpus_per_task)
 
 
 class Counter:
@@ -210,7 +227,7 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
     warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
     barrier_timeout = float(cmd.get("barrier_timeout_s", 30.0))
     marker = Marker(workdir, int(cmd["seq"]), T)
-    cpus = cpus_for(index, C, allowed) if kind == "pipeline" else list(allowed)
+    cpus = probe_cpus(kind, index, T, C, allowed)
     pin_all_threads(cpus)
     res: dict[str, Any] = {"index": index, "cpus": cpus, "kind": kind, "tasks": T,
                            "cpus_per_task": C, "pid": os.getpid()}
@@ -221,10 +238,10 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
     if kind == "ingest" and T == 1:
         counter, servers = _ingest_counter(entry, C, cache, workdir)
         min_batches = 2 * 2 * cache  # every cached element served twice: the cache is full
-    elif kind == "ingest":
+    elif kind in ("ingest", "served"):
         counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
-                                        barrier_timeout)
-        min_batches = 2 * (T - 1) * cache if index == 0 else 2
+                                        barrier_timeout, cached=kind == "ingest")
+        min_batches = 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
     else:
         counter, servers = Counter(build_dataset(entry, C)), None
     pin_all_threads(cpus)
@@ -342,14 +359,15 @@ class IdleCounter:
 
 
 def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, seq: int, index: int,
-                 tasks: int, timeout_s: float):
-    """One process of a multi-process ingest probe: the runtime's chief/worker split with a
-    cached pipeline. Process 0 is the chief: one dispatcher per worker
+                 tasks: int, timeout_s: float, cached: bool = True):
+    """One process of a multi-process ingest or served probe: the runtime's chief/worker
+    split with a cached pipeline (``cached``) or the real one. Process 0 is the chief: one dispatcher per worker
     (:func:`launcher.runtime.service.start_dispatchers`), the addresses in
     ``<workdir>/ingest_<seq>.json``, and :class:`launcher.runtime.service.ServiceSource` reading
     the streams. Processes 1..T-1 are input workers: a ``WorkerServer`` attached to their
     dispatcher serving the first ``cache_elements`` elements of the pipeline from a cache,
-    wrapped and registered as :func:`launcher.runtime.service.run_worker` does. Every process
+    wrapped and registered as :func:`launcher.runtime.service.run_worker` does (with
+    ``cached=False``: the whole pipeline, repeated at its end). Every process
     measures its own CPU, so the probe's CPU-seconds per sample are the service hop's on both
     ends, each in its own process. Returns ``(counter, objects to keep alive)``.
     Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``."""
@@ -378,9 +396,10 @@ def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, se
             raise TimeoutError("the ingest probe's chief did not publish its dispatchers")
         time.sleep(POLL_S)
     address = json.loads(addr_file.read_text())["addresses"][index - 1]
-    ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
+    ds = build_dataset(entry, cpus)
+    ds = ds.take(max(1, cache_elements)).cache().repeat() if cached else ds.repeat()
     counter = [0]
-    ds = service._count_elements(ds, counter)
+    ds = service.count_elements(ds, counter)
     worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address="localhost:%port%",
                                                port=0, protocol="grpc", heartbeat_interval_ms=1000))
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None, dataset_id=service.DATASET_ID)
@@ -392,7 +411,7 @@ def _ingest_counter(entry: Entry, cpus: int, cache_elements: int, workdir: Path,
     """The chief's ingest path on cached elements: ``streams`` tf.data service dispatchers
     (:func:`launcher.runtime.service.start_dispatchers`), each with a worker in this process
     serving the first ``cache_elements`` elements of the pipeline from a cache, wrapped and
-    registered as the runtime's input workers do (``_count_elements``, ``compression=None``),
+    registered as the runtime's input workers do (``count_elements``, ``compression=None``),
     and read by :class:`launcher.runtime.service.ServiceSource` (a reader thread per stream
     and a merge queue). Its CPU-seconds per sample are the cost of the service hop on both
     ends. Returns the counter and what must stay referenced."""
@@ -408,7 +427,7 @@ def _ingest_counter(entry: Entry, cpus: int, cache_elements: int, workdir: Path,
         ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
         counter = [0]
         counters.append(counter)
-        ds = service._count_elements(ds, counter)
+        ds = service.count_elements(ds, counter)
         workers.append(svc.WorkerServer(svc.WorkerConfig(
             dispatcher_address=address, worker_address="localhost:%port%", port=0, protocol="grpc",
             heartbeat_interval_ms=1000)))

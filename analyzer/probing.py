@@ -11,7 +11,9 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 1. bracket the space: ``1 × n`` (one task, all CPUs), ``n × 1`` (all tasks, one CPU each),
    ``1 × 1``;
 2. measure the chief's ingest (tf.data service hops serving cached elements) once: it
-   caps every multi-node layout;
+   caps every multi-node layout; then one input worker serving the real pipeline to a
+   chief (``served``, 1 CPU): what serving costs the input workers and the chief per
+   sample, each measured in its own process;
 3. repeat the best layout once, so the spread is known early;
 4. if ``n × 1`` left the CPUs idle, oversubscribe (``M × 1`` with ``M > n``) to see
    whether throughput grows past the core count (I/O or latency bound);
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-PROBE_KIND, INGEST_KIND = "pipeline", "ingest"
+PROBE_KIND, INGEST_KIND, SERVED_KIND = "pipeline", "ingest", "served"
 #: A probe is *contended* when other processes kept more than this share of the node's CPUs
 #: busy during its window (a shared host); the planner measures it again.
 CONTENDED_CORES = 0.2
@@ -142,6 +144,8 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     # 2. the chief's ingest (it caps every multi-node layout: measure it early)
     if want_ingest and not any(r.get("kind") == INGEST_KIND for r in rows):
         return INGEST_KIND, 1, n
+    if want_ingest and max_tasks >= 2 and not any(r.get("kind") == SERVED_KIND for r in rows):
+        return SERVED_KIND, 2, 1
     # 2b. a bracket measured only while other processes were busy: measure it again
     clean = _clean_keys(rows)
     for key in dict.fromkeys([(1, n), (n, 1), (1, 1)]):
@@ -427,6 +431,11 @@ def summarize(kind: str, tasks: int, cpus: int, node_cpus: int, results: list[di
         row["contended"] = bool(row["other_cores_busy"] > CONTENDED_CORES * node_cpus)
     if not all(r.get("synchronized", True) for r in results):
         row["error"] = "windows not synchronized (a process was late to the barrier)"
+    if kind != PROBE_KIND and samples and len(results) >= 2:
+        # The chief (process 0) and the input workers measured their CPU apart.
+        chief_cpu = sum(float(r["cpu_seconds"]) for r in results if int(r.get("index", 0)) == 0)
+        row["chief_cpu_seconds_per_sample"] = chief_cpu / samples
+        row["worker_cpu_seconds_per_sample"] = (cpu_s - chief_cpu) / samples
     row["_elements_per_sec"] = sum(r["batches"] / r["window_s"] for r in results)
     batches = sum(int(r["batches"]) for r in results)
     if kind == PROBE_KIND and batches:
@@ -484,9 +493,10 @@ def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Ta
     bar = _Progress(budget_s, progress)
     tick = lambda: bar.update(time.monotonic() - t_start)  # noqa: E731
     session_no = 0
-    # Start with one process per CPU (the brackets need no more); a session with M
-    # processes is started only when an oversubscribed probe is worth its load time.
-    base_workers = max(1, min(n, M))
+    # Start with one process per CPU (the brackets need no more; the served probe needs
+    # two); a session with M processes is started only when an oversubscribed probe is
+    # worth its load time.
+    base_workers = max(1, min(n, M), 2 if want_ingest and M >= 2 else 1)
 
     def new_session(workers: int) -> ProbeSession:
         nonlocal session_no

@@ -8,12 +8,17 @@ nodes, shaped as :func:`launcher.layout.plan_layout` shapes it (docs/CONTRACT.md
 * ``S > 0``: node 1 runs the chief alone, nodes 2..S one input worker owning the node,
   nodes S+1..N ``T`` input workers each.
 
-The delivered rate (samples/s) is the sum of the workers' rates — nodes are independent,
-a node with ``T`` tasks of which ``w`` are workers delivers ``w / T`` of the node rate —
-capped by the chief's measured ingest limit and, where nodes share a physical host (the
-Slurm test cluster: several ``slurmd`` on one machine), by that host's cores: the host
-spends ``k`` CPU-seconds per sample on its workers plus ``k_hop`` per sample of the
-service hop on the chief.
+The delivered rate (samples/s) is the sum of the input workers' rates — a node with ``T``
+tasks of which ``w`` are workers delivers ``w / T`` of the probed node rate — limited by
+CPU *domains*: each node is one domain of ``T × C`` cores (its tasks' CPUs; ``n`` for a
+single-task node), or, where nodes share a physical host beyond its cores (the unpinned
+Slurm test cluster: several ``slurmd`` on one machine), that host is one domain of its
+cores. A domain's demand is, per delivered sample, the pipeline's CPU-seconds ``k`` at that
+layout plus what serving an element costs an input worker (``h``, the served probe) for
+its workers, and the chief's CPU-seconds per sample (``k_c``) where the chief runs; a
+domain over its cores scales its workers down until it fits (a chief-only domain caps the
+job at ``cores / k_c``). The chief's measured ingest rate caps the job too, unless that
+probe was CPU-bound (then the chief's own CPU budget is the limit, as just said).
 
 The choice: with a target, the layout whose interval's low end meets it with the fewest
 nodes, then the fewest reserved cores (``N × T × C``), then the highest rate (if none
@@ -58,25 +63,32 @@ def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, A
 def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
                    single_task_nodes: int = 0, ingest: Optional[dict] = None,
                    topology: Optional[dict] = None) -> dict[str, Any]:
-    """Predicted delivered samples/s of one csrun_wse layout.
+    """Predicted delivered samples/s of one csrun_wse layout (rules in the module docstring).
 
-    ``ingest``: :func:`analyzer.model.ingest_limits` output (``samples_per_sec`` cap of the
-    chief, ``cpu_seconds_per_sample`` of the service hop) or ``None``. ``topology``:
-    ``{"node_hosts": [host of node 1 (the chief's), host of worker node 2, ...],
-    "host_cores": {host: cores}}`` or ``None`` for independent nodes.
+    ``ingest``: :func:`analyzer.model.ingest_limits` output or ``None`` (no service costs
+    known: the workers' rates are summed). ``topology``: ``{"node_hosts": [host of node 1
+    (the chief's), host of worker node 2, ...], "host_cores": {host: cores}}`` for hosts
+    whose nodes share cores, or ``None`` for independent nodes.
 
     Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-    "input_workers", "predicted_samples_per_sec", "interval": [lo, hi], "workers_rate",
-    "limited_by": "input workers" | "chief ingest" | "shared host CPUs" | "in-process
-    pipeline", "per_node": [samples/s of each node's workers]}``.
+    "input_workers", "predicted_samples_per_sec", "interval": [lo, hi], "workers_rate"
+    (the workers' probed rates summed, before any limit), "limited_by": "input workers" |
+    "node CPUs (pipeline and serving)" | "chief ingest" | "shared host CPUs" | "in-process
+    pipeline",
+    "per_node": [samples/s delivered by each node's workers]}``.
     Raises ``ValueError`` for N < 1, T < 1, C < 1 or S outside [0, N).
     """
     N, T, C, S = int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes)
     if N < 1 or T < 1 or C < 1 or not (0 <= S < max(N, 1)) or (S and S >= N):
         raise ValueError(f"bad layout N={N} T={T} C={C} S={S}")
     ingest = ingest or {}
-    cap = ingest.get("samples_per_sec") or math.inf
-    k_hop = ingest.get("cpu_seconds_per_sample") or 0.0
+    k_c = ingest.get("chief_cpu_seconds_per_sample")
+    if k_c is None:
+        k_c = ingest.get("cpu_seconds_per_sample") or 0.0  # the whole hop, charged to the chief
+    h_w = ingest.get("worker_hop_cpu_seconds_per_sample") or 0.0
+    measured_cap = ingest.get("samples_per_sec") or math.inf
+    # A CPU-bound ingest probe measured its node's CPUs, which the chief's domain models.
+    cap = math.inf if (ingest.get("cpu_bound") and k_c > 0) else measured_cap
     base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S}
 
     if N == 1 and T == 1 and S == 0:
@@ -89,46 +101,72 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     plan = _nodes(model, N, T, C, S)
     workers = sum(p["workers"] for p in plan)
     raw = [p["rate"] for p in plan]
+    domains = _domains(plan, model.node_cpus, topology)
     scale = [1.0] * len(plan)
-    limited = "input workers"
-    if topology:
-        hosts = list(topology.get("node_hosts") or [])
-        cores = topology.get("host_cores") or {}
-        host_of = [hosts[i] if i < len(hosts) else f"__own_{i}" for i in range(len(plan))]
-        for _ in range(50):
-            rates = [r * s for r, s in zip(raw, scale)]
-            delivered = min(sum(rates), cap)
-            changed = False
-            for h in set(host_of):
-                H = cores.get(h)
-                if not H:
-                    continue
-                idx = [i for i, x in enumerate(host_of) if x == h]
-                demand = sum(rates[i] * plan[i]["k"] for i in idx)
-                if plan[0]["chief"] and host_of[0] == h:
-                    demand += delivered * k_hop
-                if demand > H * (1 + 1e-6):
-                    f = H / demand
-                    for i in idx:
-                        scale[i] *= f
-                    changed = True
-            if not changed:
-                break
-        if any(s < 0.999 for s in scale):
-            limited = "shared host CPUs"
+    chief_cap = math.inf
+    for _ in range(60):
+        rates = [r * s for r, s in zip(raw, scale)]
+        delivered = min(sum(rates), cap, chief_cap)
+        changed = False
+        for cores, idx in domains:
+            demand = sum(rates[i] * (plan[i]["k"] + h_w) for i in idx)
+            if 0 in idx and k_c > 0:
+                demand += delivered * k_c
+            if demand <= cores * (1 + 1e-6):
+                continue
+            if any(rates[i] > 0 for i in idx):
+                f = cores / demand
+                for i in idx:
+                    scale[i] *= f
+            else:  # the chief alone: its CPUs cap what it can take
+                chief_cap = min(chief_cap, cores / k_c)
+            changed = True
+        if not changed:
+            break
     rates = [r * s for r, s in zip(raw, scale)]
     wrate = sum(rates)
-    pred = min(wrate, cap)
-    if cap < wrate:
+    pred = min(wrate, cap, chief_cap)
+    if min(cap, chief_cap) < wrate * (1 - 1e-6):
         limited = "chief ingest"
-    # Relative spread of a sum of independent nodes: rate-weighted RMS (shrinks with N
-    # only when nodes are independent; kept conservative here: no 1/sqrt(N) shrink).
+    elif any(s < 0.999 for s in scale):
+        limited = "shared host CPUs" if topology else "node CPUs (pipeline and serving)"
+    else:
+        limited = "input workers"
+    # Relative spread of a sum of independent nodes: rate-weighted RMS (kept conservative:
+    # no 1/sqrt(N) shrink).
     rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, plan)) /
                     max(sum(r * r for r in rates), 1e-12)) if wrate > 0 else model.rel_spread
     rel = max(rel, model.rel_spread)
     return {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
             "interval": [pred * max(0.0, 1 - Z * rel), pred * (1 + Z * rel)],
-            "workers_rate": wrate, "limited_by": limited, "per_node": rates}
+            "workers_rate": sum(raw), "limited_by": limited, "per_node": rates}
+
+
+def _domains(plan: list[dict[str, Any]], node_cpus: int,
+             topology: Optional[dict]) -> list[tuple[float, list[int]]]:
+    """CPU domains ``[(cores, [plan indices])]``, the chief's (index 0) first: one per
+    node (``tasks × cpus`` cores, ``node_cpus`` for a single-task node), or one per shared
+    host from ``topology`` (its ``host_cores``)."""
+    if topology:
+        hosts = list(topology.get("node_hosts") or [])
+        cores = topology.get("host_cores") or {}
+        host_of = [hosts[i] if i < len(hosts) else f"__own_{i}" for i in range(len(plan))]
+        groups: dict[str, list[int]] = {}
+        for i, h in enumerate(host_of):
+            groups.setdefault(h, []).append(i)
+        out = []
+        for h, idx in groups.items():
+            c = cores.get(h)
+            if c:
+                out.append((float(c), idx))
+            else:
+                out += [(_node_cores(plan[i], node_cpus), [i]) for i in idx]
+        return sorted(out, key=lambda d: 0 if 0 in d[1] else 1)
+    return [(_node_cores(p, node_cpus), [i]) for i, p in enumerate(plan)]
+
+
+def _node_cores(p: dict[str, Any], node_cpus: int) -> float:
+    return float(min(p["tasks"] * p["cpus"], node_cpus))
 
 
 def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, int, int]]:

@@ -135,7 +135,12 @@ def render_text(report: dict) -> str:
     ing = report.get("ingest") or {}
     if ing.get("samples_per_sec"):
         lines.append(f"  - the chief ingests up to {_fmt_rate(ing['samples_per_sec'])} samples/s from a "
-                     f"tf.data service worker ({ing.get('cpu_seconds_per_sample', 0) * 1e3:.3f} CPU-ms per sample)")
+                     f"tf.data service worker ({(ing.get('cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per "
+                     f"sample, both ends{'; CPU-bound' if ing.get('cpu_bound') else ''})")
+    if ing.get("worker_hop_cpu_seconds_per_sample") is not None:
+        lines.append(f"  - serving the real pipeline through the tf.data service costs an input worker "
+                     f"{ing['worker_hop_cpu_seconds_per_sample'] * 1e3:.3f} CPU-ms per sample more and the "
+                     f"chief {(ing.get('chief_cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per sample")
     m = report.get("model") or {}
     if m:
         io = m.get("io_cap")

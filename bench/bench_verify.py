@@ -1,26 +1,30 @@
 """Benchmark 5: ``cs_input_analyzer verify`` — the analyzer's prediction against the rate the
-chief actually receives, on both examples (``examples/images``, ``examples/digits``).
+chief actually receives, on both examples (``examples/images``, ``examples/digits``), on a
+test cluster whose nodes are pinned to their own CPUs.
 
-For each example:
+The harness starts its own cluster beside the main one (``slurm-test-cluster/cluster up
+--nodes 2 --pin`` in a temporary directory, port 16917 or ``$CSRUN_PINNED_PORT``): node1
+(the chief's GRES node) and node2 (a CPU node) each hold their own host CPUs, so a node's
+input workers and the chief do not share cores, as on a real cluster. On a 2-core host that
+is 1 CPU per node. For each example:
 
 1. ``cs_input_analyzer --no-run-command --time-budget B python run.py --params ... --mode
-   validate_only --output <tmp>`` on the test cluster (probes on a CPU node via srun; B = 30 s
-   quick, 120 s (the default) full);
-2. ``cs_input_analyzer verify --report <tmp>`` for the recommended layout and for one layout
-   with input workers on two nodes (``--total-nodes 2 --tasks-per-node 2 --cpus-per-task 1``:
-   3 input workers streaming through the tf.data service to the chief); each verify launches
-   the layout with ``csrun_wse``, the chief only draining the stream (:mod:`analyzer.drain`)
-   for ``--seconds`` (5 quick, 15 full) after a warm-up. ``repeats`` verifies per layout
-   (1 quick, 3 full), before each the harness waits (at most 30 s) for the Slurm queue to be
-   empty.
+   validate_only --output <tmp>`` (probes on node2 via srun; B = 30 s quick, 120 s (the
+   default) full);
+2. ``cs_input_analyzer verify --report <tmp>`` for the recommended layout and for the
+   layout with input workers (``--total-nodes 2 --tasks-per-node 1 --cpus-per-task n``: one
+   input worker on node2 streaming through the tf.data service to the chief on node1),
+   unless that is the recommendation; each verify launches the layout with ``csrun_wse``,
+   the chief only draining the stream (:mod:`analyzer.drain`) for ``--seconds`` (5 quick,
+   15 full) after a warm-up. ``repeats`` verifies per layout (1 quick, 3 full).
 
 Figures per layout: the predicted samples/s and interval, the measured samples/s (median,
 IQR), the error ``100 × (measured − predicted) / predicted`` (median over repeats, and every
 value) and whether its median is within the target (±15 %); the other processes' CPU use
-on the host during each window (the test cluster's nodes share one host with other work).
-A window during which other processes kept ≥ 10 % of the host's CPUs busy is *disturbed*:
-full mode retries (up to 3 extra verifies) to collect ``repeats`` undisturbed windows, and
-the error over the undisturbed windows is reported beside the error over all of them.
+on the host during each window. A window during which other processes kept ≥ 10 % of the
+host's CPUs busy is *disturbed*: full mode retries (up to 3 extra verifies) to collect
+``repeats`` undisturbed windows, and the error over the undisturbed windows is reported
+beside the error over all of them.
 
 Run alone: ``python bench/bench_verify.py [--quick]`` writes ``bench/results/verify.json``
 (``bench/results/quick/verify.json`` with ``--quick``); ``bench/run.py --only verify`` does
@@ -29,6 +33,7 @@ the same through the harness.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -64,7 +69,13 @@ EXAMPLES = {
     "images": (REPO / "examples/images/run.py", ["--params", str(REPO / "examples/images/configs/params.yaml")]),
     "digits": (REPO / "examples/digits/run.py", ["--params", str(REPO / "examples/digits/configs/params.yaml")]),
 }
-WORKERS_LAYOUT = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1}
+#: slurmctld port of the bench's pinned cluster.
+PINNED_PORT = int(os.environ.get("CSRUN_PINNED_PORT", "16917"))
+
+
+def workers_layout(node_cpus: int) -> dict:
+    """One input-worker node (all its CPUs in one task) streaming to the chief on node1."""
+    return {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": int(node_cpus)}
 
 
 def _prepare_data(env: dict) -> None:
@@ -118,11 +129,11 @@ def run(quick: bool = False) -> dict:
     """Analyse both examples on the cluster and verify two layouts each (see the module
     docstring). Returns the figures (samples/s, %, seconds)."""
     budget, seconds, repeats = (30.0, 5.0, 1) if quick else (120.0, 15.0, 3)
-    env = common.slurm_env()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    _prepare_data(env)
     runs, analyses = [], {}
-    with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp, \
+            common.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        _prepare_data(env)
         for name in EXAMPLES:
             out = Path(tmp) / name
             try:
@@ -132,9 +143,10 @@ def run(quick: bool = False) -> dict:
                 runs.append({"name": f"{name}: analysis", "error": str(exc)[:300]})
                 continue
             rec = analyses[name]["recommendation"]
+            workers = workers_layout(analyses[name]["model"]["node_cpus"])
             layouts = [("recommended", None)]
-            if (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) != tuple(WORKERS_LAYOUT.values()):
-                layouts.append(("input workers", WORKERS_LAYOUT))
+            if (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) != tuple(workers.values()):
+                layouts.append(("input workers", workers))
             for label, layout in layouts:
                 vals = []
                 attempts = 0
@@ -180,7 +192,7 @@ def run(quick: bool = False) -> dict:
             "all_within_target_undisturbed": bool(runs) and all(r.get("within_target_undisturbed") for r in runs),
             "disturbed_share": DISTURBED_SHARE,
             "max_abs_error_pct": max((abs(m) for m in meds), default=None),
-            "budget_s": budget, "drain_seconds": seconds}
+            "budget_s": budget, "drain_seconds": seconds, "cluster": topology}
 
 
 if __name__ == "__main__":

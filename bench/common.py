@@ -14,6 +14,7 @@ unit tests import it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -196,6 +197,26 @@ def slurm_env() -> dict:
         env["SLURM_CONF"] = str(conf)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+@contextlib.contextmanager
+def pinned_cluster(directory: Path, port: int = 16917, nodes: int = 2):
+    """A second Slurm test cluster of ``nodes`` nodes each pinned to its own host CPUs
+    (``slurm-test-cluster/cluster up --nodes N --pin``) in ``directory`` and on ``port``,
+    beside the main one; stopped on exit. Yields ``(env, topology)``: the environment for
+    its Slurm commands (``SLURM_CONF`` set) and its ``etc/topology`` (:func:`read_topology`).
+    Raises ``RuntimeError`` when it cannot start (e.g. fewer host CPUs than nodes)."""
+    env = slurm_env()
+    env.update(CSRUN_CLUSTER_DIR=str(directory), CSRUN_CLUSTER_PORT=str(port))
+    env["SLURM_CONF"] = str(Path(directory) / "etc" / "slurm.conf")
+    script = str(CLUSTER / "cluster")
+    p = subprocess.run([script, "up", "--nodes", str(nodes), "--pin"], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"pinned cluster: {(p.stderr or p.stdout).strip()[-300:]}")
+    try:
+        yield env, read_topology(Path(directory) / "etc" / "topology")
+    finally:
+        subprocess.run([script, "down"], capture_output=True, text=True, env=env)
 
 
 def others_jobs(env: Optional[Mapping[str, str]] = None) -> int:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from typing import Iterator
+
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,3 +49,28 @@ def slurm_cluster() -> dict:
 def cli_env(slurm_cluster) -> dict:
     """Environment for running csrun CLIs as subprocesses against the test cluster."""
     return dict(slurm_cluster["env"])
+
+
+#: slurmctld port of the pinned cluster (its slurmd ports follow); the main cluster's is 16817.
+PINNED_PORT = os.environ.get("CSRUN_PINNED_PORT", "16917")
+
+
+@pytest.fixture(scope="session")
+def pinned_cluster(tmp_path_factory) -> Iterator[dict]:
+    """A second test cluster of 2 nodes, each pinned to its own host CPUs
+    (``cluster up --nodes 2 --pin``: node1 the chief's GRES node, node2 a CPU node), in its
+    own directory and port beside the main one; stopped at the end of the session.
+    Returns ``{"conf": Path, "env": dict}`` (``SLURM_CONF`` set in ``env`` only)."""
+    if not (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists()):
+        pytest.skip("Slurm is not installed here: run scripts/setup.sh")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("pinning 2 nodes needs 2 host CPUs")
+    env = dict(os.environ)
+    env.update(CSRUN_CLUSTER_DIR=str(tmp_path_factory.mktemp("pinned_cluster")), CSRUN_CLUSTER_PORT=PINNED_PORT)
+    proc = subprocess.run([str(CLUSTER), "up", "--nodes", "2", "--pin"], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"pinned cluster up failed:\n{proc.stdout}\n{proc.stderr}")
+    env["SLURM_CONF"] = str(Path(env["CSRUN_CLUSTER_DIR"]) / "etc" / "slurm.conf")
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    yield {"conf": Path(env["SLURM_CONF"]), "env": env}
+    subprocess.run([str(CLUSTER), "down"], capture_output=True, text=True, env=env)

@@ -57,7 +57,7 @@ def _process_start_time() -> float:
         return time.time()
 
 
-def _setup_logging(prefix: str = "", level: str = "INFO") -> None:
+def setup_logging(prefix: str = "", level: str = "INFO") -> None:
     """Log to stderr as ``LEVEL:csrun:<prefix><message>`` (seed 003 message bodies)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"%(levelname)s:csrun:{prefix}%(message)s"))
@@ -127,18 +127,18 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
     try:
         role = resolve_role(env)
     except RoleError as e:
-        _setup_logging()
+        setup_logging()
         log.error("environment: %s", e)
         return 2
     prefix = "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
-    _setup_logging(prefix)
+    setup_logging(prefix)
     try:
         resolved = resolve_params(argv, run_py=run_py)
     except ParamsError as e:
         for p in e.problems:
             log.error("%s", p)
         return 2
-    _setup_logging(prefix, resolved.params["runconfig"]["logging"])
+    setup_logging(prefix, resolved.params["runconfig"]["logging"])
     if role.is_chief:
         for w in resolved.warnings:
             log.warning("%s", w)
@@ -149,11 +149,17 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         except Exception:  # noqa: BLE001
             log.exception("input worker failed")
             return 1
-    return _Chief(role, resolved, input_fn, model_fn, eval_input_fn, t_proc).run()
+    return Chief(role, resolved, input_fn, model_fn, eval_input_fn, t_proc).run()
 
 
-class _Chief:
-    """The chief task (also single-process mode)."""
+class Chief:
+    """The chief task (also single-process mode): validates, compiles or trains on the
+    merged stream of the input workers (or the in-process pipeline when there are none).
+
+    ``run()`` returns the exit code (0 ok, 1 failure, 2 refused: contract or params).
+    :mod:`analyzer.drain` reuses it for the rendezvous (:meth:`wait_workers`) without
+    training.
+    """
 
     def __init__(self, role: Role, resolved: Resolved, input_fn, model_fn, eval_input_fn,
                  t_proc: float):
@@ -454,8 +460,6 @@ class _Chief:
         return 0
 
     def _train_eval(self) -> int:
-        import tensorflow as tf
-
         training = self.mode in TRAIN_MODES
         evaluating = self.mode in ("eval", "train_and_eval")
         ds = spec = batch_size = None
@@ -488,7 +492,7 @@ class _Chief:
         write_params_yaml(self.model_dir, self.params, "train")
         if training and self.num_workers > 0:
             from .service import ServiceSource
-            registry = self._wait_workers()
+            registry = self.wait_workers()
             source = ServiceSource(self.rdv, addresses, registry)
         else:
             from .service import LocalSource, limit_threads
@@ -496,7 +500,11 @@ class _Chief:
         self._train(model, step_var, mgr, source, batch_size, evaluating)
         return 0
 
-    def _wait_workers(self) -> Dict[int, Dict[str, Any]]:
+    def wait_workers(self) -> Dict[int, Dict[str, Any]]:
+        """Wait until every input worker registered ``status: ok`` in the rendezvous; returns
+        ``{worker index: registration}``. Raises ``_Refused`` (a worker's contract
+        violations) or :class:`launcher.runtime.service.InputStalled` after
+        ``runconfig.worker_start_timeout_secs`` seconds."""
         from .service import InputStalled
 
         timeout = float(self.rc["worker_start_timeout_secs"])

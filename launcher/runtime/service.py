@@ -349,7 +349,7 @@ class ServiceSource:
 
 
 # --------------------------------------------------------------------------- worker side
-def _count_elements(ds: Any, counter: List[int]) -> Any:
+def count_elements(ds: Any, counter: List[int]) -> Any:
     """Wrap ``ds`` so that every element produced increments ``counter[0]`` (in this process:
     the dataset is executed by the WorkerServer that lives in the same process)."""
     import numpy as np
@@ -369,17 +369,25 @@ def _count_elements(ds: Any, counter: List[int]) -> Any:
 
 
 def limit_threads(ds: Any, cpus_per_task: Optional[int]) -> Any:
-    """Hold a dataset to ``cpus_per_task`` cores (tf.data private threadpool of that size)
-    unless the input_fn chose a threadpool itself; unchanged when ``cpus_per_task`` is None."""
+    """Hold a dataset to ``cpus_per_task`` cores: a tf.data private threadpool of that size
+    and ``max_intra_op_parallelism = 1`` (each op single-threaded; the threadpool gives the
+    parallelism), each unless the input_fn set it itself. Unchanged when ``cpus_per_task``
+    is None. The analyzer's probes build their datasets with this same function, so a
+    probe measures the pipeline the input workers run."""
     if not cpus_per_task:
         return ds
     import tensorflow as tf
 
-    if ds.options().threading.private_threadpool_size not in (None, 0):
-        return ds
+    cur = ds.options().threading
     opts = tf.data.Options()
-    opts.threading.private_threadpool_size = int(cpus_per_task)
-    return ds.with_options(opts)
+    changed = False
+    if cur.private_threadpool_size in (None, 0):
+        opts.threading.private_threadpool_size = int(cpus_per_task)
+        changed = True
+    if cur.max_intra_op_parallelism is None:
+        opts.threading.max_intra_op_parallelism = 1
+        changed = True
+    return ds.with_options(opts) if changed else ds
 
 
 def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
@@ -484,7 +492,7 @@ def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
     batch_size = rep.info["train_input"]["batch_size"]
     ds = limit_threads(ds, role.cpus_per_task)
     counter = [0]
-    ds = _count_elements(ds, counter)
+    ds = count_elements(ds, counter)
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None,
                          dataset_id=DATASET_ID)
     worker_address = getattr(server, "_address", None)

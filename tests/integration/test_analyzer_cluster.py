@@ -89,3 +89,31 @@ def test_cluster_verify_py_function_pipeline_leaves_cleanly(tmp_path, cli_env):
     res = json.loads((tmp_path / "ana" / "verify.json").read_text())
     assert res["exit_status"] == 0, res
     assert res["drain"]["num_workers"] == 3
+
+
+def test_pinned_cluster_serving_cost_and_verify(tmp_path, pinned_cluster):
+    """On nodes pinned to their own CPUs the analyzer sees independent nodes, measures what
+    serving the stream costs (the served probe: one input worker and a chief, each
+    process's CPU apart) and verify launches one input-worker node streaming to the chief."""
+    env = pinned_cluster["env"]
+    data = helpers.prepare_digits(tmp_path / "data")
+    params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
+    p = analyzer(["--time-budget", "60", "--no-run-command", "--output", str(tmp_path / "ana"),
+                  "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
+                  "--mode", "validate_only"], cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rep = json.loads((tmp_path / "ana" / "report.json").read_text())
+    assert rep["topology"] is None  # pinned: no host shared beyond its cores
+    assert rep["probed_on"]["node"] == "node2"
+    served = [r for r in rep["probes"] if r["kind"] == "served" and r["status"] == "ok"]
+    assert served, [(r["kind"], r["status"], r.get("error")) for r in rep["probes"]]
+    assert served[0]["worker_cpu_seconds_per_sample"] > 0 and served[0]["chief_cpu_seconds_per_sample"] > 0
+    assert rep["ingest"]["worker_hop_cpu_seconds_per_sample"] is not None
+    n = rep["model"]["node_cpus"]
+    v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
+                  "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", str(n)], cwd=tmp_path, env=env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    res = json.loads((tmp_path / "ana" / "verify.json").read_text())
+    assert res["drain"]["num_workers"] == 1 and res["drain"]["node"] == "node1"
+    assert res["measured_samples_per_sec"] > 0 and res["error_pct"] is not None
+    assert res["limited_by"] in ("input workers", "node CPUs (pipeline and serving)", "chief ingest")

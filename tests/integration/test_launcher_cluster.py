@@ -6,7 +6,6 @@ group, rank, role, CPUs, argv) to a JSON file; the tests read those files.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -156,4 +156,5 @@ def test_hop_prior_without_ingest_probe():
                                              "status": "ok", "samples_per_sec": 3000.0,
                                              "cpu_seconds_per_sample": 3e-4}])], ignore_index=True)
     assert M.ingest_limits(measured) == {"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 3e-4,
-                                         "source": "ingest probe"}
+                                         "cpu_bound": False, "chief_cpu_seconds_per_sample": None,
+                                         "worker_hop_cpu_seconds_per_sample": None, "source": "ingest probe"}

@@ -32,20 +32,24 @@ def test_brackets_come_first_then_ingest_then_a_repeat():
     assert seen == [("pipeline", 1, 4), ("pipeline", 4, 1), ("pipeline", 1, 1)]
     assert P.next_probe(rows, 4, 8) == ("ingest", 1, 4)
     rows.append(row(1, 4, 5000.0, kind="ingest"))
+    assert P.next_probe(rows, 4, 8) == ("served", 2, 1)  # one worker serving the real pipeline
+    assert P.next_probe(rows, 4, 1) == ("pipeline", 4, 1)  # a single process cannot serve a chief
+    rows.append(row(2, 1, 90.0, kind="served"))
     assert P.next_probe(rows, 4, 8) == ("pipeline", 4, 1)  # repeat the best
     assert P.next_probe(rows[:3], 4, 8, want_ingest=False) == ("pipeline", 4, 1)
 
 
 def test_oversubscription_only_when_cpus_idle():
     rows = [row(1, 2, 10.0, 0.05), row(2, 1, 20.0, 0.06), row(1, 1, 10.0, 0.05), row(2, 1, 20.0, 0.06),
-            row(1, 2, 1e4, kind="ingest")]
+            row(1, 2, 1e4, kind="ingest"), row(2, 1, 9.0, kind="served")]
     assert P.next_probe(rows, 2, 4) == ("pipeline", 4, 1)
     busy = [dict(r, cpu_util=0.99) for r in rows]
     assert P.next_probe(busy, 2, 4) != ("pipeline", 4, 1)
 
 
 def test_contended_bracket_is_measured_again():
-    rows = [row(1, 2, 100.0, contended=True), row(2, 1, 200.0), row(1, 1, 100.0), row(1, 2, 1e4, kind="ingest")]
+    rows = [row(1, 2, 100.0, contended=True), row(2, 1, 200.0), row(1, 1, 100.0), row(1, 2, 1e4, kind="ingest"),
+            row(2, 1, 90.0, kind="served")]
     assert P.next_probe(rows, 2, 4) == ("pipeline", 1, 2)
 
 
@@ -54,6 +58,7 @@ def test_planner_stops_when_everything_is_known():
     for t, c, rate in [(1, 2, 190.0), (2, 1, 200.0), (1, 1, 100.0)]:
         rows += [row(t, c, rate)] * 3
     rows.append(row(1, 2, 1e4, kind="ingest"))
+    rows.append(row(2, 1, 95.0, kind="served"))
     assert P.next_probe(rows, 2, 2) is None
 
 
@@ -79,8 +84,30 @@ def test_summarize_sums_rates_and_cpu():
     assert r["other_cores_busy"] == pytest.approx(0.1)
     assert r["contended"] is False
     assert r["task_rate_min"] == 100.0 and r["first_element_s"] == 0.3
+    assert "chief_cpu_seconds_per_sample" not in r  # a pipeline probe has no chief
     failed = P.summarize("pipeline", 2, 1, 2, [], "timeout", "no result", 0.0, 5.0, 1.0, "node2", 8)
     assert failed["status"] == "timeout" and math.isnan(failed["samples_per_sec"])
+
+
+def test_summarize_served_splits_chief_and_worker_cpu():
+    chief = {"index": 0, "samples_per_sec": 500.0, "window_s": 2.0, "cpu_seconds": 0.2, "samples": 1000,
+             "batches": 31, "host_busy_cores": 1.0}
+    worker = {"index": 1, "samples_per_sec": 0.0, "window_s": 2.0, "cpu_seconds": 1.8, "samples": 0,
+              "batches": 200, "host_busy_cores": 1.0}
+    r = P.summarize("served", 2, 1, 1, [chief, worker], "ok", "", 0.0, 5.0, 1.0, "node2", 3)
+    assert r["samples_per_sec"] == pytest.approx(500.0)
+    assert r["chief_cpu_seconds_per_sample"] == pytest.approx(0.2 / 1000)
+    assert r["worker_cpu_seconds_per_sample"] == pytest.approx(1.8 / 1000)
+
+
+def test_served_probe_pins_workers_apart_from_the_chief():
+    from analyzer.probe import probe_cpus
+
+    assert probe_cpus("served", 1, 2, 1, [0, 1, 2, 3]) == [0]
+    assert probe_cpus("served", 0, 2, 1, [0, 1, 2, 3]) == [1, 2, 3]
+    assert probe_cpus("served", 0, 2, 1, [5]) == [5] and probe_cpus("served", 1, 2, 1, [5]) == [5]
+    assert probe_cpus("ingest", 1, 3, 2, [0, 1]) == [0, 1]
+    assert probe_cpus("pipeline", 1, 2, 1, [0, 1]) == [1]
 
 
 def test_timing_scales_with_budget():

@@ -57,6 +57,49 @@ def test_shared_host_caps_by_its_cores():
     assert free["predicted_samples_per_sec"] > 4 * pr["predicted_samples_per_sec"]
 
 
+def test_serving_cost_slows_a_cpu_bound_worker_node():
+    # Pinned test cluster, images: 1 CPU per node, pipeline 0.725 ms/sample on a saturated
+    # CPU; serving adds 0.29 ms/sample on the worker, 0.16 ms/sample on the chief.
+    m = node_model(n=1, r1=1380.0, p=1.0, k=0.725e-3)
+    ing = {"samples_per_sec": 3500.0, "cpu_bound": True, "cpu_seconds_per_sample": 0.28e-3,
+           "chief_cpu_seconds_per_sample": 0.16e-3, "worker_hop_cpu_seconds_per_sample": 0.29e-3}
+    pr = R.predict_layout(m, 2, 1, 1, ingest=ing)
+    assert pr["predicted_samples_per_sec"] == pytest.approx(1 / (0.725e-3 + 0.29e-3), rel=1e-3)
+    assert pr["limited_by"] == "node CPUs (pipeline and serving)"
+    assert pr["workers_rate"] == pytest.approx(1380.0, rel=1e-3)
+    # without a served probe the workers deliver their probed rate
+    bare = R.predict_layout(m, 2, 1, 1, ingest={k: v for k, v in ing.items()
+                                                if k != "worker_hop_cpu_seconds_per_sample"})
+    assert bare["predicted_samples_per_sec"] == pytest.approx(1380.0, rel=1e-3)
+    # the in-process pipeline (no service) beats one worker node here: it is the choice
+    rec = R.recommend(m, 2, ingest=ing)
+    assert (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) == (1, 1, 1)
+
+
+def test_serving_cost_leaves_an_idle_serial_pipeline_alone():
+    # A GIL-bound pipeline keeps 1 of 4 CPUs busy: serving runs on the idle ones.
+    m = node_model(n=4, r1=500.0, p=0.0, k=0.5e-3, measured={"1x4": {"mean": 500.0, "std": 0.0, "count": 3,
+                                                                       "cores_used": 0.25}})
+    ing = {"chief_cpu_seconds_per_sample": 1e-5, "worker_hop_cpu_seconds_per_sample": 1e-4}
+    pr = R.predict_layout(m, 3, 1, 4, ingest=ing)
+    assert pr["predicted_samples_per_sec"] == pytest.approx(2 * 500.0)
+    assert pr["limited_by"] == "input workers"
+
+
+def test_chief_cpus_cap_many_worker_nodes():
+    # Chief alone on its node (S = 1, 2 CPUs), 0.1 ms/sample to take the stream: 20,000/s.
+    m = node_model(n=2, r1=5000.0, p=1.0, k=0.2e-3)
+    ing = {"samples_per_sec": 12000.0, "cpu_bound": True, "chief_cpu_seconds_per_sample": 1e-4,
+           "worker_hop_cpu_seconds_per_sample": 0.0}
+    pr = R.predict_layout(m, 9, 1, 2, single_task_nodes=1, ingest=ing)
+    assert pr["workers_rate"] == pytest.approx(8 * 10000.0)
+    assert pr["predicted_samples_per_sec"] == pytest.approx(2 / 1e-4)
+    assert pr["limited_by"] == "chief ingest"
+    # an ingest probe that left its CPUs idle is a fixed cap (latency, the GIL)
+    capped = R.predict_layout(m, 9, 1, 2, single_task_nodes=1, ingest=dict(ing, cpu_bound=False))
+    assert capped["predicted_samples_per_sec"] == pytest.approx(12000.0)
+
+
 def test_target_fewest_nodes_then_fewest_cores():
     m = node_model(n=4, r1=1000.0, p=1.0)  # perfectly parallel: rate = 1000 x cores
     rec = R.recommend(m, available_nodes=4, target=5000.0)

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from analyzer import analyze as A
 from analyzer import report as RP

@@ -126,7 +126,7 @@ def test_few_files_warns_and_replicates(data, tmp_path):
     r = run(["shard-plan", str(data), "--workers", "10", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "warning [FEW_FILES]: 6 file(s) for 10 input workers" in r.output
-    assert f"fix: reshard into k × 10 files" in r.output and "--num-shards 10" in r.output
+    assert "fix: reshard into k × 10 files" in r.output and "--num-shards 10" in r.output
     plan = schema.load_plan(out)
     assert plan["mode"] == "replicate" and len({w["seed"] for w in plan["workers"]}) == 10
 
