@@ -13,7 +13,8 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 2. measure the chief's ingest (tf.data service hops serving cached elements) once: it
    caps every multi-node layout; then one input worker serving the real pipeline to a
    chief (``served``, 1 CPU): what serving costs the input workers and the chief per
-   sample, each measured in its own process;
+   sample, each measured in its own process (repeated once after step 4 and once more
+   before stopping: the model takes the medians);
 3. repeat the best layout once, so the spread is known early;
 4. if ``n × 1`` left the CPUs idle, oversubscribe (``M × 1`` with ``M > n``) to see
    whether throughput grows past the core count (I/O or latency bound);
@@ -160,6 +161,11 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     util_all = st.get((n, 1), {}).get("util", math.nan)
     if over and over[0] not in attempted and not _isnan(util_all) and util_all < 0.8:
         return PROBE_KIND, over[0][0], over[0][1]
+    # 4b. a second served probe: its worker and chief costs are single windows otherwise
+    served = sum(1 for r in rows if r.get("kind") == SERVED_KIND)
+    served_ok = want_ingest and max_tasks >= 2
+    if served_ok and served < 2:
+        return SERVED_KIND, 2, 1
     # 5. refine where the curve bends / repeat the best
     rank = predict or (lambda t, c: float(t * c))
     unmeasured = [c for c in inside if c not in attempted]
@@ -176,6 +182,8 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     if unmeasured:
         k = max(unmeasured, key=lambda c: rank(*c))
         return PROBE_KIND, k[0], k[1]
+    if served_ok and served < 3:
+        return SERVED_KIND, 2, 1
     noisy = [k for k in top if not _isnan(st[k]["cv"]) and st[k]["cv"] > 0.05 and attempted.get(k, 0) < 6]
     if noisy:
         k = max(noisy, key=lambda k: st[k]["cv"])

@@ -36,12 +36,14 @@ def test_brackets_come_first_then_ingest_then_a_repeat():
     assert P.next_probe(rows, 4, 1) == ("pipeline", 4, 1)  # a single process cannot serve a chief
     rows.append(row(2, 1, 90.0, kind="served"))
     assert P.next_probe(rows, 4, 8) == ("pipeline", 4, 1)  # repeat the best
+    rows.append(row(4, 1, 175.0))
+    assert P.next_probe(rows, 4, 8) == ("served", 2, 1)  # the served probe's second window
     assert P.next_probe(rows[:3], 4, 8, want_ingest=False) == ("pipeline", 4, 1)
 
 
 def test_oversubscription_only_when_cpus_idle():
     rows = [row(1, 2, 10.0, 0.05), row(2, 1, 20.0, 0.06), row(1, 1, 10.0, 0.05), row(2, 1, 20.0, 0.06),
-            row(1, 2, 1e4, kind="ingest"), row(2, 1, 9.0, kind="served")]
+            row(1, 2, 1e4, kind="ingest"), row(2, 1, 9.0, kind="served"), row(2, 1, 9.0, kind="served")]
     assert P.next_probe(rows, 2, 4) == ("pipeline", 4, 1)
     busy = [dict(r, cpu_util=0.99) for r in rows]
     assert P.next_probe(busy, 2, 4) != ("pipeline", 4, 1)
@@ -49,7 +51,7 @@ def test_oversubscription_only_when_cpus_idle():
 
 def test_contended_bracket_is_measured_again():
     rows = [row(1, 2, 100.0, contended=True), row(2, 1, 200.0), row(1, 1, 100.0), row(1, 2, 1e4, kind="ingest"),
-            row(2, 1, 90.0, kind="served")]
+            row(2, 1, 90.0, kind="served"), row(2, 1, 90.0, kind="served")]
     assert P.next_probe(rows, 2, 4) == ("pipeline", 1, 2)
 
 
@@ -58,6 +60,9 @@ def test_planner_stops_when_everything_is_known():
     for t, c, rate in [(1, 2, 190.0), (2, 1, 200.0), (1, 1, 100.0)]:
         rows += [row(t, c, rate)] * 3
     rows.append(row(1, 2, 1e4, kind="ingest"))
+    assert P.next_probe(rows, 2, 2) == ("served", 2, 1)
+    rows += [row(2, 1, 95.0, kind="served")] * 2
+    assert P.next_probe(rows, 2, 2) == ("served", 2, 1)  # a third window before stopping
     rows.append(row(2, 1, 95.0, kind="served"))
     assert P.next_probe(rows, 2, 2) is None
 
