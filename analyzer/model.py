@@ -48,7 +48,7 @@ PROBE_COLUMNS = [
     "cpu_seconds_per_sample", "read_bytes_per_sec", "disk_read_bytes_per_sec",
     "element_bytes_per_sec", "window_s", "warmup_s", "first_element_s", "elapsed_s",
     "started_at", "other_cores_busy", "contended", "samples_per_element",
-    "chief_cpu_seconds_per_sample", "worker_cpu_seconds_per_sample",
+    "chief_cpu_seconds_per_sample", "worker_cpu_seconds_per_sample", "worker_local_cpu_seconds_per_sample",
 ]
 
 #: Prior cost of the tf.data service hop (both ends, CPU-seconds) when no ingest probe ran:
@@ -300,8 +300,10 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
     * ``chief_cpu_seconds_per_sample`` — the chief's CPU-seconds per sample taking the
       stream (the served probe's chief process, else the ingest probe's), ``None`` unknown;
     * ``worker_hop_cpu_seconds_per_sample`` — what serving adds to an input worker's
-      CPU-seconds per sample: the served probe's worker CPU per sample minus the pipeline
-      probes' at the same layout (``1 × C``), floored at 0; ``None`` without a served probe;
+      CPU-seconds per sample: per served probe, its worker's CPU per sample serving minus
+      the same worker's iterating the pipeline in-process just before
+      (``worker_local_cpu_seconds_per_sample``; else the pipeline probes' median at ``1 × C``),
+      the median over the served probes, floored at 0; ``None`` without a served probe;
     * ``source`` — where the figures come from.
     """
     out: dict[str, Any] = {"samples_per_sec": None, "cpu_bound": False, "cpu_seconds_per_sample": None,
@@ -336,13 +338,17 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
         kc = med(srv, "chief_cpu_seconds_per_sample")
         if kc is not None:
             out["chief_cpu_seconds_per_sample"] = kc
-        kw = med(srv, "worker_cpu_seconds_per_sample")
         pipe = _ok_pipeline(probes)
         cpus = int(srv["cpus_per_task"].iloc[0])
-        same = pipe[(pipe["tasks"] == 1) & (pipe["cpus_per_task"] == cpus)]
-        kp = med(same, "cpu_seconds_per_sample")
-        if kw is not None and kp is not None:
-            out["worker_hop_cpu_seconds_per_sample"] = max(0.0, kw - kp)
+        kp = med(pipe[(pipe["tasks"] == 1) & (pipe["cpus_per_task"] == cpus)], "cpu_seconds_per_sample")
+        kw = pd.to_numeric(srv["worker_cpu_seconds_per_sample"], errors="coerce") \
+            if "worker_cpu_seconds_per_sample" in srv else None
+        kl = pd.to_numeric(srv["worker_local_cpu_seconds_per_sample"], errors="coerce") \
+            if "worker_local_cpu_seconds_per_sample" in srv else pd.Series(math.nan, index=srv.index)
+        base = kl.fillna(kp if kp is not None else math.nan)
+        hop = (kw - base).dropna() if kw is not None else pd.Series(dtype=float)
+        if len(hop):
+            out["worker_hop_cpu_seconds_per_sample"] = max(0.0, float(hop.median()))
         sources.append("served probe")
     out["source"] = ", ".join(sources) or "none"
     return out

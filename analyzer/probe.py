@@ -240,7 +240,8 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
         min_batches = 2 * 2 * cache  # every cached element served twice: the cache is full
     elif kind in ("ingest", "served"):
         counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
-                                        barrier_timeout, cached=kind == "ingest")
+                                        barrier_timeout, cached=kind == "ingest",
+                                        local_s=(min(warmup, 2.0), measure / 2.0))
         min_batches = 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
     else:
         counter, servers = Counter(build_dataset(entry, C)), None
@@ -301,6 +302,8 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
             next_poll = now + POLL_S
         counter.step()
     res["synchronized"] = synchronized
+    if getattr(counter, "local_cpu_seconds_per_sample", None) is not None:
+        res["local_cpu_seconds_per_sample"] = counter.local_cpu_seconds_per_sample
     _drop(counter, servers)
     return res
 
@@ -349,9 +352,10 @@ class IdleCounter:
     """The :class:`Counter` interface for a process that only serves (a tf.data service
     worker of an ingest probe): ``step`` waits 10 ms; nothing is consumed here."""
 
-    def __init__(self) -> None:
+    def __init__(self, local_cpu_seconds_per_sample: Optional[float] = None) -> None:
         self.samples = self.bytes = self.restarts = 0
         self.batches = 0
+        self.local_cpu_seconds_per_sample = local_cpu_seconds_per_sample
 
     def step(self) -> None:
         time.sleep(0.01)
@@ -359,7 +363,8 @@ class IdleCounter:
 
 
 def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, seq: int, index: int,
-                 tasks: int, timeout_s: float, cached: bool = True):
+                 tasks: int, timeout_s: float, cached: bool = True,
+                 local_s: tuple[float, float] = (0.0, 0.0)):
     """One process of a multi-process ingest or served probe: the runtime's chief/worker
     split with a cached pipeline (``cached``) or the real one. Process 0 is the chief: one dispatcher per worker
     (:func:`launcher.runtime.service.start_dispatchers`), the addresses in
@@ -367,7 +372,12 @@ def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, se
     the streams. Processes 1..T-1 are input workers: a ``WorkerServer`` attached to their
     dispatcher serving the first ``cache_elements`` elements of the pipeline from a cache,
     wrapped and registered as :func:`launcher.runtime.service.run_worker` does (with
-    ``cached=False``: the whole pipeline, repeated at its end). Every process
+    ``cached=False``: the whole pipeline, repeated at its end; before it registers, the
+    worker iterates the same pipeline in-process for ``local_s = (warm-up, window)``
+    seconds while the chief waits, and keeps its CPU-seconds per sample as
+    ``local_cpu_seconds_per_sample``: the pipeline alone on the same CPUs just before it is
+    served, so the cost of serving is a difference of two back-to-back measurements).
+    Every process
     measures its own CPU, so the probe's CPU-seconds per sample are the service hop's on both
     ends, each in its own process. Returns ``(counter, objects to keep alive)``.
     Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``."""
@@ -398,13 +408,35 @@ def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, se
     address = json.loads(addr_file.read_text())["addresses"][index - 1]
     ds = build_dataset(entry, cpus)
     ds = ds.take(max(1, cache_elements)).cache().repeat() if cached else ds.repeat()
+    local = None if cached or local_s[1] <= 0 else _local_cost(ds, *local_s)
     counter = [0]
     ds = service.count_elements(ds, counter)
     worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address="localhost:%port%",
                                                port=0, protocol="grpc", heartbeat_interval_ms=1000))
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None, dataset_id=service.DATASET_ID)
     _write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid()})
-    return IdleCounter(), (worker, counter)
+    return IdleCounter(local[0] if local else None), (worker, counter, local)
+
+
+def _local_cost(ds: Any, warmup_s: float, measure_s: float) -> tuple[float, Any]:
+    """Iterate ``ds`` in this process for ``warmup_s`` then ``measure_s`` seconds; returns
+    ``(CPU-seconds per sample, the counter)``. The counter must stay referenced (its
+    iterator idles once its prefetch buffers are full; deleting it can block)."""
+    import psutil
+
+    proc = psutil.Process()
+    c = Counter(ds)
+    t_end = time.monotonic() + warmup_s
+    c.step()
+    while time.monotonic() < t_end:
+        c.step()
+    ct0, s0 = proc.cpu_times(), c.samples
+    t_end = time.monotonic() + measure_s
+    while time.monotonic() < t_end or c.samples == s0:
+        c.step()
+    ct1 = proc.cpu_times()
+    cpu = (ct1.user - ct0.user) + (ct1.system - ct0.system)
+    return cpu / max(c.samples - s0, 1), c
 
 
 def _ingest_counter(entry: Entry, cpus: int, cache_elements: int, workdir: Path, streams: int = 2):

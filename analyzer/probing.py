@@ -444,6 +444,10 @@ def summarize(kind: str, tasks: int, cpus: int, node_cpus: int, results: list[di
         chief_cpu = sum(float(r["cpu_seconds"]) for r in results if int(r.get("index", 0)) == 0)
         row["chief_cpu_seconds_per_sample"] = chief_cpu / samples
         row["worker_cpu_seconds_per_sample"] = (cpu_s - chief_cpu) / samples
+        local = [float(r["local_cpu_seconds_per_sample"]) for r in results
+                 if r.get("local_cpu_seconds_per_sample") is not None]
+        if local:
+            row["worker_local_cpu_seconds_per_sample"] = sum(local) / len(local)
     row["_elements_per_sec"] = sum(r["batches"] / r["window_s"] for r in results)
     batches = sum(int(r["batches"]) for r in results)
     if kind == PROBE_KIND and batches:

@@ -158,3 +158,27 @@ def test_hop_prior_without_ingest_probe():
     assert M.ingest_limits(measured) == {"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 3e-4,
                                          "cpu_bound": False, "chief_cpu_seconds_per_sample": None,
                                          "worker_hop_cpu_seconds_per_sample": None, "source": "ingest probe"}
+
+
+def test_serving_cost_from_back_to_back_windows():
+    pipe = {"kind": "pipeline", "tasks": 1, "cpus_per_task": 1, "node_cpus": 1, "status": "ok",
+            "samples_per_sec": 1000.0, "cpu_seconds_per_sample": 1.0e-3}
+    ingest = {"kind": "ingest", "tasks": 2, "cpus_per_task": 1, "node_cpus": 1, "status": "ok",
+              "samples_per_sec": 3000.0, "cpu_util": 0.99, "cpu_seconds_per_sample": 3e-4,
+              "chief_cpu_seconds_per_sample": 1.8e-4}
+
+    def served(worker, local, chief=1.5e-4):
+        return {"kind": "served", "tasks": 2, "cpus_per_task": 1, "node_cpus": 1, "status": "ok",
+                "samples_per_sec": 700.0, "worker_cpu_seconds_per_sample": worker,
+                "worker_local_cpu_seconds_per_sample": local, "chief_cpu_seconds_per_sample": chief}
+
+    # The CPU ran slower during the served probes than during the pipeline probes: each
+    # served probe's own in-process window is the baseline, not the pipeline probes'.
+    df = pd.DataFrame([pipe, ingest, served(1.5e-3, 1.2e-3), served(1.55e-3, 1.25e-3), served(1.4e-3, 1.2e-3)])
+    ing = M.ingest_limits(df)
+    assert ing["worker_hop_cpu_seconds_per_sample"] == pytest.approx(3e-4)
+    assert ing["chief_cpu_seconds_per_sample"] == pytest.approx(1.5e-4)  # served beats ingest
+    assert ing["cpu_bound"] is True and ing["source"] == "ingest probe, served probe"
+    # without the in-process window: the pipeline probes' median is the baseline
+    old = df.drop(columns=["worker_local_cpu_seconds_per_sample"])
+    assert M.ingest_limits(old)["worker_hop_cpu_seconds_per_sample"] == pytest.approx(5e-4)
