@@ -33,6 +33,11 @@ service hop alone (with ``T == 1`` the worker servers live in the chief's proces
 pinned to their own CPUs where the node has them), process 0 drains it as the chief. Each
 process measures its own CPU, so the input workers' CPU-seconds per sample *with* the
 service (the pipeline plus serving its elements) and the chief's per sample are known apart.
+With ``"chief_apart": true`` in the command the chief is not one of the node's processes:
+the driver runs it elsewhere (``"mode": "once"``, index 0; on a node with a single CPU the
+chief would otherwise share the worker's CPU and inflate both costs), node process ``i``
+plays role ``i + 1``, and the service addresses carry the host name instead of
+``localhost``.
 
 Results and the start-up record ``<workdir>/hello_<index>.json`` (pid, host, Slurm node,
 CPUs, load time, or the load error) are written atomically (temp file + rename). The
@@ -227,7 +232,12 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
     warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
     barrier_timeout = float(cmd.get("barrier_timeout_s", 30.0))
     marker = Marker(workdir, int(cmd["seq"]), T)
-    cpus = probe_cpus(kind, index, T, C, allowed)
+    apart = bool(cmd.get("chief_apart"))
+    if apart and index == 0:
+        avoid = set(cmd.get("chief_avoid_cpus") or [])
+        cpus = [c for c in allowed if c not in avoid] or list(allowed)
+    else:
+        cpus = probe_cpus(kind, index, T, C, allowed)
     pin_all_threads(cpus)
     res: dict[str, Any] = {"index": index, "cpus": cpus, "kind": kind, "tasks": T,
                            "cpus_per_task": C, "pid": os.getpid()}
@@ -241,7 +251,7 @@ def run_probe(entry: Entry, cmd: dict, index: int, allowed: list[int], workdir: 
     elif kind in ("ingest", "served"):
         counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
                                         barrier_timeout, cached=kind == "ingest",
-                                        local_s=(min(warmup, 2.0), measure / 2.0))
+                                        local_s=(min(warmup, 2.0), measure / 2.0), apart=apart)
         min_batches = 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
     else:
         counter, servers = Counter(build_dataset(entry, C)), None
@@ -364,7 +374,7 @@ class IdleCounter:
 
 def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, seq: int, index: int,
                  tasks: int, timeout_s: float, cached: bool = True,
-                 local_s: tuple[float, float] = (0.0, 0.0)):
+                 local_s: tuple[float, float] = (0.0, 0.0), apart: bool = False):
     """One process of a multi-process ingest or served probe: the runtime's chief/worker
     split with a cached pipeline (``cached``) or the real one. Process 0 is the chief: one dispatcher per worker
     (:func:`launcher.runtime.service.start_dispatchers`), the addresses in
@@ -380,17 +390,19 @@ def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, se
     Every process
     measures its own CPU, so the probe's CPU-seconds per sample are the service hop's on both
     ends, each in its own process. Returns ``(counter, objects to keep alive)``.
-    Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``."""
+    Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``.
+    ``apart``: the chief runs on another host (addresses by host name)."""
     import tensorflow as tf
 
     from launcher.runtime import service
 
     svc = tf.data.experimental.service
+    host = socket.gethostname() if apart else "localhost"
     addr_file = workdir / f"ingest_{seq}.json"
     deadline = time.monotonic() + timeout_s
     if index == 0:
         servers, ports = service.start_dispatchers(tasks - 1)
-        addresses = [f"localhost:{p}" for p in ports]
+        addresses = [f"{host}:{p}" for p in ports]
         _write_json(addr_file, {"addresses": addresses})
         regs = [workdir / f"ingest_{seq}_w{i}.json" for i in range(1, tasks)]
         while not all(r.exists() for r in regs):
@@ -411,7 +423,7 @@ def _ingest_role(entry: Entry, cpus: int, cache_elements: int, workdir: Path, se
     local = None if cached or local_s[1] <= 0 else _local_cost(ds, *local_s)
     counter = [0]
     ds = service.count_elements(ds, counter)
-    worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address="localhost:%port%",
+    worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address=f"{host}:%port%",
                                                port=0, protocol="grpc", heartbeat_interval_ms=1000))
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None, dataset_id=service.DATASET_ID)
     _write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid()})
@@ -508,14 +520,15 @@ def serve(spec: dict, index: int, entry: Entry, allowed: list[int]) -> None:
         if cmd.get("kind") == "exit":
             return
         T = int(cmd["tasks"])
-        if index >= T:
+        role = index + 1 if cmd.get("chief_apart") else index  # the chief runs elsewhere
+        if role >= T:
             continue
         try:
-            res = run_probe(entry, cmd, index, allowed, workdir)
+            res = run_probe(entry, cmd, role, allowed, workdir)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            res = {"index": index, **_error(exc)}
+            res = {"index": role, **_error(exc)}
         res["seq"] = cmd["seq"]
-        _write_json(res_dir / f"{cmd['seq']}_{index}.json", res)
+        _write_json(res_dir / f"{cmd['seq']}_{role}.json", res)
         pin_all_threads(allowed)
 
 
@@ -593,7 +606,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         entry = Entry(spec["run_py"], spec.get("argv", []))
         import tensorflow  # noqa: F401  - counted in the load time
         hello["load_s"] = time.monotonic() - t0
-        _write_json(workdir / f"hello_{index}.json", hello)
+        hello_path = Path(spec.get("hello") or workdir / f"hello_{index}.json")
+        _write_json(hello_path, hello)
         if spec.get("mode", "serve") == "once":
             cmd = dict(spec["probe"])
             cmd.setdefault("seq", 0)
@@ -610,7 +624,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except BaseException as exc:  # noqa: BLE001 - the load failed: tell the driver
         hello.update(_error(exc))
         hello["load_s"] = time.monotonic() - t0
-        _write_json(workdir / f"hello_{index}.json", hello)
+        _write_json(Path(spec.get("hello") or workdir / f"hello_{index}.json"), hello)
         rc = 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -336,6 +337,13 @@ class ProbeSession:
             for h in self.hellos:
                 _kill_pid(int(h.get("pid", 0)))
 
+    def _send_placeholder(self, seq: int) -> None:
+        """A command ``seq`` every node process skips (tasks 0), so later commands keep
+        their numbers."""
+        tmp = self.workdir / "cmd" / f".{seq}.tmp"
+        tmp.write_text(json.dumps({"seq": seq, "kind": PROBE_KIND, "tasks": 0}))
+        os.replace(tmp, self.workdir / "cmd" / f"{seq}.json")
+
     def _send(self, cmd: dict) -> int:
         seq = self.seq
         cmd = dict(cmd, seq=seq)
@@ -347,10 +355,12 @@ class ProbeSession:
 
     # -- probes ----------------------------------------------------------------------------
     def probe(self, kind: str, tasks: int, cpus: int, timing: Timing, timeout_s: float,
-              cache_elements: int = 64, tick: Callable[[], None] = lambda: None) -> dict:
+              cache_elements: int = 64, tick: Callable[[], None] = lambda: None,
+              extra: Optional[dict] = None) -> dict:
         """Run one probe; returns its probe-table row (see :data:`analyzer.model.PROBE_COLUMNS`)
         with ``status`` ``ok``, ``failed`` (a worker's error, e.g. the input_fn raised) or
-        ``timeout`` (the session is then dead: start a new one)."""
+        ``timeout`` (the session is then dead: start a new one). ``extra``: more keys of
+        the probe command (see :mod:`analyzer.probe`)."""
         n = int(self.target.node_cpus or len(self.hellos[0]["allowed_cpus"]))
         T = tasks
         started = time.time()
@@ -358,7 +368,7 @@ class ProbeSession:
         seq = self._send({"kind": kind, "tasks": tasks, "cpus_per_task": cpus,
                           "warmup_s": timing.warmup_s, "measure_s": timing.measure_s,
                           "barrier_timeout_s": timing.barrier_timeout_s,
-                          "cache_elements": int(cache_elements)})
+                          "cache_elements": int(cache_elements), **(extra or {})})
         status, error, results = "timeout", f"no result within {timeout_s:.0f} s (a hanging input_fn?)", []
         while time.monotonic() - t0 < timeout_s:
             tick()
@@ -385,6 +395,80 @@ class ProbeSession:
         return summarize(kind, tasks, cpus, n, results if status == "ok" else [], status, error,
                          started=started, elapsed=time.monotonic() - t0, warmup=timing.warmup_s, node=node,
                          probe_id=seq)
+
+
+class ChiefApart:
+    """The chief of a ``served`` probe run on this (the driver's) machine, for a probe node
+    too small to hold an input worker and the chief on separate CPUs (1 CPU): a
+    ``python -m analyzer.probe`` process in ``once`` mode, index 0, sharing the session's
+    work directory (rendezvous, barrier and result files), kept off the probe node's CPUs
+    when that node is on this host (the test cluster)."""
+
+    def __init__(self, session: "ProbeSession"):
+        self.session = session
+        self.proc: Optional[subprocess.Popen] = None
+
+    def run(self, tasks: int, cpus: int, timing: Timing, timeout_s: float, cache_elements: int,
+            tick: Callable[[], None]) -> dict:
+        """Start the chief, wait until it has loaded run.py (bounded by the load timeout),
+        then run the served probe with the node's processes as its input workers. Returns
+        the probe-table row (``chief_apart`` True); a chief that fails to load gives a
+        ``failed`` row."""
+        s = self.session
+        seq = s.seq
+        node_hello = s.hellos[0] if s.hellos else {}
+        avoid = node_hello.get("allowed_cpus") if node_hello.get("host") == socket.gethostname() else []
+        cmd = {"seq": seq, "kind": SERVED_KIND, "tasks": tasks, "cpus_per_task": cpus,
+               "warmup_s": timing.warmup_s, "measure_s": timing.measure_s,
+               "barrier_timeout_s": timing.barrier_timeout_s, "cache_elements": int(cache_elements),
+               "chief_apart": True, "chief_avoid_cpus": avoid or []}
+        hello = s.workdir / f"chief_hello_{seq}.json"
+        spec = {"run_py": s.run_py, "argv": s.argv, "cwd": s.cwd, "workdir": str(s.workdir), "mode": "once",
+                "index": 0, "hello": str(hello), "probe": cmd, "out": str(s.workdir / "res" / f"{seq}_0.json")}
+        spec_path = s.workdir / f"chief_spec_{seq}.json"
+        spec_path.write_text(json.dumps(spec, indent=1))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        started, t0 = time.time(), time.monotonic()
+        with open(s.workdir / "logs" / f"chief_{seq}.log", "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "analyzer.probe", str(spec_path)], stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=s.cwd, env=env, start_new_session=True)
+        try:
+            error = ""
+            t_end = time.monotonic() + timing.load_timeout_s
+            while not hello.exists():
+                tick()
+                if self.proc.poll() is not None or time.monotonic() > t_end:
+                    error = "the served probe's chief (on this machine) did not load run.py"
+                    break
+                time.sleep(0.1)
+            if not error:
+                info = json.loads(hello.read_text())
+                error = info.get("error") or ""
+            if error:
+                s.seq += 1  # the command number is spent: keep the node's sequence in step
+                s._send_placeholder(seq)
+                n = int(s.target.node_cpus or len(node_hello.get("allowed_cpus") or [1]))
+                return summarize(SERVED_KIND, tasks, cpus, n, [], "failed", error, started=started,
+                                 elapsed=time.monotonic() - t0, warmup=timing.warmup_s,
+                                 node=node_hello.get("node", ""), probe_id=seq)
+            row = s.probe(SERVED_KIND, tasks, cpus, timing, timeout_s, cache_elements, tick,
+                          extra={"chief_apart": True, "chief_avoid_cpus": avoid or []})
+            row["chief_apart"] = True
+            return row
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Kill the chief's process group if it is still there."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _kill_pid(pid: int) -> None:
@@ -579,7 +663,11 @@ def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Ta
             if kind == INGEST_KIND:
                 # the chief and up to two input workers, each in its own process
                 T = min(session.workers, 3)
-            row = session.probe(kind, T, C, timing, timeout, cache, tick)
+            if kind == SERVED_KIND and not target.local and n < 2:
+                # One CPU cannot hold the input worker and the chief apart: the chief runs here.
+                row = ChiefApart(session).run(T, C, timing, timeout, cache, tick)
+            else:
+                row = session.probe(kind, T, C, timing, timeout, cache, tick)
             out.rows.append(row)
             on_row(row)
             bar.note(_row_line(row))

@@ -110,6 +110,9 @@ def test_pinned_cluster_serving_cost_and_verify(tmp_path, pinned_cluster):
     assert served[0]["worker_cpu_seconds_per_sample"] > 0 and served[0]["chief_cpu_seconds_per_sample"] > 0
     assert rep["ingest"]["worker_hop_cpu_seconds_per_sample"] is not None
     n = rep["model"]["node_cpus"]
+    # a 1-CPU node cannot hold the worker and the chief apart: the chief ran on this machine
+    assert all(bool(r.get("chief_apart")) == (n < 2) for r in served)
+    assert all(r["worker_local_cpu_seconds_per_sample"] > 0 for r in served)
     v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
                   "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", str(n)], cwd=tmp_path, env=env)
     assert v.returncode == 0, v.stdout + v.stderr
