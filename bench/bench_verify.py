@@ -16,9 +16,16 @@ is 1 CPU per node. For each example:
    input worker on node2 streaming through the tf.data service to the chief on node1),
    unless that is the recommendation; each verify launches the layout with ``csrun_wse``,
    the chief only draining the stream (:mod:`analyzer.drain`) for ``--seconds`` (5 quick,
-   15 full) after a warm-up. ``repeats`` verifies per layout (1 quick, 3 full).
+   15 full) after a warm-up. ``repeats`` verifies per layout (1 quick, 2 full).
 
-Figures per layout: the predicted samples/s and interval, the measured samples/s (median,
+Full mode repeats the whole round (analysis and verifies) ``cycles`` = 3 times: this host's
+CPU speed drifts by ±15 % over minutes (consecutive 5 s windows of one pipeline on one
+pinned CPU measured 100k–134k samples/s), so one analysis and its verifies a few minutes
+later share one draw of that drift; each verify's error is against its own round's
+prediction, and the medians are over all rounds.
+
+Figures per layout kind: the predicted samples/s (median over rounds; each round's), the
+measured samples/s (median,
 IQR), the error ``100 × (measured − predicted) / predicted`` (median over repeats, and every
 value) and whether its median is within the target (±15 %); the other processes' CPU use
 on the host during each window. A window during which other processes kept ≥ 10 % of the
@@ -39,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -125,66 +133,61 @@ def _verify(out: Path, layout: dict | None, seconds: float, env: dict) -> dict:
     return res
 
 
+def _verify_layout(out: Path, layout: Optional[dict], seconds: float, env: dict, repeats: int,
+                   quick: bool) -> list[dict]:
+    """``repeats`` verifies of one layout (retrying disturbed windows in full mode)."""
+    vals: list[dict] = []
+    attempts = 0
+    while attempts < repeats + EXTRA_ATTEMPTS:
+        attempts += 1
+        try:
+            vals.append(_verify(out, layout, seconds, env))
+        except Exception as exc:  # noqa: BLE001 - recorded, the bench goes on
+            vals.append({"error": str(exc)[:300]})
+        if sum(1 for v in vals if _clean(v)) >= repeats or (attempts >= repeats and not quick
+                                                              and _waste(vals, repeats)):
+            break
+        if attempts >= repeats and quick:
+            break
+    return vals
+
+
 def run(quick: bool = False) -> dict:
-    """Analyse both examples on the cluster and verify two layouts each (see the module
-    docstring). Returns the figures (samples/s, %, seconds)."""
-    budget, seconds, repeats = (30.0, 5.0, 1) if quick else (120.0, 15.0, 3)
+    """Analyse both examples on the pinned cluster and verify two layouts each, in
+    ``cycles`` independent rounds (see the module docstring). Returns the figures
+    (samples/s, %, seconds)."""
+    budget, seconds, repeats, cycles = (30.0, 5.0, 1, 1) if quick else (120.0, 15.0, 2, 3)
     runs, analyses = [], {}
+    results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp, \
             common.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         _prepare_data(env)
+        for cycle in range(cycles):
+            for name in EXAMPLES:
+                out = Path(tmp) / f"{name}_{cycle}"
+                try:
+                    ana = _analyze(name, out, budget, env)
+                except Exception as exc:  # noqa: BLE001 - recorded, the bench goes on
+                    analyses.setdefault(name, []).append({"error": str(exc)[:500]})
+                    continue
+                analyses.setdefault(name, []).append(ana)
+                rec = ana["recommendation"]
+                workers = workers_layout(ana["model"]["node_cpus"])
+                layouts = [("recommended", None)]
+                if (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) != tuple(workers.values()):
+                    layouts.append(("input workers", workers))
+                for label, layout in layouts:
+                    vals = _verify_layout(out, layout, seconds, env, repeats, quick)
+                    for v in vals:
+                        v["cycle"] = cycle
+                    results.setdefault((name, label), []).extend(vals)
+        for (name, label), vals in results.items():
+            runs.append(_entry(name, label, vals, repeats, cycles))
         for name in EXAMPLES:
-            out = Path(tmp) / name
-            try:
-                analyses[name] = _analyze(name, out, budget, env)
-            except Exception as exc:  # noqa: BLE001 - recorded, the bench goes on
-                analyses[name] = {"error": str(exc)[:500]}
-                runs.append({"name": f"{name}: analysis", "error": str(exc)[:300]})
-                continue
-            rec = analyses[name]["recommendation"]
-            workers = workers_layout(analyses[name]["model"]["node_cpus"])
-            layouts = [("recommended", None)]
-            if (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) != tuple(workers.values()):
-                layouts.append(("input workers", workers))
-            for label, layout in layouts:
-                vals = []
-                attempts = 0
-                while attempts < repeats + EXTRA_ATTEMPTS:
-                    attempts += 1
-                    try:
-                        vals.append(_verify(out, layout, seconds, env))
-                    except Exception as exc:  # noqa: BLE001
-                        vals.append({"error": str(exc)[:300]})
-                    if sum(1 for v in vals if _clean(v)) >= repeats or (attempts >= repeats and not quick
-                                                                          and _waste(vals, repeats)):
-                        break
-                    if attempts >= repeats and quick:
-                        break
-                ok = [v for v in vals if v.get("measured_samples_per_sec") is not None]
-                clean = [v for v in ok if _clean(v)]
-                lay = (ok or vals)[0].get("layout") or layout or {}
-                entry = {
-                    "name": f"{name}, {label} {lay.get('nodes')}×{lay.get('tasks_per_node')}×{lay.get('cpus_per_task')}",
-                    "example": name, "layout": lay, "kind": label,
-                    "predicted_samples_per_sec": (ok or vals)[0].get("predicted_samples_per_sec"),
-                    "interval": (ok or vals)[0].get("interval"),
-                    "limited_by": (ok or vals)[0].get("limited_by"),
-                    "measured_samples_per_sec": common.spread([v["measured_samples_per_sec"] for v in ok], 1),
-                    "error_pct": common.spread([v["error_pct"] for v in ok], 2),
-                    "other_cores_busy": [round(v["drain"].get("other_cores_busy") or 0.0, 3) for v in ok],
-                    "num_workers": ok[0]["drain"].get("num_workers") if ok else None,
-                    "repeats": repeats, "failed": len(vals) - len(ok),
-                }
-                entry["error_pct_undisturbed"] = common.spread([v["error_pct"] for v in clean], 2)
-                entry["undisturbed_runs"] = len(clean)
-                med = entry["error_pct"]["median"]
-                med_clean = entry["error_pct_undisturbed"]["median"]
-                entry["within_target"] = med is not None and abs(med) <= TARGET_PCT
-                entry["within_target_undisturbed"] = med_clean is not None and abs(med_clean) <= TARGET_PCT
-                if not ok:
-                    entry["error"] = (vals[-1].get("error") or "no measurement")[:300]
-                runs.append(entry)
+            if not any(r.get("example") == name for r in runs):
+                err = next((a.get("error") for a in analyses.get(name, []) if a.get("error")), "no analysis")
+                runs.append({"name": f"{name}: analysis", "error": err[:300]})
     meds = [r["error_pct"]["median"] for r in runs if isinstance(r.get("error_pct"), dict)
             and r["error_pct"]["median"] is not None]
     return {"runs": runs, "analyses": analyses, "target_pct": TARGET_PCT,
@@ -192,7 +195,47 @@ def run(quick: bool = False) -> dict:
             "all_within_target_undisturbed": bool(runs) and all(r.get("within_target_undisturbed") for r in runs),
             "disturbed_share": DISTURBED_SHARE,
             "max_abs_error_pct": max((abs(m) for m in meds), default=None),
-            "budget_s": budget, "drain_seconds": seconds, "cluster": topology}
+            "budget_s": budget, "drain_seconds": seconds, "cycles": cycles, "repeats_per_cycle": repeats,
+            "cluster": topology}
+
+
+def _entry(name: str, label: str, vals: list[dict], repeats: int, cycles: int) -> dict:
+    """One result row: every verify of a (example, layout kind) over the cycles; each
+    verify's error is against its own cycle's prediction."""
+    ok = [v for v in vals if v.get("measured_samples_per_sec") is not None]
+    clean = [v for v in ok if _clean(v)]
+    layouts = {json.dumps(v.get("layout"), sort_keys=True) for v in ok}
+    lay = (ok or vals)[0].get("layout") or {}
+    shape = f"{lay.get('nodes')}×{lay.get('tasks_per_node')}×{lay.get('cpus_per_task')}"
+    per_cycle = {}
+    for c in range(cycles):
+        errs = [v["error_pct"] for v in ok if v.get("cycle") == c]
+        if errs:
+            per_cycle[str(c)] = common.spread(errs, 2)["median"]
+    entry = {
+        "name": f"{name}, {label} {shape}" + (" (layout varied)" if len(layouts) > 1 else ""),
+        "example": name, "layout": lay, "layouts": [json.loads(x) for x in sorted(layouts)], "kind": label,
+        "predicted_samples_per_sec": common.spread([v["predicted_samples_per_sec"] for v in ok], 1)["median"]
+        if ok else None,
+        "predicted_by_cycle": sorted({(v["cycle"], round(v["predicted_samples_per_sec"], 1)) for v in ok}),
+        "interval": (ok or vals)[0].get("interval"),
+        "limited_by": (ok or vals)[0].get("limited_by"),
+        "measured_samples_per_sec": common.spread([v["measured_samples_per_sec"] for v in ok], 1),
+        "error_pct": common.spread([v["error_pct"] for v in ok], 2),
+        "error_pct_by_cycle": per_cycle,
+        "other_cores_busy": [round(v["drain"].get("other_cores_busy") or 0.0, 3) for v in ok],
+        "num_workers": ok[0]["drain"].get("num_workers") if ok else None,
+        "repeats": repeats * cycles, "failed": len(vals) - len(ok),
+    }
+    entry["error_pct_undisturbed"] = common.spread([v["error_pct"] for v in clean], 2)
+    entry["undisturbed_runs"] = len(clean)
+    med = entry["error_pct"]["median"]
+    med_clean = entry["error_pct_undisturbed"]["median"]
+    entry["within_target"] = med is not None and abs(med) <= TARGET_PCT
+    entry["within_target_undisturbed"] = med_clean is not None and abs(med_clean) <= TARGET_PCT
+    if not ok:
+        entry["error"] = (vals[-1].get("error") or "no measurement")[:300] if vals else "no measurement"
+    return entry
 
 
 if __name__ == "__main__":
