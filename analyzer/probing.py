@@ -459,16 +459,12 @@ class ChiefApart:
             self.stop()
 
     def stop(self) -> None:
-        """Kill the chief's process group if it is still there."""
+        """Stop the chief's process group if it is still there (it leaves by itself once its
+        result is written)."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+            from launcher.slurm import stop_process_group
+
+            stop_process_group(self.proc, grace=2.0)
 
 
 def _kill_pid(pid: int) -> None:
