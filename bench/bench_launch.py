@@ -20,12 +20,8 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import common  # noqa: E402
+import common  # bench/ is on sys.path: these modules run as scripts from it
 
 #: N=3 nodes, the chief alone on the GRES node, 2 nodes × 2 tasks × 1 CPU of input workers:
 #: three het components, five tasks.

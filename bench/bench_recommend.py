@@ -49,13 +49,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for _p in (str(REPO), str(HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+import common  # bench/ is on sys.path: these modules run as scripts from it
 
-import common  # noqa: E402
+REPO = common.REPO
 
 #: Seconds a drain job may run on after its result file appeared before it is cancelled.
 RESULT_GRACE_S = 45.0

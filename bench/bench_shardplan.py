@@ -27,12 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+import common  # puts the repository root on sys.path
+
+HERE = common.BENCH
 
 from analyzer import shardplan as sp  # noqa: E402
 from analyzer import tfrecord as tfr  # noqa: E402

@@ -18,12 +18,8 @@ command time / median ``python -c pass`` time; ``paired``: the per-round compari
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import common  # noqa: E402
+import common  # bench/ is on sys.path: these modules run as scripts from it
 
 LAYOUT = ["--total-nodes", "3", "--single-task-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
 

@@ -48,13 +48,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import common  # bench/ is on sys.path: these modules run as scripts from it
 
-import common  # noqa: E402
+HERE, REPO = common.BENCH, common.REPO
 
 TARGET_PCT = 15.0
 #: A verify window is *undisturbed* when other processes kept less than this share of the

@@ -30,6 +30,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+# The bench modules run as scripts from bench/ (so ``import common`` finds this file) and
+# import the project's packages: the repository root goes on the path here, once for all.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 CLUSTER = REPO / "slurm-test-cluster"
 TOPOLOGY = CLUSTER / "run" / "etc" / "topology"
 TABLE_START = "<!-- bench:table:start -->"

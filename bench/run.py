@@ -38,13 +38,9 @@ import time
 import traceback
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+import common  # bench/ is on sys.path: these modules run as scripts from it
 
-import common  # noqa: E402
+HERE, REPO = common.BENCH, common.REPO
 
 #: Benchmark name -> module in bench/ (each has ``run(quick: bool) -> dict``).
 BENCHMARKS = {
