@@ -6,12 +6,12 @@ that csrun and the Slurm client commands in the tests talk to it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-
 from typing import Iterator
 
 import pytest
@@ -59,18 +59,21 @@ PINNED_PORT = os.environ.get("CSRUN_PINNED_PORT", "16917")
 def pinned_cluster(tmp_path_factory) -> Iterator[dict]:
     """A second test cluster of 2 nodes, each pinned to its own host CPUs
     (``cluster up --nodes 2 --pin``: node1 the chief's GRES node, node2 a CPU node), in its
-    own directory and port beside the main one; stopped at the end of the session.
-    Returns ``{"conf": Path, "env": dict}`` (``SLURM_CONF`` set in ``env`` only)."""
+    own directory and port beside the main one; stopped at the end of the session. Started
+    by the benchmarks' :func:`common.pinned_cluster` (bench/common.py), the one place that
+    knows how. Returns ``{"conf": Path, "env": dict}`` (``SLURM_CONF`` set in ``env`` only)."""
     if not (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists()):
         pytest.skip("Slurm is not installed here: run scripts/setup.sh")
     if (os.cpu_count() or 1) < 2:
         pytest.skip("pinning 2 nodes needs 2 host CPUs")
-    env = dict(os.environ)
-    env.update(CSRUN_CLUSTER_DIR=str(tmp_path_factory.mktemp("pinned_cluster")), CSRUN_CLUSTER_PORT=PINNED_PORT)
-    proc = subprocess.run([str(CLUSTER), "up", "--nodes", "2", "--pin"], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        pytest.fail(f"pinned cluster up failed:\n{proc.stdout}\n{proc.stderr}")
-    env["SLURM_CONF"] = str(Path(env["CSRUN_CLUSTER_DIR"]) / "etc" / "slurm.conf")
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    yield {"conf": Path(env["SLURM_CONF"]), "env": env}
-    subprocess.run([str(CLUSTER), "down"], capture_output=True, text=True, env=env)
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
+    import common as bench_common
+
+    with contextlib.ExitStack() as stack:
+        try:
+            env, _topology = stack.enter_context(
+                bench_common.pinned_cluster(tmp_path_factory.mktemp("pinned_cluster"), int(PINNED_PORT)))
+        except RuntimeError as exc:
+            pytest.fail(f"pinned cluster up failed: {exc}")
+        yield {"conf": Path(env["SLURM_CONF"]), "env": env}
