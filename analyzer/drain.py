@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .probe import samples_in
+
 
 #: Objects that must never be destroyed before ``os._exit``: tearing down tf.data service
 #: servers and iterators can block (forever, seen here) in their destructors.
@@ -64,10 +66,7 @@ def _keep_worker_servers() -> None:
 def _samples(batch: Any) -> int:
     import tensorflow as tf
 
-    flat = tf.nest.flatten(batch)
-    if not flat or len(flat[0].shape) == 0:
-        return 1
-    return int(flat[0].shape[0])
+    return samples_in(tf.nest.flatten(batch))
 
 
 def _cpu(procs: list) -> float:

@@ -105,14 +105,23 @@ def probe_cpus(kind: str, index: int, tasks: int, cpus_per_task: int, allowed: l
     return list(allowed)
 
 
+def samples_in(flat: list) -> int:
+    """Samples in one dataset element given as its flattened tensors (``tf.nest.flatten``):
+    the leading dimension of the first tensor (1 for a scalar, an unknown dimension or no
+    tensor). Used by the probes and by :mod:`analyzer.drain`."""
+    if not flat:
+        return 1
+    shape = flat[0].shape
+    return int(shape[0]) if len(shape) >= 1 and shape[0] is not None else 1
+
+
 def samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
-    """``(samples, bytes)`` of one dataset element: the leading dimension of its first
-    tensor (1 for a scalar) and the summed size of its tensors."""
+    """``(samples, bytes)`` of one dataset element: :func:`samples_in` and the summed size
+    of its tensors."""
     flat = flatten(element)
     if not flat:
         return 1, 0
-    shape = flat[0].shape
-    samples = int(shape[0]) if len(shape) >= 1 and shape[0] is not None else 1
+    samples = samples_in(flat)
     nbytes = 0
     for t in flat:
         ne = t.shape.num_elements()
