@@ -139,17 +139,9 @@ def drain(source: Any, warmup_s: float, seconds: float, first_timeout: float, ti
 def _train_argv(argv: list[str]) -> list[str]:
     """run.py's argv with ``--mode train`` (replacing any mode) and ``--max_steps`` if absent
     (the params need one for a training mode; the drain never trains)."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--mode" and i + 1 < len(argv):
-            i += 2
-            continue
-        if a.startswith("--mode=") or a in ("--validate_only", "--compile_only"):
-            i += 1
-            continue
-        out.append(a)
-        i += 1
+    from launcher.runtime.params import drop_options
+
+    out = drop_options(argv, valued=("--mode",), flags=("--validate_only", "--compile_only"))
     out += ["--mode", "train"]
     if not any(a == "--max_steps" or a.startswith("--max_steps=") for a in out):
         out += ["--max_steps", str(10 ** 9)]

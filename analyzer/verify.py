@@ -76,7 +76,7 @@ def drain_command(rep: dict, out_dir: Path, layout: dict, seconds: float, warmup
     md = mount_dirs or rep.get("mount_dirs")
     if md:
         argv += ["--mount-dirs", md]
-    user = [a for a in _strip_model_dir(rep.get("argv") or [])]
+    user = _strip_model_dir(rep.get("argv") or [])
     argv += ["python-ws", "-m", "analyzer.drain", "--seconds", f"{seconds:g}", "--warmup", f"{warmup:g}",
              "--out", str(out_dir / "drain.json"), rep["run_py"], *user,
              "--model_dir", str(out_dir / "model_dir")]
@@ -84,18 +84,9 @@ def drain_command(rep: dict, out_dir: Path, layout: dict, seconds: float, warmup
 
 
 def _strip_model_dir(argv: list[str]) -> list[str]:
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("--model_dir", "-o") and i + 1 < len(argv):
-            i += 2
-            continue
-        if a.startswith("--model_dir="):
-            i += 1
-            continue
-        out.append(a)
-        i += 1
-    return out
+    from launcher.runtime.params import drop_options
+
+    return drop_options(argv, valued=("--model_dir", "-o"))
 
 
 def verify(report: Optional[str], seconds: float, warmup: float, nodes: Optional[int], tasks: Optional[int],

@@ -203,6 +203,25 @@ def build_arg_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     return p
 
 
+def drop_options(argv: Sequence[str], valued: Sequence[str] = (), flags: Sequence[str] = ()) -> List[str]:
+    """A run.py command line without some of its options: every ``NAME VALUE`` and
+    ``NAME=VALUE`` of the names in ``valued`` (a name last on the line, with no value after
+    it, is kept) and every bare flag in ``flags``. Pure; the other words keep their order."""
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in valued and i + 1 < len(argv):
+            i += 2
+            continue
+        if a in flags or any(a.startswith(f"{v}=") for v in valued):
+            i += 1
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def parse_args(argv: Sequence[str], run_py: Optional[str] = None) -> argparse.Namespace:
     """Parse a run.py command line (without the program name).
 

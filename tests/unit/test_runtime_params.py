@@ -229,3 +229,13 @@ def test_every_runconfig_key_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "launcher" / "runtime" / "README.md").read_text()
     for key in RUNCONFIG_KEYS:
         assert f"`{key}`" in doc, key
+
+
+def test_drop_options_removes_both_spellings_and_keeps_order():
+    from launcher.runtime.params import drop_options
+
+    argv = ["--params", "p.yaml", "--model_dir", "a b", "-o", "x", "--model_dir=y", "--validate_only", "--mode"]
+    assert drop_options(argv, valued=("--model_dir", "-o"), flags=("--validate_only",)) == \
+        ["--params", "p.yaml", "--mode"]
+    assert drop_options(argv) == argv  # nothing named: unchanged
+    assert drop_options(["--mode"], valued=("--mode",)) == ["--mode"]  # no value after it: kept
