@@ -16,6 +16,7 @@ from typing import Optional
 import click
 
 from csrun_common.cli import one_line_main
+from launcher.version import version_option
 
 __all__ = ["main", "AnalyzerGroup"]
 
@@ -43,6 +44,7 @@ class AnalyzerGroup(click.Group):
 
 
 @click.group(cls=AnalyzerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("cs_input_analyzer")
 def main() -> None:
     """Measure an input pipeline and plan how input workers share the data.
 
