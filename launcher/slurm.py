@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -98,10 +99,24 @@ def cpu_node_cpus(nodes: Sequence[NodeInfo], exclude: str = "") -> int:
     return min(cpus)
 
 
+#: Seconds after the double SIGINT at which a still-running srun gets SIGTERM: srun's own
+#: termination sequence after two SIGINTs took 2.5 s to empty the queue here, SIGTERM 0.2 s.
+INTERRUPT_GRACE_S = 0.5
+
+
+def _terminate_if_running(proc: subprocess.Popen) -> None:
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict:
     """Forward SIGINT/SIGTERM to ``proc`` and note each in ``received``. srun needs two
     SIGINTs within a second to cancel a step (srun(1), "SIGNALS AND ESCAPE SEQUENCES"), so
-    one SIGINT to csrun is sent on as two; SIGTERM is sent on as is."""
+    one SIGINT to csrun is sent on as two (the tasks see SIGINT first), and srun gets SIGTERM
+    :data:`INTERRUPT_GRACE_S` later if it still runs; SIGTERM is sent on as is."""
     old = {}
 
     def handler(signum, _frame):
@@ -113,6 +128,9 @@ def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict:
                 proc.send_signal(signal.SIGINT)
                 time.sleep(0.2)
                 proc.send_signal(signal.SIGINT)
+                timer = threading.Timer(INTERRUPT_GRACE_S, _terminate_if_running, (proc,))
+                timer.daemon = True
+                timer.start()
             else:
                 proc.send_signal(signum)
         except ProcessLookupError:
