@@ -153,6 +153,22 @@ def slurm_check(req: WseRequest | CpuRequest, use_sbatch: bool) -> Check:
     return Check("slurm", False, f"{how}: cannot run: {answer.reason}")
 
 
+def requeue_check(req: WseRequest) -> Check | None:
+    """What ``--requeue`` will meet on this cluster: the warning signal, ``KillWait`` (the
+    chief's time to save after SIGTERM) and, on releases that have it, ``MaxBatchRequeue``
+    (Slurm's own cap on automatic requeues; 22.05 has none). ``None`` without ``--requeue``."""
+    if req.requeue is None:
+        return None
+    conf = slurm.config_values(["KillWait", "MaxBatchRequeue"])
+    spec = req.requeue
+    detail = (f"SIG{spec.signal} {spec.lead} s before the time limit, at most {spec.max_requeues} requeue(s); "
+              f"KillWait {conf.get('KillWait', '?')} after SIGTERM")
+    cap = conf.get("MaxBatchRequeue")
+    if cap is not None and cap.isdigit() and spec.max_requeues > int(cap):
+        detail += f"; note: Slurm's MaxBatchRequeue is {cap}, below --max-requeues {spec.max_requeues}"
+    return Check("requeue", True, detail)
+
+
 def format_report(prog: str, checks: Sequence[Check]) -> str:
     """The report printed on stdout: a verdict line, then one ``ok``/``FAIL`` line per check."""
     failed = [c for c in checks if not c.ok]
@@ -168,6 +184,8 @@ def run_check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool, cwd: Pa
     the CLI prints the report, then the one error line."""
     here = Path.cwd() if cwd is None else cwd
     checks = [slurm_check(req, use_sbatch)]
+    rq = requeue_check(req) if isinstance(req, WseRequest) else None
+    checks += [rq] if rq is not None else []
     checks += command_checks(req.command, here, req.container.runtime != "none")
     checks += container_checks(req.container)
     report = format_report(prog, checks)

@@ -112,3 +112,20 @@ def test_account_and_qos_unchecked_without_accounting(monkeypatch):
 ])
 def test_exit_status_says_what_the_user_did(rc, received, expected):
     assert slurm.exit_status(rc, received) == expected
+
+
+def test_check_reports_killwait_and_a_lower_maxbatchrequeue(monkeypatch):
+    from launcher import preflight
+    from launcher.builders import WseRequest
+    from launcher.layout import plan_layout
+    from launcher.requeue import RequeueSpec
+
+    req = WseRequest(layout=plan_layout(2, 2, 1, 0, False, "gpu:1", 2), command=("python", "x.py"), python="python",
+                     requeue=RequeueSpec("USR2", 90, 5))
+    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "30 sec", "MaxBatchRequeue": "2"})
+    check = preflight.requeue_check(req)
+    assert check is not None and check.ok
+    assert "KillWait 30 sec" in check.detail and "MaxBatchRequeue is 2, below --max-requeues 5" in check.detail
+    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "5 sec"})  # Slurm 22.05
+    assert "MaxBatchRequeue" not in preflight.requeue_check(req).detail
+    assert preflight.requeue_check(WseRequest(layout=req.layout, command=req.command, python="python")) is None
