@@ -50,6 +50,7 @@ def classify(text: str) -> dict:
 
 
 def one(env: dict, root: Path, params: Path, verbose: bool, index: int) -> dict:
+    """Run the main job once (``--verbose`` or not) and :func:`classify` its output."""
     model_dir = root / f"md-{'verbose' if verbose else 'quiet'}-{index}"
     argv = [common.venv_bin("csrun_wse"), *LAYOUT, *(["--verbose"] if verbose else []), "python-ws", RUN_PY,
             "--params", str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps", "100"]
