@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from csrun_common.cli import one_line_main
+from launcher.version import version_option
 
 from .analyze import analyze_command
 from .shard_commands import reshard_cmd, shard_plan_cmd
@@ -51,6 +52,7 @@ class AnalyzerGroup(click.Group):
 
 
 @click.group(cls=AnalyzerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("cs_input_analyzer")
 def main() -> None:
     """Measure an input pipeline and plan how input workers share the data.
 

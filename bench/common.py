@@ -518,6 +518,42 @@ def _rows_verify(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_requeue(r: dict) -> list[Row]:
+    rows = []
+    what = {"warning": "warning signal (SIGUSR2, as --signal sends)",
+            "scontrol_requeue": "scontrol requeue (SIGTERM, KillWait 5 s)",
+            "no_hook": "scontrol requeue without csrun's stop hook (checkpoint_steps 100)"}
+    for way, s in (r.get("summary") or {}).items():
+        rows.append({"figure": f"signal → resumed first step, {what.get(way, way)}",
+                     "value": fmt(_g(s, "resume_s", "median"), "s"),
+                     "spread": (f"stop {fmt(_g(s, 'stop_s', 'median'), 's')}, requeue wait "
+                                f"{fmt(_g(s, 'requeue_wait_s', 'median'), 's')}, start-up "
+                                f"{fmt(_g(s, 'startup_s', 'median'), 's')} (medians, n={_g(s, 'resume_s', 'n')})"),
+                     "compared": str(r.get("slurm_settings", ""))})
+        rows.append({"figure": f"steps lost per requeue, {what.get(way, way)}",
+                     "value": fmt(_g(s, "lost_steps", "median"), "steps"),
+                     "spread": _iqr_text(s.get("lost_steps") or {}, "steps"),
+                     "compared": f"interrupted after {r.get('interrupt_after_steps')} of {r.get('max_steps')} steps"})
+    return rows
+
+
+def _rows_interrupt(r: dict) -> list[Row]:
+    rows = []
+    for way, s in (r.get("summary") or {}).items():
+        rows.append({"figure": f"queue empty after {way.replace('_', ' ')}",
+                     "value": fmt(_g(s, "empty_queue_s", "median"), "s"),
+                     "spread": f"max {fmt(s.get('max_empty_queue_s'), 's')}, exit status {s.get('exit_statuses')}",
+                     "compared": str(r.get("command", ""))})
+    return rows
+
+
+def _rows_quiet(r: dict) -> list[Row]:
+    return [{"figure": "non-csrun log lines of the 7-task main job, default (TF_CPP_MIN_LOG_LEVEL=1)",
+             "value": fmt(_g(r, "quiet_lines", "median"), "lines"),
+             "spread": f"--verbose: {fmt(_g(r, 'verbose_lines', 'median'), 'lines')} (n={r.get('pairs')} pairs)",
+             "compared": "same job with --verbose (every C++ line: the tasks' output before issue 11)"}]
+
+
 def _rows_generic(r: dict) -> list[Row]:
     rows = []
     for k, v in r.items():
@@ -531,10 +567,11 @@ def _rows_generic(r: dict) -> list[Row]:
 SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
+    "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
 }
 
 #: Table order (numbers of the issue's list).
-ORDER = ["launch", "startup", "recommend", "verify", "streaming", "shardplan"]
+ORDER = ["launch", "startup", "recommend", "verify", "streaming", "shardplan", "requeue", "interrupt", "quiet"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:

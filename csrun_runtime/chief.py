@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from csrun_common.atomic import read_json, write_json
 from csrun_common.roles import Role
 
+from . import preemption
 from .artifacts import write_params_yaml
 from .contract import (
     build_eval_input,
@@ -113,7 +114,10 @@ class Chief:
             code, reason = 1, f"{type(e).__name__}: {e}"
         finally:
             if self.rdv is not None:
-                self.rdv.mark_done("ok" if code == 0 else "failed", reason[:2000])
+                status = {0: "ok", preemption.REQUEUE_EXIT: "stopped"}.get(code, "failed")
+                self.rdv.mark_done(status, reason[:2000])
+                if code == preemption.REQUEUE_EXIT:  # exit after the workers: the step's status is ours
+                    preemption.wait_workers_left(self.rdv.reports, self.num_workers)
             if self._view_root is not None:
                 shutil.rmtree(self._view_root, ignore_errors=True)
         return code
@@ -410,7 +414,7 @@ class Chief:
             source = LocalSource(limit_threads(ds, self.role.cpus_per_task))
         assert batch_size is not None  # the training input's contract fixes it
         TrainingLoop(self, model, step_var, mgr, source, batch_size, evaluating).run()
-        return 0
+        return preemption.exit_code()  # 75 after a stop signal (csrun_wse --requeue), else 0
 
     @property
     def rendezvous(self) -> Rendezvous:

@@ -12,12 +12,14 @@ TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
 
+from . import preemption
 from .artifacts import performance_record
 from .params import training_target
 from .service import BatchSource
@@ -112,9 +114,29 @@ class TrainingLoop:
         self.writer = tf.summary.create_file_writer(str(self.chief.model_dir))
         log.info("training from global step %d to %d (batch_size %d)", self.start, self.target,
                  self.batch_size)
-        while self.step < self.target:
+        while self.step < self.target and not preemption.stop_requested():  # csrun_wse --requeue
             self._one_step()
+        if self.step == self.start:  # stopped before the first step: nothing new to save
+            self.source.close()
+            self._record_allocation()
+            return
         self._finish(time.monotonic())
+
+    def _record_allocation(self) -> dict[str, Any]:
+        """This allocation's steps in ``performance/allocations.json`` (:mod:`.preemption`);
+        returns the keys performance.json gets."""
+        c = self.chief
+        first = c.t_proc + self.clock.programming_time if self.clock.t_first is not None else None
+        stopped = preemption.stop_signal()
+        if stopped:
+            log.info("stopped by %s at global step %d: %s; exit status %d asks for a requeue", stopped, self.step,
+                     "checkpoint saved" if self.step > self.start else "no step trained, the restored state stands",
+                     preemption.REQUEUE_EXIT)
+        alloc = preemption.Allocation(
+            job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.role.node,
+            start_step=self.start, end_step=self.step, target=self.target, stopped_by=stopped,
+            process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
+        return preemption.record_allocation(c.model_dir, alloc, log.info)
 
     # ------------------------------------------------------------------ one step
     def _one_step(self) -> None:
@@ -200,6 +222,7 @@ class TrainingLoop:
             "num_workers": self.chief.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
             "mode": self.chief.mode, "eval_time": round(c.eval_time, 4),
         }
+        extra.update(self._record_allocation())
         rec = performance_record(
             batch_size=self.batch_size, steps=steps, total_time=total_time,
             first_step_time=c.first_step_time, compute_times=c.computes, wait_times=c.waits,
@@ -207,7 +230,7 @@ class TrainingLoop:
             programming_time=c.programming_time, extra=extra)
         write_json(self.chief.model_dir / "performance" / "performance.json", rec)
         self._log_summary(desc, steps, total_samples, total_time)
-        if self.evaluating:
+        if self.evaluating and not preemption.stop_requested():
             self.chief.evaluate(self.model, self.step)
 
     def _log_summary(self, desc: dict[str, Any], steps: int, total_samples: int, total_time: float) -> None:

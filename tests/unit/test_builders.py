@@ -7,6 +7,7 @@ from csrun_common.errors import CsrunError
 from launcher.builders import CpuRequest, WseRequest, expand_python_word, protect_argv
 from launcher.container import Container, split_mount_dirs
 from launcher.layout import plan_layout
+from launcher.policy import SitePolicy
 
 from .golden import assert_golden
 
@@ -120,5 +121,5 @@ def test_cpu_request_alloc_node_and_not():
 
 def test_cpu_sbatch_golden():
     req = CpuRequest(command=("python", "run.py", "--mode", "validate_only", "it's"), python=PY, node_cpus=2,
-                     exclude_node="node1", partition="batch", account="ml")
+                     exclude_node="node1", policy=SitePolicy(partition="batch", account="ml"))
     assert_golden("cpu_validate.sbatch", req.materialize_sbatch())
