@@ -11,8 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -29,7 +29,7 @@ def _cluster_conf() -> Path:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict:
-    """Start (or reuse) the test cluster; returns ``{"conf": Path, "env": dict}``.
+    """Start (or reuse) the test cluster; returns ``{"conf": Path, "env": dict, "accounting": bool}``.
 
     Skips the test when the Slurm daemons are not installed (run scripts/setup.sh).
     """
@@ -42,7 +42,25 @@ def slurm_cluster() -> dict:
     os.environ["SLURM_CONF"] = str(conf)
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return {"conf": conf, "env": env}
+    return {"conf": conf, "env": env, "accounting": _has_accounting(conf)}
+
+
+def _has_accounting(conf: Path) -> bool:
+    """Whether the cluster runs slurmdbd (``ACCOUNTING=1`` in its ``etc/topology``; a cluster
+    started with ``--no-accounting`` has ``ACCOUNTING=0``)."""
+    try:
+        return "ACCOUNTING=1" in (conf.parent / "topology").read_text().split()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def accounting_cluster(slurm_cluster) -> dict:
+    """The test cluster, for tests that need job accounting (``sacct``, ``sacctmgr``, enforced
+    accounts and QOS); skips the test when the cluster runs without it."""
+    if not slurm_cluster["accounting"]:
+        pytest.skip("the test cluster runs without accounting (cluster up --no-accounting)")
+    return slurm_cluster
 
 
 @pytest.fixture()
