@@ -79,6 +79,7 @@ def test_compose_without_the_engine_installed(tmp_path):
     bin_dir.mkdir()
     for tool in ("bash", "dirname"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "python3").symlink_to(sys.executable)
     env = own_env(tmp_path, 17430, PATH=str(bin_dir))
     one_line(cluster(["up", "--engine", "podman"], env), "podman is not installed", "apt-get install podman")
 
