@@ -495,7 +495,10 @@ def run_worker(role: Any, resolved: Any, input_fn: Callable[..., Any]) -> int:
     ds = count_elements(ds, counter)
     svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None,
                          dataset_id=DATASET_ID)
-    worker_address = getattr(server, "_address", None)
+    # The address the dispatcher hands to the chief: our host, the port the server bound
+    # (WorkerServer._address is TF's local view, always "localhost:<port>").
+    bound = getattr(server, "_address", None)
+    worker_address = f"{role.host}:{bound.rsplit(':', 1)[1]}" if bound else None
     files = ti.get("data_files")
     rdv.register_worker(index, {**me, "status": "ok", "dispatcher": address,
                                 "worker_address": worker_address, "batch_size": batch_size,

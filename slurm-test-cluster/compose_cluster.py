@@ -584,13 +584,29 @@ def cmd_exec(cluster: Cluster, node: str | None, argv: list[str]) -> None:
     """Run ``argv`` on the host with SLURM_CONF set, or inside container ``node``."""
     if not argv:
         raise ClusterError("exec: no command given")
-    if node is None:
-        os.execvpe(argv[0], argv, cluster.slurm_env())
-    if node not in SERVICES:
+    if node is not None and node not in SERVICES:
         raise ClusterError(f"exec --node {node}: no such container; one of {', '.join(SERVICES)}")
-    tty = ["-t"] if sys.stdin.isatty() and sys.stdout.isatty() else []
-    os.execvpe(cluster.engine.name, [cluster.engine.name, "exec", "-i", *tty, "-e", f"SLURM_CONF={cluster.conf}",
-                                     cluster.container(node), *argv], cluster.engine.env)
+    if node is None:
+        command, env = argv, cluster.slurm_env()
+    else:
+        tty = ["-t"] if sys.stdin.isatty() and sys.stdout.isatty() else []
+        command = [cluster.engine.name, "exec", "-i", *tty, "-e", f"SLURM_CONF={cluster.conf}",
+                   cluster.container(node), *argv]
+        env = cluster.engine.env
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        raise ClusterError(f"exec: {command[0]}: {exc.strerror}") from exc
+
+
+def exec_node(node: str | None, args: list[str]) -> tuple[str | None, list[str]]:
+    """``--node NAME`` (or ``--node=NAME``) at the head of exec's arguments, which argparse
+    leaves inside the command it takes verbatim."""
+    if args[:1] == ["--node"] and len(args) >= 2:
+        return args[1], args[2:]
+    if args and args[0].startswith("--node="):
+        return args[0].split("=", 1)[1], args[1:]
+    return node, args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -603,7 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster = Cluster.from_env(ns.engine)
         if ns.command == "exec":
-            cmd_exec(cluster, ns.node, ns.args)
+            node, args = exec_node(ns.node, ns.args)
+            cmd_exec(cluster, node, args)
         elif ns.args:
             raise ClusterError(f"{ns.command}: unexpected arguments {' '.join(ns.args)}")
         elif ns.command == "env":

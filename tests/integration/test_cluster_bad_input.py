@@ -98,6 +98,7 @@ def test_compose_container_name_taken(tmp_path):
     # Any local image will do for a container that is only created, never started.
     images = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
                             capture_output=True, text=True).stdout.split()
+    images = [i for i in images if "<none>" not in i]
     if not images:
         pytest.skip("no local podman image to create a squatting container from")
     subprocess.run(["podman", "create", "--name", name, images[0], "true"], check=True, capture_output=True)
