@@ -227,7 +227,8 @@ def pinned_cluster(directory: Path, port: int = 16917, nodes: int = 2):
     its Slurm commands (``SLURM_CONF`` set) and its ``etc/topology`` (:func:`read_topology`).
     Raises ``RuntimeError`` when it cannot start (e.g. fewer host CPUs than nodes)."""
     env = slurm_env()
-    env.update(CSRUN_CLUSTER_DIR=str(directory), CSRUN_CLUSTER_PORT=str(port))
+    # Always the native daemons (taskset pinning), whatever cluster $CSRUN_TEST_ENGINE names.
+    env.update(CSRUN_CLUSTER_DIR=str(directory), CSRUN_CLUSTER_PORT=str(port), CSRUN_TEST_ENGINE="native")
     env["SLURM_CONF"] = str(Path(directory) / "etc" / "slurm.conf")
     script = str(CLUSTER / "cluster")
     p = subprocess.run([script, "up", "--nodes", str(nodes), "--pin"], capture_output=True, text=True, env=env)

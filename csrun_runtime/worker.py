@@ -216,9 +216,13 @@ class InputWorker:
     def _register(self, address: str, server: Any, batch_size: int | None, built: WorkerInput) -> None:
         ti = built.params["train_input"]
         files = ti.get("data_files")
+        # The address the dispatcher hands to the chief: our host and the port the server bound
+        # (WorkerServer._address is TF's local view, always "localhost:<port>").
+        bound = getattr(server, "_address", None)
+        worker_address = f"{self.role.host}:{bound.rsplit(':', 1)[1]}" if bound else None
         self.rdv.register_worker(self.index, {
             **self.me, "status": "ok", "dispatcher": address,
-            "worker_address": getattr(server, "_address", None), "batch_size": batch_size,
+            "worker_address": worker_address, "batch_size": batch_size,
             "shuffle_seed": ti.get("shuffle_seed"), "data_files": files,
             "pipeline_files": self.files, **built.describe(), "registered": time.time()})
         log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, "
