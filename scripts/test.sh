@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian machine (as root): sets up what is missing
 # (scripts/setup.sh), starts the Slurm test cluster, runs pytest (unit + integration on
-# the real cluster with real TensorFlow) and a quick benchmark smoke run.
+# the real cluster with real TensorFlow) and a quick benchmark smoke run; without arguments
+# also `ruff check .` and `mypy` first.
 #
 # Then, without arguments (what CI runs) or with CSRUN_TEST_COMPOSE=1, the compose test
 # cluster: the launcher, main-job and accounting integration tests again, on podman
@@ -16,6 +17,11 @@ export PATH="$PWD/.venv/bin:$PATH"
 compose=${CSRUN_TEST_COMPOSE:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 
 rc=0
+# Lint and types first (pyproject.toml configures both): cheap, and a failure fails the run.
+if [ $# -eq 0 ]; then
+    ruff check . || rc=$?
+    mypy || rc=$?
+fi
 python -m pytest -ra "$@" || rc=$?
 
 if [ "$compose" = 1 ]; then
