@@ -429,6 +429,7 @@ def _fit_rows(rows: list[dict[str, Any]], n: int) -> NodeModel:
     # pandas and the model (numpy) load only once probing runs: not at the CLI's start-up.
     import pandas as pd
 
+    # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
     from .model import fit
 
     return fit(pd.DataFrame(rows), n)
@@ -447,6 +448,7 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     # pandas and numpy (the model) are imported here, not at the CLI's start-up.
     import pandas as pd
 
+    # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
     from . import recommend as rc
     from .model import ModelError, classify, fit, ingest_limits
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from csrun_common.atomic import write_json
+
 __all__ = ["run_check", "findings", "main"]
 
 #: seconds the check process may take (TensorFlow's import, run.py's load, three builds).
@@ -70,6 +72,7 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
 
 
 def _task(run_py: str, argv: list[str]) -> dict[str, Any]:
+    # The task's process only (TensorFlow runs there), never the analyzer's.
     from csrun_runtime.capture import load_entry
     from csrun_runtime.coverage import check_file_coverage
 
@@ -91,8 +94,6 @@ def main(args: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the user's run.py or input_fn failed: say why
         result = {"verdict": "unknown", "problems": [],
                   "note": f"not checked: {type(exc).__name__}: {str(exc).strip()[:300]}"}
-    from csrun_common.atomic import write_json
-
     write_json(out, result)
     sys.stdout.flush()
     sys.stderr.flush()

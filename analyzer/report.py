@@ -247,6 +247,7 @@ def write_probes_csv(out: Path, rows: list[dict[str, Any]]) -> Path:
     # pandas and the model module (numpy) are imported here, not at the CLI's start-up.
     import pandas as pd
 
+    # numpy + pandas (the model): when a report is written, not at the CLI's start-up.
     from .model import PROBE_COLUMNS
 
     df = pd.DataFrame([{k: r.get(k) for k in PROBE_COLUMNS} for r in rows], columns=PROBE_COLUMNS)
@@ -278,6 +279,7 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
     import pandas as pd
     from matplotlib.ticker import MaxNLocator
 
+    # numpy + pandas (the model): when a report is written, not at the CLI's start-up.
     from .model import NodeModel, aggregate
 
     probes = pd.DataFrame(report.get("probes") or [])

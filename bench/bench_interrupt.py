@@ -24,6 +24,8 @@ import time
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
+from launcher import slurm
+
 WAYS = {"sigint_to_csrun": (signal.SIGINT, False), "ctrl_c_to_group": (signal.SIGINT, True),
         "sigterm_to_csrun": (signal.SIGTERM, False)}
 
@@ -31,9 +33,7 @@ WAYS = {"sigint_to_csrun": (signal.SIGINT, False), "ctrl_c_to_group": (signal.SI
 def _running(env: dict, before: set[str], timeout: float = 60.0) -> set[str]:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        out = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i"], env=env,
-                             capture_output=True, text=True).stdout.split()
-        new = set(out) - before
+        new = slurm.queued_job_ids(env, running_only=True) - before
         if new:
             return new
         time.sleep(0.1)
@@ -43,8 +43,7 @@ def _running(env: dict, before: set[str], timeout: float = 60.0) -> set[str]:
 def one(way: str, env: dict) -> dict:
     """One interrupted launch: seconds to an empty queue, csrun_wse's exit status."""
     sig, group = WAYS[way]
-    before = set(subprocess.run(["squeue", "--noheader", "--format=%i"], env=env, capture_output=True,
-                                text=True).stdout.split())
+    before = slurm.queued_job_ids(env)
     proc = subprocess.Popen([common.venv_bin("csrun_wse"), "--total-nodes", "2", "sleep", "300"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -56,9 +55,7 @@ def one(way: str, env: dict) -> dict:
         else:
             proc.send_signal(sig)
         while True:
-            q = subprocess.run(["squeue", "--noheader", "--format=%i"], env=env, capture_output=True,
-                               text=True).stdout.split()
-            if not set(q) & jobs:
+            if not slurm.queued_job_ids(env) & jobs:
                 break
             if time.monotonic() - t0 > 60:
                 raise RuntimeError(f"jobs {jobs} still queued 60 s after the signal")

@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .coverage import check_file_coverage, coverage_report
+from .pipeline import build_worker_input, call_input_fn, input_environment
 from .sharding import tf_config
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
@@ -122,35 +124,6 @@ def check_signature(fn: Callable[..., Any], name: str = "input_fn") -> list[str]
     if len(required) != 1 or not positional or required[0].kind == required[0].KEYWORD_ONLY:
         return [f"{MSG_SINGLE_PARAM} ({name}{sig} has {len(required)} required parameter(s))"]
     return []
-
-
-def _accepts_mode(fn: Callable[..., Any]) -> bool:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    return "mode" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
-
-
-def call_input_fn(input_fn: Callable[..., Any], params: dict[str, Any], purpose: str = "train",
-                  eval_input_fn: Callable[..., Any] | None = None) -> Any:
-    """Build the dataset for ``purpose`` (``"train"`` or ``"eval"``).
-
-    Training calls ``input_fn(params)``. Evaluation calls ``eval_input_fn(params)`` when given,
-    else ``input_fn(params, mode="eval")`` when input_fn has a ``mode`` parameter (Model Zoo
-    style), else raises.
-
-    Raises:
-        TypeError: evaluation without an eval input function; whatever input_fn raises.
-    """
-    if purpose == "eval":
-        if eval_input_fn is not None:
-            return eval_input_fn(params)
-        if _accepts_mode(input_fn):
-            return input_fn(params, mode="eval")
-        raise TypeError("evaluation needs run(..., eval_input_fn=...) or an input_fn with a "
-                        "`mode` parameter (input_fn(params, mode='eval'))")
-    return input_fn(params)
 
 
 def _spec_text(spec: Any) -> str:
@@ -319,9 +292,6 @@ def check_workers(input_fn: Callable[..., Any], params: Mapping[str, Any],
     """
     import tensorflow as tf
 
-    from .coverage import check_file_coverage, coverage_report
-    from .pipeline import build_worker_input
-
     rep = Report()
     if plan is not None and plan.get("num_workers", 0) < 2:
         plan = None
@@ -418,16 +388,12 @@ def build_eval_input(input_fn: Callable[..., Any], params: dict[str, Any],
     worker while the eval input function runs, so a Model Zoo processor whose
     ``eval_input.use_multiple_workers`` is true reads the whole eval set. Raises what the
     input function raises (see :func:`call_input_fn`)."""
-    from .pipeline import input_environment
-
     with input_environment(tf_config(0, 1), None, set_seed=False):
         return call_input_fn(input_fn, params, "eval", eval_input_fn)
 
 
 def _build_train(input_fn: Callable[..., Any], params: dict[str, Any],
                  plan: Mapping[str, Any] | None, num_workers: int) -> Any:
-    from .pipeline import build_worker_input
-
     root = tempfile.mkdtemp(prefix="csrun-validate-")
     try:
         return build_worker_input(input_fn, params, 0, num_workers, plan, view_root=root).dataset

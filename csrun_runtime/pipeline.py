@@ -28,6 +28,7 @@ TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -37,7 +38,7 @@ from typing import Any
 from .params import worker_params
 from .sharding import TF_CONFIG_VAR, DataDirView, make_data_dir_view, plan_files, tf_config_for
 
-__all__ = ["WorkerInput", "build_worker_input", "input_environment", "pipeline_files",
+__all__ = ["WorkerInput", "build_worker_input", "call_input_fn", "input_environment", "pipeline_files",
            "shard_counts", "MAX_FILE_NAMES"]
 
 #: at most this many file names are read from one file-name dataset.
@@ -53,6 +54,35 @@ _NAME_LIST_CLASSES = frozenset({
     "DatasetV1Adapter", "_FilterDataset", "_CacheDataset", "_RangeDataset", "_UnbatchDataset",
     "_ShuffleAndRepeatDataset",
 })
+
+
+def _accepts_mode(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return "mode" in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def call_input_fn(input_fn: Callable[..., Any], params: dict[str, Any], purpose: str = "train",
+                  eval_input_fn: Callable[..., Any] | None = None) -> Any:
+    """Build the dataset for ``purpose`` (``"train"`` or ``"eval"``).
+
+    Training calls ``input_fn(params)``. Evaluation calls ``eval_input_fn(params)`` when given,
+    else ``input_fn(params, mode="eval")`` when input_fn has a ``mode`` parameter (Model Zoo
+    style), else raises.
+
+    Raises:
+        TypeError: evaluation without an eval input function; whatever input_fn raises.
+    """
+    if purpose == "eval":
+        if eval_input_fn is not None:
+            return eval_input_fn(params)
+        if _accepts_mode(input_fn):
+            return input_fn(params, mode="eval")
+        raise TypeError("evaluation needs run(..., eval_input_fn=...) or an input_fn with a "
+                        "`mode` parameter (input_fn(params, mode='eval'))")
+    return input_fn(params)
 
 
 @dataclass
@@ -277,8 +307,6 @@ def pipeline_files(ds: Any) -> list[str] | None:
 
 def _call(input_fn: Callable[..., Any], params: dict[str, Any], tf_config: Mapping[str, Any],
           global_seed: int | None, hook: _ListFilesHook, restore: bool) -> Any:
-    from .contract import call_input_fn
-
     with input_environment(tf_config, global_seed, restore=restore), hook.active():
         return call_input_fn(input_fn, params, "train")
 

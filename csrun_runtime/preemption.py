@@ -235,9 +235,10 @@ def wait_workers_left(reports: Callable[[], Mapping[int, Any]], num_workers: int
     then exits last, so that the job step's status is the chief's (srun reports a task ended
     by its termination as a failure of its own)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:  # looks at least once, however late this process is scheduled
         if len(reports()) >= num_workers:
             time.sleep(0.2)  # the workers' os._exit right after their report
             return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return False

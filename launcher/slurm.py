@@ -294,8 +294,19 @@ def queued_jobs(env: Mapping[str, str] | None = None) -> int:
 
     Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
     """
-    out = _query(["squeue", "--noheader", "--format=%i"], env)
-    return len([ln for ln in out.splitlines() if ln.strip()])
+    return len(queued_job_ids(env))
+
+
+def queued_job_ids(env: Mapping[str, str] | None = None, running_only: bool = False) -> set[str]:
+    """Ids of the jobs in the Slurm queue now (any user; only ``RUNNING`` ones with
+    ``running_only``), from ``squeue``. A heterogeneous job is listed once per het component
+    (``123+0``, ``123+1``).
+
+    Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
+    """
+    argv = ["squeue", "--noheader", "--format=%i"] + (["--states=RUNNING"] if running_only else [])
+    out = _query(argv, env)
+    return {ln.strip() for ln in out.splitlines() if ln.strip()}
 
 
 def version(env: Mapping[str, str] | None = None) -> str | None:

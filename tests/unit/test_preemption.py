@@ -85,7 +85,7 @@ def test_wait_workers_left():
     assert preemption.wait_workers_left(lambda: seen, 0, timeout=1)
     t0 = time.monotonic()
     assert not preemption.wait_workers_left(lambda: seen, 2, timeout=0.3)
-    assert time.monotonic() - t0 < 2
+    assert 0.3 <= time.monotonic() - t0 < 5  # the timeout is honoured (loose: a loaded host)
     assert preemption.wait_workers_left(lambda: {0: {}, 1: {}}, 2, timeout=1)
 
 

@@ -169,6 +169,13 @@ def test_queued_jobs(canned):
     assert slurm.queued_jobs() == 3
 
 
+def test_queued_job_ids(canned):
+    c = canned(squeue=[(0, "12+0\n12+1\n\n14\n", ""), (0, "14\n", "")])
+    assert slurm.queued_job_ids() == {"12+0", "12+1", "14"}
+    assert slurm.queued_job_ids(running_only=True) == {"14"}
+    assert c.argv(1) == ["/usr/bin/squeue", "--noheader", "--format=%i", "--states=RUNNING"]
+
+
 # --------------------------------------------------------------------------- sbatch
 def test_submit_batch_returns_the_job_id(canned):
     c = canned(sbatch=[(0, "4242;cluster\n", "")])
