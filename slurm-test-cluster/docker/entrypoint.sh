@@ -17,7 +17,8 @@ mkdir -p /run/munge "$LOG"
 log() { echo "entrypoint: $*" >&2; }
 
 start_munge() {
-    local socket; socket=$(sed -n 's/^AuthInfo=socket=//p' "$SLURM_CONF")
+    # AuthInfo=socket=PATH[,cred_expire=N]: the path alone
+    local socket; socket=$(sed -n 's/^AuthInfo=socket=\([^,]*\).*/\1/p' "$SLURM_CONF")
     mkdir -p "$(dirname "$socket")"
     munged --force -S "$socket" --key-file="$DIR/etc/munge.key" \
         --pid-file=/run/munge/munged.pid --log-file="$LOG/munged.log" --seed-file=/run/munge/munged.seed
