@@ -44,7 +44,7 @@ def one(way: str, env: dict) -> dict:
     """One interrupted launch: seconds to an empty queue, csrun_wse's exit status."""
     sig, group = WAYS[way]
     before = slurm.queued_job_ids(env)
-    proc = subprocess.Popen([common.venv_bin("csrun_wse"), "--total-nodes", "2", "sleep", "300"], env=env,
+    proc = subprocess.Popen([common.console_script("csrun_wse"), "--total-nodes", "2", "sleep", "300"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         jobs = _running(env, before)
@@ -64,7 +64,7 @@ def one(way: str, env: dict) -> dict:
         status = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            common.stop_group(proc)
+            common.stop_process_group(proc)
     return {"empty_queue_s": round(empty_s, 3), "exit_status": status}
 
 

@@ -1,6 +1,7 @@
 """Benchmark: log lines of the main job that are not csrun's — TensorFlow's C++ start-up and
 server lines — with csrun_wse's default (``TF_CPP_MIN_LOG_LEVEL=1`` exported to every task:
-no INFO, warnings and errors kept) against ``--verbose`` (``TF_CPP_MIN_LOG_LEVEL=0``, every
+no INFO, warnings and errors kept; the runtime's quiet import of TensorFlow drops the two
+start-up lines no log level hides, csrun_runtime/quiet.py) against ``--verbose`` (``TF_CPP_MIN_LOG_LEVEL=0``, every
 line: what the tasks printed before, since the digits run.py imports TensorFlow before the
 runtime could set a level).
 
@@ -52,7 +53,7 @@ def classify(text: str) -> dict:
 def one(env: dict, root: Path, params: Path, verbose: bool, index: int) -> dict:
     """Run the main job once (``--verbose`` or not) and :func:`classify` its output."""
     model_dir = root / f"md-{'verbose' if verbose else 'quiet'}-{index}"
-    argv = [common.venv_bin("csrun_wse"), *LAYOUT, *(["--verbose"] if verbose else []), "python-ws", RUN_PY,
+    argv = [common.console_script("csrun_wse"), *LAYOUT, *(["--verbose"] if verbose else []), "python-ws", RUN_PY,
             "--params", str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps", "100"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=str(root))
     if proc.returncode != 0:

@@ -63,7 +63,7 @@ def _params(root: Path) -> Path:
 
 
 def _script(env: dict, params: Path, model_dir: Path, hook: bool) -> str:
-    argv = [common.venv_bin("csrun_wse"), "--use-sbatch", "--requeue", "--dry-run", *LAYOUT, "python-ws", PACED,
+    argv = [common.console_script("csrun_wse"), "--use-sbatch", "--requeue", "--dry-run", *LAYOUT, "python-ws", PACED,
             "--params", str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps", str(MAX_STEPS)]
     script = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=60).stdout
     return script if hook else re.sub(r"CSRUN_STOP_SIGNALS=[A-Z0-9:]+,", "", script)

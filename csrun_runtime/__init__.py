@@ -1,7 +1,8 @@
 """The task runtime: what runs inside every task that ``csrun_wse`` / ``csrun_cpu`` launch.
 
 ``from csrun_runtime import run`` is all a run.py needs (docs/CONTRACT.md); importing this
-package does not import TensorFlow.
+package does not import TensorFlow, except in a launched task (``CSRUN_ROLE`` set), where it
+imports TensorFlow at once without its two start-up lines (:mod:`.quiet`).
 
 Modules: :mod:`.runner` (``run``: role and params, then chief or input worker), :mod:`.chief`
 (the chief's modes), :mod:`.training` (the training loop), :mod:`.worker` (the input-worker

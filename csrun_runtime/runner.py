@@ -18,7 +18,7 @@ import psutil
 
 from csrun_common.roles import RoleError, resolve_role
 
-from . import capture, preemption
+from . import capture, preemption, quiet
 from .chief import Chief
 from .params import ParamsError, resolve_params
 from .worker import run_worker
@@ -33,6 +33,9 @@ log = logging.getLogger("csrun.runtime")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # csrun_wse --requeue: catch the stop signals now, before TensorFlow loads (preemption.py).
 preemption.install_from_env()
+# In a launched task, TensorFlow now, without the start-up lines no log level hides (quiet.py).
+if quiet.wanted(os.environ, sys.argv[0] if sys.argv else ""):
+    quiet.import_tensorflow()
 
 
 def _process_start_time() -> float:

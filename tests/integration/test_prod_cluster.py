@@ -34,8 +34,10 @@ REPORT = str(REPO / "tests" / "fixtures" / "report_task.py")
 #: one node: the chief and one input worker (a one-component job: the main scheduler starts
 #: it again at once after a requeue, where a het job waits for the backfill scheduler)
 SMALL = ["--total-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
-#: C++ INFO lines of TensorFlow that the tasks must no longer print (quiet by default)
-TF_INFO = re.compile(r"^I0000 .*(dispatcher_impl|server_lib|cpu_feature_guard|device_compiler)", re.M)
+#: C++ INFO lines of TensorFlow that the tasks must no longer print (quiet by default), and the
+#: two start-up lines no log level hides (csrun_runtime/quiet.py)
+TF_INFO = re.compile(r"^I0000 .*(dispatcher_impl|server_lib|cpu_feature_guard|device_compiler|port\.cc:.*oneDNN)"
+                     r"|^WARNING: All log messages before absl::InitializeLog\(\)", re.M)
 
 
 def csrun(cli, args, env, cwd=None, timeout=120):
