@@ -33,6 +33,7 @@ from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from .service import DATASET_ID, count_elements, limit_threads
 from .sharding import TF_CONFIG_VAR
+from .supervise import ATTEMPT_ENV, tell_supervisor
 
 __all__ = ["run_worker", "InputWorker"]
 
@@ -70,7 +71,8 @@ class InputWorker:
         rc = resolved.params["runconfig"]
         self.rdv = Rendezvous(rc["model_dir"], role.rendezvous_key)
         self.start_timeout = float(rc["worker_start_timeout_secs"])
-        self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid()}
+        self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
+                   "attempt": int(os.environ.get(ATTEMPT_ENV) or 0)}  # > 0: a replacement
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.counter = [0]
@@ -79,6 +81,7 @@ class InputWorker:
 
     def run(self) -> int:
         """Serve, or wait for the chief in modes that stream nothing; returns the exit code."""
+        tell_supervisor(str(self.rdv.dir), self.index)  # where a death of this process is recorded
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
         if not self._load_plan():
