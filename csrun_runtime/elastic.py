@@ -13,20 +13,41 @@ seconds and
   has the source read worker ``i``'s stream again (:meth:`ServiceSource.reopen`);
 - records both for ``performance.json``: ``workers_lost`` and ``workers_replaced`` (index,
   node, time), and ``workers_given_up`` (a worker that died
-  :data:`csrun_runtime.supervise.MAX_DEATHS` times).
+  :data:`MAX_DEATHS` times).
 
 Pure Python; no TensorFlow.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from csrun_common.atomic import write_json
+
 from .rendezvous import Rendezvous
 
-__all__ = ["WorkerWatch", "Reopenable"]
+__all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "tell_supervisor"]
+
+#: An input worker that dies this many times is given up (issue 12: "A worker that keeps
+#: dying (3 times) is given up with a warning, not retried forever").
+MAX_DEATHS = 3
+#: Environment variable of an input worker's process under :mod:`csrun_runtime.supervise`: how
+#: many times this worker died before (0, then 1, 2 for its replacements).
+ATTEMPT_ENV = "CSRUN_WORKER_ATTEMPT"
+#: Environment variable of that process: a file where the worker writes its rendezvous
+#: directory and index (:func:`tell_supervisor`), so that the supervisor records a death there.
+STATE_ENV = "CSRUN_SUPERVISOR_STATE"
+
+
+def tell_supervisor(rendezvous_dir: str, index: int, env: Mapping[str, str] | None = None) -> None:
+    """Input worker, once it knows its rendezvous: tell the supervising process where to
+    record a death (a no-op outside :mod:`csrun_runtime.supervise`)."""
+    path = (os.environ if env is None else env).get(STATE_ENV)
+    if path:
+        write_json(path, {"rendezvous": str(rendezvous_dir), "index": int(index)})
 
 log = logging.getLogger("csrun.runtime")
 

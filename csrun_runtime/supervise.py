@@ -40,20 +40,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from csrun_common.atomic import read_json, write_json
+from csrun_common.atomic import read_json
 
+from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV
 from .rendezvous import Rendezvous
 
-__all__ = ["MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "is_input_worker", "supervise", "tell_supervisor", "main"]
+__all__ = ["MAX_DEATHS", "is_input_worker", "supervise", "main"]
 
-#: An input worker that dies this many times is given up (issue 12: "A worker that keeps
-#: dying (3 times) is given up with a warning, not retried forever").
-MAX_DEATHS = 3
-#: Environment variable of the child: how many times this worker died before (0, 1, 2).
-ATTEMPT_ENV = "CSRUN_WORKER_ATTEMPT"
-#: Environment variable of the child: a file where the worker writes its rendezvous directory
-#: and index (:func:`tell_supervisor`), so that the supervisor can record a death there.
-STATE_ENV = "CSRUN_SUPERVISOR_STATE"
 #: Signals passed on to the child; any of them stops further replacements.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -76,17 +69,9 @@ def _say(msg: str) -> None:
     print(f"csrun: {msg}", file=sys.stderr, flush=True)
 
 
-def tell_supervisor(rendezvous_dir: str, index: int, env: Mapping[str, str] | None = None) -> None:
-    """Input worker, once it knows its rendezvous: tell the supervising process where to
-    record a death (a no-op outside :func:`supervise`)."""
-    path = (os.environ if env is None else env).get(STATE_ENV)
-    if path:
-        write_json(path, {"rendezvous": str(rendezvous_dir), "index": int(index)})
-
-
 def _record_death(state_file: str, info: dict[str, object]) -> None:
     """Append a death to the rendezvous (``workers/<i>.lost.json``) when the worker told where
-    it is (:func:`tell_supervisor`); the chief reads it (:mod:`csrun_runtime.elastic`)."""
+    it is (:func:`csrun_runtime.elastic.tell_supervisor`); the chief reads it (:mod:`csrun_runtime.elastic`)."""
     state = read_json(state_file)
     if not state:
         return

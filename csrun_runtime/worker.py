@@ -28,12 +28,12 @@ from typing import Any
 from csrun_common.roles import Role
 
 from .contract import check_dataset
+from .elastic import ATTEMPT_ENV, tell_supervisor
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from .service import DATASET_ID, count_elements, limit_threads
 from .sharding import TF_CONFIG_VAR
-from .supervise import ATTEMPT_ENV, tell_supervisor
 
 __all__ = ["run_worker", "InputWorker"]
 
@@ -89,10 +89,14 @@ class InputWorker:
         address = self._wait_for_dispatcher()
         if address is None:
             return 0 if self.rdv.done() is not None else 1
-        server = self._start_server(address)
+        # Build and register before the server starts: a replacement's server is handed the
+        # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
+        # tf.py_function callbacks up by name in this process; they must exist by then (measured:
+        # "Could not find callback with key=pyfunc_1" when the server started first).
         served = self._build_and_register(address)
         if served is None:
             return 2
+        server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)
         code, status = self._serve_until_done()

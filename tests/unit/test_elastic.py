@@ -7,15 +7,15 @@ import sys
 import time
 
 from csrun_common.atomic import write_json
-from csrun_runtime.elastic import WorkerWatch
+from csrun_runtime.elastic import MAX_DEATHS, WorkerWatch
 from csrun_runtime.rendezvous import Rendezvous
-from csrun_runtime.supervise import MAX_DEATHS, is_input_worker, supervise
+from csrun_runtime.supervise import is_input_worker, supervise
 
 #: A child that counts its starts in a file, tells the supervisor its rendezvous, and kills
 #: itself with SIGKILL while it has started fewer than DIE times; then exits with RC.
 CHILD = """
 import os, signal, sys
-from csrun_runtime.supervise import tell_supervisor
+from csrun_runtime.elastic import tell_supervisor
 counter, rdv, die, rc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
 open(counter, "w").write(str(n))
