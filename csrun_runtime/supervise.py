@@ -9,8 +9,9 @@ For an input worker it starts the command as a child process and waits for it:
 
 - the child exits with any status: the task exits with that status (0 when the chief finished,
   2 for a contract violation, 1 when the chief was lost, ...);
-- the child dies of a signal (``kill -9``, the kernel's OOM killer, a segfault) while the task
-  was not asked to stop: this is a *lost* input worker. The task starts a replacement at once:
+- the child dies of a signal other than the stop signals below (``kill -9``, the kernel's
+  OOM killer, a segfault, an abort) while the task was not asked to stop: this is a *lost*
+  input worker. The task starts a replacement at once:
   the same command in the same environment, so the same worker index, files and seed
   (:mod:`csrun_runtime.worker`), with ``CSRUN_WORKER_ATTEMPT`` one higher; it attaches to the
   same dispatcher and the chief reopens its stream (:mod:`csrun_runtime.elastic`);
@@ -18,15 +19,17 @@ For an input worker it starts the command as a child process and waits for it:
   exits 0, so that the job step goes on with the other input workers.
 
 Why a process inside the task rather than a new job step: with Slurm 22.05 a het srun does not
-keep ``--kill-on-bad-exit`` apart per component (measured on the test cluster: killing one
-input worker ended the whole step in 3 of 5 runs with ``--kill-on-bad-exit=0`` on the workers'
-component), so an input worker's task must never exit abnormally for the job to survive its
-loss; and the task's CPUs stay allocated to it, so the replacement needs no new allocation.
+keep ``--kill-on-bad-exit`` apart per component (measured on the test cluster with
+``--kill-on-bad-exit=1`` on the chief's component and ``=0`` on the workers': killing a worker
+ended the whole step in 4 of 7 runs, killing the chief left the workers running in 2 of 3),
+so an input worker's task must never exit abnormally for the job to survive its loss; and the
+task's CPUs stay allocated to it, so the replacement needs no new allocation.
 README "Lost input workers" states what this covers (a killed process) and what it does not
 (a lost node: Slurm ends the job, sbatch(1) ``--no-kill`` aside).
 
 Signals sent to the task (SIGTERM of a cancel or preemption, SIGUSR2 of ``--requeue``,
-SIGINT, SIGHUP, SIGUSR1) are passed on to the child and stop any further replacement.
+SIGINT, SIGHUP, SIGUSR1) are passed on to the child and stop any further replacement; a child
+that dies of one of them is not replaced either (Slurm may signal it before its supervisor).
 Imports nothing heavy: no TensorFlow in the supervising process.
 """
 from __future__ import annotations
@@ -99,14 +102,15 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], max_deaths: int = MAX
         if child and child[-1].poll() is None:
             child[-1].send_signal(signum)
 
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     fd, state_file = tempfile.mkstemp(prefix="csrun-worker-", suffix=".json")
     os.close(fd)
     try:
         return _supervise_loop(argv, {**env, STATE_ENV: state_file}, max_deaths, child, stopping)
     finally:
         os.unlink(state_file)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int,
@@ -120,10 +124,13 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
         rc = proc.wait()
         if rc >= 0:
             return rc
-        if stopping:
+        if stopping or -rc in FORWARDED:
             return 128 - rc
         deaths += 1
-        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
         given_up = deaths >= max_deaths
         _record_death(env[STATE_ENV], {"time": time.time(), "pid": proc.pid, "node": node,
                                        "signal": name, "deaths": deaths, "given_up": given_up})
