@@ -73,6 +73,18 @@ class Rendezvous:
         """A worker's registration, or ``None``."""
         return read_json(self.workers_dir / f"{index}.json")
 
+    def mark_lost(self, index: int, info: Mapping[str, Any]) -> None:
+        """Supervisor of a worker's task (:mod:`csrun_runtime.supervise`): append one death of
+        input worker ``index`` to ``workers/<index>.lost.json`` (``{"deaths": [...]}``)."""
+        path = self.workers_dir / f"{index}.lost.json"
+        prev = read_json(path) or {}
+        write_json(path, {"deaths": [*prev.get("deaths", []), dict(info)]})
+
+    def lost(self, index: int) -> list[dict[str, Any]]:
+        """The deaths of input worker ``index`` its task's supervisor recorded (oldest first)."""
+        rec = read_json(self.workers_dir / f"{index}.lost.json") or {}
+        return list(rec.get("deaths", []))
+
     def write_report(self, index: int, report: Mapping[str, Any]) -> None:
         """Worker: write ``workers/<index>.report.json`` (files read, elements produced)."""
         write_json(self.workers_dir / f"{index}.report.json", dict(report))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .elastic import WorkerWatch
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
@@ -145,7 +146,10 @@ class ServiceSource:
             ds = svc.from_dataset_id(processing_mode="parallel_epochs", service=f"grpc://{addr}",
                                      dataset_id=DATASET_ID)
             self._datasets.append(ds)
-        self._threads = [threading.Thread(target=self._read, args=(i,), daemon=True,
+        self.addresses = list(addresses)
+        self._gen = [0] * self.n  # reopen() count per stream: a superseded reader's error is dropped
+        self.watch = WorkerWatch(rdv, self.registry)  # lost and replaced workers (elastic.py)
+        self._threads = [threading.Thread(target=self._read, args=(i, 0), daemon=True,
                                           name=f"stream-{i}") for i in range(self.n)]
         for t in self._threads:
             t.start()
@@ -154,13 +158,42 @@ class ServiceSource:
         reg = self.registry.get(i) or {}
         return f"input worker {i} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
-    def _read(self, i: int) -> None:
+    def _read(self, i: int, gen: int) -> None:
         try:
             for batch in self._datasets[i]:
                 self._q.put((i, batch))
-            self._q.put((i, StopIteration("the stream ended")))
+            err: BaseException = StopIteration("the stream ended")
         except BaseException as e:  # noqa: BLE001 - reported to the consumer
-            self._q.put((i, e))
+            err = e
+        if self._gen[i] == gen:  # not superseded by reopen()
+            self._q.put((i, err))
+
+    def stopped(self) -> set[int]:
+        """Indices of the workers whose stream failed or whose heartbeat went stale."""
+        return set(self.announced) | set(self.failed)
+
+    def reopen(self, i: int, registration: Mapping) -> str:
+        """Read worker ``i``'s stream again after its replacement registered with dispatcher
+        ``i`` (:mod:`csrun_runtime.elastic`). When the reader thread still waits in the stream
+        (the tf.data service client retries a lost worker and takes up the dispatcher's new
+        worker by itself), only the worker's stopped state is cleared; when it ended with an
+        error, a new stream of the dataset and a new reader thread replace it. Returns
+        ``"resumed"`` or ``"reopened"``."""
+        import tensorflow as tf
+
+        self.registry[i] = dict(registration)
+        self.failed.pop(i, None)
+        self.announced.discard(i)
+        if self._threads[i].is_alive():
+            return "resumed"
+        self._gen[i] += 1
+        self._datasets[i] = tf.data.experimental.service.from_dataset_id(
+            processing_mode="parallel_epochs", service=f"grpc://{self.addresses[i]}",
+            dataset_id=DATASET_ID)
+        self._threads[i] = threading.Thread(target=self._read, args=(i, self._gen[i]), daemon=True,
+                                            name=f"stream-{i}.{self._gen[i]}")
+        self._threads[i].start()
+        return "reopened"
 
     def _handle_error(self, i: int, e: BaseException) -> None:
         if _is_lost_worker_error(e):
@@ -206,17 +239,18 @@ class ServiceSource:
         while True:
             if self._fatal:
                 raise InputStalled(self._fatal)
-            if len(self.failed) == self.n:
+            if len(set(self.failed) - self.watch.awaiting()) == self.n:
                 raise InputStalled(f"every input worker's stream failed: {self.status_text()}")
             now = time.monotonic()
             if now >= self._next_check:
+                self.watch.poll(self)  # records supervisor-seen deaths before stale heartbeats
                 self._check_heartbeats()
                 self._next_check = now + HEARTBEAT_SECS
             try:
                 i, item = self._q.get(timeout=0.5)
             except queue.Empty:
                 now = time.monotonic()
-                if len(self.announced | set(self.failed)) == self.n and now - start > 1.0:
+                if len(self.stopped() - self.watch.awaiting()) == self.n and now - start > 1.0:
                     raise InputStalled(f"every input worker stopped and no batch is left: "
                                        f"{self.status_text()}") from None
                 if now - start > timeout:
@@ -237,6 +271,7 @@ class ServiceSource:
             "batches_per_worker": {str(i): self.counts[i] for i in range(self.n)},
             "worker_nodes": {str(i): (self.registry.get(i) or {}).get("node") for i in range(self.n)},
             "workers_stopped": sorted(set(self.announced) | set(self.failed)),
+            **self.watch.describe(),
         }
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from csrun_common.roles import Role
 
 from .contract import check_dataset
+from .elastic import ATTEMPT_ENV, tell_supervisor
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
@@ -70,7 +71,8 @@ class InputWorker:
         rc = resolved.params["runconfig"]
         self.rdv = Rendezvous(rc["model_dir"], role.rendezvous_key)
         self.start_timeout = float(rc["worker_start_timeout_secs"])
-        self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid()}
+        self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
+                   "attempt": int(os.environ.get(ATTEMPT_ENV) or 0)}  # > 0: a replacement
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.counter = [0]
@@ -79,6 +81,7 @@ class InputWorker:
 
     def run(self) -> int:
         """Serve, or wait for the chief in modes that stream nothing; returns the exit code."""
+        tell_supervisor(str(self.rdv.dir), self.index)  # where a death of this process is recorded
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
         if not self._load_plan():
@@ -86,10 +89,14 @@ class InputWorker:
         address = self._wait_for_dispatcher()
         if address is None:
             return 0 if self.rdv.done() is not None else 1
-        server = self._start_server(address)
+        # Build and register before the server starts: a replacement's server is handed the
+        # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
+        # tf.py_function callbacks up by name in this process; they must exist by then (measured:
+        # "Could not find callback with key=pyfunc_1" when the server started first).
         served = self._build_and_register(address)
         if served is None:
             return 2
+        server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)
         code, status = self._serve_until_done()

@@ -21,6 +21,10 @@ from .requeue import REQUEUE_EXIT, STOP_SIGNALS_ENV, RequeueSpec
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
+#: The task-side module every csrun_wse task runs its command through (named, never imported:
+#: the launcher does not import the runtime).
+SUPERVISE = "csrun_runtime.supervise"
+
 #: python-ws / python-pt as the first word of a command: the execution mode exported.
 EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
 
@@ -121,8 +125,12 @@ class WseRequest:
     slurm_version: tuple[int, int] | None = None
 
     def task_command(self) -> list[str]:
-        """The argv each task executes (container-wrapped, ``:``-safe)."""
-        return self.container.wrap(protect_argv(self.command, self.python))
+        """The argv each task executes (container-wrapped, ``:``-safe), through
+        :data:`SUPERVISE`: the chief's task execs the command, an input worker's task keeps
+        a replacement running after the worker's process is killed (README "Lost input
+        workers")."""
+        return self.container.wrap([self.python, "-m", SUPERVISE,
+                                    *protect_argv(self.command, self.python)])
 
     def job_env(self) -> list[tuple[str, str]]:
         """Variables csrun_wse sets in its own environment before srun (``--export=ALL``)."""

@@ -1,6 +1,8 @@
 """A worker killed with SIGKILL mid-run must not hang the chief: training goes on with the other
-workers; when none is left the chief fails within 60 s naming the workers' nodes. Under srun
---kill-on-bad-exit=1 (what csrun_wse runs) the step ends and srun names the node."""
+workers; when none is left the chief fails within 60 s naming the workers' nodes (local
+processes, no supervisor: nothing replaces them). Under a bare srun --kill-on-bad-exit=1 without
+csrun's supervisor the step ends and srun names the node; csrun_wse runs every task through
+csrun_runtime.supervise, which replaces the worker instead (tests/integration/test_elastic_cluster.py)."""
 from __future__ import annotations
 
 import json
