@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+
 from csrun_common import atomic
 
 REPO = common.REPO
@@ -60,6 +61,14 @@ def _samples(el: Any) -> int:
     if not flat or len(flat[0].shape) == 0:
         return 1
     return int(flat[0].shape[0])
+
+
+def _chunk_batch_size(batches: Any) -> int:
+    """Samples per batch of a chunk's element (its tensors are ``[batches, samples, ...]``)."""
+    import tensorflow as tf
+
+    flat = [t for t in tf.nest.flatten(batches) if t is not None]
+    return int(flat[0].shape[1]) if flat and len(flat[0].shape) > 1 else 1
 
 
 def _argv(spec: dict) -> list[str]:
@@ -117,9 +126,9 @@ def child_worker(spec: dict) -> None:
         "CSRUN_CPUS_PER_TASK": str(spec["cpus"]), "SLURM_PROCID": str(spec["index"]),
         "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0", "CSRUN_ADVERTISE_HOST": "localhost",
     })
+    from csrun_common.roles import resolve_role
     from csrun_runtime.capture import load_entry
     from csrun_runtime.params import resolve_params
-    from csrun_common.roles import resolve_role
     from csrun_runtime.worker import run_worker
 
     argv = _argv(spec)
@@ -158,18 +167,21 @@ def child_chief(spec: dict) -> None:
             time.sleep(0.1)
         res["registered_s"] = time.monotonic() - t0
         source = service.ServiceSource(rdv, addresses, regs)
-        source.get(spec["start_timeout_s"])
+        # whole elements, as the training loop takes them (a bundle is several batches)
+        first = source.get_chunk(1 << 30, spec["start_timeout_s"])
+        batch = _chunk_batch_size(first.batches)
         t_end = time.monotonic() + spec["warmup_s"]
         while time.monotonic() < t_end:
-            source.get(60)
+            source.get_chunk(1 << 30, 60)
         samples = 0
         t1 = time.monotonic()
         while time.monotonic() - t1 < spec["measure_s"]:
-            _, el = source.get(60)
-            samples += _samples(el)
+            samples += source.get_chunk(1 << 30, 60).steps * batch
         dt = time.monotonic() - t1
+        desc = source.describe()
         res.update({"samples_per_sec": samples / dt, "samples": samples, "window_s": dt,
-                    "batches_per_worker": source.describe()["batches_per_worker"]})
+                    "batches_per_worker": desc["batches_per_worker"],
+                    "batches_per_element": desc["batches_per_element"]})
         rdv.mark_done("ok")
     except BaseException as exc:  # noqa: BLE001 - reported to the harness
         res["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -208,7 +220,8 @@ class _Procs:
         spec_path = self.workdir / f"{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         log = open(self.workdir / f"{name}.log", "ab")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         self.procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, str(spec_path)],
                                            stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env,
                                            stdin=subprocess.DEVNULL, start_new_session=True))
@@ -228,7 +241,7 @@ class _Procs:
             if p.poll() is None:
                 common.stop_group(p, grace=3.0)
 
-    def __enter__(self) -> "_Procs":
+    def __enter__(self) -> _Procs:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -274,7 +287,8 @@ def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, wo
         res = _read(out)
         procs.wait(15)
     if res.get("error") or "samples_per_sec" not in res:
-        raise RuntimeError(f"service run failed: {res.get('error')} {_log_tail(wd, 'chief')} {_log_tail(wd, 'worker0')}")
+        raise RuntimeError(f"service run failed: {res.get('error')} {_log_tail(wd, 'chief')} "
+                           f"{_log_tail(wd, 'worker0')}")
     return float(res["samples_per_sec"])
 
 

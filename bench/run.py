@@ -16,6 +16,7 @@ name                  what                                                      
 ``startup``           csrun_wse --dry-run, cs_input_analyzer --help vs python       2
 ``shardplan``         1,000,000 files onto 10,000 workers: time, imbalance          7
 ``streaming``         tf.data service delivery vs the workers' standalone rates     6
+``ingest``            the chief's ingest ceiling, the hop, the loop, 16 workers     13
 ``recommend``         analyzer's layout vs exhaustive sweep; vs the default         3, 4
 ``verify``            cs_input_analyzer verify: predicted vs measured               5
 ====================  ==========================================================  =====
@@ -48,6 +49,7 @@ BENCHMARKS = {
     "startup": "bench_startup",
     "shardplan": "bench_shardplan",
     "streaming": "bench_streaming",
+    "ingest": "bench_ingest",
     "recommend": "bench_recommend",
     "verify": "bench_verify",
 }

@@ -5,9 +5,11 @@ Input worker ``i`` (its index from :mod:`csrun_common.roles`) waits for the chie
 ``WorkerServer`` (port 0, ``worker_address="<host>:%port%"``) attached to dispatcher ``i``,
 builds *its own* dataset with ``input_fn(params_i)`` (its shuffle seed, its shard-plan
 files), checks it against the input_fn contract (:mod:`csrun_runtime.contract`), registers it
-as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``) and writes
-``workers/<i>.json``. It then serves until the chief writes ``done.json`` (or its heartbeat
-goes stale), and leaves a report of what it produced.
+as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``; small batches bundled
+several per service element, :func:`csrun_runtime.service.plan_bundle`) and writes
+``workers/<i>.json`` (with ``bundle``: the batches per element). It then serves until the
+chief writes ``done.json`` (or its heartbeat goes stale), and leaves a report of what it
+produced.
 
 TensorFlow is imported inside the functions, as everywhere in :mod:`csrun_runtime`: a run.py
 imports the runtime before TensorFlow, so that the runtime's quiet-logging settings are in
@@ -26,7 +28,7 @@ from csrun_common.roles import Role
 from .contract import call_input_fn, check_dataset
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan, worker_params
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
-from .service import DATASET_ID, count_elements, limit_threads
+from .service import BundlePlan, limit_threads, plan_bundle, register_stream, start_worker_server
 
 __all__ = ["run_worker", "InputWorker"]
 
@@ -67,7 +69,8 @@ class InputWorker:
         self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid()}
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
-        self.counter = [0]
+        self.counter = [0]  # service elements produced (bundles of ``self.plan.bundle`` batches)
+        self.plan = BundlePlan(1, None, "auto", "not planned yet")
 
     def run(self) -> int:
         """Serve, or wait for the chief in modes that stream nothing; returns the exit code."""
@@ -158,22 +161,16 @@ class InputWorker:
         return str(addresses[self.index])
 
     def _start_server(self, address: str) -> Any:
-        import tensorflow as tf
-
-        svc = tf.data.experimental.service
-        server = svc.WorkerServer(svc.WorkerConfig(
-            dispatcher_address=address, worker_address=f"{self.role.host}:%port%", port=0,
-            protocol="grpc", heartbeat_interval_ms=1000))
+        server = start_worker_server(address, self.role.host)
         _KEEP_ALIVE.append(server)
         return server
 
     def _build_and_register(self, params: dict[str, Any], address: str
                             ) -> tuple[int | None, dict[str, Any]] | None:
         """Build ``input_fn(params)``, check the contract, register the dataset with the
-        dispatcher. Returns ``(batch_size, train_input params)``, or ``None`` after
-        registering the violations as a failure."""
-        import tensorflow as tf
-
+        dispatcher, bundled as ``runconfig.input_bundle`` and the batch's size say
+        (:func:`csrun_runtime.service.plan_bundle`). Returns ``(batch_size, train_input
+        params)``, or ``None`` after registering the violations as a failure."""
         ti = params["train_input"]
         try:
             ds = call_input_fn(self.input_fn, params, "train")
@@ -187,9 +184,8 @@ class InputWorker:
                 log.error("%s", v)
             return None
         batch_size = rep.info["train_input"]["batch_size"]
-        ds = count_elements(limit_threads(ds, self.role.cpus_per_task), self.counter)
-        tf.data.experimental.service.register_dataset(service=f"grpc://{address}", dataset=ds,
-                                                      compression=None, dataset_id=DATASET_ID)
+        self.plan = plan_bundle(ds.element_spec, self.resolved.params["runconfig"].get("input_bundle", "auto"))
+        register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.plan, self.counter)
         return batch_size, ti
 
     def _register(self, address: str, server: Any, batch_size: int | None, ti: dict[str, Any]) -> None:
@@ -197,10 +193,12 @@ class InputWorker:
         self.rdv.register_worker(self.index, {
             **self.me, "status": "ok", "dispatcher": address,
             "worker_address": getattr(server, "_address", None), "batch_size": batch_size,
-            "shuffle_seed": ti.get("shuffle_seed"), "data_files": files, "registered": time.time()})
-        log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, %s)",
-                 address, batch_size, ti.get("shuffle_seed"),
-                 f"{len(files)} shard-plan file(s)" if files is not None else "files chosen by input_fn")
+            "shuffle_seed": ti.get("shuffle_seed"), "data_files": files, "registered": time.time(),
+            "bundle": self.plan.bundle, "bundling": self.plan.describe()})
+        log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, %s; "
+                 "bundling %s)", address, batch_size, ti.get("shuffle_seed"),
+                 f"{len(files)} shard-plan file(s)" if files is not None else "files chosen by input_fn",
+                 self.plan.reason)
 
     def _serve_until_done(self) -> tuple[int, str | None]:
         """Serve until ``done.json`` (exit 0 and the chief's status) or the chief is lost (1)."""
@@ -216,11 +214,12 @@ class InputWorker:
 
     def _write_report(self, ti: dict[str, Any], batch_size: int | None, status: str | None) -> None:
         files = ti.get("data_files")
-        elements = self.counter[0]
+        elements = self.counter[0] * self.plan.bundle  # batches produced (served or buffered)
         report = {**self.me, "files": files,
                   "files_source": "shard_plan" if files is not None else "input_fn",
                   "shuffle_seed": ti.get("shuffle_seed"), "elements": elements,
                   "samples": elements * (batch_size or 0), "batch_size": batch_size,
+                  "service_elements": self.counter[0], "bundle": self.plan.bundle,
                   "chief_status": status, "seconds": round(time.monotonic() - self.t0, 3)}
         self.rdv.write_report(self.index, report)
         log.info("produced %d batch(es) (%d samples); chief status %s; leaving", elements,
