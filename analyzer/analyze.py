@@ -11,6 +11,12 @@ the estimate of ``<model_dir>/compile_report.json`` / ``compile_report.txt`` (co
 else ``est_samples_per_sec`` of a previous run's ``<model_dir>/performance/performance.json``,
 else none ("best for the available nodes").
 
+The steps of :func:`analyze`, in order: :func:`_prepare` (the command, its params, Slurm's
+facts, the output directory), :func:`run_user_command`, :func:`_probe_target`,
+:func:`_report_base`, :func:`_probe` (:func:`analyzer.probe_driver.run_probes`),
+:func:`build_report`, :func:`_finish`. A new check of the user's input (e.g. of its data
+files) is one more step that adds its findings to the report base's ``notes``.
+
 This module is imported by the CLI at start-up: it imports neither TensorFlow nor pandas
 nor matplotlib at module level.
 """
@@ -23,13 +29,24 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
 from csrun_common.errors import CsrunError
+from launcher import slurm
+from launcher.config import SiteConfig, load_config
+from launcher.container import site_container, split_mount_dirs
+
+from . import file_coverage
+from . import report as rp
+from .probe_driver import ProbeLoadError, ProbeRun, Target, run_probes
+
+if TYPE_CHECKING:
+    from .model import NodeModel
 
 DEFAULT_BUDGET_S = 120.0
 
@@ -39,7 +56,7 @@ class Command:
     """The user's command split: ``python`` word, ``run_py`` (absolute), ``argv`` after it."""
 
     words: list[str]
-    python_word: Optional[str]
+    python_word: str | None
     run_py: str
     argv: list[str] = field(default_factory=list)
 
@@ -68,7 +85,7 @@ def split_command(words: Sequence[str], cwd: str) -> Command:
     return Command(words=words, python_word=py_word, run_py=str(path.resolve()), argv=list(rest))
 
 
-def find_target(model_dir: str) -> tuple[Optional[float], str]:
+def find_target(model_dir: str) -> tuple[float | None, str]:
     """The accelerator's consumption rate (samples/s) and where it came from.
 
     Looks, in order, at ``compile_report.json`` (``est_samples_per_sec``), ``compile_report.txt``
@@ -83,8 +100,8 @@ def find_target(model_dir: str) -> tuple[Optional[float], str]:
             return v, f"estimate in {md / name}"
     txt = md / "compile_report.txt"
     if txt.is_file():
-        m = re.search(r"([0-9][0-9,]*\.?[0-9]*)\s*(?:samples/s(?:ec)?|samples per sec)", txt.read_text(errors="replace"),
-                      re.IGNORECASE)
+        m = re.search(r"([0-9][0-9,]*\.?[0-9]*)\s*(?:samples/s(?:ec)?|samples per sec)",
+                      txt.read_text(errors="replace"), re.IGNORECASE)
         if m:
             try:
                 return float(m.group(1).replace(",", "")), f"estimate in {txt}"
@@ -97,7 +114,7 @@ def find_target(model_dir: str) -> tuple[Optional[float], str]:
     return None, "no --target-samples-per-sec, compile report or previous run"
 
 
-def _json_rate(path: Path) -> Optional[float]:
+def _json_rate(path: Path) -> float | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -116,12 +133,15 @@ def _json_rate(path: Path) -> Optional[float]:
     return None
 
 
-def _bin(name: str) -> str:
+def console_script(name: str) -> str:
+    """Path of the console script ``name`` (``csrun_cpu``, ``csrun_wse``,
+    ``cs_input_analyzer``) beside the interpreter running this code, else the one on PATH,
+    else ``name`` itself."""
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
-def run_user_command(cmd: Command, local: bool, mount_dirs: Optional[str], cwd: str, log: Path,
+def run_user_command(cmd: Command, local: bool, mount_dirs: str | None, cwd: str, log: Path,
                      python: str, timeout_s: float = 1800) -> int:
     """Run the user's command first (``csrun_cpu [--mount-dirs] CMD`` or, locally, CMD with
     ``python`` for the interpreter word). Output goes to ``log`` and, on failure, its tail
@@ -129,9 +149,9 @@ def run_user_command(cmd: Command, local: bool, mount_dirs: Optional[str], cwd: 
     if local:
         argv = [python, cmd.run_py, *cmd.argv]
     else:
-        argv = [_bin("csrun_cpu")] + (["--mount-dirs", mount_dirs] if mount_dirs else []) + list(cmd.words)
-    click.echo(f"cs_input_analyzer: running {' '.join(argv[:1] + [os.path.basename(argv[1])] + argv[2:]) if local else ' '.join(argv)}",
-               err=True)
+        argv = [console_script("csrun_cpu")] + (["--mount-dirs", mount_dirs] if mount_dirs else []) + list(cmd.words)
+    shown = argv[:1] + [os.path.basename(argv[1])] + argv[2:] if local else argv
+    click.echo(f"cs_input_analyzer: running {' '.join(shown)}", err=True)
     with open(log, "wb") as f:
         try:
             proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, timeout=timeout_s,
@@ -147,43 +167,46 @@ def run_user_command(cmd: Command, local: bool, mount_dirs: Optional[str], cwd: 
     return rc
 
 
-def cluster_info(partition: str, exclude: str) -> dict[str, Any]:
-    """Slurm facts for probing and the layout model: ``nodes`` (names), ``node_cpus`` (CPUs of
-    one CPU node), ``node_hosts`` (host of each node, the chief's GRES node first) and
-    ``host_cores`` (for hosts that carry several nodes: the CPUs they declare together, to be
-    replaced by the probe's measured host CPUs).
+class ClusterInfo(TypedDict):
+    """Slurm facts for probing and the layout model (``report.json``'s ``cluster``):
+    ``nodes`` (names, the chief's GRES node first), ``node_cpus`` (CPUs of one CPU node),
+    ``node_hosts`` (the host of each node, in the order of ``nodes``) and ``host_cores``
+    (per host: the CPUs its nodes declare together; :func:`_topology` replaces it by the
+    probe's measured host CPUs where nodes share a host)."""
+
+    nodes: list[str]
+    node_cpus: int
+    node_hosts: list[str]
+    host_cores: dict[str, int]
+
+
+def cluster_info(partition: str, exclude: str) -> ClusterInfo:
+    """The :class:`ClusterInfo` of ``partition`` ("" : Slurm's default partitions), with
+    ``exclude`` (the GRES node) first, from :func:`launcher.slurm.list_nodes` and
+    :func:`launcher.slurm.node_hosts`.
 
     Raises :class:`CsrunError` (exit 2) when Slurm cannot be reached, suggesting ``--local``.
     """
-    from launcher import slurm
-
     try:
         nodes = slurm.list_nodes(partition)
         n = slurm.cpu_node_cpus(nodes, exclude=exclude)
     except CsrunError as exc:
         raise CsrunError(f"cannot use Slurm ({exc}); run with --local to probe this machine instead") from None
-    hosts: dict[str, str] = {}
     try:
-        out = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N|%n"] +
-                             ([f"--partition={partition}"] if partition else []),
-                             capture_output=True, text=True, timeout=30).stdout
-        for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 2:
-                hosts[parts[0]] = parts[1]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+        hosts = slurm.node_hosts(partition)
+    except CsrunError:
+        hosts = {}  # every node its own host
     names = list(dict.fromkeys(x.name for x in nodes))
     order = [x for x in names if x == exclude] + [x for x in names if x != exclude]
     node_hosts = [hosts.get(x, x) for x in order]
     cpus = {x.name: x.cpus for x in nodes}
     host_cores: dict[str, int] = {}
-    for name, h in zip(order, node_hosts):
+    for name, h in zip(order, node_hosts, strict=True):
         host_cores[h] = host_cores.get(h, 0) + cpus.get(name, n)
     return {"nodes": order, "node_cpus": n, "node_hosts": node_hosts, "host_cores": host_cores}
 
 
-def _topology(info: Optional[dict], hellos: list[dict]) -> Optional[dict]:
+def _topology(info: ClusterInfo | None, hellos: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Host sharing for :func:`analyzer.recommend.predict_layout`: the hosts that carry
     several nodes declaring more CPUs together than the host has (``cpu_count`` seen by the
     probe processes on that host; the Slurm test cluster unpinned); nodes pinned to their
@@ -217,20 +240,66 @@ class Options:
     """Parsed options of the main command (see :func:`analyze`)."""
 
     command: list[str]
-    available_nodes: Optional[int] = None
-    mount_dirs: Optional[str] = None
-    target: Optional[float] = None
+    available_nodes: int | None = None
+    mount_dirs: str | None = None
+    target: float | None = None
     local: bool = False
     budget_s: float = DEFAULT_BUDGET_S
-    output: Optional[str] = None
-    partition: Optional[str] = None
+    output: str | None = None
+    partition: str | None = None
     run_command: bool = True
     progress: bool = True
+    strict: bool = False
+
+
+@dataclass
+class Analysis:
+    """What the steps of :func:`analyze` share: the options, the working directory, the
+    user's command and its ``model_dir``, the output directory, the site configuration and
+    Slurm's facts (``None`` with ``--local``), the interpreter of the user's command, and
+    the report's fields known before probing (``base``)."""
+
+    opts: Options
+    cwd: str
+    cmd: Command
+    model_dir: str
+    out: Path
+    python: str = sys.executable
+    cfg: SiteConfig | None = None
+    info: ClusterInfo | None = None
+    base: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def available_nodes(self) -> int:
+        """``--available-nodes``, else the partition's nodes (1 with ``--local``)."""
+        return self.opts.available_nodes or (len(self.info["nodes"]) if self.info else 1)
 
 
 def analyze(opts: Options) -> int:
     """Run the whole analysis; returns the exit status (0 ok, 1 no usable probe / the user's
     command failed). Raises :class:`CsrunError` for bad input (exit 2)."""
+    a = _prepare(opts)
+    if opts.run_command and not _run_command_first(a):
+        return 1
+    target = _probe_target(a)
+    a.base = _report_base(a)
+    stop = _check_files(a)
+    if stop is not None:
+        return stop
+    run = _probe(a, target)
+    if run is None:
+        return 1
+    _record_run(a.base, run)
+    return _finish(a.out, build_report(a.base, run.rows, _topology(a.info, run.hellos)))
+
+
+def _prepare(opts: Options) -> Analysis:
+    """The user's command and its resolved params, the site configuration and Slurm's
+    facts (not with ``--local``), and the output directory (created). Raises
+    :class:`CsrunError` for a bad command, bad params, an unusable Slurm or output
+    directory, or more ``--available-nodes`` than the partition has."""
+    # The runtime package (its __init__ loads the runner) only when an analysis runs: ~40 ms
+    # that the CLI's start-up (--help) does not need.
     from csrun_runtime.params import ParamsError, resolve_params
 
     cwd = os.getcwd()
@@ -241,84 +310,110 @@ def analyze(opts: Options) -> int:
         raise CsrunError(f"COMMAND: {exc}") from None
     model_dir = resolved.model_dir
     out = Path(opts.output).resolve() if opts.output else Path(model_dir) / "input_analysis"
-
-    cfg = None
-    info = None
-    python = sys.executable
+    a = Analysis(opts=opts, cwd=cwd, cmd=cmd, model_dir=model_dir, out=out)
     if not opts.local:
-        from launcher.config import load_config
-
-        try:
-            cfg = load_config()
-        except CsrunError as exc:
-            raise CsrunError(str(exc)) from None
-        python = cfg.python
-        part = opts.partition if opts.partition is not None else cfg.partition
-        info = cluster_info(part, cfg.gres_node)
-        if opts.available_nodes is not None and opts.available_nodes > len(info["nodes"]):
+        a.cfg = load_config()
+        a.python = a.cfg.python
+        a.info = cluster_info(_partition(a), a.cfg.gres_node)
+        if opts.available_nodes is not None and opts.available_nodes > len(a.info["nodes"]):
             raise CsrunError(f"--available-nodes {opts.available_nodes}: the partition has only "
-                                f"{len(info['nodes'])} node(s)")
-    available = opts.available_nodes or (len(info["nodes"]) if info else 1)
+                             f"{len(a.info['nodes'])} node(s)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CsrunError(f"--output {out}: {exc.strerror}") from None
+    return a
 
-    if opts.run_command:
-        rc = run_user_command(cmd, opts.local, opts.mount_dirs, cwd, out / "command.log", python)
-        if rc != 0:
-            click.echo(f"cs_input_analyzer: the command failed (exit status {rc}); fix it before analysing "
-                       f"its input (log: {out / 'command.log'})", err=True)
-            return 1
 
-    if opts.target:
-        target, target_src = opts.target, "--target-samples-per-sec"
+def _partition(a: Analysis) -> str:
+    """``--partition``, else the site configuration's ``slurm.partition``."""
+    if a.opts.partition is not None:
+        return a.opts.partition
+    return a.cfg.partition if a.cfg is not None else ""
+
+
+def _run_command_first(a: Analysis) -> bool:
+    """Run the user's command (:func:`run_user_command`); False, with a message, when it
+    failed."""
+    log = a.out / "command.log"
+    rc = run_user_command(a.cmd, a.opts.local, a.opts.mount_dirs, a.cwd, log, a.python)
+    if rc != 0:
+        click.echo(f"cs_input_analyzer: the command failed (exit status {rc}); fix it before analysing "
+                   f"its input (log: {log})", err=True)
+    return rc == 0
+
+
+def _probe_target(a: Analysis) -> Target:
+    """Where the probes run: this machine (``--local``), or one CPU node of the partition
+    (the GRES node excluded) in the site's container. Raises :class:`CsrunError` for a bad
+    container configuration."""
+    if a.opts.local or a.cfg is None or a.info is None:
+        return Target(local=True, node_cpus=None, python=a.python)
+    cont = site_container(a.cfg, a.opts.mount_dirs)
+    return Target(local=False, partition=_partition(a), account=a.cfg.account, exclude=a.cfg.gres_node,
+                  container=cont if cont.runtime != "none" else None, node_cpus=a.info["node_cpus"],
+                  python=a.python)
+
+
+def _report_base(a: Analysis) -> dict[str, Any]:
+    """The report's fields known before probing: the command, where it ran, the budget and
+    the target rate with its source (:func:`find_target`)."""
+    target: float | None
+    if a.opts.target:
+        target, target_src = a.opts.target, "--target-samples-per-sec"
     else:
-        target, target_src = find_target(model_dir)
+        target, target_src = find_target(a.model_dir)
+    cmd = a.cmd
+    return {
+        "version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": cmd.words,
+        "run_py": cmd.run_py, "argv": cmd.argv, "cwd": a.cwd, "model_dir": a.model_dir,
+        "output_dir": str(a.out), "local": a.opts.local, "available_nodes": a.available_nodes,
+        "time_budget_s": a.opts.budget_s, "mount_dirs": a.opts.mount_dirs,
+        "target": {"samples_per_sec": target, "source": target_src},
+        "cluster": a.info, "notes": [],
+    }
 
-    from . import probe_driver as probing
 
-    target_spec = probing.Target(local=opts.local, node_cpus=None if opts.local else info["node_cpus"],
-                                 python=python)
-    if not opts.local:
-        from launcher.container import site_container
+def _check_files(a: Analysis) -> int | None:
+    """Build the input as two input workers would (:mod:`analyzer.file_coverage`): files
+    that overlap or stay unread are a note in the report and a warning (with ``--strict`` an
+    error: the exit status returned, nothing probed). ``None``: go on."""
+    coverage = file_coverage.run_check(a.cmd.run_py, a.cmd.argv, a.cwd, a.python, a.out / "file_coverage.json")
+    notes, stop = file_coverage.findings(coverage, a.opts.strict, lambda m: click.echo(m, err=True))
+    a.base["file_coverage"], a.base["notes"] = coverage, notes
+    return stop
 
-        target_spec.partition = opts.partition if opts.partition is not None else cfg.partition
-        target_spec.account = cfg.account
-        target_spec.exclude = cfg.gres_node
-        cont = site_container(cfg, opts.mount_dirs)
-        target_spec.container = cont if cont.runtime != "none" else None
 
-    work = out / "work"
+def _probe(a: Analysis, target: Target) -> ProbeRun | None:
+    """Probe the input_fn (:func:`analyzer.probe_driver.run_probes`) in ``<out>/work``,
+    saving the partial report after every probe. ``None`` (the report says why) when the
+    probes could not load run.py."""
+    work = a.out / "work"
     if work.exists():
         shutil.rmtree(work, ignore_errors=True)
-    base = {
-        "version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": cmd.words,
-        "run_py": cmd.run_py, "argv": cmd.argv, "cwd": cwd, "model_dir": model_dir,
-        "output_dir": str(out), "local": opts.local, "available_nodes": available,
-        "time_budget_s": opts.budget_s, "mount_dirs": opts.mount_dirs,
-        "target": {"samples_per_sec": target, "source": target_src},
-        "cluster": info, "notes": [],
-    }
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
 
-    def on_row(row: dict) -> None:
+    def on_row(row: dict[str, Any]) -> None:
         rows.append(row)
-        _save_partial(out, base, rows)
+        _save_partial(a.out, a.base, rows)
 
     t0 = time.monotonic()
     try:
-        run = probing.run_probes(cmd.run_py, cmd.argv, cwd, work, target_spec, opts.budget_s, on_row=on_row,
-                                 progress=opts.progress, fit_fn=_fit_rows)
-    except probing.ProbeLoadError as exc:
-        base["error"] = f"the probes could not load run.py: {exc}"
-        _save_partial(out, base, rows)
-        from . import report as rp
+        run = run_probes(a.cmd.run_py, a.cmd.argv, a.cwd, work, target, a.opts.budget_s, on_row=on_row,
+                         progress=a.opts.progress, fit_fn=_fit_rows)
+    except ProbeLoadError as exc:
+        a.base["error"] = f"the probes could not load run.py: {exc}"
+        _save_partial(a.out, a.base, rows)
+        rp.write_text(a.out, {**a.base, "probes": rows})
+        click.echo(f"cs_input_analyzer: {a.base['error']}", err=True)
+        return None
+    a.base["probing_s"] = time.monotonic() - t0
+    return run
 
-        rp.write_text(out, {**base, "probes": rows})
-        click.echo(f"cs_input_analyzer: {base['error']}", err=True)
-        return 1
-    base["probing_s"] = time.monotonic() - t0
+
+def _record_run(base: dict[str, Any], run: ProbeRun) -> None:
+    """Add what probing found besides the probe rows to the report base: the node's CPUs,
+    the node probed, why it stopped, the timings, load times and notes."""
     base["node_cpus"] = run.node_cpus
     base["probed_on"] = (run.hellos[0] if run.hellos else {})
     base["stopped"] = run.stopped
@@ -327,11 +422,11 @@ def analyze(opts: Options) -> int:
     base["notes"] += run.notes
     if run.stopped == "interrupted":
         base["notes"].append("interrupted: the report uses the probes measured so far")
-    rep = build_report(base, run.rows, _topology(info, run.hellos))
-    return _finish(out, rep)
 
 
-def _fit_rows(rows: list[dict], n: int):
+def _fit_rows(rows: list[dict[str, Any]], n: int) -> NodeModel:
+    """The node model fitted to the probe rows so far (the planner ranks layouts by it)."""
+    # pandas and the model (numpy) load only once probing runs: not at the CLI's start-up.
     import pandas as pd
 
     from .model import fit
@@ -339,22 +434,21 @@ def _fit_rows(rows: list[dict], n: int):
     return fit(pd.DataFrame(rows), n)
 
 
-def _save_partial(out: Path, base: dict, rows: list[dict]) -> None:
-    from . import report as rp
-
+def _save_partial(out: Path, base: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     rp.write_probes_csv(out, rows)
     rp.write_json(out, {**base, "partial": True, "probes": rows})
 
 
-def build_report(base: dict, rows: list[dict], topology: Optional[dict]) -> dict:
+def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
+                 topology: dict[str, Any] | None) -> dict[str, Any]:
     """The report dict from the probe rows: model, bottleneck, ingest, recommendation, the
     rate-vs-nodes curve of the chosen tasks × CPUs, and the csrun_wse command. Pure given
     its inputs (used by :func:`analyze` and by tests on recorded tables)."""
+    # pandas and numpy (the model) are imported here, not at the CLI's start-up.
     import pandas as pd
 
     from . import recommend as rc
     from .model import ModelError, classify, fit, ingest_limits
-    from .report import csrun_wse_command
 
     rep = dict(base)
     rep["probes"] = rows
@@ -375,7 +469,7 @@ def build_report(base: dict, rows: list[dict], topology: Optional[dict]) -> dict
     rep["nodes_curve"] = [rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
                                             topology)
                           for n in range(1, int(base.get("available_nodes") or 1) + 1)]
-    rep["csrun_wse_command"] = csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"))
+    rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"))
     if topology:
         rep["notes"] = list(rep.get("notes") or []) + [
             f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
@@ -394,9 +488,9 @@ def build_report(base: dict, rows: list[dict], topology: Optional[dict]) -> dict
     return rep
 
 
-def _finish(out: Path, rep: dict) -> int:
-    from . import report as rp
-
+def _finish(out: Path, rep: dict[str, Any]) -> int:
+    """Write the report's files (:mod:`analyzer.report`; a plot that fails is a note) and
+    print its text. Returns 0 with a recommendation, else 1."""
     rp.write_probes_csv(out, rep.get("probes") or [])
     rp.write_json(out, rep)
     try:
@@ -410,19 +504,21 @@ def _finish(out: Path, rep: dict) -> int:
 
 
 # --------------------------------------------------------------------------- click command
-def _positive_float(ctx, param, value):
+def _positive_float(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not value > 0:
         raise click.BadParameter(f"{value}: must be a number > 0", ctx=ctx, param=param)
     return value
 
 
-ANALYZE_EPILOG = """\b
-Examples:
-  cs_input_analyzer python run.py --params configs/params.yaml --mode validate_only
-  cs_input_analyzer --available-nodes 4 --target-samples-per-sec 5000 python run.py --params configs/params.yaml --mode compile_only
-  cs_input_analyzer --local --time-budget 30 python run.py --params configs/params.yaml --mode validate_only
-  cs_input_analyzer verify --report model_dir/input_analysis
-"""
+ANALYZE_EPILOG = "\n".join([
+    "\b",
+    "Examples:",
+    "  cs_input_analyzer python run.py --params configs/params.yaml --mode validate_only",
+    "  cs_input_analyzer --available-nodes 4 --target-samples-per-sec 5000 python run.py "
+    "--params configs/params.yaml --mode compile_only",
+    "  cs_input_analyzer --local --time-budget 30 python run.py --params configs/params.yaml --mode validate_only",
+    "  cs_input_analyzer verify --report model_dir/input_analysis",
+    ""])
 
 
 @click.command("analyze", context_settings={"allow_interspersed_args": False,
@@ -444,9 +540,13 @@ Examples:
 @click.option("--no-run-command", is_flag=True,
               help="Do not run COMMAND first (it already succeeded); only analyse its input_fn.")
 @click.option("--no-progress", is_flag=True, help="No progress bar / per-probe lines.")
+@click.option("--strict", is_flag=True,
+              help="Input workers' files that overlap or leave files unread are an error (exit 2, "
+                   "nothing probed), not a warning.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def analyze_command(available_nodes, mount_dirs, target_samples_per_sec, local, time_budget, output, partition,
-                    no_run_command, no_progress, command):
+def analyze_command(available_nodes: int | None, mount_dirs: str | None, target_samples_per_sec: float | None,
+                    local: bool, time_budget: float, output: str | None, partition: str | None,
+                    no_run_command: bool, no_progress: bool, strict: bool, command: tuple[str, ...]) -> int:
     """Measure the input_fn of COMMAND's run.py and recommend nodes, tasks per node and CPUs
     per task for csrun_wse, with a predicted input throughput.
 
@@ -455,13 +555,9 @@ def analyze_command(available_nodes, mount_dirs, target_samples_per_sec, local, 
     probed with the same params.
     """
     if mount_dirs:
-        from launcher.container import split_mount_dirs
-
-        try:
-            split_mount_dirs(mount_dirs)
-        except CsrunError as exc:
-            raise CsrunError(str(exc)) from None
+        split_mount_dirs(mount_dirs)
     opts = Options(command=list(command), available_nodes=available_nodes, mount_dirs=mount_dirs,
                    target=target_samples_per_sec, local=local, budget_s=time_budget, output=output,
-                   partition=partition, run_command=not no_run_command, progress=not no_progress)
+                   partition=partition, run_command=not no_run_command, progress=not no_progress,
+                   strict=strict)
     return analyze(opts)

@@ -11,19 +11,26 @@ must stay well under a second); commands import what they need when they run.
 """
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
 from csrun_common.cli import one_line_main
+from launcher.version import version_option
+
+from .analyze import analyze_command
+from .shard_commands import reshard_cmd, shard_plan_cmd
+from .verify import verify_command
 
 __all__ = ["main", "AnalyzerGroup"]
+
 
 class AnalyzerGroup(click.Group):
     """A click group with an optional default command for argument lists that do not
     start with a subcommand name (the analyzer's ``[OPTIONS] python run.py ...``)."""
 
-    default_command: Optional[str] = None
+    default_command: str | None = None
 
     def set_default(self, name: str) -> None:
         """Make the registered command ``name`` the default."""
@@ -37,12 +44,15 @@ class AnalyzerGroup(click.Group):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
-    def main(self, args=None, prog_name=None, **extra):  # noqa: D102
-        # One-line errors, exit 2 for bad flags.
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             **extra: Any) -> None:
+        """Run the CLI with one-line errors and exit status 2 for bad input
+        (:func:`csrun_common.cli.one_line_main`)."""
         return one_line_main(super().main, prog_name or "cs_input_analyzer", args, prog_name, **extra)
 
 
 @click.group(cls=AnalyzerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("cs_input_analyzer")
 def main() -> None:
     """Measure an input pipeline and plan how input workers share the data.
 
@@ -54,20 +64,9 @@ def main() -> None:
     """
 
 
-def _register() -> None:
-    from .shard_commands import reshard_cmd, shard_plan_cmd
-
-    main.add_command(shard_plan_cmd)
-    main.add_command(reshard_cmd)
-    from .analyze import analyze_command
-    from .verify import verify_command
-
-    main.add_command(analyze_command)
-    main.add_command(verify_command)
-    main.set_default("analyze")
-
-
-_register()
+for _command in (shard_plan_cmd, reshard_cmd, analyze_command, verify_command):
+    main.add_command(_command)
+main.set_default("analyze")
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -17,8 +17,11 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
+
+import yaml
 
 __all__ = ["ParamsData", "expand_sources", "read_params", "is_glob"]
 
@@ -30,7 +33,7 @@ def is_glob(text: str) -> bool:
     return any(c in text for c in "*?[")
 
 
-def _dir_files(d: str, pattern: Optional[str]) -> list[str]:
+def _dir_files(d: str, pattern: str | None) -> list[str]:
     names = []
     with os.scandir(d) as it:
         for e in it:
@@ -44,7 +47,7 @@ def _dir_files(d: str, pattern: Optional[str]) -> list[str]:
     return [os.path.join(d, n) for n in chosen]
 
 
-def expand_sources(sources: Iterable[str], *, pattern: Optional[str] = None,
+def expand_sources(sources: Iterable[str], *, pattern: str | None = None,
                    what: str = "source") -> tuple[list[str], int]:
     """Expand files, directories and globs into a sorted list of absolute file paths.
 
@@ -90,12 +93,12 @@ class ParamsData:
 
     path: str
     data_dirs: list[str] = field(default_factory=list)
-    shuffle_buffer: Optional[int] = None
-    batch_size: Optional[int] = None
-    shuffle_seed: Optional[int] = None
+    shuffle_buffer: int | None = None
+    batch_size: int | None = None
+    shuffle_seed: int | None = None
 
 
-def _opt_int(value: Any, name: str, path: str, low: int = 0) -> Optional[int]:
+def _opt_int(value: Any, name: str, path: str, low: int = 0) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -106,14 +109,15 @@ def _opt_int(value: Any, name: str, path: str, low: int = 0) -> Optional[int]:
 def read_params(path: str) -> ParamsData:
     """Read ``train_input`` of a Model Zoo params YAML.
 
-    ``shuffle_buffer`` defaults to ``10 × batch_size`` when absent (the Model Zoo
-    default, seed 004). Raises ``ValueError`` naming ``--params``, the key and the value
-    for a missing file, invalid YAML, or a missing/ill-typed ``train_input.data_dir``.
+    ``shuffle_buffer`` defaults to ``10 × batch_size`` when absent, the Model Zoo's default
+    ("Size of shuffle buffer in samples. (int, optional) Default: 10 * batch_size", the
+    Cerebras document "Cerebras Model Zoo YAML parameters"). Raises ``ValueError`` naming
+    ``--params``, the key and the value for a missing file, invalid YAML, or a
+    missing/ill-typed ``train_input.data_dir``.
     """
-    import yaml  # light, and only needed here
 
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             doc = yaml.safe_load(fh)
     except FileNotFoundError:
         raise ValueError(f"--params {path}: no such file") from None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -134,7 +134,7 @@ class NodeModel:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NodeModel":
+    def from_dict(cls, d: dict[str, Any]) -> NodeModel:
         """Inverse of :meth:`to_dict`."""
         d = dict(d)
         d["io_cap"] = math.inf if d.get("io_cap") is None else float(d["io_cap"])
@@ -154,9 +154,9 @@ def _ok_pipeline(probes: pd.DataFrame) -> pd.DataFrame:
         # Probes disturbed by other processes on a shared host are dropped where the same
         # layout also has an undisturbed probe.
         bad = df["contended"].map(lambda v: str(v).lower() in ("true", "1", "1.0"))
-        key = list(zip(df["tasks"], df["cpus_per_task"]))
-        clean = {k for k, b in zip(key, bad) if not b}
-        keep = [(not b) or (k not in clean) for k, b in zip(key, bad)]
+        key = list(zip(df["tasks"], df["cpus_per_task"], strict=True))
+        clean = {k for k, b in zip(key, bad, strict=True) if not b}
+        keep = [(not b) or (k not in clean) for k, b in zip(key, bad, strict=True)]
         df = df[keep]
     return df
 
@@ -208,7 +208,7 @@ def _grid_fit(df: pd.DataFrame, n: int, k: float, io_caps: list[float]) -> tuple
     if not inside.any():
         inside = np.ones_like(T, dtype=bool)
     lam_sigma = 0.02 * len(y)  # keeps sigma at 0 unless the data ask for it
-    best: Optional[tuple[float, float, float, float, float, float]] = None
+    best: tuple[float, float, float, float, float, float] | None = None
     for io in io_caps:
         cap = min(cpu_cap, io)
         for sigma in _SIGMA_GRID:
@@ -224,7 +224,7 @@ def _grid_fit(df: pd.DataFrame, n: int, k: float, io_caps: list[float]) -> tuple
     return best[1:]
 
 
-def fit(probes: pd.DataFrame, node_cpus: Optional[int] = None) -> NodeModel:
+def fit(probes: pd.DataFrame, node_cpus: int | None = None) -> NodeModel:
     """Fit :class:`NodeModel` to a probe table.
 
     ``probes``: a DataFrame with :data:`PROBE_COLUMNS` (failed and ``ingest`` rows are
@@ -314,7 +314,7 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
         return out
     ok = probes[probes["status"] == "ok"]
 
-    def med(df: pd.DataFrame, col: str) -> Optional[float]:
+    def med(df: pd.DataFrame, col: str) -> float | None:
         if col not in df:
             return None
         v = pd.to_numeric(df[col], errors="coerce").dropna()
@@ -355,7 +355,7 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def _hop_prior(probes: pd.DataFrame) -> Optional[dict]:
+def _hop_prior(probes: pd.DataFrame) -> dict | None:
     """``cpu_seconds_per_sample`` of the service hop from :data:`HOP_ELEMENT_S` and
     :data:`HOP_BYTE_S` and the pipeline probes' element size, when no ingest probe ran."""
     df = _ok_pipeline(probes)

@@ -1,10 +1,11 @@
 """The adaptive probe planner and driver.
 
-A *probe session* is one node agent (``python -m analyzer.probe_worker --agent M SPEC``) started
-locally (``--local``) or with ``srun --nodes=1 --ntasks=1 --exclusive`` on a CPU node; the
-agent starts ``M`` persistent probe workers that load run.py once. Each probe is a command
-file the workers pick up (see :mod:`analyzer.probe_worker`); the driver waits for the ``T``
-results with a per-probe timeout, and kills and restarts the session after a timeout.
+A *probe session* (:class:`ProbeSession`) is one node agent (:mod:`analyzer.probe_agent`)
+run as a local process (``--local``) or as a submitit job holding one exclusive CPU node
+(:func:`launcher.slurm.submit_function`); the agent starts ``M`` persistent probe workers
+that load run.py once. Each probe is a command file the workers pick up (see
+:mod:`analyzer.probe_worker`); the driver waits for the ``T`` results with a per-probe
+timeout, and stops and restarts the session after a timeout.
 
 The planner (:func:`next_probe`, pure) chooses probes adaptively:
 
@@ -30,17 +31,28 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
 
 from csrun_common.atomic import write_json
+from csrun_common.errors import CsrunError
+from launcher import slurm
+from launcher.container import Container
+from launcher.slurm import stop_process_group
+
+from .probe_agent import agent
+
+if TYPE_CHECKING:
+    import submitit
 
 PROBE_KIND, INGEST_KIND, SERVED_KIND = "pipeline", "ingest", "served"
 #: A probe is *contended* when other processes kept more than this share of the node's CPUs
@@ -63,7 +75,7 @@ class Timing:
     barrier_timeout_s: float
 
     @classmethod
-    def for_budget(cls, budget_s: float) -> "Timing":
+    def for_budget(cls, budget_s: float) -> Timing:
         """Timings for a ``budget_s`` probing budget (about ten probes after the load)."""
         per = max(budget_s - 15.0, 10.0) / 9.0
         measure = min(max(0.55 * per, 1.5), 10.0)
@@ -126,7 +138,7 @@ def is_nan(x: Any) -> bool:
 
 
 def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = True,
-               predict: Optional[Callable[[int, int], float]] = None) -> Optional[tuple[str, int, int]]:
+               predict: Callable[[int, int], float] | None = None) -> tuple[str, int, int] | None:
     """The next probe ``(kind, T, C)`` after the probes in ``rows`` (dicts with ``kind``,
     ``status``, ``tasks``, ``cpus_per_task``, ``samples_per_sec``, ``cpu_util``), or
     ``None`` when nothing more is worth measuring. ``predict(T, C)`` is the current fit's
@@ -205,28 +217,44 @@ class Target:
     partition: str = ""
     account: str = ""
     exclude: str = ""
-    container: Any = None
-    node_cpus: Optional[int] = None
+    container: Container | None = None
+    node_cpus: int | None = None
     python: str = sys.executable
 
 
 class ProbeSession:
-    """One node agent and its ``workers`` persistent probe workers.
+    """One node agent (:func:`analyzer.probe_agent.agent`) and its ``workers`` persistent
+    probe workers.
+
+    On a cluster the agent is a submitit job (:func:`launcher.slurm.submit_function`): one
+    task holding all the CPUs of one exclusive CPU node (``node_cpus``; the GRES node
+    excluded), in the site's container, with a time limit a few minutes past the session's
+    deadline; it is stopped with submitit's ``Job.cancel`` (``scancel``). With ``--local``
+    the agent is a local process, stopped with :func:`launcher.slurm.stop_process_group`.
+    Either way the probes themselves are command files the workers pick up: the planner
+    chooses each probe from the results of the ones before, while the workers (TensorFlow
+    and run.py loaded once) keep running, and submitit has no channel into a running job.
 
     ``run_py``/``argv``/``cwd``: the user's command (argv after run.py). ``workdir``: a
     fresh directory (inside the analyzer's output directory) for the spec, command,
-    barrier and result files and the workers' logs.
+    barrier and result files, the workers' logs and the job's files (``job/``).
+    ``deadline``: when the workers stop by themselves (seconds since the epoch).
     """
+
+    #: Seconds between two asks of Slurm whether the probe job still runs.
+    STATE_POLL_S = 2.0
 
     def __init__(self, run_py: str, argv: list[str], cwd: str, workdir: Path, target: Target,
                  workers: int, deadline: float):
         self.run_py, self.argv, self.cwd = run_py, list(argv), cwd
         self.workdir, self.target, self.workers = Path(workdir), target, int(workers)
         self.deadline = deadline
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
+        self.job: submitit.Job[int] | None = None
         self.seq = 0
         self.hellos: list[dict] = []
         self.job_name = f"cs_input_analyzer_probe_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+        self._active = (0.0, True)  # (monotonic time of the last ask, the answer)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, load_timeout_s: float, tick: Callable[[], None] = lambda: None) -> list[dict]:
@@ -234,39 +262,51 @@ class ProbeSession:
 
         Returns the workers' hello records (``host``, ``node``, ``cpu_count``,
         ``allowed_cpus``, ``load_s``). Raises :class:`ProbeLoadError` with the first load
-        error (the runtime's contract message when run.py or input_fn breaks it), or when
-        the workers do not come up within ``load_timeout_s`` seconds.
+        error (the runtime's contract message when run.py or input_fn breaks it), sbatch's
+        message when it refuses the probe job, or when the workers do not come up within
+        ``load_timeout_s`` seconds (the probe job's queue state said when it never ran).
         """
+        spec_path = self._write_spec()
+        if self.target.local:
+            self._start_local(spec_path)
+        else:
+            self._submit(spec_path)
+        return self._wait_for_hellos(load_timeout_s, tick)
+
+    def _write_spec(self) -> Path:
         for d in ("cmd", "res", "bar", "logs"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         spec = {"run_py": self.run_py, "argv": self.argv, "cwd": self.cwd,
                 "workdir": str(self.workdir), "mode": "serve", "deadline": self.deadline + 30}
         spec_path = self.workdir / "spec.json"
-        spec_path.write_text(json.dumps(spec, indent=1))
-        inner = [self.target.python, "-m", "analyzer.probe_worker", "--agent", str(self.workers), str(spec_path)]
-        log = open(self.workdir / "logs" / "agent.log", "ab")
+        write_json(spec_path, spec, indent=1)
+        return spec_path
+
+    def _start_local(self, spec_path: Path) -> None:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-        if self.target.local:
-            argv = inner
-        else:
-            if self.target.container is not None:
-                inner = self.target.container.wrap(inner)
-            argv = ["srun", f"--job-name={self.job_name}", "--nodes=1", "--ntasks=1", "--exclusive",
-                    "--cpu-bind=none", "--kill-on-bad-exit=1", "--quit-on-interrupt"]
-            if self.target.node_cpus:
-                argv.append(f"--cpus-per-task={self.target.node_cpus}")
-            if self.target.partition:
-                argv.append(f"--partition={self.target.partition}")
-            if self.target.account:
-                argv.append(f"--account={self.target.account}")
-            if self.target.exclude:
-                argv.append(f"--exclude={self.target.exclude}")
-            if self.target.container is not None:
-                argv += self.target.container.srun_options()
-            argv += inner
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=env,
-                                     start_new_session=True)
-        log.close()
+        with open(self.workdir / "logs" / "agent.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.target.python, "-m", "analyzer.probe_agent", str(self.workers), str(spec_path)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=env, start_new_session=True)
+
+    def _submit(self, spec_path: Path) -> None:
+        """The agent as a submitit job on one exclusive CPU node (see the class docstring)."""
+        t = self.target
+        container = t.container
+        spec = slurm.FunctionJobSpec(
+            folder=self.workdir / "job", job_name=self.job_name, cpus_per_task=t.node_cpus, exclusive=True,
+            partition=t.partition, account=t.account, exclude=t.exclude,
+            # past the workers' own deadline (+30 s) and the agent's (+10 s): the job
+            # cannot outlive an analysis that was killed
+            time_min=math.ceil((self.deadline + 40 - time.time()) / 60) + 2, chdir=self.cwd,
+            python=tuple(container.wrap([t.python]) if container is not None else [t.python]),
+            srun_args=tuple(container.srun_options()) if container is not None else ())
+        try:
+            self.job = slurm.submit_function(spec, agent, str(spec_path), self.workers)
+        except CsrunError as exc:
+            raise ProbeLoadError(str(exc)) from None
+
+    def _wait_for_hellos(self, load_timeout_s: float, tick: Callable[[], None]) -> list[dict]:
         t_end = time.monotonic() + load_timeout_s
         while True:
             tick()
@@ -277,14 +317,17 @@ class ProbeSession:
                 raise ProbeLoadError(errs[0]["error"])
             if len(self.hellos) >= self.workers:
                 return sorted(self.hellos, key=lambda h: h["index"])
-            if self.proc.poll() is not None:
+            if not self.alive():
                 tail = self._log_tail()
+                how = self._ended_how()
                 self.close(force=True)
-                raise ProbeLoadError(f"the probe workers exited (status {self.proc.returncode}) before "
+                raise ProbeLoadError(f"the probe workers exited ({how}) before "
                                      f"loading run.py{': ' + tail if tail else ''}")
             if time.monotonic() > t_end:
+                state = self._job_state()
                 self.close(force=True)
-                raise ProbeLoadError(f"the probe workers did not load run.py within {load_timeout_s:.0f} s")
+                waited = f" (the probe job was still {state} in the Slurm queue)" if state == "PENDING" else ""
+                raise ProbeLoadError(f"the probe workers did not load run.py within {load_timeout_s:.0f} s{waited}")
             time.sleep(0.2)
 
     def _read(self, pattern: str) -> list[dict]:
@@ -297,48 +340,73 @@ class ProbeSession:
         return out
 
     def _log_tail(self) -> str:
+        """The last non-empty line of the agent's log (the job's, on a cluster) and the
+        workers' logs."""
+        logs = [self.job.paths.stdout] if self.job is not None else []
         lines: list[str] = []
-        for p in sorted((self.workdir / "logs").glob("*.log")):
+        for p in logs + sorted((self.workdir / "logs").glob("*.log")):
             try:
                 lines += [ln for ln in p.read_text(errors="replace").splitlines() if ln.strip()]
             except OSError:
                 pass
         return lines[-1][:300] if lines else ""
 
+    def _job_state(self) -> str | None:
+        if self.job is None:
+            return None
+        try:
+            return slurm.job_state(str(self.job.job_id))
+        except CsrunError:
+            return None
+
+    def _ended_how(self) -> str:
+        if self.proc is not None:
+            return f"status {self.proc.returncode}"
+        return f"probe job {self.job.job_id if self.job else '?'}: {self._job_state() or 'ended'}"
+
     def alive(self) -> bool:
+        """Whether the agent still runs: the local process, or the probe job pending or
+        running (:func:`launcher.slurm.job_active`, asked at most every
+        :attr:`STATE_POLL_S` seconds)."""
+        if self.job is not None:
+            asked, active = self._active
+            if active and time.monotonic() - asked >= self.STATE_POLL_S:
+                self._active = (time.monotonic(), slurm.job_active(self.job))
+            return self._active[1]
         return self.proc is not None and self.proc.poll() is None
 
     def close(self, force: bool = False, wait_s: float = 5.0) -> None:
-        """Stop the workers (an ``exit`` command; with ``force`` or when they do not leave in
-        ``wait_s``, SIGTERM then SIGKILL to the agent's process group / srun, and
-        ``scancel`` of the probe job on a cluster)."""
-        if self.proc is None:
+        """Stop the workers: an ``exit`` command; with ``force``, or when they do not leave
+        within ``wait_s`` seconds, the probe job is cancelled (submitit's ``Job.cancel``) or
+        the local agent's process group stopped (:func:`launcher.slurm.stop_process_group`)."""
+        if self.proc is None and self.job is None:
             return
-        if not force and self.proc.poll() is None:
+        if not force and self.alive():
             self._send({"kind": "exit"})
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                force = True
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                self.proc.wait(timeout=5)
-        if not self.target.local and shutil.which("scancel"):
-            subprocess.run(["scancel", f"--name={self.job_name}"], capture_output=True, timeout=30)
-        if self.target.local:
-            # Workers watch their parent; make sure none is left even if the agent was killed.
-            for h in self.hellos:
-                _kill_pid(int(h.get("pid", 0)))
+            force = not self._left(wait_s)
+        if self.job is not None:
+            if force:
+                slurm.cancel_job(self.job)
+            self._active = (time.monotonic(), False)
+            return
+        if self.proc is not None and self.proc.poll() is None:
+            stop_process_group(self.proc, grace=5.0)
+        # Workers watch their parent; make sure none is left even if the agent was killed.
+        for h in self.hellos:
+            _kill_pid(int(h.get("pid", 0)))
+
+    def _left(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds for the agent to leave (the job's result file, or
+        the local process's exit)."""
+        t_end = time.monotonic() + wait_s
+        while time.monotonic() < t_end:
+            if self.job is not None and slurm.job_returned(self.job):
+                return True
+            if self.job is None and (self.proc is None or self.proc.poll() is not None):
+                return True
+            time.sleep(0.2)
+        return False
+
 
     def _send_placeholder(self, seq: int) -> None:
         """A command ``seq`` every node process skips (tasks 0), so later commands keep
@@ -355,7 +423,7 @@ class ProbeSession:
     # -- probes ----------------------------------------------------------------------------
     def probe(self, kind: str, tasks: int, cpus: int, timing: Timing, timeout_s: float,
               cache_elements: int = 64, tick: Callable[[], None] = lambda: None,
-              extra: Optional[dict] = None) -> dict:
+              extra: dict | None = None) -> dict:
         """Run one probe; returns its probe-table row (see :data:`analyzer.model.PROBE_COLUMNS`)
         with ``status`` ``ok``, ``failed`` (a worker's error, e.g. the input_fn raised) or
         ``timeout`` (the session is then dead: start a new one). ``extra``: more keys of
@@ -403,9 +471,9 @@ class ChiefApart:
     work directory (rendezvous, barrier and result files), kept off the probe node's CPUs
     when that node is on this host (the test cluster)."""
 
-    def __init__(self, session: "ProbeSession"):
+    def __init__(self, session: ProbeSession):
         self.session = session
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
 
     def run(self, tasks: int, cpus: int, timing: Timing, timeout_s: float, cache_elements: int,
             tick: Callable[[], None]) -> dict:
@@ -461,8 +529,6 @@ class ChiefApart:
         """Stop the chief's process group if it is still there (it leaves by itself once its
         result is written)."""
         if self.proc is not None and self.proc.poll() is None:
-            from launcher.slurm import stop_process_group
-
             stop_process_group(self.proc, grace=2.0)
 
 
@@ -547,15 +613,13 @@ class ProbeRun:
     node_cpus: int = 0
     load_s: float = 0.0
     load_times: list[float] = field(default_factory=list)
-    timing: Optional[Timing] = None
+    timing: Timing | None = None
 
 
 def max_workers(n: int) -> int:
     """Probe processes per node: ``2n`` (oversubscription) capped by memory (~1 GB each)
     and 32."""
     try:
-        import psutil
-
         mem = psutil.virtual_memory().available
         by_mem = max(1, int(mem // (1.0 * 2 ** 30)) - 1)
     except Exception:  # noqa: BLE001
@@ -563,129 +627,211 @@ def max_workers(n: int) -> int:
     return max(1, min(2 * n, by_mem, 32))
 
 
+class RateModel(Protocol):
+    """What the planner needs of a fitted model (:class:`analyzer.model.NodeModel`): the
+    node's rate in samples/s for ``tasks`` × ``cpus`` per task."""
+
+    def model_rate(self, tasks: int, cpus: int) -> float: ...
+
+
 def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Target, budget_s: float,
                on_row: Callable[[dict], None] = lambda r: None, progress: bool = True,
-               want_ingest: bool = True, fit_fn: Optional[Callable[[list[dict], int], Any]] = None) -> ProbeRun:
+               want_ingest: bool = True,
+               fit_fn: Callable[[list[dict], int], RateModel] | None = None) -> ProbeRun:
     """Probe the input_fn adaptively within ``budget_s`` seconds (the load of run.py included).
 
     ``on_row(row)`` is called after every probe (the caller saves partial results).
-    ``fit_fn(rows, n)`` returns an object with ``model_rate(T, C)`` (the current fit) or
-    raises. Raises :class:`ProbeLoadError` when run.py / the input_fn cannot be loaded.
+    ``fit_fn(rows, n)`` returns the current fit (:class:`RateModel`) or raises; the planner
+    (:func:`next_probe`) ranks unmeasured layouts by it. Raises :class:`ProbeLoadError`
+    when run.py / the input_fn cannot be loaded.
     """
-    t_start = time.monotonic()
-    deadline_mono = t_start + budget_s
-    deadline_wall = time.time() + budget_s
-    out = ProbeRun()
-    n = int(target.node_cpus or len(os.sched_getaffinity(0)))
-    out.node_cpus = n
-    M = max_workers(n)
-    timing = Timing.for_budget(budget_s)
-    out.timing = timing
-    bar = _Progress(budget_s, progress)
-    tick = lambda: bar.update(time.monotonic() - t_start)  # noqa: E731
-    session_no = 0
-    # Start with one process per CPU (the brackets need no more; the served probe needs
-    # two); a session with M processes is started only when an oversubscribed probe is
-    # worth its load time.
-    base_workers = max(1, min(n, M), 2 if want_ingest and M >= 2 else 1)
+    return _Driver(_Spec(run_py, list(argv), cwd, Path(workdir), target), budget_s, on_row, progress,
+                   want_ingest, fit_fn).run()
 
-    def new_session(workers: int) -> ProbeSession:
-        nonlocal session_no
-        s = ProbeSession(run_py, argv, cwd, Path(workdir) / f"session{session_no}", target, workers,
-                         deadline=deadline_wall + 60)
-        session_no += 1
-        bar.describe(f"loading run.py in {workers} probe process(es)")
+
+@dataclass(frozen=True)
+class _Spec:
+    """The user's command (``run_py``, its ``argv``, the working directory ``cwd``), the
+    driver's directory and where the probes run."""
+
+    run_py: str
+    argv: list[str]
+    cwd: str
+    workdir: Path
+    target: Target
+
+
+class _Driver:
+    """The probe loop of :func:`run_probes`: plan the next probe (:meth:`_choose`), check
+    it fits the budget, make sure a session with enough processes runs
+    (:meth:`_ensure_session`), run it (:meth:`_run`) and account for its row
+    (:meth:`_record`), until the planner or the budget stops it."""
+
+    def __init__(self, spec: _Spec, budget_s: float, on_row: Callable[[dict], None], progress: bool,
+                 want_ingest: bool, fit_fn: Callable[[list[dict], int], RateModel] | None):
+        self.spec, self.budget_s, self.on_row = spec, budget_s, on_row
+        self.want_ingest, self.fit_fn = want_ingest, fit_fn
+        self.t_start = time.monotonic()
+        self.deadline = self.t_start + budget_s
+        self.deadline_wall = time.time() + budget_s
+        self.n = int(spec.target.node_cpus or len(os.sched_getaffinity(0)))
+        self.M = max_workers(self.n)
+        self.timing = Timing.for_budget(budget_s)
+        self.out = ProbeRun(node_cpus=self.n, timing=self.timing)
+        self.bar = _Progress(budget_s, progress)
+        # Start with one process per CPU (the brackets need no more; the served probe needs
+        # two); a session with M processes is started only when an oversubscribed probe is
+        # worth its load time.
+        self.base_workers = max(1, min(self.n, self.M), 2 if want_ingest and self.M >= 2 else 1)
+        self.session: ProbeSession | None = None
+        self.sessions = 0
+        self.elapsed_by_key: dict[tuple[str, int, int], float] = {}
+        self.failures: list[str] = []
+
+    def run(self) -> ProbeRun:
+        """Probe until done; returns what was found (``stopped`` says why it ended)."""
+        self.session = self._new_session(self.base_workers)
+        try:
+            while self._step():
+                pass
+        except KeyboardInterrupt:
+            self.out.stopped = "interrupted"
+        finally:
+            if self.session is not None:
+                self.session.close()
+            self.bar.close()
+        return self.out
+
+    def _tick(self) -> None:
+        self.bar.update(time.monotonic() - self.t_start)
+
+    def _new_session(self, workers: int) -> ProbeSession:
+        s = ProbeSession(self.spec.run_py, self.spec.argv, self.spec.cwd,
+                         self.spec.workdir / f"session{self.sessions}", self.spec.target, workers,
+                         deadline=self.deadline_wall + 60)
+        self.sessions += 1
+        self.bar.describe(f"loading run.py in {workers} probe process(es)")
         t0 = time.monotonic()
-        out.hellos = s.start(max(timing.load_timeout_s, 30.0), tick)
-        out.load_s = time.monotonic() - t0
-        out.load_times.append(out.load_s)
+        self.out.hellos = s.start(max(self.timing.load_timeout_s, 30.0), self._tick)
+        self.out.load_s = time.monotonic() - t0
+        self.out.load_times.append(self.out.load_s)
         return s
 
-    session: Optional[ProbeSession] = new_session(base_workers)
-    try:
-        elapsed_by_key: dict[tuple[str, int, int], float] = {}
-        failures: list[str] = []
-        while True:
-            predict = None
-            if fit_fn is not None and len([r for r in out.rows if r.get("status") == "ok"]) >= 2:
-                try:
-                    model = fit_fn(out.rows, n)
-                    predict = model.model_rate
-                except Exception:  # noqa: BLE001 - planning goes on without a fit
-                    predict = None
-            nxt = next_probe(out.rows, n, M, want_ingest, predict)
-            have = session.workers if session is not None else base_workers
-            remaining = deadline_mono - time.monotonic()
-            if nxt is not None and nxt[0] == PROBE_KIND and nxt[1] > have:
-                est_over = out.load_s + timing.warmup_s + timing.measure_s + 3.0
-                if est_over > remaining:
-                    nxt = next_probe(out.rows, n, have, want_ingest, predict)
-                else:
-                    if session is not None:
-                        session.close()
-                    session = None
-                    have = M
-            if nxt is None:
-                out.stopped = "done" if any(r.get("status") == "ok" for r in out.rows) else "failing"
-                break
-            kind, T, C = nxt
-            est = elapsed_by_key.get((kind, T, C)) or max(
-                [timing.warmup_s + timing.measure_s + 2.0] + list(elapsed_by_key.values()))
-            first = not out.rows
-            if est > remaining and not first:
-                # At least one probe runs, even when loading run.py used up the budget.
-                out.stopped = "budget"
-                break
-            if session is None or not session.alive():
-                if not first and time.monotonic() + out.load_s + est > deadline_mono:
-                    out.stopped = "budget"
-                    break
-                session = new_session(have)
-            if first and est > remaining:
-                out.notes.append(f"loading run.py took {out.load_s:.0f} s of the {budget_s:.0f} s budget: "
-                                 f"only one probe ran; give a larger --time-budget")
-            timeout = max(timing.first_probe_timeout_s, 3.0 * max(elapsed_by_key.values(), default=0.0))
-            remaining = deadline_mono - time.monotonic()
-            timeout = min(timeout, max(remaining + 10.0, timing.warmup_s + timing.measure_s + 10.0))
-            bar.describe(f"probe {len(out.rows) + 1}: {kind} {T} task(s) × {C} CPU(s)")
-            cache = 16
-            ok = [r for r in out.rows if r.get("status") == "ok" and r.get("_elements_per_sec")
-                  and r.get("element_bytes_per_sec")]
-            if ok:
-                # ~64 MB of cached elements per worker stream: out of the CPU caches, like fresh data.
-                elem = max(r["element_bytes_per_sec"] / r["_elements_per_sec"] for r in ok)
-                cache = int(min(max(64e6 / max(elem, 1.0), 16), 128))
-            if kind == INGEST_KIND:
-                # the chief and up to two input workers, each in its own process
-                T = min(session.workers, 3)
-            if kind == SERVED_KIND and not target.local and n < 2:
-                # One CPU cannot hold the input worker and the chief apart: the chief runs here.
-                row = ChiefApart(session).run(T, C, timing, timeout, cache, tick)
+    def _step(self) -> bool:
+        """Plan and run one probe; False when probing stops (``out.stopped`` says why)."""
+        nxt, have, remaining = self._choose()
+        rows = self.out.rows
+        if nxt is None:
+            self.out.stopped = "done" if any(r.get("status") == "ok" for r in rows) else "failing"
+            return False
+        kind, T, C = nxt
+        est = self.elapsed_by_key.get((kind, T, C)) or max(
+            [self.timing.warmup_s + self.timing.measure_s + 2.0] + list(self.elapsed_by_key.values()))
+        first = not rows
+        if est > remaining and not first:
+            # At least one probe runs, even when loading run.py used up the budget.
+            self.out.stopped = "budget"
+            return False
+        if not self._ensure_session(have, est, first):
+            self.out.stopped = "budget"
+            return False
+        if first and est > remaining:
+            self.out.notes.append(f"loading run.py took {self.out.load_s:.0f} s of the {self.budget_s:.0f} s "
+                                  f"budget: only one probe ran; give a larger --time-budget")
+        return self._record(*self._run(kind, T, C))
+
+    def _choose(self) -> tuple[tuple[str, int, int] | None, int, float]:
+        """The next probe (:func:`next_probe`, ranked by the current fit), the processes it
+        will have, and the seconds left. An oversubscribed probe that needs more processes
+        than the session has restarts the session with ``M`` when a reload fits the budget;
+        otherwise the planner chooses within the processes there are."""
+        predict = self._predict()
+        rows = self.out.rows
+        nxt = next_probe(rows, self.n, self.M, self.want_ingest, predict)
+        have = self.session.workers if self.session is not None else self.base_workers
+        remaining = self.deadline - time.monotonic()
+        if nxt is not None and nxt[0] == PROBE_KIND and nxt[1] > have:
+            est_over = self.out.load_s + self.timing.warmup_s + self.timing.measure_s + 3.0
+            if est_over > remaining:
+                nxt = next_probe(rows, self.n, have, self.want_ingest, predict)
             else:
-                row = session.probe(kind, T, C, timing, timeout, cache, tick)
-            out.rows.append(row)
-            on_row(row)
-            bar.note(_row_line(row))
-            if row["status"] == "ok":
-                elapsed_by_key[(kind, T, C)] = row["elapsed_s"]
-                failures.clear()
-            else:
-                failures.append(row["error"])
-                if row["status"] == "timeout":
-                    session.close(force=True)
-                    session = None
-                if len(failures) >= 3 or (len(failures) >= 2 and failures[-1] == failures[-2]
-                                          and not any(r["status"] == "ok" for r in out.rows)):
-                    out.stopped = "failing"
-                    out.notes.append(f"stopped after {len(failures)} failing probes in a row: {failures[-1]}")
-                    break
-    except KeyboardInterrupt:
-        out.stopped = "interrupted"
-    finally:
-        if session is not None:
-            session.close()
-        bar.close()
-    return out
+                if self.session is not None:
+                    self.session.close()
+                self.session = None
+                have = self.M
+        return nxt, have, remaining
+
+    def _predict(self) -> Callable[[int, int], float] | None:
+        """The current fit's node rate, once two probes succeeded (None without a fit)."""
+        if self.fit_fn is None or len([r for r in self.out.rows if r.get("status") == "ok"]) < 2:
+            return None
+        try:
+            return self.fit_fn(self.out.rows, self.n).model_rate
+        except Exception:  # noqa: BLE001 - planning goes on without a fit
+            return None
+
+    def _ensure_session(self, workers: int, est: float, first: bool) -> bool:
+        """A running session (a new one of ``workers`` processes when there is none or it
+        died); False when a new one's load would not leave time for the probe."""
+        if self.session is not None and self.session.alive():
+            return True
+        if not first and time.monotonic() + self.out.load_s + est > self.deadline:
+            return False
+        self.session = self._new_session(workers)
+        return True
+
+    def _run(self, kind: str, T: int, C: int) -> tuple[dict, str, int, int]:
+        """Run one probe in the session; returns its row and its key (an ingest probe runs
+        the chief and up to two input workers, each in its own process)."""
+        session = self.session
+        assert session is not None  # _ensure_session
+        timing = self.timing
+        timeout = max(timing.first_probe_timeout_s, 3.0 * max(self.elapsed_by_key.values(), default=0.0))
+        remaining = self.deadline - time.monotonic()
+        timeout = min(timeout, max(remaining + 10.0, timing.warmup_s + timing.measure_s + 10.0))
+        self.bar.describe(f"probe {len(self.out.rows) + 1}: {kind} {T} task(s) × {C} CPU(s)")
+        cache = self._cache_elements()
+        if kind == INGEST_KIND:
+            T = min(session.workers, 3)
+        if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
+            # One CPU cannot hold the input worker and the chief apart: the chief runs here.
+            row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick)
+        else:
+            row = session.probe(kind, T, C, timing, timeout, cache, self._tick)
+        return row, kind, T, C
+
+    def _cache_elements(self) -> int:
+        """Elements an ingest probe's workers cache: ~64 MB per worker stream (out of the CPU
+        caches, like fresh data), 16 to 128, from the element sizes measured so far."""
+        ok = [r for r in self.out.rows if r.get("status") == "ok" and r.get("_elements_per_sec")
+              and r.get("element_bytes_per_sec")]
+        if not ok:
+            return 16
+        elem = max(r["element_bytes_per_sec"] / r["_elements_per_sec"] for r in ok)
+        return int(min(max(64e6 / max(elem, 1.0), 16), 128))
+
+    def _record(self, row: dict, kind: str, T: int, C: int) -> bool:
+        """Keep the row and report it; False when probing stops: three failing probes in a
+        row, or two with the same error before any succeeded. A timed-out session is
+        stopped (the next probe starts a new one)."""
+        self.out.rows.append(row)
+        self.on_row(row)
+        self.bar.note(_row_line(row))
+        if row["status"] == "ok":
+            self.elapsed_by_key[(kind, T, C)] = row["elapsed_s"]
+            self.failures.clear()
+            return True
+        failures = self.failures
+        failures.append(row["error"])
+        if row["status"] == "timeout" and self.session is not None:
+            self.session.close(force=True)
+            self.session = None
+        if len(failures) >= 3 or (len(failures) >= 2 and failures[-1] == failures[-2]
+                                  and not any(r["status"] == "ok" for r in self.out.rows)):
+            self.out.stopped = "failing"
+            self.out.notes.append(f"stopped after {len(failures)} failing probes in a row: {failures[-1]}")
+            return False
+        return True
 
 
 def _row_line(row: dict) -> str:
@@ -705,7 +851,7 @@ class _Progress:
         self.bar = None
         self.last = 0.0
         if self.tty:
-            from tqdm import tqdm
+            from tqdm import tqdm  # only on a terminal: not at the CLI's start-up
 
             self.bar = tqdm(total=round(total_s), unit="s", desc="probing", leave=True,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}")

@@ -43,6 +43,9 @@ Results and the start-up record ``<workdir>/hello_<index>.json`` (pid, host, Slu
 CPUs, load time, or the load error) are written atomically (temp file + rename). The
 process leaves with ``os._exit`` (a pipeline with ``tf.py_function`` can hang interpreter
 exit); the driver still enforces a timeout.
+
+TensorFlow is imported inside the functions that run a pipeline (and by :func:`main`
+once run.py is loaded, so that the load time counts it).
 """
 from __future__ import annotations
 
@@ -50,12 +53,18 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
+
+import psutil
 
 from csrun_common.atomic import write_json
+from csrun_runtime import contract, pipeline, rendezvous, service
+from csrun_runtime.capture import load_entry
 
 POLL_S = 0.05
 
@@ -154,9 +163,6 @@ class ProbedPipeline:
     all the data, as an unsharded worker would)."""
 
     def __init__(self, run_py: str, argv: list[str]):
-        from csrun_runtime import contract
-        from csrun_runtime.capture import load_entry
-
         self.captured = load_entry(run_py, list(argv))
         self.input_fn = self.captured.input_fn
         self.params = self.captured.worker_params(0, 1)
@@ -165,16 +171,15 @@ class ProbedPipeline:
             raise ContractViolation("train_input: " + "; ".join(problems))
 
 
-def build_dataset(entry: ProbedPipeline, cpus_per_task: int):
-    """``input_fn(params)`` checked against the runtime's contract
+def build_dataset(entry: ProbedPipeline, cpus_per_task: int) -> Any:
+    """``input_fn(params)`` (a ``tf.data.Dataset``) checked against the runtime's contract
     (:func:`csrun_runtime.contract.check_dataset`), held to ``cpus_per_task`` cores as
     the runtime holds its input workers (:func:`csrun_runtime.service.limit_threads`).
 
     Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
     """
-    from csrun_runtime import contract, service
-
-    ds = contract.call_input_fn(entry.input_fn, entry.params, "train")
+    # as an input worker builds it: TF_CONFIG of one worker, its seeds (csrun_runtime.pipeline)
+    ds = pipeline.build_worker_input(entry.input_fn, entry.captured.params, 0, 1).dataset
     rep = contract.check_dataset(ds, "train")
     if rep.violations:
         raise ContractViolation("; ".join(rep.violations))
@@ -185,21 +190,26 @@ class Counter:
     """Iterates a dataset, restarting it at its end, counting samples and bytes."""
 
     def __init__(self, ds: Any):
-        import tensorflow as tf
+        import tensorflow as tf  # loaded already: ds is a tf.data.Dataset
 
         self.ds, self.flatten = ds, tf.nest.flatten
         self.it = iter(ds)
         self.samples = self.batches = self.bytes = self.restarts = 0
 
     def step(self) -> None:
+        """Take one element (restarting the dataset at its end) and count it."""
         try:
             el = next(self.it)
         except StopIteration:
             self.restarts += 1
             if self.restarts > 1000 and self.batches == 0:
-                raise RuntimeError("input_fn's dataset yields no element")
+                raise RuntimeError("input_fn's dataset yields no element") from None
             self.it = iter(self.ds)
             el = next(self.it)
+        self.count(el)
+
+    def count(self, el: Any) -> None:
+        """Add one element's samples and bytes (:func:`samples_and_bytes`)."""
         s, b = samples_and_bytes(el, self.flatten)
         self.samples += s
         self.batches += 1
@@ -208,13 +218,11 @@ class Counter:
 
 def host_busy_seconds() -> float:
     """CPU-seconds the whole machine has been busy (all processes, all CPUs) so far."""
-    import psutil
-
     t = psutil.cpu_times()
     return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
 
-def _io(proc) -> tuple[int, int]:
+def _io(proc: psutil.Process) -> tuple[int, int]:
     try:
         io = proc.io_counters()
         return int(getattr(io, "read_chars", 0)), int(getattr(io, "read_bytes", 0))
@@ -222,23 +230,25 @@ def _io(proc) -> tuple[int, int]:
         return 0, 0
 
 
-def run_probe(entry: ProbedPipeline, cmd: dict, index: int, allowed: list[int], workdir: Path) -> dict:
+def run_probe(entry: ProbedPipeline, cmd: dict[str, Any], index: int, allowed: list[int],
+              workdir: Path) -> dict[str, Any]:
     """Run one probe command as process ``index``; returns the result dict (see module doc).
+
+    Steps: pin this process to its CPUs, build what it iterates (:func:`_counter_for`), warm
+    up, meet the other processes at the ``ready`` barrier, measure the window
+    (:func:`_measure`), then keep the load on until every process has measured (the ``done``
+    barrier).
 
     Result keys: ``index``, ``cpus`` (list), ``samples``, ``batches``, ``window_s``,
     ``samples_per_sec``, ``cpu_seconds``, ``read_chars``, ``read_bytes`` (bytes in the
     window), ``element_bytes``, ``first_element_s``, ``build_s``, ``synchronized`` (bool),
     ``restarts``; or ``error`` (one line) and ``traceback`` on failure.
     """
-    import psutil
-
     kind = cmd.get("kind", "pipeline")
     T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
-    warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
     barrier_timeout = float(cmd.get("barrier_timeout_s", 30.0))
     marker = Marker(workdir, int(cmd["seq"]), T)
-    apart = bool(cmd.get("chief_apart"))
-    if apart and index == 0:
+    if cmd.get("chief_apart") and index == 0:
         avoid = set(cmd.get("chief_avoid_cpus") or [])
         cpus = [c for c in allowed if c not in avoid] or list(allowed)
     else:
@@ -246,48 +256,86 @@ def run_probe(entry: ProbedPipeline, cmd: dict, index: int, allowed: list[int], 
     pin_all_threads(cpus)
     res: dict[str, Any] = {"index": index, "cpus": cpus, "kind": kind, "tasks": T,
                            "cpus_per_task": C, "pid": os.getpid()}
-    proc = psutil.Process()
     t_build = time.monotonic()
-    cache = int(cmd.get("cache_elements", 16))
-    min_batches = 2
-    if kind == "ingest" and T == 1:
-        counter, servers = _ingest_counter(entry, C, cache, workdir)
-        min_batches = 2 * 2 * cache  # every cached element served twice: the cache is full
-    elif kind in ("ingest", "served"):
-        counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
-                                        barrier_timeout, cached=kind == "ingest",
-                                        local_s=(min(warmup, 2.0), measure / 2.0), apart=apart)
-        min_batches = 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
-    else:
-        counter, servers = Counter(build_dataset(entry, C)), None
+    counter, servers, min_batches = _counter_for(entry, cmd, index, workdir)
     pin_all_threads(cpus)
     res["build_s"] = time.monotonic() - t_build
+    res["first_element_s"] = _warm_up(counter, float(cmd["warmup_s"]), min_batches)
+    marker.set("ready", index)
+    synchronized = _barrier(marker, "ready", counter, barrier_timeout)
+    res.update(_measure(counter, float(cmd["measure_s"])))
+    marker.set("done", index)
+    all_done = _barrier(marker, "done", counter, barrier_timeout)  # the load stays on meanwhile
+    res["synchronized"] = synchronized and all_done
+    local = getattr(counter, "local_cpu_seconds_per_sample", None)  # a served probe's input worker
+    if local is not None:
+        res["local_cpu_seconds_per_sample"] = local
+    _drop(counter, servers)
+    return res
+
+
+def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
+                 workdir: Path) -> tuple[Counter | IdleCounter, Any, int]:
+    """What process ``index`` iterates for the probe ``cmd``: the pipeline (``pipeline``),
+    the chief's ingest path on cached elements in one process (``ingest`` with one task), or
+    its role in a multi-process ``ingest`` / ``served`` probe (:func:`_ingest_role`). Returns
+    the counter, the objects to keep referenced, and the batches the warm-up must at least
+    take (an ingest probe fills its caches first)."""
+    kind = cmd.get("kind", "pipeline")
+    T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
+    cache = int(cmd.get("cache_elements", 16))
+    if kind == "ingest" and T == 1:
+        counter, servers = _ingest_counter(entry, C, cache, workdir)
+        return counter, servers, 2 * 2 * cache  # every cached element served twice: the cache is full
+    if kind in ("ingest", "served"):
+        warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
+        counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
+                                        float(cmd.get("barrier_timeout_s", 30.0)), cached=kind == "ingest",
+                                        local_s=(min(warmup, 2.0), measure / 2.0),
+                                        apart=bool(cmd.get("chief_apart")))
+        return counter, servers, 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
+    return Counter(build_dataset(entry, C)), None, 2
+
+
+def _warm_up(counter: Counter | IdleCounter, warmup_s: float, min_batches: int) -> float:
+    """Take the first element, then iterate for ``warmup_s`` seconds and at least
+    ``min_batches`` elements. Returns the seconds the first element took."""
     t0 = time.monotonic()
     counter.step()
-    res["first_element_s"] = time.monotonic() - t0
-    t_warm_end = time.monotonic() + warmup
-    while time.monotonic() < t_warm_end or counter.batches < min_batches:
+    first = time.monotonic() - t0
+    t_end = time.monotonic() + warmup_s
+    while time.monotonic() < t_end or counter.batches < min_batches:
         counter.step()
-    marker.set("ready", index)
-    deadline = time.monotonic() + barrier_timeout
+    return first
+
+
+def _barrier(marker: Marker, phase: str, counter: Counter | IdleCounter, timeout_s: float) -> bool:
+    """Keep iterating (the load stays on) until every process of the probe has reached
+    ``phase`` (True) or ``timeout_s`` seconds passed (False)."""
+    deadline = time.monotonic() + timeout_s
     next_poll = 0.0
-    synchronized = True
     while True:
         now = time.monotonic()
         if now >= next_poll:
-            if marker.all("ready"):
-                break
+            if marker.all(phase):
+                return True
             if now > deadline:
-                synchronized = False
-                break
+                return False
             next_poll = now + POLL_S
         counter.step()
+
+
+def _measure(counter: Counter | IdleCounter, measure_s: float) -> dict[str, Any]:
+    """Iterate for ``measure_s`` seconds; the window's samples, batches, samples/s, this
+    process's CPU-seconds and bytes read (psutil's I/O counters), the element bytes and the
+    whole machine's busy cores meanwhile (``host_busy_cores``)."""
+    proc = psutil.Process()
     s0, b0, e0 = counter.samples, counter.batches, counter.bytes
     ct0 = proc.cpu_times()
     io0 = _io(proc)
     host0 = host_busy_seconds()
     w0 = time.monotonic()
-    w_end = w0 + measure
+    w_end = w0 + measure_s
     while time.monotonic() < w_end:
         counter.step()
     w1 = time.monotonic()
@@ -296,43 +344,24 @@ def run_probe(entry: ProbedPipeline, cmd: dict, index: int, allowed: list[int], 
     host1 = host_busy_seconds()
     samples = counter.samples - s0
     window = w1 - w0
-    res.update({
+    return {
         "samples": samples, "batches": counter.batches - b0, "window_s": window,
         "samples_per_sec": samples / window if window > 0 else 0.0,
         "cpu_seconds": (ct1.user - ct0.user) + (ct1.system - ct0.system),
         "read_chars": io1[0] - io0[0], "read_bytes": io1[1] - io0[1],
         "element_bytes": counter.bytes - e0, "restarts": counter.restarts,
         "host_busy_cores": (host1 - host0) / window if window > 0 else None,
-    })
-    marker.set("done", index)
-    # Keep the load on until every process has measured.
-    deadline = time.monotonic() + barrier_timeout
-    next_poll = 0.0
-    while True:
-        now = time.monotonic()
-        if now >= next_poll:
-            if marker.all("done") or now > deadline:
-                synchronized = synchronized and marker.all("done")
-                break
-            next_poll = now + POLL_S
-        counter.step()
-    res["synchronized"] = synchronized
-    if getattr(counter, "local_cpu_seconds_per_sample", None) is not None:
-        res["local_cpu_seconds_per_sample"] = counter.local_cpu_seconds_per_sample
-    _drop(counter, servers)
-    return res
+    }
 
 
 #: tf.data service servers and sources of ingest probes: never destroyed before ``os._exit``
 #: (their destructors can block forever, holding the GIL).
-_KEEP: list = []
+_KEEP: list[Any] = []
 
 
 def _drop(counter: Any, servers: Any) -> None:
     """Release a probe's iterator in a daemon thread (tearing a pipeline down can block);
     service servers and sources are kept until the process leaves."""
-    import threading
-
     if servers is not None:
         _KEEP.append((counter, servers))
         return
@@ -349,25 +378,23 @@ class SourceCounter(Counter):
     (:class:`csrun_runtime.service.ServiceSource`: one reader thread per worker stream and
     a merge queue, exactly the chief's ingest path)."""
 
-    def __init__(self, source: Any, timeout_s: float = 60.0):
-        import tensorflow as tf
+    def __init__(self, source: service.ServiceSource, timeout_s: float = 60.0):
+        import tensorflow as tf  # loaded already: the source reads tf.data service streams
 
         self.source, self.timeout_s, self.flatten = source, timeout_s, tf.nest.flatten
         self.samples = self.batches = self.bytes = self.restarts = 0
 
     def step(self) -> None:
+        """Take the next element of the merged stream and count it."""
         _, el = self.source.get(self.timeout_s)
-        s, b = samples_and_bytes(el, self.flatten)
-        self.samples += s
-        self.batches += 1
-        self.bytes += b
+        self.count(el)
 
 
 class IdleCounter:
     """The :class:`Counter` interface for a process that only serves (a tf.data service
     worker of an ingest probe): ``step`` waits 10 ms; nothing is consumed here."""
 
-    def __init__(self, local_cpu_seconds_per_sample: Optional[float] = None) -> None:
+    def __init__(self, local_cpu_seconds_per_sample: float | None = None) -> None:
         self.samples = self.bytes = self.restarts = 0
         self.batches = 0
         self.local_cpu_seconds_per_sample = local_cpu_seconds_per_sample
@@ -397,9 +424,7 @@ def _ingest_role(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir:
     ends, each in its own process. Returns ``(counter, objects to keep alive)``.
     Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``.
     ``apart``: the chief runs on another host (addresses by host name)."""
-    import tensorflow as tf
-
-    from csrun_runtime import rendezvous, service
+    import tensorflow as tf  # loaded already by the pipeline's module
 
     svc = tf.data.experimental.service
     host = socket.gethostname() if apart else "localhost"
@@ -439,8 +464,6 @@ def _local_cost(ds: Any, warmup_s: float, measure_s: float) -> tuple[float, Any]
     """Iterate ``ds`` in this process for ``warmup_s`` then ``measure_s`` seconds; returns
     ``(CPU-seconds per sample, the counter)``. The counter must stay referenced (its
     iterator idles once its prefetch buffers are full; deleting it can block)."""
-    import psutil
-
     proc = psutil.Process()
     c = Counter(ds)
     t_end = time.monotonic() + warmup_s
@@ -464,9 +487,7 @@ def _ingest_counter(entry: ProbedPipeline, cpus: int, cache_elements: int, workd
     and read by :class:`csrun_runtime.service.ServiceSource` (a reader thread per stream
     and a merge queue). Its CPU-seconds per sample are the cost of the service hop on both
     ends. Returns the counter and what must stay referenced."""
-    import tensorflow as tf
-
-    from csrun_runtime import rendezvous, service
+    import tensorflow as tf  # loaded already by the pipeline's module
 
     svc = tf.data.experimental.service
     servers, ports = service.start_dispatchers(streams)
@@ -537,59 +558,12 @@ def serve(spec: dict, index: int, entry: ProbedPipeline, allowed: list[int]) -> 
         pin_all_threads(allowed)
 
 
-def agent(spec_path: str, workers: int) -> int:
-    """``python -m analyzer.probe_worker --agent M SPEC.json``: the node agent of a probe session.
-
-    Starts ``M`` probe worker processes on this node (``CSRUN_PROBE_INDEX`` 0..M-1, their
-    logs in ``<workdir>/logs/``), waits for them, and kills them all when it is signalled
-    (SIGTERM/SIGINT: srun forwards them) so that no worker outlives the session. Imports no
-    TensorFlow. Returns 0, or 1 when a worker failed.
-    """
-    import signal
-    import subprocess
-
-    spec = json.loads(Path(spec_path).read_text())
-    logs = Path(spec["workdir"]) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
-
-    def stop(_signum=None, _frame=None) -> None:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    p.kill()
-                except ProcessLookupError:
-                    pass
-        os._exit(143 if _signum else 0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for i in range(workers):
-        env = dict(os.environ, CSRUN_PROBE_INDEX=str(i), CSRUN_PROBE_PARENT=str(os.getpid()))
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        with open(logs / f"worker_{i}.log", "ab") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "analyzer.probe_worker", spec_path],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env))
-    deadline = float(spec.get("deadline", time.time() + 3600))
-    rc = 0
-    while any(p.poll() is None for p in procs):
-        if time.time() > deadline + 10:
-            stop()
-        time.sleep(0.2)
-    rc = 1 if any(p.returncode for p in procs) else 0
-    return rc
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: ``python -m analyzer.probe_worker SPEC.json`` (see the module docstring), or
-    ``python -m analyzer.probe_worker --agent M SPEC.json`` (see :func:`agent`)."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``python -m analyzer.probe_worker SPEC.json`` (see the module docstring;
+    the node agent that starts these processes is :mod:`analyzer.probe_agent`)."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and argv[0] == "--agent":
-        rc = agent(argv[2], int(argv[1]))
-        sys.stdout.flush()
-        os._exit(rc)
     if len(argv) != 1:
-        print("usage: python -m analyzer.probe_worker [--agent M] SPEC.json", file=sys.stderr)
+        print("usage: python -m analyzer.probe_worker SPEC.json", file=sys.stderr)
         os._exit(2)
     spec = json.loads(Path(argv[0]).read_text())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -609,7 +583,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         if spec.get("cwd"):
             os.chdir(spec["cwd"])
         entry = ProbedPipeline(spec["run_py"], spec.get("argv", []))
-        import tensorflow  # noqa: F401  - counted in the load time
+        import tensorflow  # noqa: F401 - loaded here so that the hello's load time counts it
         hello["load_s"] = time.monotonic() - t0
         hello_path = Path(spec.get("hello") or workdir / f"hello_{index}.json")
         write_json(hello_path, hello)

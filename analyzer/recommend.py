@@ -29,7 +29,7 @@ layouts within ``tolerance`` (5 %) of the best rate for the available nodes.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from .model import NodeModel
 
@@ -61,8 +61,8 @@ def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, A
 
 
 def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
-                   single_task_nodes: int = 0, ingest: Optional[dict] = None,
-                   topology: Optional[dict] = None) -> dict[str, Any]:
+                   single_task_nodes: int = 0, ingest: dict | None = None,
+                   topology: dict | None = None) -> dict[str, Any]:
     """Predicted delivered samples/s of one csrun_wse layout (rules in the module docstring).
 
     ``ingest``: :func:`analyzer.model.ingest_limits` output or ``None`` (no service costs
@@ -105,7 +105,7 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     scale = [1.0] * len(plan)
     chief_cap = math.inf
     for _ in range(60):
-        rates = [r * s for r, s in zip(raw, scale)]
+        rates = [r * s for r, s in zip(raw, scale, strict=True)]
         delivered = min(sum(rates), cap, chief_cap)
         changed = False
         for cores, idx in domains:
@@ -123,7 +123,7 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
             changed = True
         if not changed:
             break
-    rates = [r * s for r, s in zip(raw, scale)]
+    rates = [r * s for r, s in zip(raw, scale, strict=True)]
     wrate = sum(rates)
     pred = min(wrate, cap, chief_cap)
     if min(cap, chief_cap) < wrate * (1 - 1e-6):
@@ -134,7 +134,7 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
         limited = "input workers"
     # Relative spread of a sum of independent nodes: rate-weighted RMS (kept conservative:
     # no 1/sqrt(N) shrink).
-    rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, plan)) /
+    rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, plan, strict=True)) /
                     max(sum(r * r for r in rates), 1e-12)) if wrate > 0 else model.rel_spread
     rel = max(rel, model.rel_spread)
     return {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
@@ -143,7 +143,7 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
 
 
 def _domains(plan: list[dict[str, Any]], node_cpus: int,
-             topology: Optional[dict]) -> list[tuple[float, list[int]]]:
+             topology: dict | None) -> list[tuple[float, list[int]]]:
     """CPU domains ``[(cores, [plan indices])]``, the chief's (index 0) first: one per
     node (``tasks × cpus`` cores, ``node_cpus`` for a single-task node), or one per shared
     host from ``topology`` (its ``host_cores``)."""
@@ -179,8 +179,8 @@ def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, i
     return out
 
 
-def recommend(model: NodeModel, available_nodes: int, target: Optional[float] = None,
-              ingest: Optional[dict] = None, topology: Optional[dict] = None,
+def recommend(model: NodeModel, available_nodes: int, target: float | None = None,
+              ingest: dict | None = None, topology: dict | None = None,
               tolerance: float = 0.05) -> dict[str, Any]:
     """Choose the layout (rules in the module docstring).
 

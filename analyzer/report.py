@@ -16,12 +16,12 @@ Files (``out`` is the output directory, default ``<model_dir>/input_analysis/``)
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from csrun_common import atomic
 
@@ -66,8 +66,8 @@ def _is_python(word: str) -> bool:
     return base.startswith("python") or base in ("python-ws", "python-pt")
 
 
-def csrun_wse_command(rec: dict, command: Sequence[str], mount_dirs: Optional[str] = None,
-                      shard_plan: Optional[str] = None) -> str:
+def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
+                      shard_plan: str | None = None) -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``."""
     words = ["csrun_wse", "--total-nodes", str(rec["nodes"]), "--tasks-per-node", str(rec["tasks_per_node"]),
              "--cpus-per-task", str(rec["cpus_per_task"])]
@@ -90,23 +90,37 @@ def _fmt_rate(x: Any) -> str:
     return f"{x:,.0f}"
 
 
-def render_text(report: dict) -> str:
-    """The text report of a ``report.json`` dict."""
+def render_text(report: dict[str, Any]) -> str:
+    """The text report of a ``report.json`` dict: the header, the recommendation with the
+    target's verdict, the bottleneck's evidence, the fitted model, the probe table, the next
+    best layouts, the notes and the ``csrun_wse`` command to run."""
     rec = report.get("recommendation") or {}
-    lines = ["cs_input_analyzer report", "========================", ""]
-    where = report.get("probed_on") or {}
-    lines.append(f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}")
-    lines.append(f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
-                 f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
-                 f"{sum(1 for p in report.get('probes', []) if p.get('status') == 'ok')} probe(s) ok, "
-                 f"{sum(1 for p in report.get('probes', []) if p.get('status') != 'ok')} failed")
-    lines.append("")
+    lines = ["cs_input_analyzer report", "========================", ""] + _header_lines(report) + [""]
     if not rec:
         lines.append("No recommendation: " + (report.get("error") or "no successful probe"))
-        lines += _notes(report)
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _notes(report)) + "\n"
+    lines += _recommendation_lines(rec) + _target_lines(report, rec)
+    lines += _bottleneck_lines(report) + _model_lines(report.get("model") or {}) + _probe_lines(report)
+    lines += _alternative_lines(rec) + _notes(report)
+    lines += ["", "Files: " + ", ".join([REPORT_JSON, PROBES_CSV, PLOT_PNG, REPORT_TXT])
+              + f" in {report.get('output_dir', '.')}", "",
+              "Run it with:", f"  {report.get('csrun_wse_command', '')}"]
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(report: dict[str, Any]) -> list[str]:
+    where = report.get("probed_on") or {}
+    probes = report.get("probes", [])
+    return [f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}",
+            f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
+            f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
+            f"{sum(1 for p in probes if p.get('status') == 'ok')} probe(s) ok, "
+            f"{sum(1 for p in probes if p.get('status') != 'ok')} failed"]
+
+
+def _recommendation_lines(rec: dict[str, Any]) -> list[str]:
     lo, hi = rec["interval"]
-    lines += [
+    return [
         "Recommended Slurm settings for csrun_wse:",
         f"  nodes:          {rec['nodes']}",
         f"  tasks_per_node: {rec['tasks_per_node']}",
@@ -116,20 +130,27 @@ def render_text(report: dict) -> str:
         f"limited by {rec.get('limited_by', '?')}",
         f"Why this layout: {rec.get('reason', '')}",
     ]
+
+
+def _target_lines(report: dict[str, Any], rec: dict[str, Any]) -> list[str]:
     tgt = report.get("target") or {}
-    if tgt.get("samples_per_sec"):
-        state = rec.get("input_starved")
-        verdict = {True: "the accelerator WOULD BE INPUT-STARVED at this rate",
-                   "at risk": "the prediction meets it but its interval's low end does not: "
-                              "the accelerator may be input-starved at times",
-                   False: "met: the accelerator would not be input-starved"}.get(state, "")
-        lines.append(f"Target: {_fmt_rate(tgt['samples_per_sec'])} samples/s ({tgt.get('source', '')}): {verdict}")
-        if state is True:
-            lines.append(f"  best for {report.get('available_nodes')} available node(s): "
-                         f"{_fmt_rate(rec.get('best_available_samples_per_sec'))} samples/s")
-    else:
-        lines.append(f"Target: none ({tgt.get('source', 'not given')}): best layout for "
-                     f"{report.get('available_nodes')} available node(s)")
+    if not tgt.get("samples_per_sec"):
+        return [f"Target: none ({tgt.get('source', 'not given')}): best layout for "
+                f"{report.get('available_nodes')} available node(s)"]
+    state = rec.get("input_starved")
+    verdict = {True: "the accelerator WOULD BE INPUT-STARVED at this rate",
+               "at risk": "the prediction meets it but its interval's low end does not: "
+                          "the accelerator may be input-starved at times",
+               False: "met: the accelerator would not be input-starved"}.get(state, "")
+    lines = [f"Target: {_fmt_rate(tgt['samples_per_sec'])} samples/s ({tgt.get('source', '')}): {verdict}"]
+    if state is True:
+        lines.append(f"  best for {report.get('available_nodes')} available node(s): "
+                     f"{_fmt_rate(rec.get('best_available_samples_per_sec'))} samples/s")
+    return lines
+
+
+def _bottleneck_lines(report: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     b = report.get("bottleneck") or {}
     if b:
         lines += ["", f"Bottleneck: {b.get('class')}"]
@@ -143,37 +164,45 @@ def render_text(report: dict) -> str:
         lines.append(f"  - serving the real pipeline through the tf.data service costs an input worker "
                      f"{ing['worker_hop_cpu_seconds_per_sample'] * 1e3:.3f} CPU-ms per sample more and the "
                      f"chief {(ing.get('chief_cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per sample")
-    m = report.get("model") or {}
-    if m:
-        io = m.get("io_cap")
-        lines += ["", "Fitted node model: node_rate(T, C) = min(T·r1/((1-p)+p/C)/(1+σ(T-1)), n/k"
-                  + (", io_cap" if io else "") + ")",
-                  f"  r1 = {m['r1']:.1f} samples/s per task-CPU, p = {m['p']:.2f}, σ = {m['sigma']:.2f}, "
-                  f"k = {m['k'] * 1e3:.3f} CPU-ms/sample, n = {m['node_cpus']}"
-                  + (f", io_cap = {io:.0f} samples/s" if io else "")
-                  + f"; measurement spread ±{m['rel_spread'] * 100:.1f} % (1 sd), "
-                  f"fit residual {m['resid_rms'] * 100:.1f} %"]
-    lines += ["", "Probes (samples/s per node; tasks × CPUs per task):"]
-    lines.append(f"  {'#':>3} {'kind':8} {'T×C':>6} {'status':8} {'samples/s':>10} {'cores':>6} "
-                 f"{'util':>5} {'MB/s read':>9}")
+    return lines
+
+
+def _model_lines(m: dict[str, Any]) -> list[str]:
+    if not m:
+        return []
+    io = m.get("io_cap")
+    return ["", "Fitted node model: node_rate(T, C) = min(T·r1/((1-p)+p/C)/(1+σ(T-1)), n/k"
+            + (", io_cap" if io else "") + ")",
+            f"  r1 = {m['r1']:.1f} samples/s per task-CPU, p = {m['p']:.2f}, σ = {m['sigma']:.2f}, "
+            f"k = {m['k'] * 1e3:.3f} CPU-ms/sample, n = {m['node_cpus']}"
+            + (f", io_cap = {io:.0f} samples/s" if io else "")
+            + f"; measurement spread ±{m['rel_spread'] * 100:.1f} % (1 sd), "
+            f"fit residual {m['resid_rms'] * 100:.1f} %"]
+
+
+def _probe_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["", "Probes (samples/s per node; tasks × CPUs per task):",
+             f"  {'#':>3} {'kind':8} {'T×C':>6} {'status':8} {'samples/s':>10} {'cores':>6} "
+             f"{'util':>5} {'MB/s read':>9}"]
     for p in report.get("probes", []):
         rd = p.get("read_bytes_per_sec")
+        layout = f"{p['tasks']}×{p['cpus_per_task']}"
+        error = p.get("error")
         lines.append(
-            f"  {p.get('probe_id', ''):>3} {p.get('kind', ''):8} {str(p['tasks']) + '×' + str(p['cpus_per_task']):>6} "
+            f"  {p.get('probe_id', ''):>3} {p.get('kind', ''):8} {layout:>6} "
             f"{p.get('status', ''):8} {_fmt_rate(p.get('samples_per_sec')):>10} "
             f"{_num(p.get('cpu_cores_used'), '.2f'):>6} {_num(_pct(p.get('cpu_util')), '.0f'):>4}% "
             f"{_num(rd / 1e6 if _finite(rd) else None, '.1f'):>9}"
-            + (f"  {str(p['error'])[:90]}" if isinstance(p.get("error"), str) and p.get("error") else ""))
-    if rec.get("alternatives"):
-        lines += ["", "Next best layouts:"]
-        for a in rec["alternatives"]:
-            lines.append(f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s): "
-                         f"{_fmt_rate(a['predicted_samples_per_sec'])} samples/s")
-    lines += _notes(report)
-    lines += ["", "Files: " + ", ".join([REPORT_JSON, PROBES_CSV, PLOT_PNG, REPORT_TXT])
-              + f" in {report.get('output_dir', '.')}", "",
-              "Run it with:", f"  {report.get('csrun_wse_command', '')}"]
-    return "\n".join(lines) + "\n"
+            + (f"  {error[:90]}" if isinstance(error, str) and error else ""))
+    return lines
+
+
+def _alternative_lines(rec: dict[str, Any]) -> list[str]:
+    if not rec.get("alternatives"):
+        return []
+    return ["", "Next best layouts:"] + [
+        f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s): "
+        f"{_fmt_rate(a['predicted_samples_per_sec'])} samples/s" for a in rec["alternatives"]]
 
 
 def _notes(report: dict) -> list[str]:
@@ -188,7 +217,7 @@ def _finite(x: Any) -> bool:
         return False
 
 
-def _pct(x: Any) -> Optional[float]:
+def _pct(x: Any) -> float | None:
     return float(x) * 100 if _finite(x) else None
 
 
@@ -212,37 +241,42 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def write_probes_csv(out: Path, rows: list[dict]) -> Path:
-    """Write the probe table to ``out/probes.csv`` (columns :data:`PROBE_COLUMNS`)."""
+def write_probes_csv(out: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write the probe table to ``out/probes.csv`` atomically (columns
+    :data:`analyzer.model.PROBE_COLUMNS`); returns its path."""
+    # pandas and the model module (numpy) are imported here, not at the CLI's start-up.
     import pandas as pd
 
     from .model import PROBE_COLUMNS
 
     df = pd.DataFrame([{k: r.get(k) for k in PROBE_COLUMNS} for r in rows], columns=PROBE_COLUMNS)
     path = Path(out) / PROBES_CSV
-    df.to_csv(path, index=False)
+    with atomic.atomic_open(path) as f:
+        df.to_csv(f, index=False)
     return path
 
 
-def write_json(out: Path, report: dict) -> Path:
-    """Write ``report.json`` atomically; returns its path."""
+def write_json(out: Path, report: dict[str, Any]) -> Path:
+    """Write ``report.json`` atomically (NaN and infinities as ``null``); returns its path."""
     return atomic.write_json(Path(out) / REPORT_JSON, _clean(report))
 
 
-def write_text(out: Path, report: dict) -> str:
-    """Render and write ``report.txt``; returns the text."""
+def write_text(out: Path, report: dict[str, Any]) -> str:
+    """Render and write ``report.txt`` atomically; returns the text."""
     text = render_text(report)
-    (Path(out) / REPORT_TXT).write_text(text)
+    atomic.write_text(Path(out) / REPORT_TXT, text)
     return text
 
 
-def plot(out: Path, report: dict) -> Optional[Path]:
+def plot(out: Path, report: dict[str, Any]) -> Path | None:
     """Write ``throughput.png`` (matplotlib, Agg); ``None`` when there is nothing to plot."""
+    # matplotlib and pandas are imported here, not at the CLI's start-up.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
+    from matplotlib.ticker import MaxNLocator
 
     from .model import NodeModel, aggregate
 
@@ -273,8 +307,6 @@ def plot(out: Path, report: dict) -> Optional[Path]:
         ax.plot([t], [model.node_rate(t, c)], marker="*", markersize=18, color="crimson", linestyle="none",
                 label=f"chosen: {t} task(s) × {c} CPU(s)")
     ax.axvline(n, color="grey", linewidth=0.8, linestyle=":")
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("tasks per node")
     ax.set_ylabel("node throughput (samples/s)")

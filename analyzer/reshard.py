@@ -1,8 +1,9 @@
 """Reshard TFRecord files into N balanced, distinct shards, all-or-nothing.
 
-Rule source: the seeds' performance guide (seed 002, "Shard your input data"): when
-the files are too few or too large for the input workers, split the dataset into
-more, shorter, distinct files.
+Rule source: "Shard your input data" in the Cerebras document "Performance Optimization
+Practices": "you split your dataset into multiple, shorter, distinct files and allocate
+them across the worker nodes so that different workers have different slices of the
+dataset" — when the files are too few or too large for the input workers, reshard them.
 
 How it works:
 
@@ -25,9 +26,11 @@ How it works:
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
+import heapq
 import os
 import resource
 import shutil
@@ -38,8 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 from . import tfrecord
 from .datafiles import expand_sources
@@ -128,7 +132,7 @@ class ReshardResult:
                 "sources": self.sources, "watchdog": self.watchdog,
                 "removed_stale": self.removed_stale,
                 "shards": [{"path": p, "records": r, "bytes": b} for p, r, b in
-                           zip(self.shard_paths, self.shard_records, self.shard_bytes)]}
+                           zip(self.shard_paths, self.shard_records, self.shard_bytes, strict=True)]}
 
 
 def shard_name(prefix: str, index: int, num_shards: int) -> str:
@@ -155,7 +159,7 @@ def _pid_alive(pid: int) -> bool:
 def _remove_stale(output: str) -> list[str]:
     parent = os.path.dirname(os.path.abspath(output))
     pre = temp_prefix(output)
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:
@@ -180,7 +184,7 @@ _WATCHDOG = (
 )
 
 
-def _start_watchdog(path: str) -> Optional[subprocess.Popen]:
+def _start_watchdog(path: str) -> subprocess.Popen | None:
     """A child that removes ``path`` once our end of its stdin pipe closes (also when
     this process is SIGKILLed). Own session: a terminal's Ctrl-C does not reach it."""
     try:
@@ -191,7 +195,7 @@ def _start_watchdog(path: str) -> Optional[subprocess.Popen]:
         return None
 
 
-def _stop_watchdog(proc: Optional[subprocess.Popen]) -> None:
+def _stop_watchdog(proc: subprocess.Popen | None) -> None:
     if proc is None:
         return
     try:
@@ -261,7 +265,7 @@ class _Progress:
         self.pending = 0
         if enabled:
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # only with --progress: not at the CLI's start-up
             except ImportError:  # pragma: no cover - tqdm is a declared dependency
                 return
             self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
@@ -282,8 +286,8 @@ class _Progress:
 
 
 def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str = "shard",
-            verify_crc: bool = False, progress: bool = False, pattern: Optional[str] = None,
-            on_record: Optional[Callable[[int], None]] = None) -> ReshardResult:
+            verify_crc: bool = False, progress: bool = False, pattern: str | None = None,
+            on_record: Callable[[int], None] | None = None) -> ReshardResult:
     """Rewrite the TFRecord files ``sources`` into ``num_shards`` balanced shards in the
     new directory ``output``.
 
@@ -295,6 +299,10 @@ def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str
     ``on_record(n)`` is called after the n-th record is written (progress hooks and
     fault injection in tests).
 
+    Steps: check the arguments and the sources, write the shards into a temporary
+    directory (:class:`_TempOutput`), read them back and compare the record multisets,
+    publish the directory under ``output``.
+
     Returns a :class:`ReshardResult` (``verified`` is True). Raises ``ValueError``
     (one line, naming the flag/file and value) for bad arguments, an existing output,
     non-TFRecord or corrupt input, or fewer records than shards;
@@ -302,6 +310,32 @@ def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str
     and on interruption, neither the output nor a temporary directory is left.
     """
     t0 = time.monotonic()
+    output = _check_arguments(num_shards, prefix, output)
+    paths = _check_sources(sources, pattern, output)
+    total_bytes = sum(os.path.getsize(p) for p in paths)
+    _ensure_fd_limit(num_shards + 64, num_shards)
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    removed = _remove_stale(output)
+    names = [shard_name(prefix, i, num_shards) for i in range(num_shards)]
+    with _TempOutput(output) as tmp:
+        written = _write_shards(paths, [os.path.join(tmp.path, n) for n in names], verify_crc,
+                                _Progress(progress, total_bytes, "reshard"), on_record)
+        if written.digest.count < num_shards:
+            raise ValueError(f"--num-shards {num_shards}: the sources hold only {written.digest.count} "
+                             f"record(s); {num_shards - written.digest.count} shard(s) would be empty")
+        _verify_shards(tmp.path, names, written, verify_crc, _Progress(progress, total_bytes, "verify"))
+        tmp.publish()
+    return ReshardResult(
+        output=output, shard_paths=[os.path.join(output, n) for n in names],
+        shard_records=written.records, shard_bytes=written.bytes, records=written.digest.count,
+        bytes=sum(written.bytes), checksum=written.digest.hexdigest(), verified=True,
+        seconds=time.monotonic() - t0, sources=len(paths), watchdog=tmp.watchdog is not None,
+        removed_stale=removed)
+
+
+def _check_arguments(num_shards: int, prefix: str, output: str) -> str:
+    """Refuse a bad shard count or prefix and an existing output; returns the output's
+    absolute path."""
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ValueError(f"--num-shards {num_shards!r}: must be an integer >= 1")
     if not prefix or os.sep in prefix or prefix.startswith("."):
@@ -310,6 +344,12 @@ def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str
     if os.path.lexists(output):
         raise ValueError(f"--output {output}: already exists; reshard never overwrites (choose a new "
                          "directory)")
+    return output
+
+
+def _check_sources(sources: Sequence[str], pattern: str | None, output: str) -> list[str]:
+    """The source files (:func:`analyzer.datafiles.expand_sources`); refuses one inside the
+    output or one that is no uncompressed TFRecord file."""
     paths, _dups = expand_sources(list(sources), pattern=pattern, what="SRC")
     for p in paths:
         if os.path.realpath(p).startswith(os.path.realpath(output) + os.sep):
@@ -318,53 +358,103 @@ def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str
             with open(p, "rb") as fh:
                 tfrecord._check_not_compressed(fh.read(2), p)
             raise ValueError(f"SRC {p}: not an uncompressed TFRecord file (bad first record header)")
-    total_bytes = sum(os.path.getsize(p) for p in paths)
-    _ensure_fd_limit(num_shards + 64, num_shards)
+    return paths
 
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    removed = _remove_stale(output)
-    tmp = tempfile.mkdtemp(prefix=f"{temp_prefix(output)}{os.getpid()}-", dir=parent)
-    watchdog = _start_watchdog(tmp)
-    old_handlers: dict[int, object] = {}
 
-    def _on_signal(signum, _frame):  # turn SIGTERM/SIGHUP into an exception: cleanup runs
-        raise SystemExit(128 + signum)
+class _TempOutput:
+    """The hidden temporary directory beside the output that the shards are written into
+    (``.<name>.reshard-<host>-<pid>-<random>``), guarded by a SIGKILL watchdog, with SIGTERM
+    and SIGHUP turned into an exception while it exists (so that the cleanup runs). Leaving
+    the ``with`` block on an exception removes it unless :meth:`publish` renamed it."""
 
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                old_handlers[sig] = signal.signal(sig, _on_signal)
-            except (ValueError, OSError):  # pragma: no cover
-                pass
-    names = [shard_name(prefix, i, num_shards) for i in range(num_shards)]
-    files: list = []
-    published = False
-    try:
-        buf = min(1 << 20, max(8192, (32 << 20) // num_shards))
-        for n in names:
-            files.append(open(os.path.join(tmp, n), "xb", buffering=buf))
-        digest_in = MultisetDigest()
-        shard_records = [0] * num_shards
-        shard_bytes = [0] * num_shards
-        B = max(num_shards - 1, 1).bit_length()
-        M = (1 << B) - 1
-        heap = list(range(num_shards))  # keys bytes << B | shard, a valid heap already
-        import heapq
-        hr = heapq.heapreplace
-        bar = _Progress(progress, total_bytes, "reshard")
-        n_written = 0
+    def __init__(self, output: str):
+        self.output = output
+        self.parent = os.path.dirname(output)
+        self.path = ""
+        self.watchdog: subprocess.Popen | None = None
+        self.published = False
+        self._old_handlers: dict[int, signal._HANDLER] = {}
+
+    def __enter__(self) -> _TempOutput:
+        self.path = tempfile.mkdtemp(prefix=f"{temp_prefix(self.output)}{os.getpid()}-", dir=self.parent)
+        self.watchdog = _start_watchdog(self.path)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                try:
+                    self._old_handlers[sig] = signal.signal(sig, _raise_exit)
+                except (ValueError, OSError):  # pragma: no cover
+                    pass
+        return self
+
+    def publish(self) -> None:
+        """Make the directory ordinary data (mkdtemp made it 0700), sync it and rename it
+        to the output, never over an existing one."""
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(self.path, 0o777 & ~mask)
+        _fsync_dir(self.path)
+        try:
+            _rename_noreplace(self.path, self.output)
+        except FileExistsError:
+            raise ValueError(f"--output {self.output}: appeared while resharding; not overwritten "
+                             "(the new shards were discarded)") from None
+        self.published = True
+        _fsync_dir(self.parent)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: types.TracebackType | None) -> None:
+        try:
+            if exc_type is not None and not self.published:
+                shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            for sig, h in self._old_handlers.items():
+                try:
+                    signal.signal(sig, h)
+                except (ValueError, OSError):  # pragma: no cover
+                    pass
+            _stop_watchdog(self.watchdog)
+
+
+def _raise_exit(signum: int, _frame: types.FrameType | None) -> None:
+    """A SIGTERM/SIGHUP handler: raise, so that the temporary directory is removed."""
+    raise SystemExit(128 + signum)
+
+
+@dataclass
+class _Written:
+    """What :func:`_write_shards` wrote: the sources' record multiset, and per shard its
+    records and bytes (framing included)."""
+
+    digest: MultisetDigest
+    records: list[int]
+    bytes: list[int]
+
+
+def _write_shards(paths: list[str], shard_paths: list[str], verify_crc: bool, bar: _Progress,
+                  on_record: Callable[[int], None] | None) -> _Written:
+    """Copy every record frame of ``paths`` (in order) verbatim to the shard with the fewest
+    bytes so far (ties: the lowest index), then flush and fsync the shards."""
+    n = len(shard_paths)
+    written = _Written(MultisetDigest(), [0] * n, [0] * n)
+    B = max(n - 1, 1).bit_length()
+    M = (1 << B) - 1
+    heap = list(range(n))  # keys bytes << B | shard, a valid heap already
+    hr = heapq.heapreplace
+    buf = min(1 << 20, max(8192, (32 << 20) // n))
+    n_written = 0
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(p, "xb", buffering=buf)) for p in shard_paths]
         try:
             for p in paths:
                 for frame, _off in tfrecord.iter_frames(p, verify_crc=verify_crc):
-                    digest_in.add(frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES])
+                    written.digest.add(frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES])
                     k = heap[0]
                     i = k & M
                     files[i].write(frame)
                     size = len(frame)
                     hr(heap, k + (size << B))
-                    shard_records[i] += 1
-                    shard_bytes[i] += size
+                    written.records[i] += 1
+                    written.bytes[i] += size
                     n_written += 1
                     bar.add(size)
                     if on_record is not None:
@@ -374,56 +464,23 @@ def reshard(sources: Sequence[str], num_shards: int, output: str, *, prefix: str
         for fh in files:
             fh.flush()
             os.fsync(fh.fileno())
-            fh.close()
-        if digest_in.count < num_shards:
-            raise ValueError(f"--num-shards {num_shards}: the sources hold only {digest_in.count} "
-                             f"record(s); {num_shards - digest_in.count} shard(s) would be empty")
-        # Verify: re-read every shard.
-        digest_out = MultisetDigest()
-        vbar = _Progress(progress, total_bytes, "verify")
-        try:
-            for i, n in enumerate(names):
-                count = 0
-                for frame, _off in tfrecord.iter_frames(os.path.join(tmp, n), verify_crc=verify_crc):
-                    digest_out.add(frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES])
-                    count += 1
-                    vbar.add(len(frame))
-                if count != shard_records[i]:
-                    raise ReshardVerificationError(f"{n}: {count} records read back, {shard_records[i]} written")
-        finally:
-            vbar.close()
-        if digest_out != digest_in:
-            raise ReshardVerificationError(f"records changed: in {digest_in!r}, out {digest_out!r}")
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp made it 0700; the output is ordinary data
-        _fsync_dir(tmp)
-        try:
-            _rename_noreplace(tmp, output)
-        except FileExistsError:
-            raise ValueError(f"--output {output}: appeared while resharding; not overwritten "
-                             "(the new shards were discarded)") from None
-        published = True
-        _fsync_dir(parent)
-    except BaseException:
-        for fh in files:
-            try:
-                fh.close()
-            except Exception:
-                pass
-        if not published:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return written
+
+
+def _verify_shards(directory: str, names: list[str], written: _Written, verify_crc: bool, bar: _Progress) -> None:
+    """Read every shard back: each must hold the records written to it, and together the
+    same record multiset as the sources. Raises :class:`ReshardVerificationError`."""
+    digest_out = MultisetDigest()
+    try:
+        for i, n in enumerate(names):
+            count = 0
+            for frame, _off in tfrecord.iter_frames(os.path.join(directory, n), verify_crc=verify_crc):
+                digest_out.add(frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES])
+                count += 1
+                bar.add(len(frame))
+            if count != written.records[i]:
+                raise ReshardVerificationError(f"{n}: {count} records read back, {written.records[i]} written")
     finally:
-        for sig, h in old_handlers.items():
-            try:
-                signal.signal(sig, h)  # type: ignore[arg-type]
-            except (ValueError, OSError):  # pragma: no cover
-                pass
-        _stop_watchdog(watchdog)
-    return ReshardResult(
-        output=output, shard_paths=[os.path.join(output, n) for n in names],
-        shard_records=shard_records, shard_bytes=shard_bytes, records=digest_in.count,
-        bytes=sum(shard_bytes), checksum=digest_in.hexdigest(), verified=True,
-        seconds=time.monotonic() - t0, sources=len(paths), watchdog=watchdog is not None,
-        removed_stale=removed)
+        bar.close()
+    if digest_out != written.digest:
+        raise ReshardVerificationError(f"records changed: in {written.digest!r}, out {digest_out!r}")

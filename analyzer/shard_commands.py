@@ -1,10 +1,14 @@
 """The ``shard-plan`` and ``reshard`` subcommands of ``cs_input_analyzer``.
 
-Rule source: the seeds' performance guide (seed 002, "Shard your input data") and the
-CerebrasEstimator limitations (seed 000, "Multiple input workers"). The work is done
-by :mod:`analyzer.shardplan` and :mod:`analyzer.reshard`; this module parses flags,
-resolves the worker layout and prints. Bad input is one line ``Error: ...`` with exit
-status 2 (:class:`csrun_common.errors.CsrunError`).
+Rule sources: "Shard your input data" in the Cerebras document "Performance Optimization
+Practices" and "Multiple input workers" in "Limitations of the CerebrasEstimator" (quoted in
+:mod:`analyzer.shardplan`). The work is done by :mod:`analyzer.shardplan` and
+:mod:`analyzer.reshard`; this module parses flags, resolves the worker layout and prints.
+Bad input is one line ``cs_input_analyzer: error: ...`` with exit status 2
+(:class:`csrun_common.errors.CsrunError`).
+
+:mod:`analyzer.shardplan` loads NumPy: it is imported inside the functions that use it, so
+that the CLI's start-up (``cs_input_analyzer --help``) does without.
 """
 from __future__ import annotations
 
@@ -12,12 +16,19 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
+import psutil
 
 from csrun_common.errors import CsrunError
 from csrun_common.shardplan_schema import input_worker_count
+
+from .datafiles import ParamsData, expand_sources, read_params
+from .reshard import ReshardVerificationError, reshard
+
+if TYPE_CHECKING:
+    from . import shardplan as sp
 
 __all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
 
@@ -46,7 +57,7 @@ def _pos_int(value: Any, where: str) -> int:
 def _read_report(path: str) -> tuple[dict, str]:
     file = os.path.join(path, "report.json") if os.path.isdir(path) else path
     try:
-        with open(file, "r", encoding="utf-8") as fh:
+        with open(file, encoding="utf-8") as fh:
             report = json.load(fh)
     except FileNotFoundError:
         raise _bad(f"--from-report {path}: no report.json there (run cs_input_analyzer first)") from None
@@ -57,7 +68,7 @@ def _read_report(path: str) -> tuple[dict, str]:
     return report, file
 
 
-def _report_number(report: dict, *keys: tuple[str, ...]) -> Optional[float]:
+def _report_number(report: dict, *keys: tuple[str, ...]) -> float | None:
     for path in keys:
         cur: Any = report
         for k in path:
@@ -67,8 +78,8 @@ def _report_number(report: dict, *keys: tuple[str, ...]) -> Optional[float]:
     return None
 
 
-def resolve_layout(workers: Optional[int], nodes: Optional[int], tasks_per_node: Optional[int],
-                   single_task_nodes: Optional[int], report_dir: Optional[str]) -> tuple[int, dict, int, dict]:
+def resolve_layout(workers: int | None, nodes: int | None, tasks_per_node: int | None,
+                   single_task_nodes: int | None, report_dir: str | None) -> tuple[int, dict, int, dict]:
     """Resolve the worker layout from exactly one of ``--workers``, ``--nodes`` (with
     ``--tasks-per-node``/``--single-task-nodes``) and ``--from-report``.
 
@@ -90,51 +101,69 @@ def resolve_layout(workers: Optional[int], nodes: Optional[int], tasks_per_node:
         raise _bad(f"{flag}: only with --nodes (it describes csrun_wse's layout)")
     if workers is not None:
         return _pos_int(workers, "--workers"), {"source": "--workers", "input_workers": workers}, 1, {}
-    report: dict = {}
+    report: dict[str, Any] = {}
     if nodes is not None:
-        n, t, s = nodes, 1 if tasks_per_node is None else tasks_per_node, single_task_nodes or 0
-        source = "--nodes"
-        cpus = None
-        names = ("--nodes", "--tasks-per-node", "--single-task-nodes")
-        try:
-            w = input_worker_count(n, t, s)
-        except ValueError as exc:
-            raise _bad(str(exc).replace("--total-nodes", "--nodes")) from None
+        lay = _layout_from_flags(nodes, tasks_per_node, single_task_nodes)
     else:
-        report, file = _read_report(report_dir)  # type: ignore[arg-type]
-        rec = report.get("recommendation")
-        if not isinstance(rec, dict):
-            raise _bad(f"--from-report {report_dir}: {file}: recommendation: missing "
-                       f"(the analysis made no recommendation)")
-        n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
-        t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
-        s = rec.get("single_task_nodes") or 0
-        cpus = rec.get("cpus_per_task")
-        source = f"--from-report {file}"
-        names = ("recommendation.nodes", "recommendation.tasks_per_node", "recommendation.single_task_nodes")
-        try:
-            w = input_worker_count(n, t, s)
-        except ValueError as exc:
-            raise _bad(f"--from-report {file}: {exc}") from None
-        stated = rec.get("input_workers")
-        if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
-            raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
-                       f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}) = {w} input workers")
-    if w < 1:
-        raise _bad(f"{names[0]} {n} {names[1]} {t}: the layout has no input worker (the chief runs "
-                   "input_fn in-process); no shard plan is needed")
-    layout = {"source": source, "nodes": n, "tasks_per_node": t, "single_task_nodes": s,
-              "cpus_per_task": cpus, "input_workers": w,
+        lay, report = _layout_from_report(str(report_dir))
+    if lay.workers < 1:
+        raise _bad(f"{lay.names[0]} {lay.nodes} {lay.names[1]} {lay.tasks}: the layout has no input worker (the "
+                   "chief runs input_fn in-process); no shard plan is needed")
+    layout = {"source": lay.source, "nodes": lay.nodes, "tasks_per_node": lay.tasks,
+              "single_task_nodes": lay.single, "cpus_per_task": lay.cpus, "input_workers": lay.workers,
               "rule": "input workers = every task but the chief (docs/CONTRACT.md)"}
-    return w, layout, t, report
+    return lay.workers, layout, lay.tasks, report
 
 
-def _node_memory() -> tuple[Optional[int], str]:
+class _Layout(NamedTuple):
+    """A csrun_wse layout (``--total-nodes``, ``--tasks-per-node``, ``--single-task-nodes``,
+    ``--cpus-per-task`` or None), where it came from, the names of its first two fields in
+    messages, and its input workers."""
+
+    nodes: int
+    tasks: int
+    single: int
+    cpus: int | None
+    source: str
+    names: tuple[str, str]
+    workers: int
+
+
+def _layout_from_flags(nodes: int, tasks_per_node: int | None, single_task_nodes: int | None) -> _Layout:
+    n, t, s = nodes, 1 if tasks_per_node is None else tasks_per_node, single_task_nodes or 0
     try:
-        import psutil
+        w = input_worker_count(n, t, s)
+    except ValueError as exc:
+        raise _bad(str(exc).replace("--total-nodes", "--nodes")) from None
+    return _Layout(n, t, s, None, "--nodes", ("--nodes", "--tasks-per-node"), w)
 
+
+def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
+    """The layout recommended in ``report_dir``'s ``report.json`` and the report."""
+    report, file = _read_report(report_dir)
+    rec = report.get("recommendation")
+    if not isinstance(rec, dict):
+        raise _bad(f"--from-report {report_dir}: {file}: recommendation: missing "
+                   f"(the analysis made no recommendation)")
+    n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
+    t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
+    s = rec.get("single_task_nodes") or 0
+    try:
+        w = input_worker_count(n, t, s)
+    except ValueError as exc:
+        raise _bad(f"--from-report {file}: {exc}") from None
+    stated = rec.get("input_workers")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
+        raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
+                   f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}) = {w} input workers")
+    return _Layout(n, t, s, rec.get("cpus_per_task"), f"--from-report {file}",
+                   ("recommendation.nodes", "recommendation.tasks_per_node"), w), report
+
+
+def _node_memory() -> tuple[int | None, str]:
+    try:
         return int(psutil.virtual_memory().total), "this host's memory (psutil)"
-    except Exception:
+    except Exception:  # noqa: BLE001 - psutil cannot read it here: ask the OS
         try:
             return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's memory"
         except (ValueError, OSError, AttributeError):
@@ -177,12 +206,12 @@ def _node_memory() -> tuple[Optional[int], str]:
 @click.option("-o", "--output", default="shard_plan.json", show_default=True, metavar="PATH",
               help="Where to write the plan (JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
-def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern: Optional[str],
-                   workers: Optional[int], nodes: Optional[int], tasks_per_node: Optional[int],
-                   single_task_nodes: Optional[int], report_dir: Optional[str], seed: Optional[int],
+def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: str | None,
+                   workers: int | None, nodes: int | None, tasks_per_node: int | None,
+                   single_task_nodes: int | None, report_dir: str | None, seed: int | None,
                    mode: str, balance_by: str, count: str, count_budget: float,
-                   shuffle_buffer: Optional[int], element_bytes: Optional[str],
-                   node_memory: Optional[str], output: str, as_json: bool) -> None:
+                   shuffle_buffer: int | None, element_bytes: str | None,
+                   node_memory: str | None, output: str, as_json: bool) -> None:
     """Plan which data files each input worker reads (SOURCES: files, directories, globs).
 
     Files are assigned whole, balancing records (when counted) or bytes with LPT; each
@@ -190,8 +219,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern
     dominating file, uneven loads and shuffle buffers that do not fit a node. Use the
     plan with: csrun_wse --shard-plan PLAN ...
     """
-    from . import shardplan as sp
-    from .datafiles import expand_sources, read_params
+    from . import shardplan as sp  # NumPy: when the command runs
 
     num_workers, layout, per_node, report = resolve_layout(
         workers, nodes, tasks_per_node, single_task_nodes, report_dir)
@@ -199,21 +227,60 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern
         raise _bad(f"--count-budget {count_budget}: must be >= 0")
     if shuffle_buffer is not None and shuffle_buffer < 0:
         raise _bad(f"--shuffle-buffer {shuffle_buffer}: must be >= 0")
+    elem = _size_flag("--element-bytes", element_bytes)
+    mem = _size_flag("--node-memory", node_memory)
+    params = _read_params_flag(params_path)
+    gathered = _gather(sources, params, params_path, pattern, count, count_budget)
+    shuffle, mem_src = _shuffle_buffers(params, report, gathered, shuffle_buffer, (elem, mem), per_node)
+    base_seed = seed if seed is not None else (params.shuffle_seed if params and params.shuffle_seed
+                                               is not None else 0)
+    hint_sources = list(sources) or (params.data_dirs if params else [])
     try:
-        elem = sp.parse_size(element_bytes) if element_bytes is not None else None
+        plan = sp.plan_shards(gathered.table, num_workers, sp.PlanOptions(
+            base_seed=base_seed, mode=mode, balance_by=None if balance_by == "auto" else balance_by,
+            layout=layout, records_exact=gathered.records_exact, records_estimate=gathered.records_estimate,
+            shuffle=shuffle, reshard_hint=shlex.join(hint_sources), extra_warnings=gathered.warnings))
     except ValueError as exc:
-        raise _bad(f"--element-bytes {element_bytes!r}: {exc}") from None
+        raise _bad(str(exc)) from None
+    if plan.shuffle is not None and plan.shuffle.get("checked"):
+        plan.shuffle["node_memory_source"] = mem_src
     try:
-        mem = sp.parse_size(node_memory) if node_memory is not None else None
-    except ValueError as exc:
-        raise _bad(f"--node-memory {node_memory!r}: {exc}") from None
+        written = plan.write_json(output)
+    except OSError as exc:
+        raise _bad(f"--output {output}: cannot write ({exc.strerror})") from None
+    if as_json:
+        out = plan.header_dict()
+        out["output"] = written
+        click.echo(json.dumps(out, indent=1))
+        return
+    _print_plan(plan, layout, mem_src, written)
 
-    params = None
-    if params_path is not None:
-        try:
-            params = read_params(params_path)
-        except ValueError as exc:
-            raise _bad(str(exc)) from None
+
+def _size_flag(flag: str, value: str | None) -> int | None:
+    """``--element-bytes`` / ``--node-memory`` in bytes (:func:`analyzer.shardplan.parse_size`)."""
+    from . import shardplan as sp  # NumPy: when the command runs
+
+    try:
+        return sp.parse_size(value) if value is not None else None
+    except ValueError as exc:
+        raise _bad(f"{flag} {value!r}: {exc}") from None
+
+
+def _read_params_flag(params_path: str | None) -> ParamsData | None:
+    if params_path is None:
+        return None
+    try:
+        return read_params(params_path)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
+def _gather(sources: tuple[str, ...], params: ParamsData | None, params_path: str | None, pattern: str | None,
+            count: str, count_budget: float) -> sp.GatherResult:
+    """The data files of SOURCES and the params' ``train_input.data_dir``, stat'ed and (with
+    ``--count``) their records counted (:func:`analyzer.shardplan.gather_files`)."""
+    from . import shardplan as sp  # NumPy: when the command runs
+
     if not sources and params is None:
         raise _bad("no data files: give SOURCES (files, directories, globs) or --params YAML "
                    "with train_input.data_dir")
@@ -224,12 +291,22 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern
                                       what=f"--params {params_path}: train_input.data_dir")
             merged, d3 = expand_sources(paths + more, what="SOURCES") if paths else (more, 0)
             paths, dups = merged, dups + d2 + d3
-        gathered = sp.gather_files(paths, count=count, budget_s=count_budget, duplicates=dups)
+        return sp.gather_files(paths, count=count, budget_s=count_budget, duplicates=dups)
     except ValueError as exc:
         raise _bad(str(exc)) from None
 
-    base_seed = seed if seed is not None else (params.shuffle_seed if params and params.shuffle_seed
-                                               is not None else 0)
+
+def _shuffle_buffers(params: ParamsData | None, report: dict, gathered: sp.GatherResult,
+                     shuffle_buffer: int | None, sizes: tuple[int | None, int | None],
+                     per_node: int) -> tuple[sp.ShuffleBuffers, str]:
+    """The shuffle-memory check's inputs: the buffer (``--shuffle-buffer``, else the params'),
+    the element size (``--element-bytes``, else the analyzer's measurement in the report,
+    else the mean TFRecord record) and the node's memory (``--node-memory``, else the
+    report's, else this host's). Returns them and where the memory figure came from."""
+    from . import shardplan as sp  # NumPy: when the command runs
+
+    elem: float | None
+    elem, mem = sizes
     buf = shuffle_buffer if shuffle_buffer is not None else (params.shuffle_buffer if params else None)
     elem_src = "--element-bytes"
     if elem is None:
@@ -247,29 +324,16 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern
             mem, mem_src = int(rep_mem), "report.json"
         else:
             mem, mem_src = _node_memory()
-    hint_sources = list(sources) or (params.data_dirs if params else [])
-    try:
-        plan = sp.plan_shards(
-            gathered.table, num_workers, base_seed=base_seed, mode=mode,
-            balance_by=None if balance_by == "auto" else balance_by, layout=layout,
-            records_exact=gathered.records_exact, records_estimate=gathered.records_estimate,
-            shuffle_buffer=buf, element_bytes=elem, element_source=elem_src,
-            workers_per_node=per_node, node_memory_bytes=mem,
-            reshard_hint=shlex.join(hint_sources), extra_warnings=gathered.warnings)
-    except ValueError as exc:
-        raise _bad(str(exc)) from None
-    if plan.shuffle is not None and plan.shuffle.get("checked"):
-        plan.shuffle["node_memory_source"] = mem_src
-    try:
-        written = plan.write_json(output)
-    except OSError as exc:
-        raise _bad(f"--output {output}: cannot write ({exc.strerror})") from None
+    return sp.ShuffleBuffers(buffer_elements=buf, element_bytes=elem, element_source=elem_src,
+                             workers_per_node=per_node, node_memory_bytes=mem), mem_src
 
-    if as_json:
-        out = plan.header_dict()
-        out["output"] = written
-        click.echo(json.dumps(out, indent=1))
-        return
+
+def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) -> None:
+    """The plan's summary: files, workers, balance, seeds, the shuffle check, the warnings
+    with their fixes, where it was written and how to use it."""
+    from . import shardplan as sp  # NumPy: when the command runs
+
+    num_workers = plan.num_workers
     tot_rec = plan.total_records
     rec_text = (f", {tot_rec:,} records" if tot_rec is not None else
                 (f", ~{plan.records_estimate:,} records (estimated)" if plan.records_estimate else ""))
@@ -314,7 +378,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: Optional[str], pattern
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def reshard_cmd(sources: tuple[str, ...], num_shards: int, output: str, prefix: str,
-                pattern: Optional[str], verify_crc: bool, progress: bool, as_json: bool) -> None:
+                pattern: str | None, verify_crc: bool, progress: bool, as_json: bool) -> None:
     """Rewrite TFRecord files (SOURCES: files, directories, globs) into N balanced shards.
 
     Records are copied verbatim and dealt to the shard with the fewest bytes. The shards
@@ -322,8 +386,7 @@ def reshard_cmd(sources: tuple[str, ...], num_shards: int, output: str, prefix: 
     order-independent checksum); an existing DIR is never overwritten; an interrupted
     run leaves neither DIR nor temporary files, and never touches the input.
     """
-    from .reshard import ReshardVerificationError, reshard
-    from .shardplan import format_bytes
+    from .shardplan import format_bytes  # NumPy: when the command runs
 
     try:
         res = reshard(list(sources), num_shards, output, prefix=prefix, verify_crc=verify_crc,

@@ -1,12 +1,15 @@
 """Shard planning: which data files each input worker reads, with which shuffle seed.
 
-Rule source: the seeds' performance guide (seed 002, "Shard your input data"): shard
-the dataset across the N input workers so that different workers read different
-slices; when files are too few or too large, split them into more, shorter, distinct
-files (``cs_input_analyzer reshard``). Seed 000 ("Multiple input workers"): every
-worker must shuffle its data differently, so each worker gets its own seed, and when
-there are fewer files than workers the data may be replicated on every worker with
-distinct shuffle seeds.
+Rule sources. "Shard your input data" in the Cerebras document "Performance Optimization
+Practices": "Optimal input data throughput performance can be achieved when you shard the
+input dataset across the N input worker nodes", "you split your dataset into multiple,
+shorter, distinct files and allocate them across the worker nodes so that different workers
+have different slices of the dataset" (when the files are too few or too large:
+``cs_input_analyzer reshard``). "Multiple input workers" in "Limitations of the
+CerebrasEstimator": "each worker node must shuffle its data differently", so each worker
+gets its own seed; and "In the simplest setup, the same input data is replicated across
+every input worker": with fewer files than workers every worker reads every file with its
+own seed. The plan's warnings cite the two documents by title.
 
 Algorithm: LPT (longest processing time first). Files are taken in decreasing weight
 (bytes, or records when every file was counted); each goes to the currently least
@@ -32,16 +35,19 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+from typing import NamedTuple
 
 import numpy as np
 
 from csrun_common import shardplan_schema as schema
 from csrun_common.atomic import atomic_open
 
+from . import tfrecord
+
 __all__ = [
-    "FileInfo", "FileTable", "PlanWarning", "ShardPlan", "GatherResult", "worker_seed",
+    "FileInfo", "FileTable", "PlanWarning", "ShardPlan", "GatherResult", "PlanOptions", "ShuffleBuffers", "worker_seed",
     "lpt_assign", "gather_files", "plan_shards", "suggest_num_shards", "format_bytes",
     "parse_size", "SHUFFLE_MEMORY_FRACTION", "TARGET_SHARD_BYTES",
 ]
@@ -61,7 +67,7 @@ class FileInfo:
 
     path: str
     bytes: int
-    records: Optional[int] = None
+    records: int | None = None
 
 
 @dataclass
@@ -74,7 +80,7 @@ class FileTable:
 
     paths: list[str]
     sizes: np.ndarray
-    records: Optional[np.ndarray] = None
+    records: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.sizes = np.asarray(self.sizes, dtype=np.int64).reshape(-1)
@@ -86,7 +92,7 @@ class FileTable:
                 raise ValueError(f"FileTable: {len(self.sizes)} sizes but {len(self.records)} records")
 
     @classmethod
-    def from_infos(cls, infos: Sequence[FileInfo]) -> "FileTable":
+    def from_infos(cls, infos: Sequence[FileInfo]) -> FileTable:
         """Columns from a list of :class:`FileInfo`; records kept only if all counted."""
         recs = [i.records for i in infos]
         records = None if any(r is None for r in recs) else np.asarray(recs, dtype=np.int64)
@@ -113,12 +119,13 @@ class PlanWarning:
 def worker_seed(base_seed: int, index: int) -> int:
     """Shuffle seed of worker ``index``: ``(base_seed + index × 0x9E3779B97F4A7C15) mod
     2**63``; distinct for distinct indices (the multiplier is odd, hence invertible
-    mod 2**63), non-negative and int64-safe (seed 000: workers must shuffle
-    differently)."""
+    mod 2**63), non-negative and int64-safe ("each worker node must shuffle its data
+    differently": "Multiple input workers", Cerebras, "Limitations of the
+    CerebrasEstimator")."""
     return (int(base_seed) + int(index) * _GOLDEN) % schema.SEED_LIMIT
 
 
-def format_bytes(n: Optional[float]) -> str:
+def format_bytes(n: float | None) -> str:
     """``1536`` -> ``"1.5 KiB"`` (binary units)."""
     if n is None:
         return "?"
@@ -157,10 +164,10 @@ def _heap_stretch(x: np.ndarray, pos: int, count: int, loads: np.ndarray, own: n
     W = len(loads)
     B = max(W - 1, 1).bit_length()
     M = (1 << B) - 1
-    heap = [(int(l) << B) | w for w, l in enumerate(loads.tolist())]
+    heap = [(int(load) << B) | w for w, load in enumerate(loads.tolist())]
     heapq.heapify(heap)
     hr = heapq.heapreplace
-    out = []
+    out: list[int] = []
     ap = out.append
     for v in x[pos:pos + count].tolist():
         k = heap[0]
@@ -172,7 +179,7 @@ def _heap_stretch(x: np.ndarray, pos: int, count: int, loads: np.ndarray, own: n
     return pos + count
 
 
-def lpt_assign(weights: Union[Sequence[int], np.ndarray], num_workers: int) -> tuple[np.ndarray, np.ndarray]:
+def lpt_assign(weights: Sequence[int] | np.ndarray, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact LPT assignment of F items onto ``num_workers`` workers.
 
     ``weights``: F non-negative integers (bytes or records); a weight of 0 counts as 1.
@@ -239,8 +246,8 @@ class GatherResult:
 
     table: FileTable
     records_exact: bool
-    records_estimate: Optional[int]
-    mean_record_bytes: Optional[float]
+    records_estimate: int | None
+    mean_record_bytes: float | None
     counted_files: int
     count_seconds: float
     warnings: list[PlanWarning] = field(default_factory=list)
@@ -259,12 +266,43 @@ def gather_files(paths: Sequence[str], *, count: str = "auto", budget_s: float =
     read anything from them). Raises ``ValueError`` when a file cannot be stat'ed or
     no non-empty file remains.
     """
-    from . import tfrecord
-
     warnings: list[PlanWarning] = []
     if duplicates:
         warnings.append(PlanWarning("DUPLICATE_FILES", f"{duplicates} duplicate path(s) given "
                                     "(same real file); each file is planned once", "", "info"))
+    table = _nonempty_files(paths, warnings)
+    if count not in ("auto", "yes", "no"):
+        raise ValueError(f"--count {count!r}: expected auto, yes or no")
+    if count == "no":
+        return GatherResult(table, False, None, None, 0, 0.0, warnings)
+    t0 = time.monotonic()
+    tally = _count_records(table.paths, count == "yes", t0 + max(0.0, float(budget_s)))
+    secs = time.monotonic() - t0
+    if tally.not_tfrecord:
+        warnings.append(PlanWarning(
+            "NOT_TFRECORD", f"records not counted: {tally.not_tfrecord}; the plan balances bytes",
+            "convert the data to uncompressed TFRecord files to balance records", "info"))
+        return GatherResult(table, False, None, None, 0, secs, warnings)
+    counted_mask = tally.records >= 0
+    n_rec = int(tally.records[counted_mask].sum())
+    mean_rec = (tally.data_bytes / n_rec) if n_rec else None
+    if tally.counted == len(table):
+        table.records = tally.records
+        return GatherResult(table, True, n_rec, mean_rec, tally.counted, secs, warnings)
+    counted_bytes = int(table.sizes[counted_mask].sum())
+    estimate = int(round(n_rec * int(table.sizes.sum()) / counted_bytes)) if counted_bytes else None
+    warnings.append(PlanWarning(
+        "RECORDS_NOT_COUNTED",
+        f"counted {tally.counted} of {len(table)} files in the {budget_s:g} s budget; total records "
+        f"estimated at {estimate if estimate is not None else '?'} from bytes; the plan balances bytes",
+        f"raise --count-budget (counting ran at {counted_bytes / max(secs, 1e-9) / 2**20:.0f} MiB/s) "
+        "to balance records", "info"))
+    return GatherResult(table, False, estimate, mean_rec, tally.counted, secs, warnings)
+
+
+def _nonempty_files(paths: Sequence[str], warnings: list[PlanWarning]) -> FileTable:
+    """The files' sizes (bytes), empty files left out (an ``EMPTY_FILES`` note). Raises
+    ``ValueError`` when a file cannot be stat'ed or none is non-empty."""
     sizes = np.empty(len(paths), dtype=np.int64)
     for i, p in enumerate(paths):
         try:
@@ -281,58 +319,39 @@ def gather_files(paths: Sequence[str], *, count: str = "auto", budget_s: float =
         sizes = sizes[keep]
     if not paths:
         raise ValueError("data files: none is non-empty; nothing to plan")
-    table = FileTable(list(paths), sizes)
-    if count not in ("auto", "yes", "no"):
-        raise ValueError(f"--count {count!r}: expected auto, yes or no")
-    if count == "no":
-        return GatherResult(table, False, None, None, 0, 0.0, warnings)
+    return FileTable(list(paths), sizes)
 
-    t0 = time.monotonic()
-    deadline = t0 + max(0.0, float(budget_s))
+
+class _Tally(NamedTuple):
+    """Records counted per file (-1: not counted), their data bytes, the files counted, and
+    the reason counting stopped at a file that is no TFRecord ("" otherwise)."""
+
+    records: np.ndarray
+    data_bytes: int
+    counted: int
+    not_tfrecord: str
+
+
+def _count_records(paths: list[str], required: bool, deadline: float) -> _Tally:
+    """Count the files' records in a fixed pseudo-random order until ``deadline``
+    (``time.monotonic``). A file that is no TFRecord stops counting, or raises
+    ``ValueError`` when counting is ``required`` (``--count yes``)."""
     records = np.full(len(paths), -1, dtype=np.int64)
-    data_bytes = 0
-    counted = 0
-    stopped = None
+    data_bytes = counted = 0
     for i in np.random.default_rng(0).permutation(len(paths)).tolist():
         try:
             rc = tfrecord.count_records(paths[i], deadline=deadline)
         except tfrecord.TFRecordError as exc:
-            if count == "yes":
+            if required:
                 raise ValueError(f"--count yes: {exc}") from None
-            stopped = ("NOT_TFRECORD", str(exc))
-            break
+            return _Tally(records, data_bytes, counted, str(exc))
+        if rc is not None:
+            records[i] = rc.records
+            data_bytes += rc.data_bytes
+            counted += 1
         if rc is None or time.monotonic() > deadline:
-            if rc is not None:
-                records[i] = rc.records
-                data_bytes += rc.data_bytes
-                counted += 1
-            if counted < len(paths):
-                stopped = ("BUDGET", "")
             break
-        records[i] = rc.records
-        data_bytes += rc.data_bytes
-        counted += 1
-    secs = time.monotonic() - t0
-    if stopped and stopped[0] == "NOT_TFRECORD":
-        warnings.append(PlanWarning(
-            "NOT_TFRECORD", f"records not counted: {stopped[1]}; the plan balances bytes",
-            "convert the data to uncompressed TFRecord files to balance records", "info"))
-        return GatherResult(table, False, None, None, 0, secs, warnings)
-    counted_mask = records >= 0
-    n_rec = int(records[counted_mask].sum())
-    mean_rec = (data_bytes / n_rec) if n_rec else None
-    if counted == len(paths):
-        table.records = records
-        return GatherResult(table, True, n_rec, mean_rec, counted, secs, warnings)
-    counted_bytes = int(sizes[counted_mask].sum())
-    estimate = int(round(n_rec * int(sizes.sum()) / counted_bytes)) if counted_bytes else None
-    warnings.append(PlanWarning(
-        "RECORDS_NOT_COUNTED",
-        f"counted {counted} of {len(paths)} files in the {budget_s:g} s budget; total records "
-        f"estimated at {estimate if estimate is not None else '?'} from bytes; the plan balances bytes",
-        f"raise --count-budget (counting ran at {counted_bytes / max(secs, 1e-9) / 2**20:.0f} MiB/s) "
-        "to balance records", "info"))
-    return GatherResult(table, False, estimate, mean_rec, counted, secs, warnings)
+    return _Tally(records, data_bytes, counted, "")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -344,7 +363,7 @@ def suggest_num_shards(total_bytes: int, num_workers: int, target_shard_bytes: i
     return k * num_workers
 
 
-def _imbalance(loads: Optional[np.ndarray]) -> Optional[float]:
+def _imbalance(loads: np.ndarray | None) -> float | None:
     if loads is None or len(loads) == 0:
         return None
     mean = float(loads.sum()) / len(loads)
@@ -370,13 +389,13 @@ class ShardPlan:
     order: np.ndarray
     offsets: np.ndarray
     worker_bytes: np.ndarray
-    worker_records: Optional[np.ndarray]
+    worker_records: np.ndarray | None
     seeds: list[int]
     warnings: list[PlanWarning] = field(default_factory=list)
-    layout: Optional[dict] = None
-    shuffle: Optional[dict] = None
+    layout: dict | None = None
+    shuffle: dict | None = None
     records_exact: bool = False
-    records_estimate: Optional[int] = None
+    records_estimate: int | None = None
     created_by: str = "cs_input_analyzer shard-plan"
 
     # -- views
@@ -397,7 +416,7 @@ class ShardPlan:
         return _imbalance(self.worker_bytes) or 1.0
 
     @property
-    def imbalance_records(self) -> Optional[float]:
+    def imbalance_records(self) -> float | None:
         """max/mean of the per-worker records, or None when not counted."""
         return _imbalance(self.worker_records)
 
@@ -413,7 +432,7 @@ class ShardPlan:
         return int(self.worker_bytes[0]) if self.mode == "replicate" else int(self.worker_bytes.sum())
 
     @property
-    def total_records(self) -> Optional[int]:
+    def total_records(self) -> int | None:
         if self.worker_records is None:
             return None
         return int(self.worker_records[0]) if self.mode == "replicate" else int(self.worker_records.sum())
@@ -462,7 +481,7 @@ class ShardPlan:
         """The plan as a compact JSON string (see :meth:`write_json` for files)."""
         return json.dumps(self.to_dict())
 
-    def write_json(self, path: "os.PathLike[str] | str") -> str:
+    def write_json(self, path: os.PathLike[str] | str) -> str:
         """Write the plan atomically (temporary file + rename) and return the absolute
         path. Small fields are indented; each worker is one line (fast for millions of
         files)."""
@@ -482,7 +501,7 @@ class ShardPlan:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "<plan>") -> "ShardPlan":
+    def from_dict(cls, data: dict, source: str = "<plan>") -> ShardPlan:
         """Rebuild a plan from its JSON dict (validated with
         :func:`csrun_common.shardplan_schema.validate_plan`; raises ``ValueError``)."""
         schema.validate_plan(data, source)
@@ -513,168 +532,265 @@ class ShardPlan:
         return plan
 
     @classmethod
-    def from_json(cls, path: "os.PathLike[str] | str") -> "ShardPlan":
+    def from_json(cls, path: os.PathLike[str] | str) -> ShardPlan:
         """Load and validate a plan file (``ValueError`` naming the field on error)."""
         return cls.from_dict(schema.load_plan(path), os.fspath(path))
 
 
-def _shuffle_check(shuffle_buffer: Optional[int], element_bytes: Optional[float],
-                   element_source: str, workers_per_node: int,
-                   node_memory_bytes: Optional[int]) -> tuple[Optional[dict], Optional[PlanWarning]]:
-    if not shuffle_buffer or not element_bytes or not node_memory_bytes:
-        if shuffle_buffer:
-            return {"buffer_elements": shuffle_buffer, "element_bytes": element_bytes,
-                    "checked": False,
-                    "why_not": "no element size (count TFRecords or give --element-bytes)"
-                    if not element_bytes else "no node memory"}, None
-        return None, None
-    per_worker = int(shuffle_buffer * element_bytes)
-    per_node = per_worker * workers_per_node
-    limit = int(SHUFFLE_MEMORY_FRACTION * node_memory_bytes)
-    info = {"buffer_elements": int(shuffle_buffer), "element_bytes": round(float(element_bytes), 1),
-            "element_bytes_source": element_source, "workers_per_node": workers_per_node,
-            "per_worker_bytes": per_worker, "per_node_bytes": per_node,
-            "node_memory_bytes": int(node_memory_bytes),
-            "limit_fraction": SHUFFLE_MEMORY_FRACTION, "fits": per_node <= limit, "checked": True}
-    if per_node <= limit:
-        return info, None
-    max_buf = int(limit // (workers_per_node * element_bytes))
-    max_tasks = int(limit // per_worker)
-    alt = (f", or run at most {max_tasks} input worker(s) per node" if max_tasks >= 1 else "")
-    warn = PlanWarning(
-        "SHUFFLE_MEMORY",
-        f"shuffle buffers need {format_bytes(per_node)} per node ({workers_per_node} worker(s) × "
-        f"shuffle_buffer {shuffle_buffer} × {format_bytes(element_bytes)} per element, "
-        f"{element_source}), more than {SHUFFLE_MEMORY_FRACTION:.0%} of the node's "
-        f"{format_bytes(node_memory_bytes)}",
-        f"set train_input.shuffle_buffer <= {max_buf}{alt}; sharding lets each worker shuffle "
-        "only its own slice (seed 002)")
-    return info, warn
+@dataclass(frozen=True)
+class ShuffleBuffers:
+    """What the shuffle-memory check of a plan needs: ``buffer_elements`` (each worker's
+    ``train_input.shuffle_buffer``, elements), ``element_bytes`` (bytes per buffered
+    element), ``element_source`` (where that size came from, quoted in the warning),
+    ``workers_per_node`` (input workers sharing a node's memory) and ``node_memory_bytes``.
+
+    Rule: the performance guide's "Shard your input data" (Cerebras, "Performance
+    Optimization Practices"): "Sharding also improves the capacity to shuffle the dataset, as
+    the shuffle buffer memory needed is only to shuffle shards, and not the entire dataset."
+    """
+
+    buffer_elements: int | None = None
+    element_bytes: float | None = None
+    element_source: str = ""
+    workers_per_node: int = 1
+    node_memory_bytes: int | None = None
+
+    def check(self) -> tuple[dict | None, PlanWarning | None]:
+        """The plan's ``shuffle`` record and a ``SHUFFLE_MEMORY`` warning when the buffers of
+        a node's workers need more than :data:`SHUFFLE_MEMORY_FRACTION` of its memory
+        (bytes: ``buffer_elements × element_bytes × workers_per_node``). ``(None, None)``
+        without a buffer size; ``checked: False`` when a size or the memory is unknown."""
+        buf, elem, mem = self.buffer_elements, self.element_bytes, self.node_memory_bytes
+        workers = max(1, int(self.workers_per_node))
+        if not buf or not elem or not mem:
+            if buf:
+                return {"buffer_elements": buf, "element_bytes": elem, "checked": False,
+                        "why_not": "no element size (count TFRecords or give --element-bytes)"
+                        if not elem else "no node memory"}, None
+            return None, None
+        per_worker = int(buf * elem)
+        per_node = per_worker * workers
+        limit = int(SHUFFLE_MEMORY_FRACTION * mem)
+        info = {"buffer_elements": int(buf), "element_bytes": round(float(elem), 1),
+                "element_bytes_source": self.element_source, "workers_per_node": workers,
+                "per_worker_bytes": per_worker, "per_node_bytes": per_node, "node_memory_bytes": int(mem),
+                "limit_fraction": SHUFFLE_MEMORY_FRACTION, "fits": per_node <= limit, "checked": True}
+        if per_node <= limit:
+            return info, None
+        max_buf = int(limit // (workers * elem))
+        max_tasks = int(limit // per_worker)
+        alt = (f", or run at most {max_tasks} input worker(s) per node" if max_tasks >= 1 else "")
+        warn = PlanWarning(
+            "SHUFFLE_MEMORY",
+            f"shuffle buffers need {format_bytes(per_node)} per node ({workers} worker(s) × "
+            f"shuffle_buffer {buf} × {format_bytes(elem)} per element, "
+            f"{self.element_source}), more than {SHUFFLE_MEMORY_FRACTION:.0%} of the node's "
+            f"{format_bytes(mem)}",
+            f"set train_input.shuffle_buffer <= {max_buf}{alt}; sharding lets each worker shuffle "
+            "only its own slice (\"Performance Optimization Practices\": \"Shard your input data\")")
+        return info, warn
 
 
-def plan_shards(files: Union[FileTable, Sequence[FileInfo]], num_workers: int, *,
-                base_seed: int = 0, mode: str = "auto", balance_by: Optional[str] = None,
-                layout: Optional[dict] = None, records_exact: Optional[bool] = None,
-                records_estimate: Optional[int] = None,
-                shuffle_buffer: Optional[int] = None, element_bytes: Optional[float] = None,
-                element_source: str = "", workers_per_node: int = 1,
-                node_memory_bytes: Optional[int] = None, reshard_hint: str = "<data files>",
-                extra_warnings: Sequence[PlanWarning] = (),
-                imbalance_warn: float = IMBALANCE_WARN, dominance_warn: float = DOMINANCE_WARN,
-                target_shard_bytes: int = TARGET_SHARD_BYTES,
-                replicate_max_entries: int = REPLICATE_MAX_ENTRIES) -> ShardPlan:
+@dataclass(frozen=True)
+class PlanOptions:
+    """How :func:`plan_shards` plans.
+
+    Attributes:
+        base_seed: the workers' seeds derive from it (:func:`worker_seed`).
+        mode: ``"shard"`` (each file to exactly one worker; needs files >= workers),
+            ``"replicate"`` (every worker reads every file with its own seed) or ``"auto"``
+            (shard when there are at least as many files as workers, else replicate).
+        balance_by: ``"records"`` or ``"bytes"``; ``None``: records when they were counted.
+        layout: the csrun_wse layout the plan is for (stored in the plan).
+        records_exact: whether every file's records were counted (default: records given).
+        records_estimate: total records estimated from bytes when not all were counted.
+        shuffle: the shuffle-memory check's inputs (:class:`ShuffleBuffers`).
+        reshard_hint: the sources named in the suggested ``cs_input_analyzer reshard``.
+        extra_warnings: findings of the file scan, put first in the plan's warnings.
+        imbalance_warn: ``IMBALANCE`` above this max/mean.
+        dominance_warn: ``DOMINANT_FILE`` when one file exceeds this × the mean worker load.
+        target_shard_bytes: shard size the suggested reshard aims at (bytes).
+        replicate_max_entries: most path entries (files × workers) a replicate plan may list.
+    """
+
+    base_seed: int = 0
+    mode: str = "auto"
+    balance_by: str | None = None
+    layout: dict | None = None
+    records_exact: bool | None = None
+    records_estimate: int | None = None
+    shuffle: ShuffleBuffers = field(default_factory=ShuffleBuffers)
+    reshard_hint: str = "<data files>"
+    extra_warnings: Sequence[PlanWarning] = ()
+    imbalance_warn: float = IMBALANCE_WARN
+    dominance_warn: float = DOMINANCE_WARN
+    target_shard_bytes: int = TARGET_SHARD_BYTES
+    replicate_max_entries: int = REPLICATE_MAX_ENTRIES
+
+
+class _Assignment(NamedTuple):
+    """Which files each worker reads (CSR: ``order`` and ``offsets``, as in
+    :class:`ShardPlan`), with the per-worker bytes and records."""
+
+    order: np.ndarray
+    offsets: np.ndarray
+    worker_bytes: np.ndarray
+    worker_records: np.ndarray | None
+
+
+def plan_shards(files: FileTable | Sequence[FileInfo], num_workers: int,
+                options: PlanOptions | None = None) -> ShardPlan:
     """Plan which files each of ``num_workers`` input workers reads.
 
     ``files``: a :class:`FileTable` (or list of :class:`FileInfo`): F paths with sizes
-    (bytes) and, when counted, records. ``mode``: ``"shard"`` (each file to exactly one
-    worker, LPT-balanced; needs F >= W), ``"replicate"`` (every worker reads every
-    file with its own seed; seed 000), ``"auto"`` (shard when F >= W, else replicate).
-    ``balance_by``: ``"records"`` (default when records are given) or ``"bytes"``.
-    Seeds: :func:`worker_seed` of ``base_seed``. The shuffle-memory check uses
-    ``shuffle_buffer`` (elements) × ``element_bytes`` (bytes) × ``workers_per_node``
-    against ``SHUFFLE_MEMORY_FRACTION`` of ``node_memory_bytes``.
+    (bytes) and, when counted, records. ``options`` (:class:`PlanOptions`): the mode, what
+    to balance, the seeds' base, the shuffle-memory check and the warning thresholds.
+    Shard mode assigns whole files with LPT (:func:`lpt_assign`); seeds are
+    :func:`worker_seed` of the base seed.
+
+    Rules: the performance guide's "Shard your input data" (Cerebras, "Performance
+    Optimization Practices"): "split your dataset into multiple, shorter, distinct files and
+    allocate them across the worker nodes so that different workers have different slices of
+    the dataset"; and "Multiple input workers" (Cerebras, "Limitations of the
+    CerebrasEstimator"): "each worker node must shuffle its data differently" — "In the
+    simplest setup, the same input data is replicated across every input worker."
 
     Warnings (in ``plan.warnings``, each with its fix): ``FEW_FILES`` (F < W),
     ``DOMINANT_FILE`` (a file alone exceeds ``dominance_warn`` × the mean worker load),
     ``IMBALANCE`` (max/mean above ``imbalance_warn`` otherwise), ``SHUFFLE_MEMORY``.
 
-    Raises ``ValueError`` (one line) for W < 1, no files, an unknown mode, ``shard``
-    mode with F < W, or a replicate plan over ``replicate_max_entries`` path entries.
+    Raises ``ValueError`` (one line) for W < 1, no files, an unknown mode or balance, records
+    asked for but not counted, a negative size, ``shard`` mode with F < W, or a replicate
+    plan over ``replicate_max_entries`` path entries.
     """
+    opts = options or PlanOptions()
     table = files if isinstance(files, FileTable) else FileTable.from_infos(list(files))
+    W = _check_workers(num_workers)
+    balance_by = _check_inputs(table, opts)
+    records_exact = table.records is not None if opts.records_exact is None else opts.records_exact
+    total_bytes = int(table.sizes.sum())
+    base_seed = int(opts.base_seed) % schema.SEED_LIMIT
+    warnings = list(opts.extra_warnings)
+    n_shards = suggest_num_shards(total_bytes, W, opts.target_shard_bytes)
+    reshard_cmd = f"cs_input_analyzer reshard {opts.reshard_hint} --num-shards {n_shards} --output <new dir>"
+    use_mode = _plan_mode(opts.mode, len(table), W, reshard_cmd)
+    if use_mode == "replicate":
+        assignment = _replicate(table, W, opts.replicate_max_entries, reshard_cmd, warnings)
+    else:
+        assignment = _shard(table, W, balance_by, opts, (n_shards, reshard_cmd), warnings)
+    shuffle, warn = opts.shuffle.check()
+    if warn is not None:
+        warnings.append(warn)
+    return ShardPlan(
+        num_workers=W, mode=use_mode, balance_by=balance_by, base_seed=base_seed,
+        paths=list(table.paths), order=assignment.order, offsets=assignment.offsets,
+        worker_bytes=assignment.worker_bytes, worker_records=assignment.worker_records,
+        seeds=[worker_seed(base_seed, i) for i in range(W)], warnings=warnings, layout=opts.layout,
+        shuffle=shuffle, records_exact=bool(records_exact and table.records is not None),
+        records_estimate=(int(table.records.sum()) if table.records is not None else opts.records_estimate))
+
+
+def _check_workers(num_workers: int) -> int:
     if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool) or num_workers < 1:
         raise ValueError(f"workers {num_workers!r}: must be an integer >= 1")
-    W = int(num_workers)
-    F = len(table)
-    if F == 0:
+    return int(num_workers)
+
+
+def _check_inputs(table: FileTable, opts: PlanOptions) -> str:
+    """Validate the files and the options; returns what to balance (bytes or records)."""
+    if len(table) == 0:
         raise ValueError("data files: none given; nothing to plan")
-    if mode not in ("auto", "shard", "replicate"):
-        raise ValueError(f"--mode {mode!r}: expected auto, shard or replicate")
+    if opts.mode not in ("auto", "shard", "replicate"):
+        raise ValueError(f"--mode {opts.mode!r}: expected auto, shard or replicate")
+    balance_by = opts.balance_by
     if balance_by is None:
         balance_by = "records" if table.records is not None else "bytes"
     if balance_by not in schema.BALANCE_BY:
         raise ValueError(f"balance_by {balance_by!r}: expected bytes or records")
     if balance_by == "records" and table.records is None:
         raise ValueError("balance_by 'records': the files' records were not counted")
-    if records_exact is None:
-        records_exact = table.records is not None
-    sizes = table.sizes
-    if sizes.size and sizes.min() < 0:
-        raise ValueError(f"file sizes: must be >= 0, got {int(sizes.min())}")
-    total_bytes = int(sizes.sum())
-    base_seed = int(base_seed) % schema.SEED_LIMIT
-    seeds = [worker_seed(base_seed, i) for i in range(W)]
-    warnings = list(extra_warnings)
-    n_shards = suggest_num_shards(total_bytes, W, target_shard_bytes)
-    reshard_cmd = (f"cs_input_analyzer reshard {reshard_hint} --num-shards {n_shards} "
-                   f"--output <new dir>")
+    if table.sizes.size and table.sizes.min() < 0:
+        raise ValueError(f"file sizes: must be >= 0, got {int(table.sizes.min())}")
+    return balance_by
 
+
+def _plan_mode(mode: str, F: int, W: int, reshard_cmd: str) -> str:
+    """The mode to plan in: ``auto`` shards when every worker can get its own file."""
     if mode == "shard" and F < W:
         raise ValueError(f"--mode shard: {F} file(s) for {W} workers; every worker needs its own "
                          f"file: reshard ({reshard_cmd}) or use --mode replicate")
-    use_mode = mode if mode != "auto" else ("shard" if F >= W else "replicate")
+    return mode if mode != "auto" else ("shard" if F >= W else "replicate")
 
-    if use_mode == "replicate":
-        if F * W > replicate_max_entries:
-            raise ValueError(f"--mode replicate: {F} files × {W} workers = {F * W} path entries "
-                             f"(limit {replicate_max_entries}); reshard instead: {reshard_cmd}")
-        if F < W:
-            warnings.append(PlanWarning(
-                "FEW_FILES",
-                f"{F} file(s) for {W} input workers: sharding would leave {W - F} worker(s) "
-                "without a file, so every worker reads all files with its own shuffle seed "
-                "(replicated, seed 000)",
-                f"reshard into k × {W} files so each worker reads distinct data (seed 002): "
-                f"{reshard_cmd}"))
-        order = np.arange(F, dtype=np.int64)
-        offsets = np.zeros(W + 1, dtype=np.int64)
-        wbytes = np.full(W, total_bytes, dtype=np.int64)
-        wrec = (np.full(W, int(table.records.sum()), dtype=np.int64)
-                if table.records is not None else None)
-    else:
-        weights = table.records if balance_by == "records" else sizes
-        owner, _ = lpt_assign(weights, W)
-        small = owner.astype(np.uint16 if W <= 2 ** 16 else np.uint32)
-        order = np.argsort(small, kind="stable").astype(np.int64)
-        counts = np.bincount(owner, minlength=W)
-        offsets = np.zeros(W + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
 
-        def sums(col: np.ndarray) -> np.ndarray:
-            cs = np.zeros(F + 1, dtype=np.int64)
-            np.cumsum(col[order], out=cs[1:])
-            return cs[offsets[1:]] - cs[offsets[:-1]]
+def _replicate(table: FileTable, W: int, max_entries: int, reshard_cmd: str,
+               warnings: list[PlanWarning]) -> _Assignment:
+    """Every worker reads every file (only the seeds differ); ``FEW_FILES`` when there are
+    fewer files than workers."""
+    F = len(table)
+    if F * W > max_entries:
+        raise ValueError(f"--mode replicate: {F} files × {W} workers = {F * W} path entries "
+                         f"(limit {max_entries}); reshard instead: {reshard_cmd}")
+    if F < W:
+        warnings.append(PlanWarning(
+            "FEW_FILES",
+            f"{F} file(s) for {W} input workers: sharding would leave {W - F} worker(s) "
+            "without a file, so every worker reads all files with its own shuffle seed "
+            "(replicated: \"Limitations of the CerebrasEstimator\", \"Multiple input workers\")",
+            f"reshard into k × {W} files so each worker reads distinct data (\"Performance Optimization "
+            f"Practices\": \"Shard your input data\"): "
+            f"{reshard_cmd}"))
+    records = np.full(W, int(table.records.sum()), dtype=np.int64) if table.records is not None else None
+    return _Assignment(np.arange(F, dtype=np.int64), np.zeros(W + 1, dtype=np.int64),
+                       np.full(W, int(table.sizes.sum()), dtype=np.int64), records)
 
-        wbytes = sums(sizes)
-        wrec = sums(table.records) if table.records is not None else None
-        # Findings about balance (on the balanced quantity).
-        bal = wrec if balance_by == "records" else wbytes
-        wt = table.records if balance_by == "records" else sizes
-        unit = "records" if balance_by == "records" else "bytes"
-        mean = float(bal.sum()) / W
-        imb = _imbalance(bal) or 1.0
-        big = int(np.argmax(wt))
-        if mean > 0 and wt[big] > dominance_warn * mean:
-            warnings.append(PlanWarning(
-                "DOMINANT_FILE",
-                f"{table.paths[big]} holds {int(wt[big])} {unit}, {wt[big] / mean:.2f}× the mean "
-                f"worker load ({mean:.0f} {unit}); the worker reading it bounds the imbalance "
-                f"(max/mean {imb:.3f})",
-                f"reshard into {n_shards} equal files (k × {W} workers, seed 002): {reshard_cmd}"))
-        elif imb > imbalance_warn:
-            warnings.append(PlanWarning(
-                "IMBALANCE",
-                f"worker loads are uneven: max/mean {imb:.3f} {unit} with {F} files on {W} workers "
-                f"({F / W:.2f} files per worker)",
-                f"reshard into {n_shards} equal files (k × {W} workers, seed 002): {reshard_cmd}"))
 
-    shuffle, warn = _shuffle_check(shuffle_buffer, element_bytes, element_source,
-                                   max(1, int(workers_per_node)), node_memory_bytes)
+def _shard(table: FileTable, W: int, balance_by: str, opts: PlanOptions, reshard: tuple[int, str],
+           warnings: list[PlanWarning]) -> _Assignment:
+    """Each file to one worker, LPT-balanced on ``balance_by``; warns about a dominating file
+    or uneven loads (:func:`_balance_warning`)."""
+    F, sizes = len(table), table.sizes
+    weights = table.records if balance_by == "records" and table.records is not None else sizes
+    owner, _ = lpt_assign(weights, W)
+    small = owner.astype(np.uint16 if W <= 2 ** 16 else np.uint32)
+    order = np.argsort(small, kind="stable").astype(np.int64)
+    offsets = np.zeros(W + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=W), out=offsets[1:])
+
+    def sums(col: np.ndarray) -> np.ndarray:
+        cs = np.zeros(F + 1, dtype=np.int64)
+        np.cumsum(col[order], out=cs[1:])
+        return cs[offsets[1:]] - cs[offsets[:-1]]
+
+    assignment = _Assignment(order, offsets, sums(sizes), sums(table.records) if table.records is not None else None)
+    loads = assignment.worker_records if balance_by == "records" else assignment.worker_bytes
+    warn = _balance_warning(table, weights, loads, balance_by, opts, reshard)
     if warn is not None:
         warnings.append(warn)
-    return ShardPlan(
-        num_workers=W, mode=use_mode, balance_by=balance_by, base_seed=base_seed,
-        paths=list(table.paths), order=order, offsets=offsets, worker_bytes=wbytes,
-        worker_records=wrec, seeds=seeds, warnings=warnings, layout=layout, shuffle=shuffle,
-        records_exact=bool(records_exact and table.records is not None),
-        records_estimate=(int(table.records.sum()) if table.records is not None else records_estimate))
+    return assignment
+
+
+def _balance_warning(table: FileTable, weights: np.ndarray, loads: np.ndarray | None, balance_by: str,
+                     opts: PlanOptions, reshard: tuple[int, str]) -> PlanWarning | None:
+    """``DOMINANT_FILE`` when one file alone exceeds ``dominance_warn`` × the mean worker
+    load, else ``IMBALANCE`` when max/mean of the loads exceeds ``imbalance_warn``."""
+    assert loads is not None  # the balanced quantity was counted (_check_inputs)
+    n_shards, reshard_cmd = reshard
+    W, F = len(loads), len(table)
+    unit = "records" if balance_by == "records" else "bytes"
+    mean = float(loads.sum()) / W
+    imb = _imbalance(loads) or 1.0
+    big = int(np.argmax(weights))
+    fix = (f"reshard into {n_shards} equal files (k × {W} workers; \"Performance Optimization Practices\": "
+           f"\"Shard your input data\"): {reshard_cmd}")
+    if mean > 0 and weights[big] > opts.dominance_warn * mean:
+        return PlanWarning(
+            "DOMINANT_FILE",
+            f"{table.paths[big]} holds {int(weights[big])} {unit}, {weights[big] / mean:.2f}× the mean "
+            f"worker load ({mean:.0f} {unit}); the worker reading it bounds the imbalance "
+            f"(max/mean {imb:.3f})", fix)
+    if imb > opts.imbalance_warn:
+        return PlanWarning(
+            "IMBALANCE",
+            f"worker loads are uneven: max/mean {imb:.3f} {unit} with {F} files on {W} workers "
+            f"({F / W:.2f} files per worker)", fix)
+    return None

@@ -22,8 +22,9 @@ import io
 import os
 import struct
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Iterator, Optional
+from typing import BinaryIO
 
 __all__ = [
     "TFRecordError", "crc32c", "masked_crc32c", "frame", "TFRecordWriter", "write_records",
@@ -69,7 +70,7 @@ def _crc32c_py(data: bytes, crc: int = 0) -> int:
 
 def _pick_crc32c():
     try:  # ICRAR's crc32c: crc32c.crc32c(data) -> int
-        import crc32c as _mod  # type: ignore
+        import crc32c as _mod
 
         fn = getattr(_mod, "crc32c", None)
         if fn is not None and fn(b"123456789") == 0xE3069283:
@@ -77,7 +78,7 @@ def _pick_crc32c():
     except Exception:  # pragma: no cover - optional dependency
         pass
     try:  # google-crc32c: google_crc32c.value(data) -> int
-        import google_crc32c as _g  # type: ignore
+        import google_crc32c as _g
 
         if _g.value(b"123456789") == 0xE3069283:
             return _g.value, "google_crc32c"
@@ -115,9 +116,9 @@ class TFRecordWriter:
     ``bytes_written`` count what was written (records; bytes including framing).
     """
 
-    def __init__(self, path: "os.PathLike[str] | str"):
+    def __init__(self, path: os.PathLike[str] | str):
         self.path = os.fspath(path)
-        self._fh: Optional[BinaryIO] = open(self.path, "wb")
+        self._fh: BinaryIO | None = open(self.path, "wb")
         self.records = 0
         self.bytes_written = 0
 
@@ -134,14 +135,14 @@ class TFRecordWriter:
             self._fh.close()
             self._fh = None
 
-    def __enter__(self) -> "TFRecordWriter":
+    def __enter__(self) -> TFRecordWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def write_records(path: "os.PathLike[str] | str", records: Iterable[bytes]) -> tuple[int, int]:
+def write_records(path: os.PathLike[str] | str, records: Iterable[bytes]) -> tuple[int, int]:
     """Write ``records`` to a new TFRecord file at ``path``.
 
     Returns ``(records, bytes)``: the number of records and the file size in bytes.
@@ -162,7 +163,7 @@ def _bad_header(path: str, offset: int, why: str) -> TFRecordError:
     return TFRecordError(f"{path}: not a TFRecord file or corrupt at byte {offset}: {why}")
 
 
-def iter_frames(path: "os.PathLike[str] | str", *, verify_crc: bool = False,
+def iter_frames(path: os.PathLike[str] | str, *, verify_crc: bool = False,
                 buffer_size: int = 1 << 20) -> Iterator[tuple[bytes, int]]:
     """Yield ``(frame, offset)`` for each record of the TFRecord file ``path``.
 
@@ -196,14 +197,14 @@ def iter_frames(path: "os.PathLike[str] | str", *, verify_crc: bool = False,
             offset += HEADER_BYTES + len(body)
 
 
-def iter_records(path: "os.PathLike[str] | str", *, verify_crc: bool = False) -> Iterator[bytes]:
+def iter_records(path: os.PathLike[str] | str, *, verify_crc: bool = False) -> Iterator[bytes]:
     """Yield the data (bytes) of each record of the TFRecord file ``path``, in order.
     Raises :class:`TFRecordError` as :func:`iter_frames`."""
     for f, _ in iter_frames(path, verify_crc=verify_crc):
         yield f[HEADER_BYTES:-FOOTER_BYTES]
 
 
-def read_records(path: "os.PathLike[str] | str", *, verify_crc: bool = True) -> list[bytes]:
+def read_records(path: os.PathLike[str] | str, *, verify_crc: bool = True) -> list[bytes]:
     """All records of ``path`` as a list of bytes (data CRCs checked by default)."""
     return list(iter_records(path, verify_crc=verify_crc))
 
@@ -218,8 +219,8 @@ class RecordCount:
     file_bytes: int
 
 
-def count_records(path: "os.PathLike[str] | str", *, deadline: Optional[float] = None,
-                  check_length_crc: str = "first") -> Optional[RecordCount]:
+def count_records(path: os.PathLike[str] | str, *, deadline: float | None = None,
+                  check_length_crc: str = "first") -> RecordCount | None:
     """Count the records of a TFRecord file by walking its length-prefixed framing.
 
     Reads each 12-byte header and seeks past ``length + 4`` bytes: no proto is parsed,
@@ -264,7 +265,7 @@ def count_records(path: "os.PathLike[str] | str", *, deadline: Optional[float] =
     return RecordCount(records, data, size)
 
 
-def looks_like_tfrecord(path: "os.PathLike[str] | str") -> bool:
+def looks_like_tfrecord(path: os.PathLike[str] | str) -> bool:
     """True when ``path`` is empty or starts with a TFRecord header whose length CRC is
     right and whose first record fits in the file (reads 12 bytes)."""
     p = os.fspath(path)

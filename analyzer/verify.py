@@ -9,6 +9,11 @@ writes ``verify.json`` (and appends to ``verify_history.jsonl``) in the report d
 The drain's model_dir (rendezvous files) is ``<report dir>/verify/model_dir``: nothing else
 of the user's is written.
 
+The launch is a heterogeneous ``csrun_wse`` job, exactly what the user would run: it is not a
+submitit job (submitit submits one sbatch script of one component, and verify measures
+csrun_wse's own layout); :func:`launch_drain` runs it and stops it with
+:func:`launcher.slurm.stop_process_group`.
+
 Imports no TensorFlow/pandas at module level.
 """
 from __future__ import annotations
@@ -17,17 +22,21 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 
+from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
+from launcher.slurm import stop_process_group
 
-from .analyze import _bin
+from .analyze import console_script
 
 
-def find_report(report: Optional[str]) -> Path:
+def find_report(report: str | None) -> Path:
     """The report directory: ``report`` (a directory or its ``report.json``), else
     ``./model_dir/input_analysis`` or ``./input_analysis``. Raises :class:`CsrunError`."""
     cands = [Path(report)] if report else [Path("model_dir/input_analysis"), Path("input_analysis")]
@@ -42,7 +51,7 @@ def find_report(report: Optional[str]) -> Path:
                         "give --report DIR")
 
 
-def load_report(d: Path) -> dict:
+def load_report(d: Path) -> dict[str, Any]:
     """``report.json`` of directory ``d``. Raises :class:`CsrunError` when unreadable or
     without a recommendation."""
     try:
@@ -55,12 +64,15 @@ def load_report(d: Path) -> dict:
     return rep
 
 
-def predicted_for(rep: dict, nodes: int, tasks: int, cpus: int, single: int = 0) -> dict:
-    """The report model's prediction for a layout (the recommendation's own when it is one)."""
+def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single: int = 0) -> dict[str, Any]:
+    """The report model's prediction for a layout (the recommendation's own when it is one):
+    :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
+    ``interval`` [low, high] in samples/s, ``limited_by``)."""
     rec = rep["recommendation"]
     if (nodes, tasks, cpus, single) == (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"],
                                         rec.get("single_task_nodes", 0)):
         return rec
+    # numpy (the model) only when another layout is asked for: not at the CLI's start-up.
     from .model import NodeModel
     from .recommend import predict_layout
 
@@ -68,10 +80,10 @@ def predicted_for(rep: dict, nodes: int, tasks: int, cpus: int, single: int = 0)
                           rep.get("topology"))
 
 
-def drain_command(rep: dict, out_dir: Path, layout: dict, seconds: float, warmup: float,
-                  mount_dirs: Optional[str]) -> list[str]:
+def drain_command(rep: dict[str, Any], out_dir: Path, layout: dict[str, int], seconds: float, warmup: float,
+                  mount_dirs: str | None) -> list[str]:
     """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout``."""
-    argv = [_bin("csrun_wse"), "--total-nodes", str(layout["nodes"]), "--tasks-per-node",
+    argv = [console_script("csrun_wse"), "--total-nodes", str(layout["nodes"]), "--tasks-per-node",
             str(layout["tasks_per_node"]), "--cpus-per-task", str(layout["cpus_per_task"])]
     if layout.get("single_task_nodes"):
         argv += ["--single-task-nodes", str(layout["single_task_nodes"])]
@@ -86,13 +98,15 @@ def drain_command(rep: dict, out_dir: Path, layout: dict, seconds: float, warmup
 
 
 def _strip_model_dir(argv: list[str]) -> list[str]:
+    # The runtime package (its __init__ loads the runner) only when verify runs: not at the
+    # CLI's start-up.
     from csrun_runtime.params import drop_options
 
     return drop_options(argv, valued=("--model_dir", "-o"))
 
 
-def verify(report: Optional[str], seconds: float, warmup: float, nodes: Optional[int], tasks: Optional[int],
-           cpus: Optional[int], timeout_s: float, mount_dirs: Optional[str]) -> dict:
+def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
+           cpus: int | None, timeout_s: float, mount_dirs: str | None) -> dict:
     """Run the check; returns the ``verify.json`` record (``predicted_samples_per_sec``,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
     ``drain`` (the drain's JSON), ``exit_status``, ``wall_s``). Raises :class:`CsrunError`."""
@@ -116,12 +130,8 @@ def verify(report: Optional[str], seconds: float, warmup: float, nodes: Optional
     argv = drain_command(rep, out_dir, layout, seconds, warmup, mount_dirs)
     click.echo(f"cs_input_analyzer verify: {' '.join(argv)}", err=True)
     log_path = out_dir / "csrun_wse.log"
-    t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=rep.get("cwd") or os.getcwd(),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        rc = _wait(proc, result_path, timeout_s, grace_s=60.0)
-    wall = time.monotonic() - t0
+    launch = launch_drain(argv, rep.get("cwd") or os.getcwd(), log_path, result_path, timeout_s, grace_s=60.0)
+    rc, wall = launch.exit_status, launch.wall_s
     drain_res: dict[str, Any] = {}
     try:
         drain_res = json.loads(result_path.read_text())
@@ -141,44 +151,52 @@ def verify(report: Optional[str], seconds: float, warmup: float, nodes: Optional
         rec_out.update({"measured_samples_per_sec": None, "error_pct": None, "within_interval": None,
                         "error": drain_res.get("error") or (f"csrun_wse exited {rc}" + (
                             " (timeout)" if rc == 124 else "")) + ("; log: " + " | ".join(tail) if tail else "")})
-    from csrun_runtime.artifacts import write_json
-
     write_json(d / "verify.json", rec_out)
     with open(d / "verify_history.jsonl", "a") as f:
         f.write(json.dumps(rec_out, default=str) + "\n")
     return rec_out
 
 
-def _wait(proc: subprocess.Popen, result: Path, timeout_s: float, grace_s: float) -> int:
-    """Wait for csrun_wse; stop it after ``timeout_s``, or ``grace_s`` after the drain wrote
-    its result (a task that does not leave must not hold the check). Returns its exit
-    status, 124 when stopped by the timeout."""
-    t_end = time.monotonic() + timeout_s
-    t_result = None
-    while True:
-        try:
-            return proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if t_result is None and result.exists():
-            t_result = now
-        if now > t_end:
-            _stop(proc)
-            return 124
-        if t_result is not None and now - t_result > grace_s:
-            _stop(proc)
-            return proc.returncode if proc.returncode is not None else 0
+@dataclass(frozen=True)
+class DrainLaunch:
+    """How a drain launch ended: ``exit_status`` (csrun_wse's; 124 when the timeout stopped
+    it), ``wall_s`` (seconds from start to end) and ``stopped_after_result`` (its tasks did
+    not leave by themselves after the drain's result was written: it was stopped)."""
+
+    exit_status: int
+    wall_s: float
+    stopped_after_result: bool
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop csrun_wse and its srun step (see :func:`launcher.slurm.stop_process_group`)."""
-    from launcher.slurm import stop_process_group
+def launch_drain(argv: Sequence[str], cwd: str, log_path: Path, result_path: Path, timeout_s: float,
+                 grace_s: float, env: Mapping[str, str] | None = None) -> DrainLaunch:
+    """Run the ``csrun_wse`` line ``argv`` (:func:`drain_command`) in its own process group,
+    its output in ``log_path``, and wait for it. Stop it (:func:`launcher.slurm.stop_process_group`:
+    its srun step is cancelled) after ``timeout_s`` seconds, or ``grace_s`` seconds after
+    ``result_path`` appeared (a task that does not leave must not hold the check; seen: an
+    input worker of a ``tf.py_function`` pipeline deadlocking in ``WorkerServer.Stop``).
+    Used by :func:`verify` and the benchmarks."""
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, stdin=subprocess.DEVNULL,
+                                env=dict(env) if env is not None else None, start_new_session=True)
+        t_result: float | None = None
+        while True:
+            try:
+                return DrainLaunch(proc.wait(timeout=0.5), time.monotonic() - t0, False)
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if t_result is None and result_path.exists():
+                t_result = now
+            timed_out = now > t0 + timeout_s
+            if timed_out or (t_result is not None and now - t_result > grace_s):
+                stop_process_group(proc, grace=15.0)
+                rc = 124 if timed_out else (proc.returncode if proc.returncode is not None else 0)
+                return DrainLaunch(rc, time.monotonic() - t0, t_result is not None)
 
-    stop_process_group(proc, grace=15.0)
 
-
-def render(res: dict) -> str:
+def render(res: dict[str, Any]) -> str:
     """The lines verify prints."""
     lay = res["layout"]
     lines = [f"layout: {lay['nodes']} node(s) × {lay['tasks_per_node']} task(s) × {lay['cpus_per_task']} CPU(s)"
@@ -188,7 +206,8 @@ def render(res: dict) -> str:
     if res.get("measured_samples_per_sec") is not None:
         dr = res["drain"]
         lines += [f"measured:  {res['measured_samples_per_sec']:,.0f} samples/s over {dr['window_s']:.1f} s "
-                  f"({dr.get('num_workers', 0)} input worker(s); first batch {dr.get('startup_s', 0):.0f} s after start)",
+                  f"({dr.get('num_workers', 0)} input worker(s); "
+                  f"first batch {dr.get('startup_s', 0):.0f} s after start)",
                   f"error:     {res['error_pct']:+.1f} %"
                   + ("" if res.get("within_interval") else " (outside the interval)")]
         if dr.get("other_cores_busy") is not None:
@@ -213,7 +232,8 @@ def render(res: dict) -> str:
 @click.option("--mount-dirs", default=None, metavar="DIR[,DIR...]", help="Passed to csrun_wse.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=10), default=600.0, show_default=True,
               help="Give up (and cancel the job) after this many seconds.")
-def verify_command(report, seconds, warmup, nodes, tasks, cpus, mount_dirs, timeout_s):
+def verify_command(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
+                   cpus: int | None, mount_dirs: str | None, timeout_s: float) -> int:
     """Launch the recommended layout with csrun_wse, the chief only draining the input stream,
     and print predicted vs measured samples/s and the error in %."""
     res = verify(report, seconds, warmup, nodes, tasks, cpus, timeout_s, mount_dirs)

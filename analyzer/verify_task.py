@@ -28,17 +28,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
+
+import psutil
+
+from csrun_common.atomic import write_json
+from csrun_common.roles import Role, RoleError, resolve_role
+from csrun_runtime import runner, service
+from csrun_runtime.capture import CapturedRun, load_entry
+from csrun_runtime.chief import Chief
+from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_params
+from csrun_runtime.rendezvous import Heartbeat, Rendezvous
+from csrun_runtime.worker import run_worker
 
 from .probe_worker import host_busy_seconds, samples_in
 
-
 #: Objects that must never be destroyed before ``os._exit``: tearing down tf.data service
 #: servers and iterators can block (forever, seen here) in their destructors.
-_KEEP: list = []
+_KEEP: list[Any] = []
 
 
 def _keep_worker_servers() -> None:
@@ -46,6 +57,7 @@ def _keep_worker_servers() -> None:
     ``os._exit``. Destroying one stops it, and stopping it destroys its tasks' iterators
     while holding the GIL: a pipeline with a ``tf.py_function`` then deadlocks (its calls
     wait for the GIL) — seen here with a worker whose ``run_worker`` returned."""
+    # TensorFlow is imported when a task runs, not when the unit tests import this module.
     import tensorflow as tf
 
     svc = tf.data.experimental.service
@@ -64,12 +76,12 @@ def _keep_worker_servers() -> None:
 
 
 def _samples(batch: Any) -> int:
-    import tensorflow as tf
+    import tensorflow as tf  # loaded already: the task's pipeline is running
 
     return samples_in(tf.nest.flatten(batch))
 
 
-def _cpu(procs: list) -> float:
+def _cpu(procs: list[psutil.Process]) -> float:
     total = 0.0
     for p in procs:
         try:
@@ -80,15 +92,14 @@ def _cpu(procs: list) -> float:
     return total
 
 
-def drain(source: Any, warmup_s: float, seconds: float, first_timeout: float, timeout: float,
-          t_proc: float, local_pids: Optional[list[int]] = None) -> dict:
+def drain(source: service.ServiceSource | service.LocalSource, warmup_s: float, seconds: float,
+          first_timeout: float, timeout: float, t_proc: float,
+          local_pids: list[int] | None = None) -> dict[str, Any]:
     """Drain ``source`` (``get(timeout) -> (worker, (features, labels))``): the first batch,
     ``warmup_s`` seconds, then a ``seconds`` window. Returns the measured figures (see the
     module docstring; rates in samples/s). ``local_pids``: input-worker processes on this
     host; their CPU use is reported (``job_cpu_cores``) with the rest of the host's
     (``other_cores_busy``: other jobs on a shared host)."""
-    import psutil
-
     proc = psutil.Process()
     job = [proc]
     for pid in local_pids or []:
@@ -132,8 +143,6 @@ def drain(source: Any, warmup_s: float, seconds: float, first_timeout: float, ti
 def _train_argv(argv: list[str]) -> list[str]:
     """run.py's argv with ``--mode train`` (replacing any mode) and ``--max_steps`` if absent
     (the params need one for a training mode; the drain never trains)."""
-    from csrun_runtime.params import drop_options
-
     out = drop_options(argv, valued=("--mode",), flags=("--validate_only", "--compile_only"))
     out += ["--mode", "train"]
     if not any(a == "--max_steps" or a.startswith("--max_steps=") for a in out):
@@ -141,39 +150,18 @@ def _train_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _write(path: Optional[str], obj: dict) -> None:
+def _write(path: str | None, obj: dict[str, Any]) -> None:
     if not path:
         print(json.dumps(obj), flush=True)
         return
-    from csrun_common.atomic import write_json
-
     write_json(path, obj)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
-    t_proc = time.time()
-    try:
-        import psutil
-
-        t_proc = float(psutil.Process().create_time())
-    except Exception:  # noqa: BLE001
-        pass
-    ap = argparse.ArgumentParser(prog="python -m analyzer.verify_task", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="measured window (s) [20]")
-    ap.add_argument("--warmup", type=float, default=5.0, help="drain this long (s) before measuring [5]")
-    ap.add_argument("--out", default=None, help="result JSON (chief only) [stdout]")
-    ap.add_argument("run_py")
-    ap.add_argument("args", nargs=argparse.REMAINDER)
-    ns = ap.parse_args(argv)
+    t_proc = _process_start_time()
+    ns = _parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from csrun_runtime import chief as chief_mod
-    from csrun_runtime import rendezvous, runner, service, worker
-    from csrun_runtime.capture import load_entry
-    from csrun_runtime.params import ParamsError, resolve_params
-    from csrun_common.roles import RoleError, resolve_role
-
     args = _train_argv(list(ns.args))
     try:
         role = resolve_role()
@@ -191,39 +179,46 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     if role.kind == "worker":
         _keep_worker_servers()
-        return worker.run_worker(role, resolved, entry.input_fn)
+        return run_worker(role, resolved, entry.input_fn)
+    return _chief(ns, role, entry, resolved, t_proc)
 
-    chief = chief_mod.Chief(role, resolved, entry.input_fn, entry.model_fn, entry.eval_input_fn, t_proc)
+
+def _process_start_time() -> float:
+    """This process's start (seconds since the epoch): the drain's ``startup_s`` counts from it."""
+    try:
+        return float(psutil.Process().create_time())
+    except psutil.Error:
+        return time.time()
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m analyzer.verify_task",
+                                 description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured window (s) [20]")
+    ap.add_argument("--warmup", type=float, default=5.0, help="drain this long (s) before measuring [5]")
+    ap.add_argument("--out", default=None, help="result JSON (chief only) [stdout]")
+    ap.add_argument("run_py")
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    return ap.parse_args(argv)
+
+
+def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Resolved, t_proc: float) -> int:
+    """The chief's part: the stream (:func:`_service_source`, or :func:`_local_source` with
+    no input worker), drained (:func:`drain`); the result is written and the job marked done
+    (the input workers leave). Returns 0, or 1 when the drain failed (its error in the
+    result)."""
+    chief = Chief(role, resolved, entry.input_fn, entry.model_fn, entry.eval_input_fn, t_proc)
     rc = resolved.params["runconfig"]
+    rdv: Rendezvous | None = None
+    source: service.ServiceSource | service.LocalSource
     res: dict[str, Any]
     try:
         chief.model_dir.mkdir(parents=True, exist_ok=True)
         if role.num_workers > 0:
-            chief.rdv = rendezvous.Rendezvous(chief.model_dir, role.rendezvous_key)
-            chief.rdv.reset()
-            rendezvous.Heartbeat(chief.rdv, "chief").start()
-            servers, ports = service.start_dispatchers(role.num_workers)
-            _KEEP.append(servers)
-            addresses = [f"{role.host}:{p}" for p in ports]
-            chief.rdv.publish_dispatchers(addresses, {
-                "num_workers": role.num_workers, "mode": "train (drain)",
-                "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
-            registry = chief.wait_workers()
-            source = service.ServiceSource(chief.rdv, addresses, registry)
-            _KEEP.append(source)
-            import socket
-
-            local_pids = [int(r["pid"]) for r in registry.values()
-                          if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
+            rdv = _rendezvous(chief, role)
+            source, local_pids = _service_source(chief, role, rdv)
         else:
-            ds, _spec, _bs = chief._check_train_input()
-            # Held to the task's CPUs as run_worker holds an input worker and the runtime's
-            # chief its in-process pipeline (and as the probes were): on a cluster that does
-            # not bind tasks to CPUs the pipeline would otherwise use every core of the node.
-            ds = service.limit_threads(ds, role.cpus_per_task)
-            source = service.LocalSource(ds)
-            _KEEP.append(source)
-            local_pids = []
+            source, local_pids = _local_source(chief, role), []
         res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
                     float(rc["input_timeout_secs"]), t_proc, local_pids)
         res["num_workers"] = role.num_workers
@@ -235,12 +230,55 @@ def main(argv: Optional[list[str]] = None) -> int:
                "num_workers": role.num_workers}
         code = 1
     _write(ns.out, res)
-    if chief.rdv is not None:
-        chief.rdv.mark_done("ok" if code == 0 else "failed", "drain finished")
+    if rdv is not None:
+        rdv.mark_done("ok" if code == 0 else "failed", "drain finished")
     print(f"drain: {json.dumps({k: res.get(k) for k in ('status', 'samples_per_sec', 'num_workers', 'error')})}",
           file=sys.stderr, flush=True)
     _KEEP.append(chief)
     return code
+
+
+def _rendezvous(chief: Chief, role: Role) -> Rendezvous:
+    """The rendezvous the runtime's chief sets up before training (reset, with its heartbeat),
+    given to ``chief`` for :meth:`csrun_runtime.chief.Chief.wait_workers`."""
+    key = role.rendezvous_key
+    if key is None:  # resolve_role already requires SLURM_JOB_ID when there are input workers
+        raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0")
+    rdv = Rendezvous(chief.model_dir, key)
+    rdv.reset()
+    Heartbeat(rdv, "chief").start()
+    chief.rdv = rdv
+    return rdv
+
+
+def _service_source(chief: Chief, role: Role,
+                    rdv: Rendezvous) -> tuple[service.ServiceSource, list[int]]:
+    """The training chief's stream: one dispatcher per input worker, their addresses
+    published, the registrations awaited, and the merged stream of every worker. Returns the
+    source and the pids of the input workers on this host (their CPU is reported apart)."""
+    servers, ports = service.start_dispatchers(role.num_workers)
+    _KEEP.append(servers)
+    addresses = [f"{role.host}:{p}" for p in ports]
+    rdv.publish_dispatchers(addresses, {
+        "num_workers": role.num_workers, "mode": "train (drain)",
+        "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
+    registry = chief.wait_workers()
+    source = service.ServiceSource(rdv, addresses, registry)
+    _KEEP.append(source)
+    local_pids = [int(r["pid"]) for r in registry.values()
+                  if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
+    return source, local_pids
+
+
+def _local_source(chief: Chief, role: Role) -> service.LocalSource:
+    """No input worker: the chief's in-process pipeline, held to the task's CPUs as
+    run_worker holds an input worker and the runtime's chief its in-process pipeline (and as
+    the probes were): on a cluster that does not bind tasks to CPUs the pipeline would
+    otherwise use every core of the node."""
+    ds, _spec, _bs = chief._check_train_input()
+    source = service.LocalSource(service.limit_threads(ds, role.cpus_per_task))
+    _KEEP.append(source)
+    return source
 
 
 if __name__ == "__main__":

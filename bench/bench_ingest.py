@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import struct
 import subprocess
@@ -56,13 +57,21 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+import psutil
 
 from csrun_common import atomic
+from csrun_common.roles import resolve_role
+from csrun_runtime import chief as chief_mod
+from csrun_runtime import rendezvous, service, training
+from csrun_runtime.capture import load_entry
+from csrun_runtime.params import resolve_params
+from launcher.slurm import stop_process_group
 
 REPO = common.REPO
 #: Batch sizes of the ceiling (bytes of one batch: features + labels).
@@ -96,7 +105,6 @@ def _write(path: str | Path, obj: Any) -> None:
 
 def _cpu(pids: list[int]) -> float:
     """Summed user+system CPU seconds of ``pids`` (0 for a pid that is gone)."""
-    import psutil
 
     total = 0.0
     for pid in pids:
@@ -112,7 +120,7 @@ def synthetic_dataset(nbytes: int) -> Any:
     """A ``take(1).cache().repeat()`` dataset of one batch of :data:`ROWS` samples and
     ``nbytes`` bytes: float32 features ``[ROWS, (nbytes - 4 ROWS) / (4 ROWS)]`` and int32
     labels ``[ROWS]``."""
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
     cols = max(1, (nbytes - 4 * ROWS) // (4 * ROWS))
     x = tf.random.uniform([ROWS, cols])
@@ -141,7 +149,6 @@ def child_worker(spec: dict) -> None:
     """An input worker of the ceiling: a WorkerServer on its dispatcher serving, for every
     size and worker variant, the cached batch registered by the runtime's registration step
     (:func:`csrun_runtime.service.register_stream`), then idle until ``done.json``."""
-    from csrun_runtime import rendezvous, service
 
     rdv = rendezvous.Rendezvous(spec["rdv_dir"], spec["key"])
     i = spec["index"]
@@ -185,9 +192,8 @@ def _lean_send(req: dict) -> None:
     bundled cached dataset in Python and write each element's tensors as raw bytes (numpy
     views) over TCP, after a header of shapes and dtypes."""
     import numpy as np
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
-    from csrun_runtime import service
 
     ds = service.limit_threads(synthetic_dataset(req["nbytes"]), 1)
     ds = service.bundle_dataset(ds, service.plan_bundle(ds.element_spec, "auto").bundle)
@@ -295,7 +301,7 @@ def _lean_recv(conn: socket.socket, q: Any, i: int) -> None:
     """The lean transport's receiver: each element's tensors read straight into fresh numpy
     arrays and wrapped as tensors (no copy when aligned), then put on the merge queue."""
     import numpy as np
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
     try:
         while True:
@@ -324,11 +330,10 @@ def _lean_recv(conn: socket.socket, q: Any, i: int) -> None:
 def _variant_source(reader: str) -> type:
     """A :class:`csrun_runtime.service.ServiceSource` whose streams are opened another way
     (the hop study's chief-side variants); the merge, counts and watchdog are the runtime's."""
-    from csrun_runtime import service
 
     class VariantSource(service.ServiceSource):
         def _start_stream(self, i: int, address: str) -> None:
-            import tensorflow as tf
+            import tensorflow as tf  # only in the child processes: the harness never loads it
 
             svc = tf.data.experimental.service
             self._bundles[i] = int((self.registry.get(i) or {}).get("bundle") or 1)
@@ -355,7 +360,7 @@ def _variant_source(reader: str) -> type:
 def _tfdata_merge(addresses: list[str], ds_id: str) -> Any:
     """The merge inside tf.data: ``interleave(deterministic=False)`` over the per-worker
     ``from_dataset_id`` datasets (elements in the order they become available), prefetched."""
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
     svc = tf.data.experimental.service
     streams = [svc.from_dataset_id(processing_mode="parallel_epochs", service=f"grpc://{a}", dataset_id=ds_id)
@@ -399,7 +404,6 @@ class Ceiling:
         return rec
 
     def _service(self, ds_id: str, reader: str, warmup_s: float, window_s: float) -> dict[str, float]:
-        from csrun_runtime import service
 
         regs = {i: {**r, "bundle": r["bundles"][ds_id]} for i, r in self.regs.items()}
         if reader == "tfdata":
@@ -422,7 +426,6 @@ class Ceiling:
     def _lean(self, nbytes: int, warmup_s: float, window_s: float) -> dict[str, float]:
         """The lean transport from every worker (see :func:`_lean_send`), merged through a
         bounded queue as the runtime's merge does."""
-        import queue
 
         ls = socket.socket()
         ls.bind(("127.0.0.1", 0))
@@ -461,7 +464,6 @@ class Ceiling:
 def child_chief(spec: dict) -> None:
     """The ceiling's chief: one dispatcher per worker, the workers' registrations, then every
     size × path (× hop variant) measured ``repeats`` times in rotating order."""
-    from csrun_runtime import rendezvous, service
 
     k = spec["k"]
     rdv = rendezvous.Rendezvous(spec["rdv_dir"], spec["key"])
@@ -492,7 +494,6 @@ def child_chief(spec: dict) -> None:
 
 
 def _rss_mb(pids: list[int]) -> list[float]:
-    import psutil
 
     out = []
     for pid in pids:
@@ -514,13 +515,8 @@ def _per_step_us(call: Callable[[], int], seconds: float) -> float:
 
 def child_loop(spec: dict) -> None:
     """The training-loop measurements on the digits model (see the module docstring)."""
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
-    from csrun_common.roles import resolve_role
-    from csrun_runtime import chief as chief_mod
-    from csrun_runtime import service, training
-    from csrun_runtime.capture import load_entry
-    from csrun_runtime.params import resolve_params
 
     for k in [k for k in os.environ if k.startswith(("CSRUN_", "SLURM_"))]:
         del os.environ[k]  # single-process role
@@ -585,7 +581,6 @@ def _task_env(role: str, procid: int, k: int, job_id: str) -> dict[str, str]:
 
 
 def _memory(pids: list[int], full: bool) -> list[dict[str, float]]:
-    import psutil
 
     out = []
     for pid in pids:
@@ -632,12 +627,12 @@ def run_many(k: int, steps: int, work: Path, timeout_s: float = 600.0) -> dict[s
             try:
                 codes.append(p.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0))))
             except subprocess.TimeoutExpired:
-                common.stop_group(p, grace=3.0)
+                stop_process_group(p, grace=3.0)
                 codes.append(None)
     finally:
         for p in procs:
             if p.poll() is None:
-                common.stop_group(p, grace=3.0)
+                stop_process_group(p, grace=3.0)
     wall = time.monotonic() - t0
     perf = json.loads((md / "performance" / "performance.json").read_text()) if codes[0] == 0 else {}
     chief_log = (logs / "task0.log").read_text(errors="replace")
@@ -689,7 +684,7 @@ class _Children:
     def __exit__(self, *exc: object) -> None:
         for p in self.procs:
             if p.poll() is None:
-                common.stop_group(p, grace=3.0)
+                stop_process_group(p, grace=3.0)
 
 
 def _read(path: Path) -> dict:
@@ -777,12 +772,13 @@ def _loop_summary(res: dict) -> dict:
 def run(quick: bool = False) -> dict:
     """Every part (see the module docstring). Quick (the CI smoke test): k = 1, 256 KiB, one
     repetition of 1 s windows, no hop variants, a short loop, 2 workers. Full: k = 1, 2, 4, 8,
-    16, all sizes, 3 repetitions of 3 s windows, the hop variants at k = 1 and 2, 16 workers."""
+    16, all sizes, 3 repetitions of 1.5 s windows (after 0.5 s of warm-up; ~12 minutes in all on
+    the 2-core host), the hop variants at k = 1 and 2, 16 workers."""
     if quick:
         ks, hop_ks, sizes, repeats, warmup, window = [1], [], ["256 KiB"], 1, 0.5, 1.0
         loop_spec, many = {"loop_steps": 300, "repeats": 1, "seconds": 0.5}, (2, 300)
     else:
-        ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1, 2], list(SIZES), 3, 1.0, 3.0
+        ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1, 2], list(SIZES), 3, 0.5, 1.5
         loop_spec, many = {"loop_steps": 20000, "repeats": 3, "seconds": 2.0}, (16, 4000)
     paths = [*PATHS, "raw TCP", "in-process"]
     out: dict[str, Any] = {"unit": "batches/s of 64 samples; MB/s = 10^6 bytes/s; CPU-s per MB",
@@ -874,7 +870,6 @@ def _child_main(argv: list[str]) -> None:
                 _write(spec["out"], {"error": f"{type(exc).__name__}: {str(exc)[:800]}"})
             except OSError:
                 pass
-        import traceback
 
         traceback.print_exc()
         code = 1

@@ -17,11 +17,14 @@ the median of the per-pair ratios csrun_wse/srun, and the median per-pair differ
 """
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+
+from analyzer.analyze import console_script
 
 #: N=3 nodes, the chief alone on the GRES node, 2 nodes × 2 tasks × 1 CPU of input workers:
 #: three het components, five tasks.
@@ -32,7 +35,7 @@ LAYOUT_TEXT = "3 het components: chief 1×1 (GRES) + 1 single-task node + 2 node
 def bare_srun_argv(env: dict) -> tuple[list[str], dict]:
     """The srun argv (and extra environment) ``csrun_wse --dry-run`` prints for
     :data:`LAYOUT` running ``true``."""
-    out = subprocess.run([common.venv_bin("csrun_wse"), "--dry-run", *LAYOUT, "true"], capture_output=True,
+    out = subprocess.run([console_script("csrun_wse"), "--dry-run", *LAYOUT, "true"], capture_output=True,
                          text=True, env=env, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"csrun_wse --dry-run failed: {out.stderr.strip()[-300:]}")
@@ -55,7 +58,7 @@ def run(quick: bool = False) -> dict:
     env = common.slurm_env()
     srun_argv, extra = bare_srun_argv(env)
     srun_env = {**env, **extra}
-    csrun_argv = [common.venv_bin("csrun_wse"), *LAYOUT, "true"]
+    csrun_argv = [console_script("csrun_wse"), *LAYOUT, "true"]
     queue_seen: list[int] = []
     waited: list[float] = []
 
@@ -97,6 +100,4 @@ def run(quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(run(quick="--quick" in sys.argv), indent=1))

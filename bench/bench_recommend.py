@@ -42,14 +42,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+
+from analyzer.analyze import cluster_info
+from analyzer.model import NodeModel
+from analyzer.probe_driver import PROBE_KIND, ProbeSession, Target, Timing
+from analyzer.recommend import predict_layout
+from analyzer.verify import drain_command, launch_drain
+from launcher.config import load_config
 
 REPO = common.REPO
 
@@ -61,43 +68,21 @@ HUNG: list[str] = []
 
 # --------------------------------------------------------------------------- analyzer
 def run_analyzer(pipeline: str, budget_s: float, out: Path, model_dir: Path, env: dict) -> tuple[float, dict]:
-    """Run ``cs_input_analyzer`` on ``pipeline`` (cluster mode, ``--no-run-command``); returns
-    ``(wall seconds, report.json dict)``. Raises when it produced no recommendation."""
+    """Run ``cs_input_analyzer`` on ``pipeline`` (cluster mode, ``--no-run-command``:
+    :func:`common.run_analyzer`); returns ``(wall seconds, report.json dict)``. Raises when it
+    produced no recommendation."""
     run_py, argv = common.PIPELINES[pipeline]
-    cmd = [common.venv_bin("cs_input_analyzer"), "--no-run-command", "--no-progress", "--time-budget",
-           f"{budget_s:g}", "--output", str(out), "python", str(run_py), *argv, "--model_dir", str(model_dir),
-           "--mode", "validate_only"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        text, _ = proc.communicate(timeout=budget_s * 3 + 180)
-    except subprocess.TimeoutExpired:
-        common.stop_group(proc)
-        raise RuntimeError(f"cs_input_analyzer ran past {budget_s * 3 + 180:.0f} s") from None
-    wall = time.perf_counter() - t0
-    try:
-        rep = json.loads((out / "report.json").read_text())
-    except (OSError, ValueError):
-        rep = {}
-    if not rep.get("recommendation"):
-        tail = " | ".join((text or b"").decode(errors="replace").strip().splitlines()[-4:])
-        raise RuntimeError(f"cs_input_analyzer exited {proc.returncode} without a recommendation "
-                           f"({rep.get('error') or tail[:400]})")
-    return wall, rep
+    return common.run_analyzer(run_py, [*argv, "--model_dir", str(model_dir), "--mode", "validate_only"], budget_s,
+                               out, env, timeout_s=budget_s * 3 + 180)
 
 
 # --------------------------------------------------------------------------- the sweep
-def cluster_target():
+def cluster_target() -> Target:
     """The probe target the analyzer uses on the cluster: one CPU node (not the GRES node)
     of the configured partition, all its CPUs (:class:`analyzer.probe_driver.Target`)."""
-    from analyzer import probe_driver as probing
-    from analyzer.analyze import cluster_info
-    from launcher.config import load_config
-
     cfg = load_config()
     info = cluster_info(cfg.partition, cfg.gres_node)
-    return probing.Target(local=False, partition=cfg.partition, account=cfg.account, exclude=cfg.gres_node,
+    return Target(local=False, partition=cfg.partition, account=cfg.account, exclude=cfg.gres_node,
                           container=None, node_cpus=int(info["node_cpus"]), python=cfg.python)
 
 
@@ -108,23 +93,21 @@ def sweep_layouts(n: int, oversubscribe: bool) -> list[tuple[int, int]]:
 
 
 def sweep(pipeline: str, layouts: list[tuple[int, int]], repeats: int, budget_s: float, workdir: Path,
-          target: Any) -> dict:
+          target: Target) -> dict:
     """Measure every layout ``repeats`` times (rotating order) in one probe session on a
     cluster node. Returns ``{"wall_s", "rows", "stats": {"TxC": spread of samples/s},
     "contended", "failed", "sessions"}``."""
-    from analyzer import probe_driver as probing
-
     run_py, argv = common.PIPELINES[pipeline]
     argv = [*argv, "--model_dir", str(workdir / "model_dir"), "--mode", "validate_only"]
-    timing = probing.Timing.for_budget(budget_s)
+    timing = Timing.for_budget(budget_s)
     workers = max(t for t, _ in layouts)
     t0 = time.perf_counter()
     sessions = 0
     rows: list[dict] = []
 
-    def new_session():
+    def new_session() -> ProbeSession:
         nonlocal sessions
-        s = probing.ProbeSession(str(run_py), argv, str(REPO), workdir / f"sweep{sessions}", target, workers,
+        s = ProbeSession(str(run_py), argv, str(REPO), workdir / f"sweep{sessions}", target, workers,
                                  deadline=time.time() + 3600)
         sessions += 1
         s.start(timing.load_timeout_s)
@@ -137,7 +120,7 @@ def sweep(pipeline: str, layouts: list[tuple[int, int]], repeats: int, budget_s:
             for T, C in layouts[k:] + layouts[:k]:
                 if session is None or not session.alive():
                     session = new_session()
-                row = session.probe(probing.PROBE_KIND, T, C, timing,
+                row = session.probe(PROBE_KIND, T, C, timing,
                                     timeout_s=timing.first_probe_timeout_s + timing.barrier_timeout_s)
                 rows.append(row)
                 if row["status"] == "timeout":
@@ -159,7 +142,7 @@ def sweep(pipeline: str, layouts: list[tuple[int, int]], repeats: int, budget_s:
             "failed": sum(1 for r in rows if r["status"] != "ok")}
 
 
-def _best(stats: dict, keys: list[str]) -> Optional[str]:
+def _best(stats: dict, keys: list[str]) -> str | None:
     ok = [k for k in keys if stats.get(k, {}).get("median") is not None]
     return max(ok, key=lambda k: stats[k]["median"]) if ok else None
 
@@ -169,16 +152,13 @@ def _tc(key: str) -> tuple[int, int]:
     return int(t), int(c)
 
 
-def per_node_choice(rep: dict, n: int, tolerance: float = 0.05) -> Optional[tuple[int, int]]:
+def per_node_choice(rep: dict, n: int, tolerance: float = 0.05) -> tuple[int, int] | None:
     """The analyzer's choice for one input-worker node: its fitted model (``report.json``'s
     ``model``) predicts each ``T × C ≤ n`` layout of a worker node
     (:func:`analyzer.recommend.predict_layout` of the chief alone plus that node, no host
     sharing) and its rule without a target picks the fewest cores within ``tolerance`` of
     the best (:func:`analyzer.recommend.recommend`). ``None`` when the report has no model."""
     try:
-        from analyzer.model import NodeModel
-        from analyzer.recommend import predict_layout
-
         m = NodeModel.from_dict(rep["model"])
         preds = {(t, c): float(predict_layout(m, 2, t, c, 1, None, None)["predicted_samples_per_sec"])
                  for c in range(1, n + 1) for t in range(1, n // c + 1)}
@@ -196,32 +176,16 @@ def delivered(report_dir: Path, rep: dict, layout: dict, seconds: float, warmup:
     ``analyzer.verify_task``, built by :func:`analyzer.verify.drain_command`). The timeout
     (seconds) covers waiting in the Slurm queue behind other users' jobs; the rate is the
     drain's own window, so a queue wait does not change it."""
-    from analyzer.verify import drain_command
-
     out_dir = report_dir / "bench_drain" / tag
     out_dir.mkdir(parents=True, exist_ok=True)
     argv = drain_command(rep, out_dir, layout, seconds, warmup, None)
     common.wait_queue_empty(env, max_wait=60.0)
     result = out_dir / "drain.json"
-    hung = False
-    with open(out_dir / "csrun_wse.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=rep.get("cwd") or str(REPO), env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        t_end = time.monotonic() + timeout_s
-        t_result: Optional[float] = None
-        while proc.poll() is None:
-            now = time.monotonic()
-            if t_result is None and result.exists():
-                t_result = now
-            # The figure is in drain.json; a task that does not leave within RESULT_GRACE_S
-            # of it (seen: an input worker of a tf.py_function pipeline deadlocking in
-            # WorkerServer.Stop) only holds the nodes: cancel the step.
-            if (t_result is not None and now - t_result > RESULT_GRACE_S) or now > t_end:
-                hung = t_result is not None
-                common.stop_group(proc)
-                break
-            time.sleep(0.5)
-    if hung:
+    # The figure is in drain.json; a launch whose tasks do not leave within RESULT_GRACE_S of
+    # it only holds the nodes: launch_drain cancels it, and the tag is noted.
+    launch = launch_drain(argv, rep.get("cwd") or str(REPO), out_dir / "csrun_wse.log", result, timeout_s,
+                          RESULT_GRACE_S, env)
+    if launch.stopped_after_result:
         HUNG.append(tag)
     try:
         res = json.loads(result.read_text())
@@ -268,6 +232,25 @@ def vs_default(report_dir: Path, rep: dict, T: int, C: int, n: int, pairs: int, 
 
 
 # --------------------------------------------------------------------------- run
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings: ``pipelines``, the analyzer's ``budget_s`` (seconds), sweep
+    ``repeats``, whether the sweep adds oversubscribed layouts (``oversubscribe``), and the
+    delivered comparison's ``pairs`` of ``seconds``-long drains after ``warmup`` seconds."""
+
+    pipelines: tuple[str, ...]
+    budget_s: float
+    repeats: int
+    oversubscribe: bool
+    pairs: int
+    seconds: float
+    warmup: float
+
+
+QUICK = Settings(("serial",), 30.0, 2, False, 2, 3.0, 1.0)
+FULL = Settings(("digits", "images", "serial"), 120.0, 3, True, 3, 10.0, 3.0)
+
+
 def run(quick: bool = False) -> dict:
     """Benchmarks 3 and 4 for every pipeline (quick: the serial pipeline only, analyzer
     budget 30 s, the ``T × C ≤ n`` layouts twice each, 2 pairs of 3 s drains; full: all
@@ -276,71 +259,88 @@ def run(quick: bool = False) -> dict:
     env = common.slurm_env()
     os.environ["SLURM_CONF"] = env.get("SLURM_CONF", "")
     os.environ["PATH"] = env["PATH"]
-    if quick:
-        names, budget, repeats, over, pairs, seconds, warmup = ["serial"], 30.0, 2, False, 2, 3.0, 1.0
-    else:
-        names, budget, repeats, over, pairs, seconds, warmup = ["digits", "images", "serial"], 120.0, 3, True, 3, 10.0, 3.0
+    settings = QUICK if quick else FULL
     target = cluster_target()
-    n = int(target.node_cpus)
-    layouts = sweep_layouts(n, over)
-    within = [f"{t}x{c}" for t, c in layouts if t * c <= n]
+    layouts = sweep_layouts(int(target.node_cpus or 1), settings.oversubscribe)
     result: dict[str, Any] = {
         "benchmark": "recommendation quality (vs exhaustive sweep) and vs the default layout",
-        "unit": "samples/s (rates), seconds (times)", "node_cpus": n, "analyzer_budget_s": budget,
-        "sweep_layouts": [f"{t}x{c}" for t, c in layouts], "repeats": repeats, "pipelines": {},
+        "unit": "samples/s (rates), seconds (times)", "node_cpus": target.node_cpus,
+        "analyzer_budget_s": settings.budget_s, "sweep_layouts": [f"{t}x{c}" for t, c in layouts],
+        "repeats": settings.repeats, "pipelines": {},
     }
-    for name in names:
+    for name in settings.pipelines:
         work = Path(tempfile.mkdtemp(prefix=f"bench_recommend_{name}_"))
-        rec: dict[str, Any] = {"analyzer_budget_s": budget, "repeats": repeats}
         try:
-            a_wall, rep = run_analyzer(name, budget, work / "analysis", work / "model_dir", env)
-            r = rep["recommendation"]
-            job_t, job_c = int(r["tasks_per_node"]), int(r["cpus_per_task"])
-            T, C = per_node_choice(rep, n) or (job_t, job_c)
-            rec.update({"analyzer_s": round(a_wall, 2),
-                        "analyzer_recommendation": {k: r.get(k) for k in (
-                            "nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-                            "predicted_samples_per_sec", "limited_by")},
-                        "analyzer_probes": len(rep.get("probes") or []),
-                        "bottleneck": (rep.get("bottleneck") or {}).get("class")})
-            lays = list(layouts)
-            for tc in ((T, C), (job_t, job_c)):
-                if tc not in lays:
-                    lays.append(tc)
-            sw = sweep(name, lays, repeats, budget, work, target)
-            st = sw["stats"]
-            key, job_key = f"{T}x{C}", f"{job_t}x{job_c}"
-            best = _best(st, within)
-            best_any = _best(st, list(st))
-            rate = lambda k: (st.get(k) or {}).get("median")  # noqa: E731
-            ratio = lambda x, y: round(rate(x) / rate(y), 4) if x and y and rate(x) and rate(y) else None  # noqa: E731
-            rec.update({
-                "sweep_s": sw["wall_s"], "sweep": sw["rows"], "sweep_stats": st, "sweep_timing": sw["timing"],
-                "contended_probes": sw["contended"], "failed_probes": sw["failed"],
-                "recommended": {"tasks": T, "cpus": C, "samples_per_sec": rate(key),
-                                "iqr": [st.get(key, {}).get("q1"), st.get(key, {}).get("q3")],
-                                "how": "the analyzer's model and choice rule for one input-worker node"},
-                "oracle": {"tasks": _tc(best)[0] if best else None, "cpus": _tc(best)[1] if best else None,
-                           "samples_per_sec": rate(best) if best else None},
-                "oracle_any": {"layout": best_any, "samples_per_sec": rate(best_any) if best_any else None},
-                "quality": ratio(key, best),
-                "quality_vs_any": ratio(key, best_any),
-                "job_recommendation_quality": {
-                    "layout": job_key, "quality": ratio(job_key, best),
-                    "note": ("the CLI's whole-job recommendation; with nodes = 1 and 1 task its T x C is "
-                             "the chief's in-process pipeline, not an input-worker node's layout")},
-                "time_ratio": round(a_wall / sw["wall_s"], 4) if sw["wall_s"] else None,
-            })
-            try:
-                rec["vs_default"] = vs_default(work / "analysis", rep, T, C, n, pairs, seconds, warmup, env)
-            except Exception as exc:  # noqa: BLE001
-                rec["vs_default"] = {"error": f"{type(exc).__name__}: {str(exc)[:600]}"}
-        except Exception as exc:  # noqa: BLE001 - recorded; the other pipelines go on
-            rec["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+            result["pipelines"][name] = bench_pipeline(name, settings, target, layouts, work, env)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        result["pipelines"][name] = rec
     return result
+
+
+def bench_pipeline(name: str, settings: Settings, target: Target, layouts: list[tuple[int, int]], work: Path,
+                   env: dict) -> dict:
+    """Benchmarks 3 and 4 for pipeline ``name``: the analyzer, the sweep of ``layouts`` (and
+    the two layouts the analyzer chose), the quality figures, and the delivered comparison
+    against the default layout. An error is recorded in the result, not raised."""
+    n = int(target.node_cpus or 1)
+    rec: dict[str, Any] = {"analyzer_budget_s": settings.budget_s, "repeats": settings.repeats}
+    try:
+        a_wall, rep = run_analyzer(name, settings.budget_s, work / "analysis", work / "model_dir", env)
+        r = rep["recommendation"]
+        job = int(r["tasks_per_node"]), int(r["cpus_per_task"])
+        chosen = per_node_choice(rep, n) or job
+        rec.update({"analyzer_s": round(a_wall, 2),
+                    "analyzer_recommendation": {k: r.get(k) for k in (
+                        "nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
+                        "predicted_samples_per_sec", "limited_by")},
+                    "analyzer_probes": len(rep.get("probes") or []),
+                    "bottleneck": (rep.get("bottleneck") or {}).get("class")})
+        lays = list(dict.fromkeys([*layouts, chosen, job]))
+        sw = sweep(name, lays, settings.repeats, settings.budget_s, work, target)
+        rec.update(quality(sw, chosen, job, [f"{t}x{c}" for t, c in layouts if t * c <= n]))
+        rec["time_ratio"] = round(a_wall / sw["wall_s"], 4) if sw["wall_s"] else None
+        try:
+            rec["vs_default"] = vs_default(work / "analysis", rep, chosen[0], chosen[1], n, settings.pairs,
+                                           settings.seconds, settings.warmup, env)
+        except Exception as exc:  # noqa: BLE001
+            rec["vs_default"] = {"error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+    except Exception as exc:  # noqa: BLE001 - recorded; the other pipelines go on
+        rec["error"] = f"{type(exc).__name__}: {str(exc)[:800]}"
+    return rec
+
+
+def quality(sw: dict, chosen: tuple[int, int], job: tuple[int, int], within: list[str]) -> dict:
+    """The sweep's figures for the analyzer's per-node choice ``chosen`` and its whole-job
+    layout ``job`` (``(T, C)``): their medians against the best of the ``within`` layouts
+    (the oracle) and of every swept layout (samples/s; ratios rounded to 4 digits)."""
+    st = sw["stats"]
+    key, job_key = f"{chosen[0]}x{chosen[1]}", f"{job[0]}x{job[1]}"
+    best = _best(st, within)
+    best_any = _best(st, list(st))
+
+    def rate(k: str | None) -> float | None:
+        return (st.get(k) or {}).get("median") if k else None
+
+    def ratio(x: str | None, y: str | None) -> float | None:
+        rx, ry = rate(x), rate(y)
+        return round(rx / ry, 4) if rx and ry else None
+
+    return {
+        "sweep_s": sw["wall_s"], "sweep": sw["rows"], "sweep_stats": st, "sweep_timing": sw["timing"],
+        "contended_probes": sw["contended"], "failed_probes": sw["failed"],
+        "recommended": {"tasks": chosen[0], "cpus": chosen[1], "samples_per_sec": rate(key),
+                        "iqr": [st.get(key, {}).get("q1"), st.get(key, {}).get("q3")],
+                        "how": "the analyzer's model and choice rule for one input-worker node"},
+        "oracle": {"tasks": _tc(best)[0] if best else None, "cpus": _tc(best)[1] if best else None,
+                   "samples_per_sec": rate(best)},
+        "oracle_any": {"layout": best_any, "samples_per_sec": rate(best_any)},
+        "quality": ratio(key, best),
+        "quality_vs_any": ratio(key, best_any),
+        "job_recommendation_quality": {
+            "layout": job_key, "quality": ratio(job_key, best),
+            "note": ("the CLI's whole-job recommendation; with nodes = 1 and 1 task its T x C is "
+                     "the chief's in-process pipeline, not an input-worker node's layout")},
+    }
 
 
 if __name__ == "__main__":

@@ -28,9 +28,8 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 import common  # puts the repository root on sys.path
+import numpy as np
 
 HERE = common.BENCH
 

@@ -17,9 +17,12 @@ command time / median ``python -c pass`` time; ``paired``: the per-round compari
 """
 from __future__ import annotations
 
+import json
 import sys
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+
+from analyzer.analyze import console_script
 
 LAYOUT = ["--total-nodes", "3", "--single-task-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
 
@@ -29,10 +32,10 @@ def commands(quick: bool) -> dict[str, list[str]]:
     py = sys.executable
     cmds = {
         "python -c pass": [py, "-c", "pass"],
-        "csrun_wse --dry-run": [common.venv_bin("csrun_wse"), "--dry-run", *LAYOUT, "python-ws", "run.py",
+        "csrun_wse --dry-run": [console_script("csrun_wse"), "--dry-run", *LAYOUT, "python-ws", "run.py",
                                 "--mode", "train"],
-        "cs_input_analyzer --help": [common.venv_bin("cs_input_analyzer"), "--help"],
-        "csrun_cpu --help": [common.venv_bin("csrun_cpu"), "--help"],
+        "cs_input_analyzer --help": [console_script("cs_input_analyzer"), "--help"],
+        "csrun_cpu --help": [console_script("csrun_cpu"), "--help"],
         "sinfo": ["sinfo", "--noheader", "--Node", "--format=%N|%c|%G|%t|%P"],
     }
     if not quick:
@@ -64,12 +67,11 @@ def run(quick: bool = False) -> dict:
         "ratios": {k: round(common.ratio_of_medians(v, base), 3) for k, v in times.items() if k != "python -c pass"},
         "paired": {k: common.compare(v, base[:len(v)]) for k, v in times.items() if k != "python -c pass"},
     }
-    out["overhead_over_python_s"] = {k: round(out["commands"][k]["median"] - out["commands"]["python -c pass"]["median"], 4)
+    python_s = out["commands"]["python -c pass"]["median"]
+    out["overhead_over_python_s"] = {k: round(out["commands"][k]["median"] - python_s, 4)
                                      for k in times if k != "python -c pass"}
     return out
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(run(quick="--quick" in sys.argv), indent=1))

@@ -41,7 +41,14 @@ from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
+from analyzer.probe_worker import samples_in
 from csrun_common import atomic
+from csrun_common.roles import resolve_role
+from csrun_runtime import contract, rendezvous, service
+from csrun_runtime.capture import load_entry
+from csrun_runtime.params import resolve_params
+from csrun_runtime.worker import run_worker
+from launcher.slurm import stop_process_group
 
 REPO = common.REPO
 
@@ -55,12 +62,9 @@ def _write(path: Path, obj: Any) -> None:
 
 
 def _samples(el: Any) -> int:
-    import tensorflow as tf
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
-    flat = tf.nest.flatten(el)
-    if not flat or len(flat[0].shape) == 0:
-        return 1
-    return int(flat[0].shape[0])
+    return samples_in(tf.nest.flatten(el))
 
 
 def _chunk_batch_size(batches: Any) -> int:
@@ -79,10 +83,7 @@ def child_standalone(spec: dict) -> None:
     """Iterate worker ``index``'s pipeline in-process: warm-up, barrier with the other
     ``barrier`` processes, a ``measure_s`` window, then keep iterating until all have
     measured. Writes ``{"samples_per_sec", "samples", "window_s"}``."""
-    import tensorflow as tf
-
-    from csrun_runtime import contract
-    from csrun_runtime.capture import load_entry
+    import tensorflow as tf  # only in the child processes: the harness never loads it
 
     entry = load_entry(spec["run_py"], _argv(spec))
     params = entry.worker_params(spec["index"], spec["num_workers"])
@@ -126,11 +127,6 @@ def child_worker(spec: dict) -> None:
         "CSRUN_CPUS_PER_TASK": str(spec["cpus"]), "SLURM_PROCID": str(spec["index"]),
         "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0", "CSRUN_ADVERTISE_HOST": "localhost",
     })
-    from csrun_common.roles import resolve_role
-    from csrun_runtime.capture import load_entry
-    from csrun_runtime.params import resolve_params
-    from csrun_runtime.worker import run_worker
-
     argv = _argv(spec)
     entry = load_entry(spec["run_py"], argv)
     resolved = resolve_params(argv, run_py=spec["run_py"])
@@ -142,9 +138,6 @@ def child_chief(spec: dict) -> None:
     """The chief's ingest path: dispatchers, rendezvous, wait for the registrations, then
     drain :class:`ServiceSource` (warm-up, ``measure_s`` window). Writes the delivered
     ``samples_per_sec`` and marks the job done so the workers leave."""
-    from csrun_runtime import rendezvous, service
-    from csrun_runtime.capture import load_entry
-
     load_entry(spec["run_py"], _argv(spec))  # the same imports as a chief (input_fn's modules)
     k = spec["num_workers"]
     rdv = rendezvous.Rendezvous(spec["model_dir"], f"{spec['job_id']}.0")
@@ -239,7 +232,7 @@ class _Procs:
     def kill(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                common.stop_group(p, grace=3.0)
+                stop_process_group(p, grace=3.0)
 
     def __enter__(self) -> _Procs:
         return self
@@ -263,15 +256,23 @@ def _log_tail(workdir: Path, name: str) -> str:
         return ""
 
 
-def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path, tag: str,
-                    timeout_s: float = 240.0) -> float:
-    """Delivered samples/s at the chief from ``k`` input workers (see the module docstring)."""
+def _measurement(pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path,
+                 tag: str) -> tuple[Path, dict]:
+    """A fresh directory ``workdir/tag`` for one measurement and the spec its child
+    processes share (the pipeline's run.py and argv, ``k`` workers of CPUS_PER_WORKER CPUs,
+    the warm-up and window in seconds)."""
     run_py, argv = PIPELINES[pipeline]
     wd = workdir / tag
     wd.mkdir(parents=True)
-    base = {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
-            "cpus": CPUS_PER_WORKER, "job_id": f"bench{os.getpid()}{tag}", "warmup_s": warmup_s,
-            "measure_s": measure_s, "start_timeout_s": timeout_s * 0.6, "workdir": str(wd)}
+    return wd, {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
+                "cpus": CPUS_PER_WORKER, "warmup_s": warmup_s, "measure_s": measure_s, "workdir": str(wd)}
+
+
+def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path, tag: str,
+                    timeout_s: float = 240.0) -> float:
+    """Delivered samples/s at the chief from ``k`` input workers (see the module docstring)."""
+    wd, base = _measurement(pipeline, k, warmup_s, measure_s, workdir, tag)
+    base.update(job_id=f"bench{os.getpid()}{tag}", start_timeout_s=timeout_s * 0.6)
     with _Procs(wd) as procs:
         out = procs.start("--chief", {**base, "out": str(wd / "chief.json")}, "chief")
         t_end = time.monotonic() + 60
@@ -296,12 +297,8 @@ def measure_standalone(pipeline: str, indices: list[int], k: int, warmup_s: floa
                        workdir: Path, tag: str, timeout_s: float = 180.0) -> list[float]:
     """In-process samples/s of workers ``indices`` (of ``k``), run concurrently over a
     common window; returns each one's rate."""
-    run_py, argv = PIPELINES[pipeline]
-    wd = workdir / tag
-    wd.mkdir(parents=True)
-    base = {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
-            "cpus": CPUS_PER_WORKER, "warmup_s": warmup_s, "measure_s": measure_s, "workdir": str(wd),
-            "tag": "sa", "barrier": len(indices)}
+    wd, base = _measurement(pipeline, k, warmup_s, measure_s, workdir, tag)
+    base.update(tag="sa", barrier=len(indices))
     with _Procs(wd) as procs:
         outs = [procs.start("--standalone", {**base, "index": i, "out": str(wd / f"sa{i}.json")}, f"sa{i}")
                 for i in indices]

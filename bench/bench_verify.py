@@ -9,7 +9,7 @@ input workers and the chief do not share cores, as on a real cluster. On a 2-cor
 is 1 CPU per node. For each example:
 
 1. ``cs_input_analyzer --no-run-command --time-budget B python run.py --params ... --mode
-   validate_only --output <tmp>`` (probes on node2 via srun; B = 30 s quick, 120 s (the
+   validate_only --output <tmp>`` (probes on node2 in a submitit job; B = 30 s quick, 120 s (the
    default) full);
 2. ``cs_input_analyzer verify --report <tmp>`` for the recommended layout and for the
    layout with input workers (``--total-nodes 2 --tasks-per-node 1 --cpus-per-task n``: one
@@ -46,9 +46,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+
+from analyzer.analyze import console_script
 
 HERE, REPO = common.BENCH, common.REPO
 
@@ -94,16 +95,8 @@ def _prepare_data(env: dict) -> None:
 
 def _analyze(name: str, out: Path, budget: float, env: dict) -> dict:
     run_py, args = EXAMPLES[name]
-    t0 = time.perf_counter()
-    p = subprocess.run([common.venv_bin("cs_input_analyzer"), "--no-run-command", "--no-progress",
-                        "--time-budget", f"{budget:g}", "--output", str(out), "python", str(run_py), *args,
-                        "--mode", "validate_only"], capture_output=True, text=True, cwd=REPO, env=env,
-                       timeout=budget + 600)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"cs_input_analyzer on {name} exited {p.returncode}: "
-                           f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}")
-    rep = json.loads((out / "report.json").read_text())
+    wall, rep = common.run_analyzer(run_py, [*args, "--mode", "validate_only"], budget, out, env,
+                                    timeout_s=budget + 600)
     rec = rep["recommendation"]
     return {"wall_s": round(wall, 2), "probes_ok": sum(1 for r in rep["probes"] if r["status"] == "ok"),
             "probes": len(rep["probes"]), "bottleneck": rep["bottleneck"]["class"],
@@ -114,7 +107,7 @@ def _analyze(name: str, out: Path, budget: float, env: dict) -> dict:
 
 
 def _verify(out: Path, layout: dict | None, seconds: float, env: dict) -> dict:
-    argv = [common.venv_bin("cs_input_analyzer"), "verify", "--report", str(out), "--seconds", f"{seconds:g}",
+    argv = [console_script("cs_input_analyzer"), "verify", "--report", str(out), "--seconds", f"{seconds:g}",
             "--warmup", "3"]
     if layout:
         argv += ["--total-nodes", str(layout["nodes"]), "--tasks-per-node", str(layout["tasks_per_node"]),
@@ -129,7 +122,7 @@ def _verify(out: Path, layout: dict | None, seconds: float, env: dict) -> dict:
     return res
 
 
-def _verify_layout(out: Path, layout: Optional[dict], seconds: float, env: dict, repeats: int,
+def _verify_layout(out: Path, layout: dict | None, seconds: float, env: dict, repeats: int,
                    quick: bool) -> list[dict]:
     """``repeats`` verifies of one layout (retrying disturbed windows in full mode)."""
     vals: list[dict] = []

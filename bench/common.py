@@ -20,13 +20,13 @@ import math
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -35,8 +35,12 @@ REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from analyzer.probe_driver import is_nan  # noqa: E402 - after the path bootstrap
+from analyzer.analyze import console_script  # noqa: E402 - after the path bootstrap
+from analyzer.probe_driver import is_nan  # noqa: E402
 from csrun_common import atomic  # noqa: E402
+from csrun_common.errors import CsrunError  # noqa: E402
+from launcher import slurm  # noqa: E402
+from launcher.slurm import stop_process_group  # noqa: E402
 
 CLUSTER = REPO / "slurm-test-cluster"
 TOPOLOGY = CLUSTER / "run" / "etc" / "topology"
@@ -100,7 +104,7 @@ def compare(a: Sequence[float], b: Sequence[float], digits: int = 4) -> dict:
     per-pair ratios), ``"ratio_of_medians"``, ``"median_difference"`` (median of a[i] − b[i],
     in the unit of the inputs), ``"pairs"}``.
     """
-    pairs = [(float(x), float(y)) for x, y in zip(a, b)
+    pairs = [(float(x), float(y)) for x, y in zip(a, b, strict=False)
              if not is_nan(x) and not is_nan(y)]
     ratios = [x / y for x, y in pairs if y]
     diffs = [x - y for x, y in pairs]
@@ -153,8 +157,8 @@ class CommandFailed(RuntimeError):
     """A timed command exited non-zero or ran past its timeout (message: argv and tail)."""
 
 
-def time_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, timeout: float = 120.0,
-                 cwd: Optional[str] = None, check: bool = True) -> float:
+def time_command(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120.0,
+                 cwd: str | None = None, check: bool = True) -> float:
     """Wall time (seconds, ``time.perf_counter``) of running ``argv`` to completion, its
     output discarded. Raises :class:`CommandFailed` on a non-zero exit (with ``check``) or a
     timeout (the process group gets SIGINT twice — an srun cancels its step — then
@@ -166,7 +170,7 @@ def time_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, t
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stop_group(proc)
+        stop_process_group(proc)
         raise CommandFailed(f"{' '.join(argv[:3])} ...: no exit within {timeout:.0f} s") from None
     dt = time.perf_counter() - t0
     if check and proc.returncode != 0:
@@ -175,18 +179,33 @@ def time_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None, t
     return dt
 
 
-def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """Stop a child started with ``start_new_session=True`` and its process group
-    (:func:`launcher.slurm.stop_process_group`)."""
-    from launcher.slurm import stop_process_group
-
-    stop_process_group(proc, grace)
-
-
-def venv_bin(name: str) -> str:
-    """Path of console script ``name`` beside this interpreter, else on PATH."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
+def run_analyzer(run_py: Path, args: Sequence[str], budget_s: float, out: Path, env: Mapping[str, str],
+                 timeout_s: float) -> tuple[float, dict]:
+    """Run ``cs_input_analyzer --no-run-command --no-progress --time-budget BUDGET --output OUT
+    python RUN_PY ARGS`` from the repository root, as a user runs it on the cluster of
+    ``env``. Returns ``(wall seconds, report.json)``. Raises ``RuntimeError`` when it ran past
+    ``timeout_s`` seconds (it is stopped) or made no recommendation (the report's error or the
+    output's last lines)."""
+    cmd = [console_script("cs_input_analyzer"), "--no-run-command", "--no-progress", "--time-budget",
+           f"{budget_s:g}", "--output", str(out), "python", str(run_py), *args]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=str(REPO), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_process_group(proc)
+        raise RuntimeError(f"cs_input_analyzer ran past {timeout_s:.0f} s") from None
+    wall = time.perf_counter() - t0
+    try:
+        rep = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        rep = {}
+    if not rep.get("recommendation"):
+        tail = " | ".join((text or b"").decode(errors="replace").strip().splitlines()[-4:])
+        raise RuntimeError(f"cs_input_analyzer exited {proc.returncode} without a recommendation "
+                           f"({rep.get('error') or tail[:400]})")
+    return wall, rep
 
 
 def slurm_env() -> dict:
@@ -208,7 +227,8 @@ def pinned_cluster(directory: Path, port: int = 16917, nodes: int = 2):
     its Slurm commands (``SLURM_CONF`` set) and its ``etc/topology`` (:func:`read_topology`).
     Raises ``RuntimeError`` when it cannot start (e.g. fewer host CPUs than nodes)."""
     env = slurm_env()
-    env.update(CSRUN_CLUSTER_DIR=str(directory), CSRUN_CLUSTER_PORT=str(port))
+    # Always the native daemons (taskset pinning), whatever cluster $CSRUN_TEST_ENGINE names.
+    env.update(CSRUN_CLUSTER_DIR=str(directory), CSRUN_CLUSTER_PORT=str(port), CSRUN_TEST_ENGINE="native")
     env["SLURM_CONF"] = str(Path(directory) / "etc" / "slurm.conf")
     script = str(CLUSTER / "cluster")
     p = subprocess.run([script, "up", "--nodes", str(nodes), "--pin"], capture_output=True, text=True, env=env)
@@ -220,20 +240,17 @@ def pinned_cluster(directory: Path, port: int = 16917, nodes: int = 2):
         subprocess.run([script, "down"], capture_output=True, text=True, env=env)
 
 
-def others_jobs(env: Optional[Mapping[str, str]] = None) -> int:
-    """Jobs in the Slurm queue right now (any user, pending or running); -1 if unknown.
-    Used to note when a timed launch may have waited behind someone else's job."""
+def others_jobs(env: Mapping[str, str] | None = None) -> int:
+    """Jobs in the Slurm queue right now (any user, pending or running;
+    :func:`launcher.slurm.queued_jobs`); -1 if unknown. Used to note when a timed launch may
+    have waited behind someone else's job."""
     try:
-        out = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True,
-                             timeout=15, env=dict(env) if env is not None else None)
-    except (OSError, subprocess.TimeoutExpired):
+        return slurm.queued_jobs(env)
+    except CsrunError:
         return -1
-    if out.returncode != 0:
-        return -1
-    return len([ln for ln in out.stdout.splitlines() if ln.strip()])
 
 
-def wait_queue_empty(env: Optional[Mapping[str, str]] = None, max_wait: float = 30.0) -> float:
+def wait_queue_empty(env: Mapping[str, str] | None = None, max_wait: float = 30.0) -> float:
     """Wait (at most ``max_wait`` seconds) until the Slurm queue is empty; returns the
     seconds waited. Timed launches start on an idle cluster when others allow it."""
     t0 = time.monotonic()
@@ -261,20 +278,11 @@ def read_topology(path: Path = TOPOLOGY) -> dict:
     return out
 
 
-def _version(dist: str) -> Optional[str]:
+def _version(dist: str) -> str | None:
     try:
         return importlib_metadata.version(dist)
     except importlib_metadata.PackageNotFoundError:
         return None
-
-
-def slurm_version() -> Optional[str]:
-    """``sinfo --version`` (e.g. ``slurm-wlm 22.05.8``), or ``None`` without Slurm."""
-    try:
-        out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def metadata(quick: bool) -> dict:
@@ -310,7 +318,7 @@ def metadata(quick: bool) -> dict:
                     "topology_file": str(TOPOLOGY) if topo else None},
         "pinned": bool(topo.get("pinned", 0)),
         "versions": {"python": platform.python_version(), "tensorflow": tf, "numpy": _version("numpy"),
-                     "slurm": slurm_version(), "csrun": _version("csrun")},
+                     "slurm": slurm.version(), "csrun": _version("csrun")},
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -382,7 +390,8 @@ def _rows_launch(r: dict) -> list[Row]:
                  "compared": f"same het layout: {r.get('layout_text', '?')}"})
     rows.append({"figure": "csrun_wse overhead over srun (median of pair differences)",
                  "value": fmt(c.get("median_difference"), "s"),
-                 "spread": f"csrun_wse {fmt(_g(r, 'csrun_wse_s', 'median'), 's')}, srun {fmt(_g(r, 'srun_s', 'median'), 's')} (medians)",
+                 "spread": (f"csrun_wse {fmt(_g(r, 'csrun_wse_s', 'median'), 's')}, "
+                            f"srun {fmt(_g(r, 'srun_s', 'median'), 's')} (medians)"),
                  "compared": "`csrun_wse ... true` vs `srun <same components> true`"})
     return rows
 
@@ -414,8 +423,9 @@ def _rows_recommend(r: dict) -> list[Row]:
         anyb = p.get("oracle_any") or {}
         over_text = (f"; rec = {fmt(p.get('quality_vs_any'))} of the oversubscribed {anyb.get('layout')}"
                      if anyb.get("layout") and p.get("quality_vs_any") not in (None, p.get("quality")) else "")
-        job_text = over_text + (f"; CLI's job layout {ar.get('nodes')} node(s) × {ar.get('tasks_per_node')}×{ar.get('cpus_per_task')}: "
-                    f"{fmt(job.get('quality'))} of oracle" if ar else "")
+        job_text = over_text + (f"; CLI's job layout {ar.get('nodes')} node(s) × "
+                                f"{ar.get('tasks_per_node')}×{ar.get('cpus_per_task')}: "
+                                f"{fmt(job.get('quality'))} of oracle" if ar else "")
         layouts = sorted({f"{s.get('tasks')}x{s.get('cpus_per_task')}" for s in (p.get("sweep") or [])})
         rows.append({
             "figure": f"recommended / oracle throughput, {name}",
@@ -535,7 +545,8 @@ def _rows_shardplan(r: dict) -> list[Row]:
     return [
         {"figure": f"shard plan: {fmt(r.get('files'))} files onto {fmt(r.get('workers'))} workers",
          "value": fmt(_g(r, "plan_s", "median"), "s"),
-         "spread": f"min {fmt(_g(r, 'plan_s', 'min'), 's')}, max {fmt(_g(r, 'plan_s', 'max'), 's')}, n={r.get('repeats')}",
+         "spread": (f"min {fmt(_g(r, 'plan_s', 'min'), 's')}, max {fmt(_g(r, 'plan_s', 'max'), 's')}, "
+                    f"n={r.get('repeats')}"),
          "compared": (f"textbook heap LPT {fmt(r.get('reference_heap_lpt_s'), 's')}"
                       if r.get("reference_heap_lpt_s") is not None else "requirement < 2 s")},
         {"figure": "shard plan imbalance (max / mean worker bytes)", "value": fmt(r.get("imbalance"), digits=6),
@@ -553,7 +564,8 @@ def _rows_verify(r: dict) -> list[Row]:
     elif isinstance(runs, list):
         for v in runs:
             if isinstance(v, Mapping):
-                label = v.get("name") or v.get("label") or (f"{v.get('worker_nodes', v.get('nodes', '?'))} worker node(s)")
+                label = (v.get("name") or v.get("label")
+                         or f"{v.get('worker_nodes', v.get('nodes', '?'))} worker node(s)")
                 items.append((str(label), v))
     for label, v in items:
         err = v.get("error_pct", _g(v, "error_pct", "median"))
@@ -575,6 +587,42 @@ def _rows_verify(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_requeue(r: dict) -> list[Row]:
+    rows = []
+    what = {"warning": "warning signal (SIGUSR2, as --signal sends)",
+            "scontrol_requeue": "scontrol requeue (SIGTERM, KillWait 5 s)",
+            "no_hook": "scontrol requeue without csrun's stop hook (checkpoint_steps 100)"}
+    for way, s in (r.get("summary") or {}).items():
+        rows.append({"figure": f"signal → resumed first step, {what.get(way, way)}",
+                     "value": fmt(_g(s, "resume_s", "median"), "s"),
+                     "spread": (f"stop {fmt(_g(s, 'stop_s', 'median'), 's')}, requeue wait "
+                                f"{fmt(_g(s, 'requeue_wait_s', 'median'), 's')}, start-up "
+                                f"{fmt(_g(s, 'startup_s', 'median'), 's')} (medians, n={_g(s, 'resume_s', 'n')})"),
+                     "compared": str(r.get("slurm_settings", ""))})
+        rows.append({"figure": f"steps lost per requeue, {what.get(way, way)}",
+                     "value": fmt(_g(s, "lost_steps", "median"), "steps"),
+                     "spread": _iqr_text(s.get("lost_steps") or {}, "steps"),
+                     "compared": f"interrupted after {r.get('interrupt_after_steps')} of {r.get('max_steps')} steps"})
+    return rows
+
+
+def _rows_interrupt(r: dict) -> list[Row]:
+    rows = []
+    for way, s in (r.get("summary") or {}).items():
+        rows.append({"figure": f"queue empty after {way.replace('_', ' ')}",
+                     "value": fmt(_g(s, "empty_queue_s", "median"), "s"),
+                     "spread": f"max {fmt(s.get('max_empty_queue_s'), 's')}, exit status {s.get('exit_statuses')}",
+                     "compared": str(r.get("command", ""))})
+    return rows
+
+
+def _rows_quiet(r: dict) -> list[Row]:
+    return [{"figure": "non-csrun log lines of the 7-task main job, default (TF_CPP_MIN_LOG_LEVEL=1)",
+             "value": fmt(_g(r, "quiet_lines", "median"), "lines"),
+             "spread": f"--verbose: {fmt(_g(r, 'verbose_lines', 'median'), 'lines')} (n={r.get('pairs')} pairs)",
+             "compared": "same job with --verbose (every C++ line: the tasks' output before issue 11)"}]
+
+
 def _rows_generic(r: dict) -> list[Row]:
     rows = []
     for k, v in r.items():
@@ -588,11 +636,13 @@ def _rows_generic(r: dict) -> list[Row]:
 SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
+    "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest,
 }
 
 #: Table order (numbers of the issue's list).
-ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan"]
+ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
+         "interrupt", "quiet"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
@@ -667,8 +717,9 @@ def machine_line(results: Mapping[str, dict]) -> str:
             continue
         c = m.get("cluster") or {}
         v = m.get("versions") or {}
+        pinned = "pinned to disjoint cores" if m.get("pinned") else "NOT pinned (all nodes share the host cores)"
         s = (f"{m.get('host_cores')} host cores ({m.get('processor')}), test cluster of {c.get('nodes')} nodes × "
-             f"{c.get('node_cpus')} CPUs, nodes {'pinned to disjoint cores' if m.get('pinned') else 'NOT pinned (all nodes share the host cores)'}; "
+             f"{c.get('node_cpus')} CPUs, nodes {pinned}; "
              f"Python {v.get('python')}, TensorFlow {v.get('tensorflow')}, {v.get('slurm')}")
         if s not in seen:
             seen.append(s)

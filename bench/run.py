@@ -19,6 +19,9 @@ name                  what                                                      
 ``ingest``            the chief's ingest ceiling, the hop, the loop, 16 workers     13
 ``recommend``         analyzer's layout vs exhaustive sweep; vs the default         3, 4
 ``verify``            cs_input_analyzer verify: predicted vs measured               5
+``requeue``           one requeue: signal → resumed first step (s), lost steps      11
+``interrupt``         Ctrl-C / SIGTERM of csrun_wse: queue empty (s), exit status   11
+``quiet``             main job's non-csrun log lines, default vs --verbose          11
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -52,6 +55,9 @@ BENCHMARKS = {
     "ingest": "bench_ingest",
     "recommend": "bench_recommend",
     "verify": "bench_verify",
+    "requeue": "bench_requeue",
+    "interrupt": "bench_interrupt",
+    "quiet": "bench_quiet",
 }
 DEFAULT_RESULTS = HERE / "results"
 

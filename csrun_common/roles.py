@@ -44,6 +44,7 @@ class Role:
         procid: global ``SLURM_PROCID`` or ``None``.
         job_id: ``SLURM_JOB_ID`` (the het leader's id) or ``None``.
         step_id: ``SLURM_STEP_ID`` (``"0"`` when unset) or ``None`` in single-process mode.
+        restart: ``SLURM_RESTART_COUNT`` (requeues of the batch job so far; 0 when unset).
         node: Slurm node name of the task (``SLURMD_NODENAME``, else the host name).
         host: address the task's servers advertise (``CSRUN_ADVERTISE_HOST``, else the host name).
         cpus_per_task: ``CSRUN_CPUS_PER_TASK`` as an int, ``None`` when empty/unset.
@@ -64,6 +65,7 @@ class Role:
     cpus_per_task: int | None = None
     shard_plan: str | None = None
     execution_mode: str | None = None
+    restart: int = 0
 
     @property
     def is_chief(self) -> bool:
@@ -82,10 +84,13 @@ class Role:
 
     @property
     def rendezvous_key(self) -> str | None:
-        """``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"``: names the rendezvous directory of the step."""
+        """``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"``: names the rendezvous directory of the step;
+        ``".r<SLURM_RESTART_COUNT>"`` is appended in a requeued job, whose steps have the same
+        ids in every allocation (an input worker must not read the last allocation's files)."""
         if self.job_id is None:
             return None
-        return f"{self.job_id}.{self.step_id or '0'}"
+        key = f"{self.job_id}.{self.step_id or '0'}"
+        return f"{key}.r{self.restart}" if self.restart else key
 
     def describe(self) -> str:
         """One-line human description, e.g. ``"input worker 3 on node2"``."""
@@ -185,4 +190,4 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
                 het_group=het_group, procid=procid, job_id=job_id,
                 step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
                 node=node, host=host, cpus_per_task=cpus, shard_plan=shard_plan,
-                execution_mode=execution_mode)
+                execution_mode=execution_mode, restart=_int(env, "SLURM_RESTART_COUNT", default=0))

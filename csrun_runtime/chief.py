@@ -11,26 +11,31 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import read_json, write_json
 from csrun_common.roles import Role
 
+from . import preemption
 from .artifacts import write_params_yaml
 from .contract import (
-    call_input_fn,
+    build_eval_input,
     check_dataset,
     check_model,
-    check_shuffle_seeds,
     check_signature,
+    check_workers,
     synthetic_batch,
     validate,
 )
-from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan, worker_params
+from .coverage import check_job_files
+from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from .pipeline import build_worker_input
 from .rendezvous import Heartbeat, Rendezvous
 from .service import (
     BatchSource,
@@ -43,6 +48,10 @@ from .service import (
 )
 from .steps import TrainSteps
 from .training import TrainingLoop, write_scalar
+
+if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
+    import keras
+    import tensorflow as tf
 
 __all__ = ["Chief", "Refused"]
 
@@ -86,6 +95,9 @@ class Chief:
         #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
         #: bytes, batches per element by worker), ``workers_registered_secs``.
         self.ingest_info: dict[str, Any] = {}
+        self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
+        self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
+        self._shards = False  # the training pipeline shards by the input-worker count
 
     # ------------------------------------------------------------------ top level
     def run(self) -> int:
@@ -114,7 +126,12 @@ class Chief:
             code, reason = 1, f"{type(e).__name__}: {e}"
         finally:
             if self.rdv is not None:
-                self.rdv.mark_done("ok" if code == 0 else "failed", reason[:2000])
+                status = {0: "ok", preemption.REQUEUE_EXIT: "stopped"}.get(code, "failed")
+                self.rdv.mark_done(status, reason[:2000])
+                if code == preemption.REQUEUE_EXIT:  # exit after the workers: the step's status is ours
+                    preemption.wait_workers_left(self.rdv.reports, self.num_workers)
+            if self._view_root is not None:
+                shutil.rmtree(self._view_root, ignore_errors=True)
         return code
 
     def _run_mode(self) -> int:
@@ -129,23 +146,34 @@ class Chief:
         return self._train_eval()
 
     # ------------------------------------------------------------------ helpers
-    def _train_params(self, index: int = 0) -> dict[str, Any]:
-        return worker_params(self.params, index, max(1, self.num_workers), self.plan)
-
     def _check_train_input(self):
-        """Contract checks of the training input (built as worker 0); returns (ds, spec, batch)."""
+        """Contract checks of the training input (built as input worker 0 would build it,
+        :func:`csrun_runtime.pipeline.build_worker_input`); with several input workers also
+        rules 6 and 7 (:func:`csrun_runtime.contract.check_workers`). Returns
+        ``(ds, spec, batch)``; ``ds`` is what the in-process pipeline trains on."""
 
         problems = [f"train_input: {m}" for m in check_signature(self.input_fn)]
         if problems:
             raise Refused(problems)
-        wp = self._train_params(0)
+        if self.plan is not None and self._view_root is None:
+            self._view_root = tempfile.mkdtemp(prefix="csrun-views-")
         try:
-            ds = call_input_fn(self.input_fn, wp, "train")
+            built = build_worker_input(self.input_fn, self.params, 0, max(1, self.num_workers),
+                                       self.plan, job_key=self.role.rendezvous_key,
+                                       view_root=self._view_root)
         except Exception as e:  # noqa: BLE001
             raise Refused([f"train_input: the input function raised {type(e).__name__}: {e}"]) from None
-        rep = check_dataset(ds, "train", batch_size=wp["train_input"].get("batch_size"))
+        ds = built.dataset
+        rep = check_dataset(ds, "train", batch_size=built.params["train_input"].get("batch_size"))
         if rep.ok and self.num_workers > 1:
-            rep.extend(check_shuffle_seeds(self.input_fn, self.params, self.plan))
+            rep.extend(check_workers(self.input_fn, self.params, self.plan,
+                                     strict=bool(self.rc.get("strict"))))
+            cov = rep.info.get("file_coverage") or {}
+            log.info("input workers' files (checked as workers 0 and 1 of %s): %s%s",
+                     cov.get("num_workers", "?"), cov.get("verdict", "unknown"),
+                     f" ({cov['note']})" if cov.get("note") else "")
+            self._all_files = rep.info.get("all_files")
+            self._shards = bool(built.shards_by_worker_count)
         for w in rep.warnings:
             log.warning("%s", w)
         if not rep.ok:
@@ -160,7 +188,7 @@ class Chief:
                 if problems:
                     raise Refused([f"eval_input: {m}" for m in problems])
             try:
-                ds = call_input_fn(self.input_fn, self.params, "eval", self.eval_input_fn)
+                ds = build_eval_input(self.input_fn, self.params, self.eval_input_fn)
             except Exception as e:  # noqa: BLE001
                 raise Refused([f"eval_input: the input function raised {type(e).__name__}: {e}"]) from None
             rep = check_dataset(ds, "eval", eval_steps=self.rc.get("eval_steps"),
@@ -202,7 +230,7 @@ class Chief:
             self.jit_note = "Keras reports that this model does not support XLA"
             log.info("XLA: %s; running the train step without XLA", self.jit_note)
 
-    def _time_steps(self, model: Any, spec: Any) -> tuple[float, list[float], int]:
+    def _time_steps(self, model: keras.Model, spec: Any) -> tuple[float, list[float], int]:
         """compile_only's timing: the first step (trace and compile, with the XLA fallback),
         then ``runconfig.compile_only_steps`` steps on a synthetic element of the input's
         shapes, in calls of as many steps as training would make (the bundle
@@ -229,7 +257,7 @@ class Chief:
             done += k
         return first, times, per_call
 
-    def train_steps(self, model, step_var: Any = None) -> TrainSteps:
+    def train_steps(self, model: keras.Model, step_var: tf.Variable | None = None) -> TrainSteps:
         """The chief's several-steps-per-call train function for ``model``; with
         ``runconfig.jit_compile: auto`` an XLA compile failure on the first call is logged
         (``xla_note``) and training goes on without XLA (:class:`csrun_runtime.steps.TrainSteps`).
@@ -270,11 +298,11 @@ class Chief:
             log.info("Restored checkpoint %s at global step %d", path, int(step.numpy()))
         return step, ckpt, mgr, path
 
-    def save(self, mgr, step: int) -> None:
+    def save(self, mgr: tf.train.CheckpointManager, step: int) -> None:
         log.info("Saving checkpoint at global step %d", step)
         mgr.save(checkpoint_number=step)
 
-    def evaluate(self, model, step: int) -> dict[str, float]:
+    def evaluate(self, model: keras.Model, step: int) -> dict[str, float]:
         import tensorflow as tf
 
         ds = self._eval_dataset()
@@ -317,8 +345,15 @@ class Chief:
     def _validate_only(self) -> int:
 
         rep = validate(self.input_fn, self.model_fn, self.params, self.eval_input_fn,
-                       plan=self.plan, num_workers=max(1, self.num_workers))
+                       plan=self.plan, num_workers=max(1, self.num_workers),
+                       strict=bool(self.rc.get("strict")))
         text = rep.text()
+        cov = rep.info.get("file_coverage")
+        if cov:
+            line = (f"input workers' files (checked as workers 0 and 1 of {cov['num_workers']}): "
+                    f"{cov['verdict']}" + (f" ({cov['note']})" if cov.get("note") else ""))
+            log.info("validate_only: %s", line)
+            text += f"\nINFO: {line}"
         (self.model_dir / "validate_report.txt").write_text(text + "\n")
         for w in rep.warnings:
             log.warning("%s", w)
@@ -408,7 +443,7 @@ class Chief:
         source = self._training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
         TrainingLoop(self, model, step_var, mgr, source, batch_size, evaluating).run()
-        return 0
+        return preemption.exit_code()  # 75 after a stop signal (csrun_wse --requeue), else 0
 
     def _training_source(self, ds: Any, addresses: list[str]) -> BatchSource:
         """Where training batches come from: the merged streams of the input workers (each
@@ -480,6 +515,7 @@ class Chief:
                 log.info("all %d input worker(s) registered in %.1f s: %s", self.num_workers,
                          time.monotonic() - t0,
                          ", ".join(f"{i} on {r.get('node')}" for i, r in sorted(ok.items())))
+                self._check_job_files(ok)
                 return ok
             now = time.monotonic()
             if now - t0 > timeout:
@@ -496,3 +532,19 @@ class Chief:
                          self.num_workers)
                 last_log = now
             time.sleep(0.25)
+
+    def _check_job_files(self, registrations: dict[int, dict[str, Any]]) -> None:
+        """Rule 7 on the job's real input workers: the files each registered as read
+        (``pipeline_files``) against the whole set (logged; with ``runconfig.strict`` a
+        problem refuses the run)."""
+        files = {i: r.get("pipeline_files") for i, r in registrations.items()}
+        if self.num_workers < 2 or any(f is None for f in files.values()):
+            return
+        cov = check_job_files({i: list(f or []) for i, f in files.items()}, self.plan, self._all_files,
+                              self._shards)
+        log.info("the %d input workers read %d distinct training file(s): %s", self.num_workers,
+                 len(set().union(*map(set, cov.files.values()))), cov.verdict)
+        for p in cov.problems:
+            log.warning("train_input: %s", p)
+        if cov.problems and self.rc.get("strict"):
+            raise Refused([f"train_input: {p}" for p in cov.problems])

@@ -14,7 +14,12 @@ Rules and their messages ("Limitations of the CerebrasEstimator"):
    same on every worker is a *warning* (:data:`MSG_SHARED_SEED`). The check builds the dataset
    as workers 0 and 1 would, each with its per-worker params and TensorFlow global seed (the
    runtime sets the global seed of worker ``i`` to its ``shuffle_seed``), so a hard-coded op
-   seed is only flagged when there is no base seed to tell the workers apart.
+   seed is only flagged when there is no base seed to tell the workers apart. The file-list
+   shuffles the runtime makes job-wide on purpose (:mod:`csrun_runtime.pipeline`) are not flagged.
+7. The input workers' files are disjoint and cover the set (sharded), or every worker reads
+   every file (replicated), or each reads its shard-plan entry (:mod:`csrun_runtime.coverage`,
+   built as workers 0 and 1 would be): otherwise a *warning* naming the files and the fix, a
+   violation with ``--strict`` / ``runconfig.strict``.
 
 A violation is an error (validate_only exits 2 listing every one; a run refuses to start);
 a warning is logged. TensorFlow is imported inside the functions.
@@ -22,16 +27,22 @@ a warning is logged. TensorFlow is imported inside the functions.
 from __future__ import annotations
 
 import inspect
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .params import worker_params
+from .sharding import tf_config
+
+if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
+    import tensorflow as tf
 
 __all__ = [
     "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
     "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
-    "shuffle_seeds", "check_shuffle_seeds", "check_model", "synthetic_batch", "validate",
+    "shuffle_seeds", "check_shuffle_seeds", "check_workers", "check_model", "synthetic_batch",
+    "validate", "build_eval_input",
 ]
 
 MSG_SINGLE_PARAM = ("[Unsupported TensorFlow] The input function only takes a single "
@@ -155,7 +166,7 @@ def _is_none_spec(s: Any) -> bool:
     return type(s).__name__ == "NoneTensorSpec" or s is None
 
 
-def check_dataset(ds: Any, purpose: str = "train", section: str | None = None,
+def check_dataset(ds: tf.data.Dataset, purpose: str = "train", section: str | None = None,
                   eval_steps: int | None = None,
                   batch_size: int | None = None) -> Report:
     """Rules 2-5 on a built dataset (no element is read).
@@ -235,7 +246,7 @@ def check_dataset(ds: Any, purpose: str = "train", section: str | None = None,
     return rep
 
 
-def shuffle_seeds(ds: Any) -> list[tuple[str, int, int]]:
+def shuffle_seeds(ds: tf.data.Dataset) -> list[tuple[str, int, int]]:
     """``(op, seed, seed2)`` of every shuffle op in the dataset's graph (functions included).
 
     ``(0, 0)`` means unseeded (random per process). Seeds that are not constants are skipped.
@@ -275,40 +286,69 @@ def shuffle_seeds(ds: Any) -> list[tuple[str, int, int]]:
 
 def check_shuffle_seeds(input_fn: Callable[..., Any], params: Mapping[str, Any],
                         plan: Mapping[str, Any] | None = None) -> Report:
-    """Rule 6: build the training dataset as input workers 0 and 1 of 2 would (each with its
-    per-worker params and global seed) and warn when a seeded shuffle op has the same seeds in
-    both (every worker would shuffle identically). Seed 000, "Multiple input workers"."""
+    """Rule 6 only (see :func:`check_workers`)."""
+    return check_workers(input_fn, params, plan, coverage=False)
+
+
+def _seed_warning(built: Mapping[int, Any]) -> list[str]:
+    seeds = []
+    for k in (0, 1):
+        job_wide = built[k].file_list_seed_pairs
+        seeds.append({s for s in shuffle_seeds(built[k].dataset)
+                      if (s[1], s[2]) != (0, 0) and (s[1], s[2]) not in job_wide})
+    shared = seeds[0] & seeds[1]
+    if not shared:
+        return []
+    ops = ", ".join(f"{op}(seed={a}, seed2={b})" for op, a, b in sorted(shared))
+    return [f"train_input: {MSG_SHARED_SEED} ({ops})"]
+
+
+def check_workers(input_fn: Callable[..., Any], params: Mapping[str, Any],
+                  plan: Mapping[str, Any] | None = None, strict: bool = False,
+                  coverage: bool = True) -> Report:
+    """Rules 6 and 7: build the training dataset as input workers 0 and 1 would
+    (:func:`csrun_runtime.pipeline.build_worker_input`: each with its params, TF_CONFIG and
+    global seed; of 2 workers, or of the plan's count) and
+
+    - warn when a seeded shuffle op has the same seeds in both (every worker would shuffle
+      identically; "Limitations of the CerebrasEstimator", "Multiple input workers"), the
+      job-wide file-list shuffles excepted;
+    - with ``coverage``, judge the files each reads (:func:`csrun_runtime.coverage.check_file_coverage`):
+      a problem is a warning, or a violation with ``strict``. ``info["file_coverage"]`` holds
+      the outcome.
+    """
     import tensorflow as tf
 
+    from .coverage import check_file_coverage, coverage_report
+    from .pipeline import build_worker_input
 
     rep = Report()
-    num = 2
-    if plan is not None and plan.get("num_workers", 0) >= 2:
-        num = int(plan["num_workers"])
-    else:
+    if plan is not None and plan.get("num_workers", 0) < 2:
         plan = None
-    seeds = []
+    num = int(plan["num_workers"]) if plan is not None else 2
+    root = tempfile.mkdtemp(prefix="csrun-check-")
     try:
-        for k in (0, 1):
-            wp = worker_params(params, k, num, plan)
-            tf.random.set_seed(wp["train_input"]["shuffle_seed"])
-            ds = input_fn(wp)
-            if not isinstance(ds, tf.data.Dataset):
-                return rep
-            seeds.append({s for s in shuffle_seeds(ds) if (s[1], s[2]) != (0, 0)})
+        built = {k: build_worker_input(input_fn, params, k, num, plan, view_root=root) for k in (0, 1)}
+        if not all(isinstance(b.dataset, tf.data.Dataset) for b in built.values()):
+            return rep
+        rep.warnings += _seed_warning(built)
+        if coverage:
+            cov = check_file_coverage(input_fn, params, plan, built=built)
+            rep.info["file_coverage"] = cov.to_dict()
+            if cov.all_files:
+                rep.info["all_files"] = list(cov.all_files)
+            violations, warnings = coverage_report(cov, strict)
+            rep.violations += violations
+            rep.warnings += warnings
     except Exception as e:  # noqa: BLE001 - reported by the other checks
-        rep.warnings.append(f"train_input: could not compare shuffle seeds across workers: {e}")
-        return rep
+        rep.warnings.append(f"train_input: could not compare the input workers' pipelines: "
+                            f"{type(e).__name__}: {e}")
     finally:
-        tf.random.set_seed(None)
-    shared = seeds[0] & seeds[1]
-    if shared:
-        ops = ", ".join(f"{op}(seed={a}, seed2={b})" for op, a, b in sorted(shared))
-        rep.warnings.append(f"train_input: {MSG_SHARED_SEED} ({ops})")
+        shutil.rmtree(root, ignore_errors=True)
     return rep
 
 
-def synthetic_batch(spec: Any, kind: str = "zeros") -> tuple[Any, Any]:
+def synthetic_batch(spec: tf.TypeSpec | tuple[tf.TypeSpec, ...], kind: str = "zeros") -> tuple[Any, Any]:
     """A ``(features, labels)`` batch matching ``spec`` (static shapes required).
 
     Args:
@@ -335,7 +375,8 @@ def synthetic_batch(spec: Any, kind: str = "zeros") -> tuple[Any, Any]:
     return x, make(labels)
 
 
-def check_model(model_fn: Callable[..., Any], params: dict[str, Any], spec: Any = None,
+def check_model(model_fn: Callable[..., Any], params: dict[str, Any],
+                spec: tf.TypeSpec | tuple[tf.TypeSpec, ...] | None = None,
                 ) -> tuple[Report, Any]:
     """Build the model and run one evaluation step on a zero batch of the input's shapes.
 
@@ -371,11 +412,34 @@ def check_model(model_fn: Callable[..., Any], params: dict[str, Any], spec: Any 
     return rep, model
 
 
+def build_eval_input(input_fn: Callable[..., Any], params: dict[str, Any],
+                     eval_input_fn: Callable[..., Any] | None = None) -> Any:
+    """The eval dataset as the chief builds it (in-process, one worker): ``TF_CONFIG`` of one
+    worker while the eval input function runs, so a Model Zoo processor whose
+    ``eval_input.use_multiple_workers`` is true reads the whole eval set. Raises what the
+    input function raises (see :func:`call_input_fn`)."""
+    from .pipeline import input_environment
+
+    with input_environment(tf_config(0, 1), None, set_seed=False):
+        return call_input_fn(input_fn, params, "eval", eval_input_fn)
+
+
+def _build_train(input_fn: Callable[..., Any], params: dict[str, Any],
+                 plan: Mapping[str, Any] | None, num_workers: int) -> Any:
+    from .pipeline import build_worker_input
+
+    root = tempfile.mkdtemp(prefix="csrun-validate-")
+    try:
+        return build_worker_input(input_fn, params, 0, num_workers, plan, view_root=root).dataset
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params: dict[str, Any],
              eval_input_fn: Callable[..., Any] | None = None,
              plan: Mapping[str, Any] | None = None, num_workers: int = 1,
-             build_model: bool = True) -> Report:
-    """Every check of ``--mode validate_only``: rules 1-6 on the training input (if
+             build_model: bool = True, strict: bool = False) -> Report:
+    """Every check of ``--mode validate_only``: rules 1-7 on the training input (if
     ``train_input`` exists) and 1-4 on the eval input (if ``eval_input`` exists), then a model
     build and one step on a zero batch.
 
@@ -383,6 +447,7 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         params: resolved params.
         plan: shard plan (worker 0's params are used to build the datasets).
         num_workers: input workers of the job (>= 1).
+        strict: rule 7's problems are violations, not warnings.
     """
 
     rep = Report()
@@ -393,16 +458,14 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         return rep
     rc = params.get("runconfig", {})
     spec = None
-    sections = [("train", "train_input"), ("eval", "eval_input")]
-    for purpose, section in sections:
+    for purpose, section in (("train", "train_input"), ("eval", "eval_input")):
         if not isinstance(params.get(section), dict):
             continue
-        if purpose == "train":
-            wp = worker_params(params, 0, max(1, num_workers), plan)
-        else:
-            wp = params
         try:
-            ds = call_input_fn(input_fn, wp, purpose, eval_input_fn)
+            if purpose == "train":
+                ds = _build_train(input_fn, params, plan, max(1, num_workers))
+            else:
+                ds = build_eval_input(input_fn, params, eval_input_fn)
         except Exception as e:  # noqa: BLE001
             rep.violations.append(f"{section}: the input function raised {type(e).__name__}: {e}")
             continue
@@ -412,7 +475,7 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         if sub.ok and spec is None:
             spec = ds.element_spec
         if purpose == "train" and sub.ok:
-            rep.extend(check_shuffle_seeds(input_fn, params, plan))
+            rep.extend(check_workers(input_fn, params, plan, strict=strict))
     if build_model:
         mrep, _ = check_model(model_fn, params, spec)
         rep.extend(mrep)

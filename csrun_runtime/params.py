@@ -23,6 +23,9 @@ Per-worker parameters (what each input worker's ``input_fn`` sees in ``params["t
   ``base + worker_index`` where ``base`` is the YAML's ``train_input.shuffle_seed`` or else
   ``runconfig.seed``; ``None`` when there is no base (then shuffle unseeded, which differs per
   process). The YAML's value is kept as ``base_shuffle_seed``.
+- ``file_list_seed`` (int): the same on every input worker of the job
+  (:func:`csrun_runtime.sharding.file_list_seed`): the seed the runtime gives the file-list
+  shuffle of ``tf.data.Dataset.list_files`` when the pipeline shards its files.
 - ``data_files`` (list of str): only with a shard plan (``CSRUN_SHARD_PLAN``): this worker's files.
 """
 from __future__ import annotations
@@ -39,6 +42,8 @@ from typing import Any
 import yaml
 
 from csrun_common import shardplan_schema as schema
+
+from .sharding import file_list_seed
 
 __all__ = [
     "MODES", "TRAIN_MODES", "SECTIONS", "RUNCONFIG_KEYS", "IGNORED_MODELZOO_KEYS", "ParamsError",
@@ -178,6 +183,9 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
     "worker_start_timeout_secs": _Key(_pos_float, 300.0,
                                       "wait this long for the rendezvous of chief and workers"),
     "compile_only_steps": _Key(_int_min(1), 20, "compile_only: timed steps after the compile"),
+    "strict": _Key(_bool, False,
+                   "input workers' files that overlap or leave files unread are an error, not a "
+                   "warning (also --strict)"),
     "input_bundle": _Key(_auto_or_int, "auto",
                          "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
     "steps_per_execution": _Key(_auto_or_int, "auto",
@@ -214,6 +222,9 @@ def build_arg_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--cs_ip", default=None, help="accepted for compatibility; unused")
     p.add_argument("--validate_only", action="store_true", help="same as --mode validate_only")
     p.add_argument("--compile_only", action="store_true", help="same as --mode compile_only")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="input workers' files that overlap or leave files unread are an error "
+                        "(exit 2), not a warning (sets runconfig.strict)")
     return p
 
 
@@ -411,7 +422,7 @@ def resolve_params(argv: Sequence[str], run_py: str | None = None,
         rc = raw["runconfig"] = {}
     if isinstance(rc, dict):
         for key in ("mode", "model_dir", "max_steps", "num_steps", "eval_steps",
-                    "checkpoint_path", "cs_ip"):
+                    "checkpoint_path", "cs_ip", "strict"):
             value = getattr(args, key)
             if value is not None:
                 rc[key] = value
@@ -478,7 +489,8 @@ def load_shard_plan(path: str | os.PathLike, num_workers: int) -> dict[str, Any]
 
 
 def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int,
-                  plan: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  plan: Mapping[str, Any] | None = None,
+                  job_key: str | None = None) -> dict[str, Any]:
     """The params one input worker's ``input_fn`` receives.
 
     Args:
@@ -486,11 +498,15 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
         worker_index: this worker's index, ``0 <= worker_index < num_workers``.
         num_workers: input workers in the job (>= 1; 1 for an in-process pipeline).
         plan: a shard plan from :func:`load_shard_plan`, or ``None``.
+        job_key: ``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"`` of the job step (``None`` outside a
+            job): the job-wide ``file_list_seed`` derives from it when there is no base seed.
 
     Returns:
         A deep copy whose ``train_input`` has ``worker_index``, ``num_workers``,
-        ``shuffle_seed`` (see the module docstring), ``base_shuffle_seed`` and, with a plan,
-        ``data_files`` (the worker's files) and ``shard_plan_entry`` (its whole plan entry).
+        ``shuffle_seed`` (see the module docstring), ``base_shuffle_seed``,
+        ``file_list_seed`` and, with a plan, ``data_files`` (the worker's files) and
+        ``shard_plan_entry`` (its whole plan entry). ``data_dir`` is not changed here (the
+        plan's per-worker view is made by :func:`csrun_runtime.pipeline.build_worker_input`).
 
     Raises:
         ValueError: ``worker_index`` outside ``[0, num_workers)``.
@@ -515,6 +531,7 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
         ti["shard_plan_entry"] = copy.deepcopy(entry)
     ti["base_shuffle_seed"] = base
     ti["shuffle_seed"] = seed
+    ti["file_list_seed"] = file_list_seed(base, job_key)
     ti["worker_index"] = worker_index
     ti["num_workers"] = num_workers
     return out

@@ -18,7 +18,7 @@ import psutil
 
 from csrun_common.roles import RoleError, resolve_role
 
-from . import capture
+from . import capture, preemption
 from .chief import Chief
 from .params import ParamsError, resolve_params
 from .worker import run_worker
@@ -27,9 +27,12 @@ __all__ = ["run", "main"]
 
 log = logging.getLogger("csrun.runtime")
 
-# Silence the C++ start-up lines of TensorFlow and the tf.data service servers (ARCHITECTURE.md)
-# when run.py imports csrun_runtime before TensorFlow; an explicit setting is kept.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Silence the C++ INFO lines of TensorFlow and the tf.data service servers (ARCHITECTURE.md),
+# keeping its warnings and errors, when run.py imports csrun_runtime before TensorFlow; an
+# explicit setting is kept (csrun_wse exports one to every task before Python starts).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# csrun_wse --requeue: catch the stop signals now, before TensorFlow loads (preemption.py).
+preemption.install_from_env()
 
 
 def _process_start_time() -> float:
@@ -104,7 +107,7 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
          env: Mapping[str, str] | None = None) -> int:
     """Resolve role and params, then run the task; returns the exit code (see :func:`run`)."""
     t_proc = _process_start_time()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     run_py = sys.argv[0] if sys.argv and sys.argv[0] else None
     try:
@@ -115,6 +118,7 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         return 2
     prefix = "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
     setup_logging(prefix)
+    preemption.set_label(prefix, role.is_chief)
     try:
         resolved = resolve_params(argv, run_py=run_py)
     except ParamsError as e:

@@ -18,7 +18,8 @@ Design (see csrun_runtime/README.md):
   through a bounded queue (:class:`ServiceSource`). The training loop takes *chunks*
   (:class:`Chunk`: up to all the batches of one element, in the worker's order) and trains
   several steps per call on them; :meth:`ServiceSource.get` still hands out single batches.
-  A worker that dies only silences its own stream: training goes on with the others; a
+  A worker that dies only silences its own stream: training goes on with the others
+  (:meth:`ServiceSource.add_stream` opens a replacement's or a new worker's stream); a
   watchdog fails the chief naming the workers when no batch arrives for
   ``runconfig.input_timeout_secs``. Without input workers the chief iterates the pipeline
   itself (:class:`LocalSource`), bundled the same way.
@@ -33,9 +34,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
+
+if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
+    import tensorflow as tf
 
 __all__ = ["BatchSource", "ServiceSource", "LocalSource", "InputStalled", "Chunk", "BundlePlan",
            "start_dispatchers", "start_worker_server", "plan_bundle", "batch_nbytes", "bundle_dataset",
@@ -397,25 +401,50 @@ class ServiceSource(_ChunkedSource):
         self._next_check = time.monotonic() + HEARTBEAT_SECS
         self._datasets: dict[int, Any] = {}
         self._threads: dict[int, threading.Thread] = {}
+        self._generation: dict[int, int] = {}  # streams opened per worker index (add_stream)
         for i, addr in enumerate(addresses):
             self._start_stream(i, addr)
 
+    def add_stream(self, index: int, dispatcher_address: str, registration: Mapping | None = None) -> None:
+        """Open (or reopen) input worker ``index``'s stream while training: the dataset
+        :data:`DATASET_ID` of the dispatcher at ``dispatcher_address`` (``host:port``), read
+        by a new reader thread into the shared merge queue. ``registration`` is the worker's
+        ``workers/<index>.json`` (node, pid, ``bundle``: its batches per service element);
+        it replaces the old one. ``index`` may be new (``>= n``: the source grows to
+        ``index + 1`` streams; indices in between, never opened, count as stopped) or a
+        worker reported lost (its failure and stop are forgotten; its batch count goes on).
+        A reader still running on the old stream of ``index`` is not stopped: it ends when
+        that stream fails. Call it from the training loop's thread (between chunks)."""
+        if registration is not None:
+            self.registry[index] = dict(registration)
+        for j in range(self.n, index + 1):
+            self.counts.setdefault(j, 0)
+            self.last.setdefault(j, None)
+            if j != index:
+                self.announced.add(j)
+        self.n = max(self.n, index + 1)
+        self.failed.pop(index, None)
+        self.announced.discard(index)
+        self._start_stream(index, dispatcher_address)
+
     def _start_stream(self, i: int, address: str) -> None:
-        """Open worker ``i``'s stream and start its reader thread (a stream can be added while
-        training: the merge queue is shared and counts are by worker index)."""
+        """Open worker ``i``'s stream and start its reader thread (the merge queue is shared
+        and counts are by worker index)."""
         import tensorflow as tf
 
         self._bundles[i] = int((self.registry.get(i) or {}).get("bundle") or 1)
         self._datasets[i] = tf.data.experimental.service.from_dataset_id(
             processing_mode="parallel_epochs", service=f"grpc://{address}", dataset_id=self.dataset_id)
-        self._threads[i] = threading.Thread(target=self._read, args=(i,), daemon=True, name=f"stream-{i}")
+        self._generation[i] = gen = self._generation.get(i, 0) + 1
+        self._threads[i] = threading.Thread(target=self._read, args=(i, gen), daemon=True,
+                                            name=f"stream-{i}.{gen}")
         self._threads[i].start()
 
     def _who(self, i: int) -> str:
         reg = self.registry.get(i) or {}
         return f"input worker {i} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
-    def _put(self, item: tuple[int, Any]) -> bool:
+    def _put(self, item: tuple[int, int, Any]) -> bool:
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.5)
@@ -424,14 +453,14 @@ class ServiceSource(_ChunkedSource):
                 continue
         return False
 
-    def _read(self, i: int) -> None:
+    def _read(self, i: int, gen: int) -> None:
         try:
             for element in self._datasets[i]:
-                if not self._put((i, element)):
+                if not self._put((i, gen, element)):
                     return
-            self._put((i, StopIteration("the stream ended")))
+            self._put((i, gen, StopIteration("the stream ended")))
         except BaseException as e:  # noqa: BLE001 - reported to the consumer
-            self._put((i, e))
+            self._put((i, gen, e))
 
     def _handle_error(self, i: int, e: BaseException) -> None:
         if _is_lost_worker_error(e):
@@ -486,7 +515,7 @@ class ServiceSource(_ChunkedSource):
                 self._check_heartbeats()
                 self._next_check = now + HEARTBEAT_SECS
             try:
-                i, item = self._q.get(timeout=0.5)
+                i, gen, item = self._q.get(timeout=0.5)
             except queue.Empty:
                 now = time.monotonic()
                 if len(self.announced | set(self.failed)) == self.n and now - start > 1.0:
@@ -497,7 +526,8 @@ class ServiceSource(_ChunkedSource):
                                        f"({what} = {timeout:g}): {self.status_text()}") from None
                 continue
             if isinstance(item, BaseException):
-                self._handle_error(i, item)
+                if gen == self._generation[i]:  # an error of a stream add_stream replaced is old news
+                    self._handle_error(i, item)
                 continue
             self.last[i] = time.monotonic()
             return i, item
@@ -520,7 +550,7 @@ class ServiceSource(_ChunkedSource):
         self._stop.set()
 
 
-def count_elements(ds: Any, counter: list[int]) -> Any:
+def count_elements(ds: tf.data.Dataset, counter: list[int]) -> tf.data.Dataset:
     """Wrap ``ds`` so that every element produced increments ``counter[0]`` (in this process:
     the dataset is executed by the WorkerServer that lives in the same process)."""
     import numpy as np
@@ -539,7 +569,7 @@ def count_elements(ds: Any, counter: list[int]) -> Any:
     return ds.map(fn)
 
 
-def limit_threads(ds: Any, cpus_per_task: int | None) -> Any:
+def limit_threads(ds: tf.data.Dataset, cpus_per_task: int | None) -> tf.data.Dataset:
     """Hold a dataset to ``cpus_per_task`` cores: a tf.data private threadpool of that size
     and ``max_intra_op_parallelism = 1`` (each op single-threaded; the threadpool gives the
     parallelism), each unless the input_fn set it itself. Unchanged when ``cpus_per_task``

@@ -20,12 +20,14 @@ TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
 
+from . import preemption
 from .artifacts import performance_record
 from .params import training_target
 from .service import BatchSource, Chunk
@@ -131,9 +133,29 @@ class TrainingLoop:
         self.writer = tf.summary.create_file_writer(str(self.chief.model_dir))
         log.info("training from global step %d to %d (batch_size %d)", self.start, self.target,
                  self.batch_size)
-        while self.step < self.target:
+        while self.step < self.target and not preemption.stop_requested():  # csrun_wse --requeue
             self._one_chunk()
+        if self.step == self.start:  # stopped before the first step: nothing new to save
+            self.source.close()
+            self._record_allocation()
+            return
         self._finish(time.monotonic())
+
+    def _record_allocation(self) -> dict[str, Any]:
+        """This allocation's steps in ``performance/allocations.json`` (:mod:`.preemption`);
+        returns the keys performance.json gets."""
+        c = self.chief
+        first = c.t_proc + self.clock.programming_time if self.clock.t_first is not None else None
+        stopped = preemption.stop_signal()
+        if stopped:
+            log.info("stopped by %s at global step %d: %s; exit status %d asks for a requeue", stopped, self.step,
+                     "checkpoint saved" if self.step > self.start else "no step trained, the restored state stands",
+                     preemption.REQUEUE_EXIT)
+        alloc = preemption.Allocation(
+            job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.role.node,
+            start_step=self.start, end_step=self.step, target=self.target, stopped_by=stopped,
+            process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
+        return preemption.record_allocation(c.model_dir, alloc, log.info)
 
     # ------------------------------------------------------------------ one chunk
     def _one_chunk(self) -> None:
@@ -247,6 +269,7 @@ class TrainingLoop:
                 "mean_steps_per_call": round(steps / max(1, sum(c.chunk_steps.values())), 3),
                 "calls_by_steps": {str(k): v for k, v in sorted(c.chunk_steps.items())}},
         }
+        extra.update(self._record_allocation())
         rec = performance_record(
             batch_size=self.batch_size, steps=steps, total_time=total_time,
             first_step_time=c.first_step_time, compute_times=c.computes, wait_times=c.waits,
@@ -254,7 +277,7 @@ class TrainingLoop:
             programming_time=c.programming_time, extra=extra)
         write_json(self.chief.model_dir / "performance" / "performance.json", rec)
         self._log_summary(desc, steps, total_samples, total_time)
-        if self.evaluating:
+        if self.evaluating and not preemption.stop_requested():
             self.chief.evaluate(self.model, self.step)
 
     def _log_summary(self, desc: dict[str, Any], steps: int, total_samples: int, total_time: float) -> None:

@@ -3,8 +3,12 @@
 Input worker ``i`` (its index from :mod:`csrun_common.roles`) waits for the chief's
 ``dispatchers.json`` in the rendezvous (:mod:`csrun_runtime.rendezvous`), starts a
 ``WorkerServer`` (port 0, ``worker_address="<host>:%port%"``) attached to dispatcher ``i``,
-builds *its own* dataset with ``input_fn(params_i)`` (its shuffle seed, its shard-plan
-files), checks it against the input_fn contract (:mod:`csrun_runtime.contract`), registers it
+builds *its own* dataset with ``input_fn(params_i)`` as input worker ``i`` of the job
+(:func:`csrun_runtime.pipeline.build_worker_input`: its shuffle seed, ``TF_CONFIG`` and global
+seed, which the task keeps; with a shard plan its files and a ``data_dir`` view of them under
+``<rendezvous>/data_views/<i>/``), reads back the files its pipeline lists
+(:func:`csrun_runtime.pipeline.pipeline_files`), checks the dataset against the input_fn
+contract (:mod:`csrun_runtime.contract`), registers it
 as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``; small batches bundled
 several per service element, :func:`csrun_runtime.service.plan_bundle`) and writes
 ``workers/<i>.json`` (with ``bundle``: the batches per element). It then serves until the
@@ -25,10 +29,12 @@ from typing import Any
 
 from csrun_common.roles import Role
 
-from .contract import call_input_fn, check_dataset
-from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan, worker_params
+from .contract import check_dataset
+from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from .service import BundlePlan, limit_threads, plan_bundle, register_stream, start_worker_server
+from .sharding import TF_CONFIG_VAR
 
 __all__ = ["run_worker", "InputWorker"]
 
@@ -69,27 +75,28 @@ class InputWorker:
         self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid()}
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
-        self.counter = [0]  # service elements produced (bundles of ``self.plan.bundle`` batches)
-        self.plan = BundlePlan(1, None, "auto", "not planned yet")
+        self.counter = [0]  # service elements produced (bundles of ``self.bundling.bundle`` batches)
+        self.bundling = BundlePlan(1, None, "auto", "not planned yet")
+        self.plan: dict[str, Any] | None = None
+        self.files: list[str] | None = None  # the files its pipeline lists (pipeline_files)
 
     def run(self) -> int:
         """Serve, or wait for the chief in modes that stream nothing; returns the exit code."""
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
-        params = self._worker_params()
-        if params is None:
+        if not self._load_plan():
             return 2
         address = self._wait_for_dispatcher()
         if address is None:
             return 0 if self.rdv.done() is not None else 1
         server = self._start_server(address)
-        served = self._build_and_register(params, address)
+        served = self._build_and_register(address)
         if served is None:
             return 2
-        batch_size, ti = served
-        self._register(address, server, batch_size, ti)
+        batch_size, built = served
+        self._register(address, server, batch_size, built)
         code, status = self._serve_until_done()
-        self._write_report(ti, batch_size, status)
+        self._write_report(built, batch_size, status)
         self.heartbeat.stop()
         return code
 
@@ -118,24 +125,18 @@ class InputWorker:
                 return 1
             time.sleep(POLL_SECS)
 
-    def _worker_params(self) -> dict[str, Any] | None:
-        """This worker's params (its seed, its shard-plan files) and TensorFlow's global seed;
-        ``None`` after registering a failure when the shard plan is unusable."""
-        plan = None
+    def _load_plan(self) -> bool:
+        """Load the shard plan, if any, into ``self.plan``; ``False`` after registering a
+        failure when it is unusable."""
+        self.plan = None
         try:
             if self.role.shard_plan:
-                plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
+                self.plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
         except ParamsError as e:
             self.rdv.register_worker(self.index, {**self.me, "status": "failed", "violations": e.problems})
             log.error("%s", e)
-            return None
-        wp = worker_params(self.resolved.params, self.index, self.role.num_workers, plan)
-        seed = wp["train_input"].get("shuffle_seed")
-        if seed is not None:
-            import tensorflow as tf
-
-            tf.random.set_seed(int(seed))
-        return wp
+            return False
+        return True
 
     def _wait_for_dispatcher(self) -> str | None:
         """Poll for ``dispatchers.json``; returns dispatcher ``index``'s address, or ``None``
@@ -165,15 +166,32 @@ class InputWorker:
         _KEEP_ALIVE.append(server)
         return server
 
-    def _build_and_register(self, params: dict[str, Any], address: str
-                            ) -> tuple[int | None, dict[str, Any]] | None:
-        """Build ``input_fn(params)``, check the contract, register the dataset with the
-        dispatcher, bundled as ``runconfig.input_bundle`` and the batch's size say
-        (:func:`csrun_runtime.service.plan_bundle`). Returns ``(batch_size, train_input
-        params)``, or ``None`` after registering the violations as a failure."""
-        ti = params["train_input"]
+    def _build(self) -> WorkerInput:
+        """``input_fn`` built as this input worker (TF_CONFIG and the global seed stay set)."""
+        if os.environ.get(TF_CONFIG_VAR):
+            log.info("replacing the inherited TF_CONFIG with this input worker's")
+        built = build_worker_input(self.input_fn, self.resolved.params, self.index,
+                                   self.role.num_workers, self.plan,
+                                   job_key=self.role.rendezvous_key,
+                                   view_root=self.rdv.dir / "data_views", restore=False)
+        if built.view is not None:
+            for note in built.view.notes:
+                log.warning("%s", note)
+            if built.view.outside:
+                log.warning("%d shard-plan file(s) of this worker lie outside train_input.data_dir; "
+                            "a pipeline reading only data_dir will not see them",
+                            len(built.view.outside))
+        return built
+
+    def _build_and_register(self, address: str) -> tuple[int | None, WorkerInput] | None:
+        """Build the dataset, check the contract, register it with the dispatcher, bundled as
+        ``runconfig.input_bundle`` and the batch's size say
+        (:func:`csrun_runtime.service.plan_bundle`). Returns ``(batch_size, built input)``, or
+        ``None`` after registering the violations as a failure."""
         try:
-            ds = call_input_fn(self.input_fn, params, "train")
+            built = self._build()
+            ds = built.dataset
+            ti = built.params["train_input"]
             rep = check_dataset(ds, "train", batch_size=ti.get("batch_size"))
             violations = rep.violations
         except Exception as e:  # noqa: BLE001 - any error of the user's input_fn is reported
@@ -184,21 +202,32 @@ class InputWorker:
                 log.error("%s", v)
             return None
         batch_size = rep.info["train_input"]["batch_size"]
-        self.plan = plan_bundle(ds.element_spec, self.resolved.params["runconfig"].get("input_bundle", "auto"))
-        register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.plan, self.counter)
-        return batch_size, ti
+        # the files its first pass lists; iterating them here does not change what is served
+        # (the server rebuilds the dataset from its graph; see pipeline_files)
+        self.files = pipeline_files(ds)
+        self.bundling = plan_bundle(ds.element_spec, self.resolved.params["runconfig"].get("input_bundle", "auto"))
+        register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.bundling, self.counter)
+        return batch_size, built
 
-    def _register(self, address: str, server: Any, batch_size: int | None, ti: dict[str, Any]) -> None:
+    def _register(self, address: str, server: Any, batch_size: int | None, built: WorkerInput) -> None:
+        ti = built.params["train_input"]
         files = ti.get("data_files")
+        # The address the dispatcher hands to the chief: our host and the port the server bound
+        # (WorkerServer._address is TF's local view, always "localhost:<port>").
+        bound = getattr(server, "_address", None)
+        worker_address = f"{self.role.host}:{bound.rsplit(':', 1)[1]}" if bound else None
         self.rdv.register_worker(self.index, {
             **self.me, "status": "ok", "dispatcher": address,
-            "worker_address": getattr(server, "_address", None), "batch_size": batch_size,
-            "shuffle_seed": ti.get("shuffle_seed"), "data_files": files, "registered": time.time(),
-            "bundle": self.plan.bundle, "bundling": self.plan.describe()})
-        log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, %s; "
-                 "bundling %s)", address, batch_size, ti.get("shuffle_seed"),
-                 f"{len(files)} shard-plan file(s)" if files is not None else "files chosen by input_fn",
-                 self.plan.reason)
+            "worker_address": worker_address, "batch_size": batch_size,
+            "shuffle_seed": ti.get("shuffle_seed"), "data_files": files,
+            "pipeline_files": self.files, **built.describe(), "registered": time.time(),
+            "bundle": self.bundling.bundle, "bundling": self.bundling.describe()})
+        log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, "
+                 "TF_CONFIG task.index %d of %d, %s%s; bundling %s)", address, batch_size, ti.get("shuffle_seed"),
+                 built.tf_config["task"]["index"], len(built.tf_config["cluster"]["worker"]),
+                 f"{len(self.files)} file(s) listed by its pipeline" if self.files is not None
+                 else "files not seen", ", file list shuffled with the job-wide seed"
+                 if built.file_list_job_wide else "", self.bundling.reason)
 
     def _serve_until_done(self) -> tuple[int, str | None]:
         """Serve until ``done.json`` (exit 0 and the chief's status) or the chief is lost (1)."""
@@ -212,14 +241,16 @@ class InputWorker:
                 return 1, None
             time.sleep(POLL_SECS)
 
-    def _write_report(self, ti: dict[str, Any], batch_size: int | None, status: str | None) -> None:
+    def _write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
+        ti = built.params["train_input"]
         files = ti.get("data_files")
-        elements = self.counter[0] * self.plan.bundle  # batches produced (served or buffered)
+        elements = self.counter[0] * self.bundling.bundle  # batches produced (served or buffered)
         report = {**self.me, "files": files,
                   "files_source": "shard_plan" if files is not None else "input_fn",
+                  "pipeline_files": self.files, **built.describe(),
                   "shuffle_seed": ti.get("shuffle_seed"), "elements": elements,
                   "samples": elements * (batch_size or 0), "batch_size": batch_size,
-                  "service_elements": self.counter[0], "bundle": self.plan.bundle,
+                  "service_elements": self.counter[0], "bundle": self.bundling.bundle,
                   "chief_status": status, "seconds": round(time.monotonic() - self.t0, 3)}
         self.rdv.write_report(self.index, report)
         log.info("produced %d batch(es) (%d samples); chief status %s; leaving", elements,

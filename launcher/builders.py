@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .container import Container
 from .layout import CHIEF, Component, JobLayout
+from .policy import SitePolicy
+from .requeue import REQUEUE_EXIT, STOP_SIGNALS_ENV, RequeueSpec
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -59,22 +61,36 @@ def protect_argv(command: Sequence[str], python: str) -> list[str]:
     return list(command)
 
 
-def _common(partition: str, account: str, job_name: str) -> list[str]:
-    opts = [f"--job-name={job_name}"]
-    if partition:
-        opts.append(f"--partition={partition}")
-    if account:
-        opts.append(f"--account={account}")
-    return opts
+def _common(policy: SitePolicy, job_name: str) -> list[str]:
+    return [f"--job-name={job_name}", *policy.options()]
 
 
-def _step_resources(allocation_options: list[str]) -> list[str]:
+#: The first Slurm release whose srun no longer takes ``--cpus-per-task`` from the job
+#: (Slurm 22.05 release notes: "srun will no longer read in SLURM_CPUS_PER_TASK. This means
+#: you will implicitly have to specify --cpus-per-task on your srun calls").
+SRUN_REPEATS_CPUS_FROM = (22, 5)
+
+
+def srun_needs_cpus_per_task(slurm_version: tuple[int, int] | None) -> bool:
+    """Whether a step inside a batch job must repeat ``--cpus-per-task``: on Slurm ≥ 22.05
+    (:data:`SRUN_REPEATS_CPUS_FROM`), and when the version is unknown (harmless before)."""
+    return slurm_version is None or tuple(slurm_version) >= SRUN_REPEATS_CPUS_FROM
+
+
+def _step_resources(allocation_options: list[str], slurm_version: tuple[int, int] | None = None) -> list[str]:
     """Options of an allocation that an srun step inside it repeats: the task shape and
-    GRES. Slurm ≥ 22.05 does not pass ``--cpus-per-task`` from sbatch to srun, so it is
-    written again; job-level options (name, partition, account, exclusive, exclude) are not.
+    GRES, and ``--cpus-per-task`` where srun does not inherit it
+    (:func:`srun_needs_cpus_per_task`). Job-level options (name, policies, exclusive,
+    exclude, signal) are not repeated.
     """
-    keep = ("--nodes=", "--ntasks=", "--ntasks-per-node=", "--cpus-per-task=", "--gres=")
-    return [o for o in allocation_options if o.startswith(keep)]
+    keep = ["--nodes=", "--ntasks=", "--ntasks-per-node=", "--gres="]
+    if srun_needs_cpus_per_task(slurm_version):
+        keep.append("--cpus-per-task=")
+    return [o for o in allocation_options if o.startswith(tuple(keep))]
+
+
+def _export(env: Sequence[tuple[str, str]]) -> str:
+    return ",".join(["ALL"] + [f"{k}={v}" for k, v in env])
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,11 @@ class WseRequest:
     ``command`` is the final argv (``python-ws`` already expanded); ``exclude_node`` is
     the GRES node, kept out of the non-chief components; ``job_env`` are variables the
     same for the whole job (exported by csrun_wse itself so that any value survives).
+    ``policy`` holds the site options written into every component; ``requeue`` the
+    warning signal and retry budget of ``--requeue`` (:mod:`launcher.requeue`);
+    ``task_env`` simple variables added to every component's ``--export`` (the quiet
+    TensorFlow logging of csrun_wse); ``slurm_version`` (major, minor) selects
+    version-dependent options (``None``: the newest behaviour).
     """
 
     layout: JobLayout
@@ -91,11 +112,13 @@ class WseRequest:
     python: str
     container: Container = field(default_factory=Container)
     execution_mode: str | None = None
-    partition: str = ""
-    account: str = ""
+    policy: SitePolicy = field(default_factory=SitePolicy)
     exclude_node: str = ""
     job_name: str = "csrun_wse"
     shard_plan: str | None = None
+    requeue: RequeueSpec | None = None
+    task_env: tuple[tuple[str, str], ...] = ()
+    slurm_version: tuple[int, int] | None = None
 
     def task_command(self) -> list[str]:
         """The argv each task executes (container-wrapped, ``:``-safe)."""
@@ -119,11 +142,15 @@ class WseRequest:
         ]
         if self.execution_mode:
             env.append(("CSRUN_EXECUTION_MODE", self.execution_mode))
-        return env
+        if self.requeue is not None:
+            env.append((STOP_SIGNALS_ENV, self.requeue.stop_signals()))
+        return env + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:
-        """Resource options of one component (shared by srun and ``#SBATCH``)."""
-        opts = _common(self.partition, self.account, self.job_name)
+        """Resource options of one component (shared by srun and ``#SBATCH``): name, site
+        policies, task shape, GRES, exclusivity, exclusion, and the ``--requeue`` warning
+        signal."""
+        opts = _common(self.policy, self.job_name)
         opts += [f"--nodes={comp.nodes}", f"--ntasks={comp.ntasks}",
                  f"--ntasks-per-node={comp.tasks_per_node}"]
         if comp.cpus_per_task:
@@ -134,13 +161,14 @@ class WseRequest:
             opts.append("--exclusive")
         if comp.role != CHIEF and self.exclude_node:
             opts.append(f"--exclude={self.exclude_node}")
+        if self.requeue is not None:
+            opts.append(self.requeue.sbatch_option())
         return opts
 
     def step_options(self, comp: Component) -> list[str]:
         """Step options of one component: distribution, failure policy, output, env."""
-        export = ",".join(["ALL"] + [f"{k}={v}" for k, v in self.component_env(comp)])
         return [f"--distribution={comp.distribution}", "--kill-on-bad-exit=1", "--unbuffered",
-                f"--export={export}", *self.container.srun_options()]
+                f"--export={_export(self.component_env(comp))}", *self.container.srun_options()]
 
     def materialize_srun(self) -> list[str]:
         """The full srun argv: ``srun <comp 0 options> CMD : <comp 1 options> CMD ...``."""
@@ -162,9 +190,16 @@ class WseRequest:
         comps = []
         for comp in self.layout.components:
             sbatch = self.allocation_options(comp)
+            if self.requeue is not None:
+                sbatch.append("--requeue")
             if comp.het_group == 0:
                 sbatch.append(f"--output={self.job_name}-%j.out")
-            srun = [f"--het-group={comp.het_group}"] + _step_resources(self.allocation_options(comp)) \
+                if self.requeue is not None:  # every allocation appends to the one output file
+                    sbatch.append("--open-mode=append")
+            # --het-group only in a het job: srun refuses it in a one-component job ("No
+            # directives to start application on any available hetjob components").
+            group = [f"--het-group={comp.het_group}"] if len(self.layout.components) > 1 else []
+            srun = group + _step_resources(self.allocation_options(comp), self.slurm_version) \
                 + self.step_options(comp)
             comps.append({**comp.__dict__, "sbatch_options": sbatch, "srun_options": srun})
         return _template("csrun_wse.sbatch.j2").render(
@@ -174,6 +209,8 @@ class WseRequest:
             total_nodes=self.layout.total_nodes,
             num_tasks=self.layout.num_tasks,
             num_workers=self.layout.num_workers,
+            requeue=self.requeue,
+            requeue_exit=REQUEUE_EXIT,
         )
 
 
@@ -192,16 +229,17 @@ class CpuRequest:
     node_cpus: int = 1
     cpus_per_task: int = 1
     container: Container = field(default_factory=Container)
-    partition: str = ""
-    account: str = ""
+    policy: SitePolicy = field(default_factory=SitePolicy)
     exclude_node: str = ""
     pty: bool = False
     job_name: str = "csrun_cpu"
+    task_env: tuple[tuple[str, str], ...] = ()
+    slurm_version: tuple[int, int] | None = None
 
     def allocation_options(self) -> list[str]:
         """Resource options (shared by srun and ``#SBATCH``): one task on one node, all the
         node's CPUs and ``--exclusive`` with ``alloc_node``, never the GRES node."""
-        opts = _common(self.partition, self.account, self.job_name)
+        opts = _common(self.policy, self.job_name)
         cpus = self.node_cpus if self.alloc_node else self.cpus_per_task
         opts += ["--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
         if self.alloc_node:
@@ -212,8 +250,10 @@ class CpuRequest:
 
     def step_options(self) -> list[str]:
         """Step options: failure policy, ``--pty`` for an interactive terminal (else
-        ``--unbuffered``), and the Pyxis container options."""
+        ``--unbuffered``), ``task_env`` (``--export=ALL,...``) and the Pyxis container options."""
         opts = ["--kill-on-bad-exit=1", "--pty" if self.pty else "--unbuffered"]
+        if self.task_env:
+            opts.append(f"--export={_export(self.task_env)}")
         return opts + self.container.srun_options()
 
     def task_command(self) -> list[str]:
@@ -231,7 +271,8 @@ class CpuRequest:
     def materialize_sbatch(self) -> str:
         """The sbatch script (``templates/csrun_cpu.sbatch.j2``)."""
         sbatch = self.allocation_options() + [f"--output={self.job_name}-%j.out"]
-        srun = _step_resources(self.allocation_options()) + [o for o in self.step_options() if o != "--pty"]
+        srun = _step_resources(self.allocation_options(), self.slurm_version) \
+            + [o for o in self.step_options() if o != "--pty"]
         return _template("csrun_cpu.sbatch.j2").render(
             sbatch_options=sbatch, srun_options=srun, command=self.task_command(),
             alloc_node=self.alloc_node)

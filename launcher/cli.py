@@ -2,25 +2,43 @@
 
 Light at start-up: no TensorFlow, no jinja2 until an sbatch script is rendered.
 Every bad input ends in one line ``<prog>: error: <message naming the flag/key and value>``
-with exit status 2, before anything is submitted.
+with exit status 2, before anything is submitted. Shell completion is click's
+(``eval "$(_CSRUN_WSE_COMPLETE=bash_source csrun_wse)"``, README "Shell completion").
 """
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
+from click.shell_completion import CompletionItem
 
 from csrun_common.cli import OneLineErrors
 from csrun_common.errors import CsrunError
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
-from . import slurm
+from . import preflight, slurm
 from .builders import CpuRequest, WseRequest, expand_python_word
-from .config import format_config, load_config
+from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .layout import plan_layout, resolve_counts
+from .layout import JobLayout, plan_layout, resolve_counts
+from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
+from .resolve import (
+    ClusterView,
+    PolicyFlags,
+    check_site_names,
+    cluster_view,
+    offline_node_cpus,
+    requeue_spec,
+    site_policy,
+    task_env,
+)
+from .version import version_option
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 COMMAND_SETTINGS = {
     "allow_interspersed_args": False,  # everything from the command's first word on is its argv
@@ -39,6 +57,67 @@ def _emit_launch(line: str, dry_run: bool) -> None:
         click.echo(f"Launching: {line}", err=True)
 
 
+def _note(prog: str, message: str) -> None:
+    click.echo(f"{prog}: note: {message}", err=True)
+
+
+# --------------------------------------------------------------------------- completion
+def _complete(query: Callable[[], list[str] | None]) -> Callable[..., list[CompletionItem]]:
+    """A click ``shell_complete`` callback offering what ``query`` returns from Slurm (nothing
+    when Slurm does not answer within its query timeout)."""
+
+    def complete(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        try:
+            names = query() or []
+        except CsrunError:
+            return []
+        return [CompletionItem(n) for n in names if n.startswith(incomplete)]
+
+    return complete
+
+
+def _partitions() -> list[str]:
+    return sorted({n.partition for n in slurm.list_nodes("")})
+
+
+# --------------------------------------------------------------------------- shared options
+def policy_options(fn: F) -> F:
+    """The site-policy, preflight and logging flags both CLIs take (README "Site policies")."""
+    options = [
+        click.option("--partition", default=None, shell_complete=_complete(_partitions),
+                     help="Slurm partition [default: slurm.partition]."),
+        click.option("--account", default=None, shell_complete=_complete(slurm.accounts),
+                     help="Slurm account [default: slurm.account]."),
+        click.option("--qos", default=None, shell_complete=_complete(slurm.qos_names),
+                     help="Quality of service [default: slurm.qos]."),
+        click.option("--reservation", default=None, shell_complete=_complete(slurm.reservations),
+                     help="Reservation(s) to run in [default: slurm.reservation]."),
+        click.option("--constraint", default=None, help="Node features required (e.g. 'skylake&ib') "
+                     "[default: slurm.constraint]."),
+        click.option("--time", "time_limit", default=None, metavar="TIME",
+                     help="Time limit in Slurm's format: minutes, minutes:seconds, hours:minutes:seconds, "
+                          "days-hours[:minutes[:seconds]] [default: slurm.time, else the partition's]."),
+        click.option("--slurm-arg", "slurm_args", multiple=True, metavar="ARG",
+                     help="An option passed verbatim to every het component, e.g. --slurm-arg=--mem=0 "
+                          "(repeatable; added to slurm.extra_args)."),
+        click.option("--check", is_flag=True,
+                     help="Ask Slurm whether the job could run (--test-only) and check its files; "
+                          "submit nothing. Exit 0 or 2."),
+        click.option("--verbose", is_flag=True,
+                     help="Let the tasks print every TensorFlow C++ log line (also CSRUN_VERBOSE=1); by "
+                          "default INFO lines are hidden, warnings and errors kept."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _policy_flags(kw: dict[str, Any]) -> PolicyFlags:
+    return PolicyFlags(partition=kw["partition"], account=kw["account"], qos=kw["qos"],
+                       reservation=kw["reservation"], constraint=kw["constraint"], time=kw["time_limit"],
+                       slurm_args=tuple(kw["slurm_args"]))
+
+
 WSE_EPILOG = """\b
 Layouts (N = --total-nodes, T = --tasks-per-node, C = --cpus-per-task, S = --single-task-nodes):
   N = 1          one het component: T tasks x C CPUs with the GRES
@@ -51,7 +130,8 @@ Examples:
   csrun_wse python-ws run.py --params configs/params.yaml --mode train --max_steps 1000
   csrun_wse --total-nodes 4 --single-task-nodes 1 --tasks-per-node 2 python-ws run.py --mode train
   csrun_wse --total-nodes=3 --cpus-per-task=1 --cyclic --dry-run python run.py --mode train
-  csrun_wse --use-sbatch --total-nodes 2 python-ws run.py --mode train
+  csrun_wse --use-sbatch --time 4:00:00 --requeue --total-nodes 2 python-ws run.py --mode train
+  csrun_wse --check --qos debug --total-nodes 4 python-ws run.py --mode train
 """
 
 
@@ -70,14 +150,21 @@ Examples:
               help="Directories to bind-mount in the container, added to container.mount_dirs.")
 @click.option("--shard-plan", type=click.Path(dir_okay=False), default=None,
               help="Shard plan JSON (cs_input_analyzer shard-plan): each input worker reads only its files.")
-@click.option("--partition", default=None, help="Slurm partition [default: slurm.partition].")
+@click.option("--requeue/--no-requeue", "requeue", default=None,
+              help="On the warning signal before the time limit, preemption or scontrol requeue, checkpoint, "
+                   "stop and requeue the job; it resumes from the checkpoint [default: requeue.enabled].")
+@click.option("--requeue-signal", default=None, metavar="SIG@SECONDS",
+              help="Warning signal and its lead time before the time limit [default: requeue.signal, USR2@90].")
+@click.option("--max-requeues", type=int, default=None,
+              help="Requeues allowed before the job is left failed [default: requeue.max_requeues, 3].")
+@policy_options
 @click.option("--use-sbatch", is_flag=True, help="Submit as a batch het job and print the job id.")
 @click.option("--dry-run", is_flag=True,
-              help="Print exactly what would run (srun line, or the sbatch script); submit nothing.")
+              help="Print exactly what would run (srun line, or the sbatch script); submit nothing. "
+                   "Works without slurmctld when nothing it must answer is unknown.")
+@version_option("csrun_wse")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def csrun_wse(total_nodes: int | None, tasks_per_node: int | None, cpus_per_task: int | None,
-              single_task_nodes: int, cyclic: bool, mount_dirs: str | None, shard_plan: str | None,
-              partition: str | None, use_sbatch: bool, dry_run: bool, command: tuple[str, ...]) -> int:
+def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
     """Launch COMMAND as one heterogeneous Slurm job: the chief on the accelerator (GRES)
     node and input-worker tasks on CPU nodes.
 
@@ -86,39 +173,81 @@ def csrun_wse(total_nodes: int | None, tasks_per_node: int | None, cpus_per_task
     `csrun_wse python-ws run.py ...` works verbatim. Each task learns its role
     (chief / single-task / worker) from CSRUN_* variables (docs/CONTRACT.md).
     """
-
     cfg = load_config()
-    container = site_container(cfg, mount_dirs)
+    _refuse_check_with_dry_run(kw)
+    policy, sources = site_policy(_policy_flags(kw), cfg)
+    requeue = requeue_spec(kw["requeue"], kw["requeue_signal"], kw["max_requeues"], cfg, policy,
+                           sources["time"])
+    container = site_container(cfg, kw["mount_dirs"])
     cmd, mode = expand_python_word(command, cfg.python)
-    part = partition if partition is not None else cfg.partition
-    nodes = slurm.list_nodes(part, "--partition" if partition is not None else "slurm.partition")
-    node_cpus = slurm.cpu_node_cpus(nodes, exclude=cfg.gres_node)
-    n = total_nodes if total_nodes is not None else cfg.nodes
-    n_flag = "--total-nodes" if total_nodes is not None else "defaults.nodes"
-    if n > len(nodes):
-        raise CsrunError(f"{n_flag} {n}: the partition has only {len(nodes)} node(s)")
-    if cfg.gres_resource:
-        gres_name = cfg.gres_resource.split(":")[0]
-        if not any(node.gres.split(":")[0] == gres_name for node in nodes):
-            raise CsrunError(f"gres.resource = {cfg.gres_resource!r}: no node in the partition has GRES {gres_name!r}")
-    t, c = resolve_counts(tasks_per_node, cpus_per_task, cfg.tasks_per_node, cfg.cpus_per_task, node_cpus)
-    layout = plan_layout(n, t, c, single_task_nodes, cyclic, cfg.gres_resource, node_cpus)
-    plan_path = None
-    if shard_plan is not None:
-
-        try:
-            check_plan_workers(load_plan(shard_plan), layout.num_workers)
-        except (ValueError, OSError) as exc:
-            raise CsrunError(f"--shard-plan {shard_plan}: {exc}") from None
-        plan_path = str(Path(shard_plan).resolve())
+    view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
+    layout = _wse_layout(kw, cfg, view)
+    if view.online:
+        check_site_names(policy, sources)
+    else:
+        _note("csrun_wse", view.note)
     req = WseRequest(layout=layout, command=tuple(cmd), python=cfg.python, container=container,
-                     execution_mode=mode, partition=part, account=cfg.account,
-                     exclude_node=cfg.gres_node, shard_plan=plan_path)
-    return _launch(req, use_sbatch, dry_run)
+                     execution_mode=mode, policy=policy, exclude_node=cfg.gres_node,
+                     shard_plan=_shard_plan(kw["shard_plan"], layout), requeue=requeue,
+                     task_env=task_env(kw["verbose"]), slurm_version=_slurm_major_minor())
+    if kw["check"]:
+        return _check("csrun_wse", req, kw["use_sbatch"])
+    return _launch(req, kw["use_sbatch"], kw["dry_run"])
+
+
+def _refuse_check_with_dry_run(kw: dict[str, Any]) -> None:
+    if kw["check"] and kw["dry_run"]:
+        raise CsrunError("--check with --dry-run: choose one (--check asks Slurm, --dry-run prints the job)")
+
+
+def _wse_layout(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> JobLayout:
+    """Plan the het layout from the flags, the defaults and the cluster (named steps: node
+    count and GRES against the partition, tasks × CPUs against a node)."""
+    n = kw["total_nodes"] if kw["total_nodes"] is not None else cfg.nodes
+    n_flag = "--total-nodes" if kw["total_nodes"] is not None else "defaults.nodes"
+    if view.online:
+        node_cpus = view.node_cpus or 1
+        if n > len(view.nodes):
+            raise CsrunError(f"{n_flag} {n}: the partition has only {len(view.nodes)} node(s)")
+        if cfg.gres_resource:
+            gres_name = cfg.gres_resource.split(":")[0]
+            if not any(node.gres.split(":")[0] == gres_name for node in view.nodes):
+                raise CsrunError(f"gres.resource = {cfg.gres_resource!r}: no node in the partition has GRES "
+                                 f"{gres_name!r}")
+    else:
+        node_cpus = offline_node_cpus(view, kw["tasks_per_node"], kw["cpus_per_task"], kw["single_task_nodes"])
+    t, c = resolve_counts(kw["tasks_per_node"], kw["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
+                          node_cpus)
+    return plan_layout(n, t, c, kw["single_task_nodes"], kw["cyclic"], cfg.gres_resource, node_cpus)
+
+
+def _shard_plan(path: str | None, layout: JobLayout) -> str | None:
+    if path is None:
+        return None
+    try:
+        check_plan_workers(load_plan(path), layout.num_workers)
+    except (ValueError, OSError) as exc:
+        raise CsrunError(f"--shard-plan {path}: {exc}") from None
+    return str(Path(path).resolve())
+
+
+def _slurm_major_minor() -> tuple[int, int] | None:
+    rel = slurm.slurm_release()
+    return (rel[0], rel[1]) if rel else None
+
+
+def _check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool) -> int:
+    """``--check``: print the report; exit 0, or 2 with one error line after the report."""
+    try:
+        report, code = preflight.run_check(prog, req, use_sbatch)
+    except preflight.PreflightFailed as exc:
+        click.echo(exc.report)
+        raise
+    click.echo(report)
+    return code
 
 
 def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> int:
-
     env = dict(os.environ)
     if use_sbatch:
         script = req.materialize_sbatch()
@@ -133,7 +262,29 @@ def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> in
         return 0
     if isinstance(req, WseRequest):
         env.update(dict(req.job_env()))
+        if req.requeue is not None:
+            return _run_with_requeues(req, req.requeue, env)
     return slurm.run_foreground(req.materialize_srun(), env=env)
+
+
+def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) -> int:
+    """The srun path of ``--requeue``: an interactive job cannot be requeued (scontrol(1)
+    ``requeue`` takes batch jobs), so csrun_wse launches the same srun again while the
+    chief exits with :data:`REQUEUE_EXIT` (checkpoint saved) and the budget allows; the
+    new job resumes from the checkpoint. A Ctrl-C or SIGTERM of csrun_wse ends the loop."""
+    attempt = 0
+    while True:
+        rc = slurm.run_foreground(req.materialize_srun(), env={**env, REQUEUE_COUNT_ENV: str(attempt)})
+        if rc != REQUEUE_EXIT:
+            return rc
+        if attempt >= spec.max_requeues:
+            click.echo(f"csrun_wse: retry budget spent ({attempt} requeue(s), --max-requeues {spec.max_requeues}): "
+                       "resubmit to resume from the checkpoint", err=True)
+            return rc
+        attempt += 1
+        click.echo(f"csrun_wse: the chief saved a checkpoint and stopped: launching again "
+                   f"(requeue {attempt} of {spec.max_requeues})", err=True)
+        _emit_launch(req.srun_line(), False)
 
 
 CPU_EPILOG = """\b
@@ -141,7 +292,8 @@ Examples:
   csrun_cpu python run.py --params configs/params.yaml --mode validate_only
   csrun_cpu python run.py --params configs/params.yaml --mode compile_only
   csrun_cpu --no-alloc-node --mount-dirs /data,/scratch bash
-  csrun_cpu --use-sbatch python prepare_data.py
+  csrun_cpu --use-sbatch --time 30 python prepare_data.py
+  csrun_cpu --check python run.py --params configs/params.yaml --mode validate_only
   csrun_cpu --show-config
 """
 
@@ -152,37 +304,59 @@ Examples:
                    "with --no-alloc-node ask for defaults.cpus_per_task CPUs.")
 @click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
               help="Directories to bind-mount in the container, added to container.mount_dirs.")
-@click.option("--partition", default=None, help="Slurm partition [default: slurm.partition].")
+@policy_options
 @click.option("--use-sbatch", is_flag=True, help="Submit as a batch job and print the job id.")
 @click.option("--dry-run", is_flag=True, help="Print exactly what would run; submit nothing.")
 @click.option("--show-config", is_flag=True, help="Print every resolved site-config value and its source, then exit.")
+@version_option("csrun_cpu")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def csrun_cpu(alloc_node: bool, mount_dirs: str | None, partition: str | None, use_sbatch: bool,
-              dry_run: bool, show_config: bool, command: tuple[str, ...]) -> int:
+def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:
     """Run COMMAND on one CPU node of the cluster (never the accelerator node),
     inside the configured container: validate, compile, prepare data, or a shell.
 
     `python-ws`/`python-pt` as the first word run the configured Python, as in csrun_wse.
     """
-
     cfg = load_config()
-    if show_config:
+    if kw["show_config"]:
         click.echo(format_config(cfg))
         return 0
     if not command:
         raise click.UsageError("Missing argument 'COMMAND...'.")
-
-    container = site_container(cfg, mount_dirs)
+    _refuse_check_with_dry_run(kw)
+    policy, sources = site_policy(_policy_flags(kw), cfg)
+    container = site_container(cfg, kw["mount_dirs"])
     cmd, _mode = expand_python_word(command, cfg.python)
-    part = partition if partition is not None else cfg.partition
-    nodes = slurm.list_nodes(part, "--partition" if partition is not None else "slurm.partition")
-    if cfg.gres_node and all(node.name == cfg.gres_node for node in nodes):
+    view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
+    node_cpus = _cpu_node_cpus(kw, cfg, view)
+    if view.online:
+        check_site_names(policy, sources)
+    else:
+        _note("csrun_cpu", view.note)
+    pty = sys.stdin.isatty() and sys.stdout.isatty() and not kw["use_sbatch"]
+    req = CpuRequest(command=tuple(cmd), python=cfg.python, alloc_node=kw["alloc_node"], node_cpus=node_cpus,
+                     cpus_per_task=cfg.cpus_per_task, container=container, policy=policy,
+                     exclude_node=cfg.gres_node, pty=pty, task_env=task_env(kw["verbose"]),
+                     slurm_version=_slurm_major_minor())
+    if kw["check"]:
+        return _check("csrun_cpu", req, kw["use_sbatch"])
+    return _launch(req, kw["use_sbatch"], kw["dry_run"])
+
+
+def _cpu_node_cpus(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> int:
+    """CPUs of the CPU node csrun_cpu asks for (all of them with ``--alloc-node``)."""
+    if not view.online:
+        if view.node_cpus:
+            return view.node_cpus
+        if not kw["alloc_node"]:
+            return cfg.cpus_per_task
+        raise CsrunError("--dry-run: slurmctld does not answer and --alloc-node needs the CPUs of a node: set "
+                         "defaults.node_cpus in the site config, or use --no-alloc-node")
+    if cfg.gres_node and all(node.name == cfg.gres_node for node in view.nodes):
         raise CsrunError(f"gres.node = {cfg.gres_node!r} is the only node in the partition; csrun_cpu excludes it")
-    node_cpus = slurm.cpu_node_cpus(nodes, exclude=cfg.gres_node)
-    if not alloc_node and cfg.cpus_per_task > node_cpus:
+    node_cpus = view.node_cpus or 1
+    if not kw["alloc_node"] and cfg.cpus_per_task > node_cpus:
         raise CsrunError(f"defaults.cpus_per_task {cfg.cpus_per_task}: more than the {node_cpus} CPUs of a node")
-    pty = sys.stdin.isatty() and sys.stdout.isatty() and not use_sbatch
-    req = CpuRequest(command=tuple(cmd), python=cfg.python, alloc_node=alloc_node, node_cpus=node_cpus,
-                     cpus_per_task=cfg.cpus_per_task, container=container, partition=part,
-                     account=cfg.account, exclude_node=cfg.gres_node, pty=pty)
-    return _launch(req, use_sbatch, dry_run)
+    return node_cpus
+
+
+__all__ = ["csrun_wse", "csrun_cpu", "policy_options"]

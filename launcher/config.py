@@ -28,7 +28,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from csrun_common.errors import ConfigError
+from csrun_common.errors import ConfigError, CsrunError
+
+from .policy import check_slurm_arg, parse_time
+from .requeue import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, parse_signal_spec
 
 RUNTIMES = ("none", "singularity", "apptainer", "pyxis")
 EMBEDDED = "embedded default"
@@ -40,6 +43,7 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
         "nodes": (int, 2),           # DEF_NODES
         "tasks_per_node": (int, 2),  # DEF_TASKS_PER_NODE
         "cpus_per_task": (int, 1),   # DEF_CPUS_PER_TASK
+        "node_cpus": (int, 0),       # CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)
     },
     "gres": {
         "resource": (str, "gpu:1"),  # GRES_RESOURCE: --gres of the chief's component
@@ -53,11 +57,24 @@ SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
     "slurm": {
         "partition": (str, ""),
         "account": (str, ""),
+        "qos": (str, ""),
+        "reservation": (str, ""),
+        "constraint": (str, ""),
+        "time": (str, ""),           # Slurm time format (sbatch(1) --time); "" = the partition's default
+        "extra_args": (list, []),    # verbatim options for every het component, e.g. ["--mem=0"]
+    },
+    "requeue": {
+        "enabled": (bool, False),    # csrun_wse --requeue by default
+        "signal": (str, DEFAULT_SIGNAL),          # SIGNAL@SECONDS before the time limit
+        "max_requeues": (int, DEFAULT_MAX_REQUEUES),
     },
     "python": {
         "executable": (str, ""),     # interpreter of python-ws/python-pt; "" = the one running csrun
     },
 }
+
+#: Integer keys for which 0 is a valid value (the others must be positive).
+ZERO_ALLOWED = {("defaults", "node_cpus"), ("requeue", "max_requeues")}
 
 _GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.\-]+)*$")
 
@@ -97,6 +114,15 @@ class SiteConfig:
     partition: str
     account: str
     python_executable: str
+    node_cpus: int = 0
+    qos: str = ""
+    reservation: str = ""
+    constraint: str = ""
+    time: str = ""
+    extra_args: tuple[str, ...] = ()
+    requeue: bool = False
+    requeue_signal: str = DEFAULT_SIGNAL
+    max_requeues: int = DEFAULT_MAX_REQUEUES
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:
@@ -105,6 +131,7 @@ class SiteConfig:
             "defaults.nodes": self.nodes,
             "defaults.tasks_per_node": self.tasks_per_node,
             "defaults.cpus_per_task": self.cpus_per_task,
+            "defaults.node_cpus": self.node_cpus,
             "gres.resource": self.gres_resource,
             "gres.node": self.gres_node,
             "container.runtime": self.container_runtime,
@@ -112,6 +139,14 @@ class SiteConfig:
             "container.mount_dirs": list(self.mount_dirs),
             "slurm.partition": self.partition,
             "slurm.account": self.account,
+            "slurm.qos": self.qos,
+            "slurm.reservation": self.reservation,
+            "slurm.constraint": self.constraint,
+            "slurm.time": self.time,
+            "slurm.extra_args": list(self.extra_args),
+            "requeue.enabled": self.requeue,
+            "requeue.signal": self.requeue_signal,
+            "requeue.max_requeues": self.max_requeues,
             "python.executable": self.python_executable,
         }
         return [(k, v, self.sources.get(k, EMBEDDED)) for k, v in values.items()]
@@ -128,8 +163,13 @@ def _check(path: str, section: str, key: str, value: Any) -> Any:
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} = {value!r}: must be an integer")
-        if value < 1:
+        if (section, key) in ZERO_ALLOWED and value < 0:
+            raise ConfigError(f"{where} = {value!r}: must be 0 or more")
+        if (section, key) not in ZERO_ALLOWED and value < 1:
             raise ConfigError(f"{where} = {value!r}: must be a positive integer")
+    elif typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} = {value!r}: must be true or false")
     elif typ is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where} = {value!r}: must be a string")
@@ -140,7 +180,23 @@ def _check(path: str, section: str, key: str, value: Any) -> Any:
         raise ConfigError(f"{where} = {value!r}: must be one of {', '.join(RUNTIMES)}")
     if (section, key) == ("gres", "resource") and value and not _GRES_RE.match(value):
         raise ConfigError(f"{where} = {value!r}: not a GRES spec like 'gpu:1' or 'gpu:a100:2'")
+    _check_meaning(where, section, key, value)
     return value
+
+
+def _check_meaning(where: str, section: str, key: str, value: Any) -> None:
+    """Values with a syntax of their own: a Slurm time, a signal spec, verbatim options.
+    Raises :class:`ConfigError` naming the file and key."""
+    try:
+        if (section, key) == ("slurm", "time") and value:
+            parse_time(value, where)
+        elif (section, key) == ("requeue", "signal"):
+            parse_signal_spec(value, where)
+        elif (section, key) == ("slurm", "extra_args"):
+            for arg in value:
+                check_slurm_arg(arg, where)
+    except CsrunError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_config(data: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -192,6 +248,7 @@ def load_config(env: Mapping[str, str] | None = None) -> SiteConfig:
         nodes=values["defaults.nodes"],
         tasks_per_node=values["defaults.tasks_per_node"],
         cpus_per_task=values["defaults.cpus_per_task"],
+        node_cpus=values["defaults.node_cpus"],
         gres_resource=values["gres.resource"],
         gres_node=values["gres.node"],
         container_runtime=values["container.runtime"],
@@ -199,6 +256,14 @@ def load_config(env: Mapping[str, str] | None = None) -> SiteConfig:
         mount_dirs=tuple(values["container.mount_dirs"]),
         partition=values["slurm.partition"],
         account=values["slurm.account"],
+        qos=values["slurm.qos"],
+        reservation=values["slurm.reservation"],
+        constraint=values["slurm.constraint"],
+        time=values["slurm.time"],
+        extra_args=tuple(values["slurm.extra_args"]),
+        requeue=values["requeue.enabled"],
+        requeue_signal=values["requeue.signal"],
+        max_requeues=values["requeue.max_requeues"],
         python_executable=values["python.executable"],
         sources=sources,
     )

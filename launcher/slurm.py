@@ -1,21 +1,42 @@
-"""The one module of csrun that runs Slurm commands (sinfo, srun, sbatch, scancel).
+"""The one module of csrun that runs Slurm commands (sinfo, squeue, sacct, sacctmgr,
+scontrol, srun, sbatch, scancel), directly or through submitit.
 
 Everything else builds data; this module executes it. Commands are always run as
-argv lists, never through a shell.
+argv lists, never through a shell. The analyzer's probe jobs are Python functions run
+through ``submitit.SlurmExecutor`` (:func:`submit_function`); submitit is imported only
+there, so that the CLIs' start-up does not pay for it.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from csrun_common.errors import CsrunError, SlurmUnavailable
 
-QUERY_TIMEOUT_S = 30.0
+if TYPE_CHECKING:
+    import submitit
+
+#: Seconds a Slurm query (sinfo, squeue, sacct, sacctmgr, scontrol show) may take before
+#: csrun says slurmctld does not answer: a client retries a stopped controller for ~20 s
+#: here (MessageTimeout), and a dry run must not hang on it.
+QUERY_TIMEOUT_S = 5.0
+#: Seconds an sbatch submission may take (a submission that timed out may still have
+#: been accepted, so it gets longer than a query).
+SUBMIT_TIMEOUT_S = 30.0
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -37,21 +58,31 @@ def _require(binary: str) -> str:
     return path
 
 
-def _check_conf() -> None:
-    conf = os.environ.get("SLURM_CONF")
+def _check_conf(env: Mapping[str, str] | None = None) -> None:
+    conf = (os.environ if env is None else env).get("SLURM_CONF")
     if conf and not os.path.exists(conf):
         # sinfo would retry for 60 s on a missing file; fail at once instead.
         raise SlurmUnavailable(f"SLURM_CONF={conf}: no such file")
 
 
-def _query(argv: list[str]) -> str:
-    _check_conf()
+def _run(argv: list[str], env: Mapping[str, str] | None = None, timeout: float = QUERY_TIMEOUT_S,
+         input_text: str | None = None) -> subprocess.CompletedProcess:
+    """Run a Slurm client command (``argv[0]`` looked up on PATH; ``input_text`` on its
+    stdin) and capture its text output, whatever its exit status. Raises
+    :class:`SlurmUnavailable` when the binary is missing, ``SLURM_CONF`` (of ``env``, else
+    this process) names no file, or the command does not answer within ``timeout`` seconds."""
+    _check_conf(env)
     argv = [_require(argv[0]), *argv[1:]]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+        return subprocess.run(argv, input=input_text, capture_output=True, text=True, timeout=timeout,
+                              env=dict(env) if env is not None else None)
     except subprocess.TimeoutExpired:
-        raise SlurmUnavailable(
-            f"{argv[0]} did not answer in {QUERY_TIMEOUT_S:.0f} s: is slurmctld reachable?") from None
+        raise SlurmUnavailable(f"{os.path.basename(argv[0])} did not answer in {timeout:.0f} s: "
+                               "is slurmctld running and reachable?") from None
+
+
+def _query(argv: list[str], env: Mapping[str, str] | None = None) -> str:
+    proc = _run(argv, env)
     if proc.returncode != 0:
         msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise SlurmUnavailable(f"cannot reach slurmctld ({os.path.basename(argv[0])}: {msg})")
@@ -90,13 +121,28 @@ def cpu_node_cpus(nodes: Sequence[NodeInfo], exclude: str = "") -> int:
     return min(cpus)
 
 
-def _forward_signals(proc: subprocess.Popen) -> dict:
-    """Forward SIGINT/SIGTERM to ``proc``. srun needs two SIGINTs within a second to
-    cancel a step (srun(1), "SIGNALS AND ESCAPE SEQUENCES"), so one SIGINT to csrun is
-    sent on as two; SIGTERM is sent on as is."""
+#: Seconds after the double SIGINT at which a still-running srun gets SIGTERM: srun's own
+#: termination sequence after two SIGINTs took 2.5 s to empty the queue here, SIGTERM 0.2 s.
+INTERRUPT_GRACE_S = 0.5
+
+
+def _terminate_if_running(proc: subprocess.Popen) -> None:
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict:
+    """Forward SIGINT/SIGTERM to ``proc`` and note each in ``received``. srun needs two
+    SIGINTs within a second to cancel a step (srun(1), "SIGNALS AND ESCAPE SEQUENCES"), so
+    one SIGINT to csrun is sent on as two (the tasks see SIGINT first), and srun gets SIGTERM
+    :data:`INTERRUPT_GRACE_S` later if it still runs; SIGTERM is sent on as is."""
     old = {}
 
     def handler(signum, _frame):
+        received.append(signum)
         if proc.poll() is not None:
             return
         try:
@@ -104,6 +150,9 @@ def _forward_signals(proc: subprocess.Popen) -> dict:
                 proc.send_signal(signal.SIGINT)
                 time.sleep(0.2)
                 proc.send_signal(signal.SIGINT)
+                timer = threading.Timer(INTERRUPT_GRACE_S, _terminate_if_running, (proc,))
+                timer.daemon = True
+                timer.start()
             else:
                 proc.send_signal(signum)
         except ProcessLookupError:
@@ -114,21 +163,33 @@ def _forward_signals(proc: subprocess.Popen) -> dict:
     return old
 
 
+def exit_status(returncode: int, received: Sequence[int]) -> int:
+    """The exit status of csrun after its srun child ended: ``128 + N`` for the first of
+    SIGINT/SIGTERM the user sent csrun (130 for Ctrl-C, 143 for SIGTERM, as a shell reports
+    a command killed by that signal), whatever srun's tasks died of (a cancelled step's
+    tasks get SIGKILL: 137); else srun's status, ``128 + N`` when srun itself died of
+    signal N."""
+    if received:
+        return 128 + int(received[0])
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def run_foreground(argv: Sequence[str], env: dict | None = None) -> int:
-    """Run ``argv`` (an srun line) as a child, forwarding SIGINT/SIGTERM; returns its
-    exit status (``128 + N`` when it died of signal N)."""
+    """Run ``argv`` (an srun line) as a child, forwarding SIGINT/SIGTERM; returns the exit
+    status of :func:`exit_status` (130 / 143 when the user interrupted or terminated csrun)."""
     _check_conf()
     try:
         proc = subprocess.Popen([_require(argv[0]), *argv[1:]], env=env)
     except OSError as exc:
         raise CsrunError(f"cannot start {argv[0]}: {exc.strerror}") from None
-    old = _forward_signals(proc)
+    received: list[int] = []
+    old = _forward_signals(proc, received)
     try:
         rc = proc.wait()
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-    return 128 - rc if rc < 0 else rc
+    return exit_status(rc, received)
 
 
 def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -158,8 +219,393 @@ def submit_batch(script: str, env: dict | None = None) -> str:
     """
     _check_conf()
     proc = subprocess.run([_require("sbatch"), "--parsable"], input=script, capture_output=True,
-                          text=True, env=env, timeout=QUERY_TIMEOUT_S)
+                          text=True, env=env, timeout=SUBMIT_TIMEOUT_S)
     if proc.returncode != 0:
         msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise CsrunError(f"sbatch refused the job: {msg}")
     return proc.stdout.strip().split(";")[0]
+
+
+# --------------------------------------------------------------------------- queries (analyzer, benchmarks)
+#: Job states (squeue(1), "JOB STATE CODES") in which a job still holds or waits for its
+#: nodes and its processes may run. Every other state is final, and so is COMPLETING (the
+#: job's processes are leaving).
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "STOPPED", "REQUEUED",
+                           "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "RESV_DEL_HOLD", "SIGNALING",
+                           "STAGE_OUT"})
+
+
+def node_hosts(partition: str = "", env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Host name of every node of ``partition`` (all partitions when empty): node name →
+    ``NodeHostname`` from ``sinfo --Node --format=%N|%n``. Several nodes may share one host
+    (the Slurm test cluster runs five slurmd on one machine).
+
+    Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
+    """
+    argv = ["sinfo", "--noheader", "--Node", "--format=%N|%n"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    hosts: dict[str, str] = {}
+    for line in _query(argv, env).splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 2 and parts[0]:
+            hosts[parts[0]] = parts[1] or parts[0]
+    return hosts
+
+
+def job_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
+    """State of job ``job_id`` (``RUNNING``, ``PENDING``, ``COMPLETED``, ``CANCELLED`` ...):
+    from ``squeue`` while slurmctld remembers the job (``MinJobAge`` seconds after it ends),
+    else from ``sacct`` when the cluster keeps job accounting. ``None`` when neither knows
+    the job (an unknown id, or an old job on a cluster without accounting).
+
+    Raises :class:`SlurmUnavailable` when squeue cannot reach slurmctld.
+    """
+    proc = _run(["squeue", "--noheader", f"--jobs={job_id}", "--states=all", "--format=%i|%T"], env)
+    if proc.returncode == 0:
+        for line in proc.stdout.splitlines():
+            jid, _, state = line.strip().partition("|")
+            if jid == str(job_id) and state:
+                return state
+    elif "invalid job id" not in proc.stderr.lower():
+        msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise SlurmUnavailable(f"cannot reach slurmctld (squeue: {msg})")
+    return _sacct_state(job_id, env)
+
+
+def _sacct_state(job_id: str, env: Mapping[str, str] | None) -> str | None:
+    """The job's state from ``sacct`` (``CANCELLED by 0`` → ``CANCELLED``); ``None`` when
+    accounting is off ("Slurm accounting storage is disabled") or the job is unknown."""
+    try:
+        proc = _run(["sacct", "--noheader", "--parsable2", f"--jobs={job_id}", "--format=JobID,State"], env)
+    except SlurmUnavailable:
+        return None
+    if proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        jid, _, state = line.strip().partition("|")
+        if jid == str(job_id) and state:
+            return state.split()[0]
+    return None
+
+
+def queued_jobs(env: Mapping[str, str] | None = None) -> int:
+    """Jobs in the Slurm queue now (any user, pending or running), from ``squeue``.
+
+    Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
+    """
+    out = _query(["squeue", "--noheader", "--format=%i"], env)
+    return len([ln for ln in out.splitlines() if ln.strip()])
+
+
+def version(env: Mapping[str, str] | None = None) -> str | None:
+    """The Slurm client's version line (``sinfo --version``, e.g. ``slurm-wlm 22.05.8``), or
+    ``None`` when no Slurm client is installed or it does not answer."""
+    try:
+        proc = _run(["sinfo", "--version"], env)
+    except SlurmUnavailable:
+        return None
+    return proc.stdout.strip() or None
+
+
+# --------------------------------------------------------------------------- Python functions as jobs (submitit)
+@dataclass(frozen=True)
+class FunctionJobSpec:
+    """How :func:`submit_function` runs a Python function: one task on one node.
+
+    Attributes:
+        folder: submitit's directory (the pickled call, its result, the job's log
+            ``<job id>_0_log.out``); it must be on a file system the node shares.
+        job_name: ``--job-name``.
+        cpus_per_task: CPUs of the task (``None``: Slurm's default); passed to the job and
+            to its step (srun(1) of Slurm 22.05 no longer takes it from the job).
+        exclusive: ``--exclusive`` (the node holds no other job).
+        partition, account, exclude: ``--partition``, ``--account``, ``--exclude`` ("" : not given).
+        time_min: ``--time`` in minutes (the job ends at the latest then).
+        chdir: the job's working directory ("": the caller's).
+        python: argv of the interpreter on the node (a container's ``exec`` prefix and its
+            ``python``); empty: the interpreter running this code.
+        srun_args: more options of the job's step (e.g. a Pyxis container's).
+    """
+
+    folder: Path
+    job_name: str
+    cpus_per_task: int | None = None
+    exclusive: bool = True
+    partition: str = ""
+    account: str = ""
+    exclude: str = ""
+    time_min: int = 60
+    chdir: str = ""
+    python: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+
+    def executor_parameters(self) -> dict[str, object]:
+        """The ``submitit.SlurmExecutor.update_parameters`` keywords of this spec."""
+        srun_args = ["--cpu-bind=none", "--kill-on-bad-exit=1", *self.srun_args]
+        if self.cpus_per_task:
+            srun_args.insert(0, f"--cpus-per-task={self.cpus_per_task}")
+        params: dict[str, object] = {
+            "job_name": self.job_name, "nodes": 1, "ntasks_per_node": 1, "time": max(1, int(self.time_min)),
+            "stderr_to_stdout": True, "srun_args": srun_args}
+        if self.cpus_per_task:
+            params["cpus_per_task"] = int(self.cpus_per_task)
+        if self.exclusive:
+            params["exclusive"] = True
+        for key in ("partition", "account", "exclude"):
+            if getattr(self, key):
+                params[key] = getattr(self, key)
+        if self.chdir:
+            params["additional_parameters"] = {"chdir": self.chdir}
+        return params
+
+
+def function_executor(spec: FunctionJobSpec) -> submitit.SlurmExecutor:
+    """A ``submitit.SlurmExecutor`` for ``spec``: its jobs are an sbatch script whose one
+    srun step runs ``python -u -m submitit.core._submit FOLDER``, which unpickles the call,
+    runs it and pickles its result (submitit's own design). Imports submitit.
+
+    Raises :class:`SlurmUnavailable` when no Slurm client is installed.
+    """
+    submitit = _submitit()
+    python = shlex.join(spec.python) if spec.python else None
+    try:
+        ex = submitit.SlurmExecutor(folder=spec.folder, python=python)
+    except RuntimeError as exc:  # "Could not detect srun"
+        raise SlurmUnavailable(f"srun: not found on PATH; is the Slurm client installed? ({exc})") from None
+    ex.update_parameters(**spec.executor_parameters())
+    return ex
+
+
+def submit_function(spec: FunctionJobSpec, fn: Callable[..., R], *args: object) -> submitit.Job[R]:
+    """Submit ``fn(*args)`` as a Slurm job (:func:`function_executor`); returns submitit's
+    job (``job_id``, ``result()``, ``paths.stdout``). The call and its arguments are pickled
+    into ``spec.folder``.
+
+    Raises :class:`SlurmUnavailable` as :func:`function_executor`, :class:`CsrunError` with
+    sbatch's last line when sbatch refuses the job.
+    """
+    _check_conf()
+    ex = function_executor(spec)
+    submitit = _submitit()
+    quiet = io.StringIO()  # submitit prints sbatch's stderr on a failure: one line is ours to print
+    try:
+        with contextlib.redirect_stderr(quiet):
+            return ex.submit(fn, *args)
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as exc:
+        msg = (str(exc).strip().splitlines() or ["(no message)"])[-1]
+        raise CsrunError(f"sbatch refused the job {spec.job_name}: {msg}") from None
+
+
+def job_returned(job: submitit.Job[object]) -> bool:
+    """Whether a submitted function has returned or raised: submitit's result file exists."""
+    return bool(job.paths.result_pickle.exists())
+
+
+def job_active(job: submitit.Job[object], env: Mapping[str, str] | None = None) -> bool:
+    """True while a submitted function's job is pending or running.
+
+    False once the function returned or raised (:func:`job_returned`), or when the job's
+    state is final: with job accounting, submitit's own state (``Job.done``, from ``sacct``);
+    without it (``sacct`` cannot answer: submitit's state would stay ``UNKNOWN``) and while
+    the job runs, :func:`job_state` (``squeue``, which knows a job until ``MinJobAge``
+    seconds after it ended). A job neither knows any more has ended. When slurmctld does not
+    answer, the job counts as active (the caller's own timeout decides).
+    """
+    if job_returned(job):
+        return False
+    if accounting_enabled(env) and job.done():
+        return False
+    try:
+        state = job_state(str(job.job_id), env)
+    except SlurmUnavailable:
+        return True
+    return state in ACTIVE_STATES
+
+
+def cancel_job(job: submitit.Job[object]) -> None:
+    """Cancel a submitted function's job that has not returned (submitit's ``Job.cancel``:
+    ``scancel JOBID``, which signals every step and ends the job)."""
+    if job_returned(job):
+        return
+    try:
+        job.cancel(check=False)
+    except OSError:
+        pass
+
+
+_ACCOUNTING: dict[str, bool] = {}
+
+
+def accounting_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the cluster keeps job accounting (``sacct`` answers): its
+    ``AccountingStorageType`` (``scontrol show config``) is not ``accounting_storage/none``.
+    Asked once per ``SLURM_CONF``; False when scontrol cannot answer."""
+    key = (os.environ if env is None else env).get("SLURM_CONF", "")
+    if key not in _ACCOUNTING:
+        try:
+            proc = _run(["scontrol", "show", "config"], env)
+        except SlurmUnavailable:
+            return False
+        storage = ""
+        for line in proc.stdout.splitlines():
+            name, _, value = line.partition("=")
+            if name.strip() == "AccountingStorageType":
+                storage = value.strip()
+        _ACCOUNTING[key] = proc.returncode == 0 and storage not in ("", "accounting_storage/none")
+    return _ACCOUNTING[key]
+
+
+def _submitit() -> types.ModuleType:
+    """Import submitit (lazily: ~70 ms that ``csrun_wse --help`` does not need) and quiet its
+    logger in this process: its ``sacct`` watcher warns on every poll on a cluster without
+    job accounting, where :func:`job_active` asks ``squeue`` instead."""
+    import logging  # with submitit: not at the CLI's start-up
+
+    import submitit  # lazy: only the analyzer's probe jobs use it
+
+    logging.getLogger("submitit").setLevel(logging.ERROR)
+    return submitit
+
+
+# --------------------------------------------------------------------------- production Slurm (issue 11)
+# Preflight (--check), site-policy names, the Slurm version. Kept in one block; each query
+# answers within QUERY_TIMEOUT_S or says that slurmctld (or slurmdbd) does not answer.
+
+@dataclass(frozen=True)
+class TestOnly:
+    """Slurm's answer to ``sbatch --test-only`` / ``srun --test-only`` (sbatch(1): "Validate
+    the batch script and return an estimate of when a job would be scheduled to run given
+    the current job queue"; nothing is submitted).
+
+    Attributes:
+        ok: Slurm would accept the job.
+        start: the expected start time Slurm printed (``2026-11-22T23:55:34``), ``None``
+            when refused (one per het component for srun, which tests them one by one).
+        lines: Slurm's own lines (the estimate, warnings, or the reason it cannot run).
+    """
+
+    ok: bool
+    start: str | None
+    lines: tuple[str, ...]
+
+    @property
+    def reason(self) -> str:
+        """The last line of Slurm's answer (the refusal's reason when not ``ok``)."""
+        return self.lines[-1] if self.lines else "(no message)"
+
+
+_START_RE = re.compile(r"to start at (\S+)")
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_test_only(returncode: int, stderr: str) -> TestOnly:
+    """Read ``--test-only``'s answer (it is on stderr): ``sbatch: Job 12 to start at
+    2026-11-22T23:55:42 using 6 processors on node[1-3]`` (exit 0), or ``allocation
+    failure: Requested node configuration is not available`` / ``sbatch: error: ...``
+    (exit 1)."""
+    lines = tuple(ln.strip() for ln in stderr.splitlines() if ln.strip())
+    starts = [m.group(1) for ln in lines for m in [_START_RE.search(ln)] if m]
+    ok = returncode == 0 and bool(starts)
+    return TestOnly(ok, max(starts) if ok else None, lines)
+
+
+def test_only_batch(script: str, env: Mapping[str, str] | None = None) -> TestOnly:
+    """``sbatch --test-only`` of ``script`` (on stdin): would Slurm run this batch het job,
+    and when. Raises :class:`SlurmUnavailable` when slurmctld does not answer."""
+    proc = _run(["sbatch", "--test-only"], env, input_text=script)
+    return parse_test_only(proc.returncode, proc.stderr)
+
+
+def test_only_srun(argv: Sequence[str], env: Mapping[str, str] | None = None) -> TestOnly:
+    """``srun --test-only`` of an srun argv (``argv[0] == "srun"``); srun tests each het
+    component on its own. Raises :class:`SlurmUnavailable` when slurmctld does not answer."""
+    proc = _run(["srun", "--test-only", *argv[1:]], env)
+    return parse_test_only(proc.returncode, proc.stderr)
+
+
+def parse_slurm_version(text: str) -> tuple[int, int, int] | None:
+    """``"slurm-wlm 22.05.8"`` / ``"slurm 23.11.4"`` → ``(22, 5, 8)``; ``None`` if absent."""
+    m = _VERSION_RE.search(text or "")
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def slurm_release(env: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
+    """The Slurm client's release from ``sinfo --version`` (no controller needed), or
+    ``None`` when no Slurm client is installed or it does not answer."""
+    return parse_slurm_version(version(env) or "")
+
+
+def _sacctmgr_names(entity: str, env: Mapping[str, str] | None) -> list[str] | None:
+    """Names of ``sacctmgr show <entity>`` (accounts or QOS); ``None`` when the cluster keeps
+    no accounting ("You are not running a supported accounting_storage plugin") or slurmdbd
+    does not answer: then Slurm does not check them either, and neither does csrun."""
+    fields = {"account": "Account", "qos": "Name"}[entity]
+    try:
+        proc = _run(["sacctmgr", "--noheader", "--parsable2", "show", entity, f"format={fields}"], env=env)
+    except SlurmUnavailable:
+        return None
+    if proc.returncode != 0:
+        return None
+    return sorted({ln.strip() for ln in proc.stdout.splitlines() if ln.strip()})
+
+
+def accounts(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """Accounts Slurm's accounting knows (``sacctmgr show account``); ``None`` without
+    accounting (see :func:`_sacctmgr_names`)."""
+    return _sacctmgr_names("account", env)
+
+
+def qos_names(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """QOS names Slurm's accounting knows (``sacctmgr show qos``); ``None`` without
+    accounting."""
+    return _sacctmgr_names("qos", env)
+
+
+def reservations(env: Mapping[str, str] | None = None) -> list[str]:
+    """Names of the current reservations (``scontrol -o show reservation``: one
+    ``ReservationName=... ...`` line each; "No reservations in the system" → ``[]``).
+    Raises :class:`SlurmUnavailable` when slurmctld does not answer."""
+    proc = _run(["scontrol", "--oneliner", "show", "reservation"], env=env)
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise SlurmUnavailable(f"cannot reach slurmctld (scontrol: {msg})")
+    names = re.findall(r"ReservationName=(\S+)", proc.stdout)
+    return sorted(set(names))
+
+
+def node_features(partition: str = "", env: Mapping[str, str] | None = None) -> list[str]:
+    """Features of the nodes of ``partition`` (all when empty) that ``--constraint`` may
+    name (``sinfo --Node --format=%f``: ``AVAIL_FEATURES``, comma-separated, ``(null)`` for
+    none). Raises :class:`SlurmUnavailable` when slurmctld does not answer."""
+    argv = ["sinfo", "--noheader", "--Node", "--format=%f"]
+    if partition:
+        argv.append(f"--partition={partition}")
+    proc = _run(argv, env=env)
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise SlurmUnavailable(f"cannot reach slurmctld (sinfo: {msg})")
+    feats: set[str] = set()
+    for line in proc.stdout.splitlines():
+        for f in line.strip().split(","):
+            if f and f != "(null)":
+                feats.add(f)
+    return sorted(feats)
+
+
+def config_values(keys: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Values of slurm.conf parameters as slurmctld runs them (``scontrol show config``:
+    ``KillWait = 5 sec``) for ``keys`` present; raises :class:`SlurmUnavailable` when
+    slurmctld does not answer."""
+    proc = _run(["scontrol", "show", "config"], env=env)
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise SlurmUnavailable(f"cannot reach slurmctld (scontrol: {msg})")
+    out = {}
+    for line in proc.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() in keys:
+            out[key.strip()] = value.strip()
+    return out

@@ -5,6 +5,7 @@
 #   check the input_fn contract on a CPU node (csrun_cpu ... --mode validate_only),
 #   train with input streamed from 6 input workers on 3 CPU nodes (csrun_wse),
 #   evaluate on the held-out digits.
+# CSRUN_TEST_ENGINE=podman runs it on the compose test cluster (containers) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -2,7 +2,10 @@
 
 ``slurm_cluster`` starts the real Slurm test cluster (``slurm-test-cluster/cluster up``,
 idempotent: a running cluster is reused) once per session and exports ``SLURM_CONF`` so
-that csrun and the Slurm client commands in the tests talk to it.
+that csrun and the Slurm client commands in the tests talk to it. Which cluster: the native
+daemons (default) or the compose cluster run with podman or Docker, chosen by
+``pytest --cluster-engine native|podman|docker`` or ``$CSRUN_TEST_ENGINE``; the tests run
+unchanged on either (csrun and Slurm's commands run on the host in both).
 """
 from __future__ import annotations
 
@@ -11,14 +14,38 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "slurm-test-cluster" / "cluster"
 BIN = Path(sys.executable).parent
+
+
+ENGINES = ("native", "podman", "docker")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cluster-engine", choices=ENGINES, default=None,
+                     help="the Slurm test cluster of the integration tests: native daemons, or the compose "
+                          "cluster run with podman or docker (default: $CSRUN_TEST_ENGINE, else native)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    engine = config.getoption("--cluster-engine")
+    if engine:
+        os.environ["CSRUN_TEST_ENGINE"] = engine
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"slurm test cluster: {cluster_engine()}"
+
+
+def cluster_engine() -> str:
+    """The engine of the test cluster the session uses: ``native``, ``podman`` or ``docker``."""
+    return os.environ.get("CSRUN_TEST_ENGINE") or "native"
 
 
 def _cluster_conf() -> Path:
@@ -29,9 +56,11 @@ def _cluster_conf() -> Path:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict:
-    """Start (or reuse) the test cluster; returns ``{"conf": Path, "env": dict}``.
+    """Start (or reuse) the test cluster; returns ``{"conf": Path, "env": dict, "accounting": bool,
+    "engine": str}``.
 
-    Skips the test when the Slurm daemons are not installed (run scripts/setup.sh).
+    Skips the test when the Slurm daemons are not installed (run scripts/setup.sh); fails it
+    when the cluster does not come up (on the compose cluster: no engine, a broken one, ...).
     """
     if not (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists()):
         pytest.skip("Slurm is not installed here: run scripts/setup.sh")
@@ -42,7 +71,40 @@ def slurm_cluster() -> dict:
     os.environ["SLURM_CONF"] = str(conf)
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return {"conf": conf, "env": env}
+    return {"conf": conf, "env": env, "accounting": _has_accounting(conf), "engine": cluster_engine()}
+
+
+def _has_accounting(conf: Path) -> bool:
+    """Whether the cluster runs slurmdbd (``ACCOUNTING=1`` in its ``etc/topology``; a cluster
+    started with ``--no-accounting`` has ``ACCOUNTING=0``)."""
+    try:
+        return "ACCOUNTING=1" in (conf.parent / "topology").read_text().split()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def accounting_cluster(slurm_cluster) -> dict:
+    """The test cluster, for tests that need job accounting (``sacct``, ``sacctmgr``, enforced
+    accounts and QOS); skips the test when the cluster runs without it."""
+    if not slurm_cluster["accounting"]:
+        pytest.skip("the test cluster runs without accounting (cluster up --no-accounting)")
+    return slurm_cluster
+
+
+@pytest.fixture(scope="session")
+def compose_cluster(slurm_cluster) -> dict:
+    """The test cluster when it is the compose cluster (containers with their own hostnames
+    and IPs); skips the test on the native cluster, whose nodes all are 127.0.0.1."""
+    if slurm_cluster["engine"] == "native":
+        pytest.skip("needs the compose cluster (pytest --cluster-engine podman|docker)")
+    return slurm_cluster
+
+
+def in_node(node: str, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    """``argv`` run inside the compose cluster's container ``node`` (``cluster exec --node``)."""
+    return subprocess.run([str(CLUSTER), "exec", "--node", node, *argv], env=env, capture_output=True, text=True,
+                          timeout=60)
 
 
 @pytest.fixture()

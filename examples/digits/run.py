@@ -5,10 +5,13 @@
         python-ws examples/digits/run.py --params examples/digits/configs/params.yaml \
         --mode train --max_steps 400
 """
-from data import eval_input_fn, input_fn  # noqa: E402
-from model import model_fn  # noqa: E402
-
-from csrun_runtime import run  # first: it quiets TensorFlow's C++ start-up logging
+# isort: off
+# csrun_runtime first, before data/model import TensorFlow: it sets TensorFlow's C++ log level
+# and catches csrun_wse --requeue's stop signals while TensorFlow still loads.
+from csrun_runtime import run
+from data import eval_input_fn, input_fn
+from model import model_fn
+# isort: on
 
 if __name__ == "__main__":
     run(input_fn=input_fn, model_fn=model_fn, eval_input_fn=eval_input_fn)

@@ -1,5 +1,6 @@
-"""cs_input_analyzer on the Slurm test cluster: probes via srun on a CPU node, the report's
-cluster topology, and ``verify`` launching a layout with csrun_wse and the drain task.
+"""cs_input_analyzer on the Slurm test cluster: probes in a submitit job on a CPU node (ended
+by the session's exit command, or cancelled when a probe hangs), the report's cluster
+topology, and ``verify`` launching a layout with csrun_wse and the drain task.
 
 Small budgets (25-30 s probing, 5 s drain windows); the accuracy target (within 15 %) is
 measured by bench/bench_verify.py, not here.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import slurm
 from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
@@ -47,6 +49,9 @@ def test_cluster_images_analysis_and_verify(images_params, cli_env):
     assert rep["cluster"]["node_cpus"] >= 1 and len(rep["cluster"]["nodes"]) >= 2
     assert rep["recommendation"]["nodes"] <= 3
     assert any(r["kind"] == "ingest" and r["status"] == "ok" for r in rep["probes"]) or rep["stopped"] == "budget"
+    # every probe session was a submitit job whose agent returned at the session's end
+    submitted = sorted((out / "work").glob("session*/job/*_submitted.pkl"))
+    assert submitted and all(Path(str(f).replace("_submitted.pkl", "_0_result.pkl")).exists() for f in submitted)
 
     v = analyzer(["verify", "--report", str(out), "--seconds", "5", "--warmup", "2"], cwd=tmp, env=cli_env)
     assert v.returncode == 0, v.stdout + v.stderr
@@ -56,13 +61,18 @@ def test_cluster_images_analysis_and_verify(images_params, cli_env):
     assert res["drain"]["window_s"] >= 5
 
 
-def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
+def analyze_digits(tmp_path: Path, env: dict) -> None:
+    """The digits example's data in ``tmp_path`` and its analysis (60 s) in ``tmp_path/ana``."""
     data = helpers.prepare_digits(tmp_path / "data")
     params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
     p = analyzer(["--time-budget", "60", "--no-run-command", "--output", str(tmp_path / "ana"),
                   "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
-                  "--mode", "validate_only"], cwd=tmp_path, env=cli_env)
+                  "--mode", "validate_only"], cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
+    analyze_digits(tmp_path, cli_env)
     v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
                   "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1"], cwd=tmp_path, env=cli_env)
     assert v.returncode == 0, v.stdout + v.stderr
@@ -91,17 +101,30 @@ def test_cluster_verify_py_function_pipeline_leaves_cleanly(tmp_path, cli_env):
     assert res["drain"]["num_workers"] == 3
 
 
+def test_cluster_hanging_input_fn_cancels_the_probe_job(tmp_path, cli_env):
+    """A probe whose input_fn hangs times out; its session's submitit job is cancelled
+    (submitit's Job.cancel: scancel) and no probe process is left behind."""
+    pipes = REPO / "tests" / "fixtures" / "probes" / "pipelines"
+    p = analyzer(["--time-budget", "20", "--no-run-command", "--output", str(tmp_path), "python",
+                  str(pipes / "run.py"), "--params", str(pipes / "configs" / "hang.yaml")],
+                 cwd=tmp_path, env=cli_env, timeout=240)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["probes"][0]["status"] == "timeout"
+    jobs = sorted((f.name.split("_")[0] for f in (tmp_path / "work").glob("session*/job/*_submitted.pkl")), key=int)
+    states = [slurm.job_state(j, env=cli_env) for j in jobs]
+    assert states and states[0] == "CANCELLED", states
+    assert not any(s in slurm.ACTIVE_STATES for s in states), states
+    left = subprocess.run(["pgrep", "-f", f"analyzer.probe_worker.*{tmp_path}"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
 def test_pinned_cluster_serving_cost_and_verify(tmp_path, pinned_cluster):
     """On nodes pinned to their own CPUs the analyzer sees independent nodes, measures what
     serving the stream costs (the served probe: one input worker and a chief, each
     process's CPU apart) and verify launches one input-worker node streaming to the chief."""
     env = pinned_cluster["env"]
-    data = helpers.prepare_digits(tmp_path / "data")
-    params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
-    p = analyzer(["--time-budget", "60", "--no-run-command", "--output", str(tmp_path / "ana"),
-                  "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
-                  "--mode", "validate_only"], cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
+    analyze_digits(tmp_path, env)
     rep = json.loads((tmp_path / "ana" / "report.json").read_text())
     assert rep["topology"] is None  # pinned: no host shared beyond its cores
     assert rep["probed_on"]["node"] == "node2"

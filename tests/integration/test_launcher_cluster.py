@@ -64,7 +64,8 @@ def test_wse_srun_single_task_layout(cli_env, tmp_path):
     chief = recs[0]
     # In a het step Slurm 22.05 gives every task the *last* component's SLURM_CPUS_PER_TASK,
     # so the per-component value travels in CSRUN_CPUS_PER_TASK.
-    assert (chief["node"], chief["role"], chief["het_group"], chief["csrun_cpus_per_task"]) == ("node1", "chief", "0", "2")
+    assert (chief["node"], chief["role"], chief["het_group"], chief["csrun_cpus_per_task"]) == \
+        ("node1", "chief", "0", "2")
     workers = recs[1:]
     assert all(r["role"] == "worker" and r["het_group"] == "1" for r in workers)
     assert all(r["node"] != "node1" for r in workers)
@@ -99,7 +100,8 @@ def test_wse_sbatch_runs_the_same_layout(cli_env, tmp_path):
     assert job_id.isdigit()
     wait_job_done(job_id, cli_env)
     recs = reports(tmp_path)
-    assert [(r["role"], r["het_group"]) for r in recs] == [("chief", "0"), ("single-task", "1"), ("worker", "2"), ("worker", "2")]
+    assert [(r["role"], r["het_group"]) for r in recs] == [("chief", "0"), ("single-task", "1"), ("worker", "2"),
+                                                           ("worker", "2")]
     assert recs[0]["node"] == "node1" and len({r["node"] for r in recs}) == 3
     assert (tmp_path / f"csrun_wse-{job_id}.out").exists()
 
@@ -130,7 +132,8 @@ def test_csrun_cpu_takes_a_whole_cpu_node(cli_env, tmp_path):
 
 
 def test_csrun_cpu_sbatch(cli_env, tmp_path):
-    proc = run("csrun_cpu", ["--use-sbatch", "--no-alloc-node", "python", REPORT, str(tmp_path), "x y"], cli_env, cwd=tmp_path)
+    proc = run("csrun_cpu", ["--use-sbatch", "--no-alloc-node", "python", REPORT, str(tmp_path), "x y"], cli_env,
+               cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     wait_job_done(proc.stdout.strip(), cli_env)
     (rec,) = reports(tmp_path)
@@ -162,7 +165,8 @@ def test_sigint_leaves_nothing_in_squeue(cli_env, tmp_path):
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
     while time.time() - t0 < 10:
-        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=cli_env, capture_output=True, text=True).stdout.split()
+        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=cli_env, capture_output=True,
+                             text=True).stdout.split()
         if not set(out) & new:
             break
         time.sleep(0.2)
@@ -217,7 +221,8 @@ def test_bad_input_one_line_exit_2_nothing_submitted(cli_env, tmp_path, slurm_cl
     if case == "plan_for_other_worker_count":
         (tmp_path / "plan.json").write_text(json.dumps({
             "version": 1, "num_workers": 9, "total_bytes": 1, "total_records": None, "imbalance": 1.0,
-            "workers": [{"index": i, "files": [f"f{i}"], "bytes": 1, "records": None, "shuffle_seed": i} for i in range(9)],
+            "workers": [{"index": i, "files": [f"f{i}"], "bytes": 1, "records": None, "shuffle_seed": i}
+                        for i in range(9)],
             "warnings": []}))
     before = all_job_ids(cli_env, tmp_path)
     proc = run("csrun_wse", args, env, cwd=tmp_path, timeout=90)

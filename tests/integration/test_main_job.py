@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import in_node
+
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +80,8 @@ def test_main_job_trains_with_input_from_several_workers(trained):
     assert 0.0 <= perf["input_wait_fraction"] <= 1.0
     assert isinstance(perf["suspected_input_bottleneck"], bool)
     assert list(model_dir.glob("model-ckpt-*.index")) and list(model_dir.glob("events.out.tfevents.*"))
-    # every worker shuffled with its own seed ("Limitations of the CerebrasEstimator": "make sure that you are not providing a deterministic random seed")
+    # every worker shuffled with its own seed ("Limitations of the CerebrasEstimator": "make sure
+    # that you are not providing a deterministic random seed")
     reports = worker_reports(model_dir)
     assert len(reports) == 6
     seeds = [r["shuffle_seed"] for r in reports.values()]
@@ -120,10 +123,57 @@ def test_main_job_obeys_a_shard_plan(digits, cli_env):
 
 def test_plan_for_another_worker_count_is_refused(digits, cli_env):
     plan = digits["root"] / "plan7.json"
-    proc = csrun("cs_input_analyzer", ["shard-plan", str(digits["data"] / "train-*"), "--workers", "7", "-o", str(plan)],
+    proc = csrun("cs_input_analyzer",
+                 ["shard-plan", str(digits["data"] / "train-*"), "--workers", "7", "-o", str(plan)],
                  cli_env, digits["root"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     proc = csrun("csrun_wse", LAYOUT + ["--shard-plan", str(plan), "python-ws", RUN_PY, "--mode", "train"],
                  cli_env, digits["root"])
     assert proc.returncode == 2
     assert "7" in proc.stderr and "6" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_input_workers_and_chief_talk_across_hosts_with_their_own_ips(trained, compose_cluster):
+    """Only the compose cluster can show it (every native node is 127.0.0.1): the chief and the
+    input workers run on different hosts with different IPs, and the addresses they publish --
+    the dispatchers' (the chief's host) and each worker server's -- are names every other host
+    resolves to the right container, neither loopback nor a name only their own host knows."""
+    assert trained["proc"].returncode == 0, trained["proc"].stderr[-3000:]
+    env = compose_cluster["env"]
+    # the training job's rendezvous, and the eval job's when it ran already: every one shows it
+    rdvs = [d for d in (trained["model_dir"] / ".csrun").iterdir() if (d / "dispatchers.json").exists()]
+    assert rdvs
+    for rdv in rdvs:
+        _check_cross_host(rdv, env)
+
+
+def _check_cross_host(rdv: Path, env: dict) -> None:
+    chief = json.loads((rdv / "dispatchers.json").read_text())["chief"]
+    workers = [json.loads(p.read_text()) for p in (rdv / "workers").glob("*.json") if p.stem.isdigit()]
+    assert len(workers) == 6 and all(w["status"] == "ok" for w in workers)
+
+    def own_ip(node: str) -> str:
+        proc = in_node(node, ["hostname", "-i"], env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()[0]
+
+    def resolve(node: str, name: str) -> str:
+        """``name`` as the container ``node`` resolves it."""
+        proc = in_node(node, ["getent", "hosts", name], env)
+        assert proc.returncode == 0, f"{node} cannot resolve {name!r}: {proc.stderr}"
+        return proc.stdout.split()[0]
+
+    chief_ip = own_ip(chief["node"])
+    worker_nodes = sorted({w["node"] for w in workers})
+    worker_ips = {node: own_ip(node) for node in worker_nodes}
+    assert chief["node"] == "node1" and "node1" not in worker_nodes and len(worker_nodes) == 3
+    assert len({chief_ip, *worker_ips.values()}) == 4, (chief_ip, worker_ips)  # one IP per host
+    for w in workers:
+        dispatcher_host = w["dispatcher"].rsplit(":", 1)[0]
+        worker_host = w["worker_address"].rsplit(":", 1)[0]
+        assert dispatcher_host == chief["host"] and dispatcher_host not in ("localhost", "127.0.0.1")
+        # the worker's host finds the chief's dispatcher at the chief's container ...
+        assert resolve(w["node"], dispatcher_host) == chief_ip
+        # ... and the chief's host finds the worker's server at the worker's container
+        assert worker_host not in ("localhost", "127.0.0.1")
+        assert resolve(chief["node"], worker_host) == worker_ips[w["node"]] != chief_ip

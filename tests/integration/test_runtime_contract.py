@@ -14,8 +14,14 @@ pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
 from csrun_runtime import contract  # noqa: E402
-from csrun_runtime.contract import (MSG_BATCH, MSG_NOT_DATASET, MSG_REPEAT,  # noqa: E402
-                                       MSG_SHARED_SEED, MSG_SINGLE_PARAM, MSG_STRUCTURE)
+from csrun_runtime.contract import (  # noqa: E402
+    MSG_BATCH,
+    MSG_NOT_DATASET,
+    MSG_REPEAT,
+    MSG_SHARED_SEED,
+    MSG_SINGLE_PARAM,
+    MSG_STRUCTURE,
+)
 from tests.fixtures.runtime import bad_inputs  # noqa: E402
 
 FIX = helpers.REPO / "tests" / "fixtures" / "runtime"

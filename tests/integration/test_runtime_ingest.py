@@ -19,6 +19,9 @@ tf = pytest.importorskip("tensorflow")
 from csrun_runtime import rendezvous, service  # noqa: E402
 from csrun_runtime.steps import TrainSteps  # noqa: E402
 
+#: servers kept for the process's life, as the runtime keeps its own
+_KEEP_ALIVE: list = []
+
 
 def spec(*shapes, dtype=None):
     dtype = dtype or tf.float32
@@ -107,6 +110,55 @@ def test_service_source_merges_bundled_and_unbundled_streams_in_each_workers_ord
     src.close()
     del servers, workers
 
+
+
+def test_service_source_gains_a_stream_while_training(tmp_path):
+    """add_stream (issue 12's replacement and growth): a source opened on worker 0 alone
+    gains worker 2 (index 1 never opened counts as stopped) between chunks; batches of both
+    come in each worker's order, counted by index; re-adding a worker reported lost forgets
+    its failure, and an error of the stream it replaced is not reported."""
+    servers, ports = service.start_dispatchers(2)
+    addresses = [f"localhost:{p}" for p in ports]
+    workers = [service.start_worker_server(a, "localhost") for a in addresses]
+    for i, address in enumerate(addresses):
+        ds = numbered(1000 * i)
+        service.register_stream(address, ds, service.plan_bundle(ds.element_spec, 2), [0])
+    rdv = rendezvous.Rendezvous(tmp_path, "job.0")
+    rdv.reset()
+    src = service.ServiceSource(rdv, addresses[:1], {0: {"node": "node2", "pid": 0, "bundle": 2}})
+    got: dict[int, list[int]] = {0: [], 2: []}
+    for _ in range(5):
+        c = src.get_chunk(8, 30)
+        got[c.worker] += seqs(c)
+    assert got[0] and not got[2]
+    src.add_stream(2, addresses[1], {"node": "node4", "pid": 0, "bundle": 2})
+    assert src.n == 3 and 1 in src.announced
+    deadline = 200
+    while not got[2] and deadline:
+        c = src.get_chunk(8, 30)
+        got[c.worker] += seqs(c)
+        deadline -= 1
+    for _ in range(20):
+        c = src.get_chunk(8, 30)
+        got[c.worker] += seqs(c)
+    assert got[0] == list(range(len(got[0])))
+    assert got[2] == list(range(1000, 1000 + len(got[2]))) and got[2]
+    desc = src.describe()
+    assert desc["batches_per_worker"] == {"0": len(got[0]), "1": 0, "2": len(got[2])}
+    assert desc["worker_nodes"]["2"] == "node4" and desc["workers_stopped"] == [1]
+    # worker 2 reported lost, then re-added: a late error of its old stream is old news
+    src._handle_error(2, tf.errors.UnavailableError(None, None, "gone"))
+    assert 2 in src.failed
+    old = src._generation[2]
+    src.add_stream(2, addresses[1])
+    assert 2 not in src.failed and 2 not in src.announced
+    with src._q.mutex:  # the queue is full (the readers keep it so): the old error goes first
+        src._q.queue.appendleft((2, old, tf.errors.UnavailableError(None, None, "the old stream ends")))
+    for _ in range(10):
+        src.get_chunk(8, 30)
+    assert 2 not in src.failed
+    src.close()
+    _KEEP_ALIVE.append((servers, workers))  # deleting a WorkerServer here can block (ARCHITECTURE.md)
 
 def small_model(jit: bool):
     import keras

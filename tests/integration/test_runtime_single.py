@@ -1,6 +1,7 @@
 """Single-process mode (``python run.py ...`` without csrun): the digits example trains on real
-data, evaluates on held-out data (accuracy >= 0.90), writes the model_dir artifacts of the Cerebras document "Weight Streaming Quickstart"
-with consistent figures, and restores its checkpoints."""
+data, evaluates on held-out data (accuracy >= 0.90), writes the model_dir artifacts of the
+Cerebras document "Weight Streaming Quickstart" with consistent figures, and restores its
+checkpoints."""
 from __future__ import annotations
 
 import json

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from analyzer import analyze as A
-from analyzer import verify_task as D
 from analyzer import verify as V
+from analyzer import verify_task as D
 
 
 def test_drain_argv_forces_training_mode():

@@ -3,15 +3,17 @@ import shlex
 
 import pytest
 
+from csrun_common.errors import CsrunError
 from launcher.builders import CpuRequest, WseRequest, expand_python_word, protect_argv
 from launcher.container import Container, split_mount_dirs
-from csrun_common.errors import CsrunError
 from launcher.layout import plan_layout
+from launcher.policy import SitePolicy
 
 from .golden import assert_golden
 
 PY = "/opt/venv/bin/python"
-HOSTILE = ("a b", "it's", '"dq"', "$(touch pwned)", "x; rm -rf /", "new\nline", "ünïcödé ✓", "--leading-dash", "-n", "*")
+HOSTILE = ("a b", "it's", '"dq"', "$(touch pwned)", "x; rm -rf /", "new\nline", "ünïcödé ✓", "--leading-dash", "-n",
+           "*")
 
 
 def wse(n=4, s=1, t=2, c=1, cyclic=False, command=("run.py",), **kw):
@@ -21,7 +23,8 @@ def wse(n=4, s=1, t=2, c=1, cyclic=False, command=("run.py",), **kw):
 
 
 def test_python_ws_expands_to_the_interpreter_with_the_mode():
-    assert expand_python_word(["python-ws", "run.py", "--mode", "train"], PY) == ([PY, "run.py", "--mode", "train"], "weight_streaming")
+    assert expand_python_word(["python-ws", "run.py", "--mode", "train"], PY) == \
+        ([PY, "run.py", "--mode", "train"], "weight_streaming")
     assert expand_python_word(["python-pt", "run.py"], PY) == ([PY, "run.py"], "pytorch")
     assert expand_python_word(["python", "run.py"], PY) == (["python", "run.py"], None)
 
@@ -49,8 +52,8 @@ def test_every_component_spells_out_its_options():
     comps = " ".join(argv).split(" : ")
     assert len(comps) == 3
     for comp in comps:
-        for opt in ("--job-name=", "--nodes=", "--ntasks=", "--ntasks-per-node=", "--cpus-per-task=",
-                    "--exclusive", "--distribution=", "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL,CSRUN_ROLE="):
+        for opt in ("--job-name=", "--nodes=", "--ntasks=", "--ntasks-per-node=", "--cpus-per-task=", "--exclusive",
+                    "--distribution=", "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL,CSRUN_ROLE="):
             assert opt in comp, (opt, comp)
     assert "--gres=gpu:1" in comps[0] and "--gres" not in comps[1] + comps[2]
     assert "--exclude=node1" not in comps[0] and all("--exclude=node1" in c for c in comps[1:])
@@ -89,7 +92,8 @@ def test_lone_colon_goes_through_the_argv_shim():
 
 def test_containers_wrap_the_command():
     sing = Container("singularity", "/img/tf.sif", ("/data", "/scratch"))
-    assert sing.wrap(["python", "x.py"]) == ["singularity", "exec", "-B", "/data,/scratch", "/img/tf.sif", "python", "x.py"]
+    assert sing.wrap(["python", "x.py"]) == ["singularity", "exec", "-B", "/data,/scratch", "/img/tf.sif", "python",
+                                             "x.py"]
     assert Container("apptainer", "/i.sif").wrap(["a"]) == ["apptainer", "exec", "/i.sif", "a"]
     pyx = Container("pyxis", "nvcr.io#tf", ("/data",))
     assert pyx.wrap(["a"]) == ["a"]
@@ -117,5 +121,5 @@ def test_cpu_request_alloc_node_and_not():
 
 def test_cpu_sbatch_golden():
     req = CpuRequest(command=("python", "run.py", "--mode", "validate_only", "it's"), python=PY, node_cpus=2,
-                     exclude_node="node1", partition="batch", account="ml")
+                     exclude_node="node1", policy=SitePolicy(partition="batch", account="ml"))
     assert_golden("cpu_validate.sbatch", req.materialize_sbatch())

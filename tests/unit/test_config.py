@@ -1,8 +1,8 @@
 """Site configuration: lookup order, provenance, and errors naming file, key and valid keys."""
 import pytest
 
-from launcher.config import EMBEDDED, format_config, load_config
 from csrun_common.errors import ConfigError
+from launcher.config import EMBEDDED, format_config, load_config
 
 
 def env_for(tmp_path, text=None, explicit=True):

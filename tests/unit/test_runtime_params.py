@@ -10,9 +10,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from csrun_runtime.params import (IGNORED_MODELZOO_KEYS, MODES, RUNCONFIG_KEYS, ParamsError,
-                                     load_shard_plan, parse_args, resolve_params,
-                                     training_target, validate_params, worker_params)
+from csrun_runtime.params import (
+    IGNORED_MODELZOO_KEYS,
+    MODES,
+    RUNCONFIG_KEYS,
+    ParamsError,
+    load_shard_plan,
+    parse_args,
+    resolve_params,
+    training_target,
+    validate_params,
+    worker_params,
+)
 
 BASE = {
     "train_input": {"data_dir": "d", "batch_size": 8, "shuffle_seed": 100},

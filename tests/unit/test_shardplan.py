@@ -82,7 +82,7 @@ def _table(sizes, records=None):
 def test_plan_every_file_exactly_once(sizes, W, with_records, base_seed):
     records = [s // 7 + 1 for s in sizes] if with_records else None
     table = _table(sizes, records)
-    plan = sp.plan_shards(table, W, base_seed=base_seed)
+    plan = sp.plan_shards(table, W, sp.PlanOptions(base_seed=base_seed))
     d = plan.to_dict()
     schema.validate_plan(d)
     assert d["num_workers"] == W and len(d["workers"]) == W
@@ -91,7 +91,7 @@ def test_plan_every_file_exactly_once(sizes, W, with_records, base_seed):
         assert plan.mode == "shard"
         every = Counter(f for w in d["workers"] for f in w["files"])
         assert every == Counter(table.paths)  # each file exactly once
-        by_path = dict(zip(table.paths, sizes))
+        by_path = dict(zip(table.paths, sizes, strict=True))
         for w in d["workers"]:
             assert w["bytes"] == sum(by_path[f] for f in w["files"])
         bal = np.asarray(records if with_records else sizes)
@@ -107,8 +107,8 @@ def test_plan_every_file_exactly_once(sizes, W, with_records, base_seed):
 def test_plan_is_deterministic_and_roundtrips(tmp_path):
     rng = np.random.default_rng(3)
     sizes = rng.integers(1, 10 ** 6, 500)
-    a = sp.plan_shards(_table(sizes), 37, base_seed=5)
-    b = sp.plan_shards(_table(sizes), 37, base_seed=5)
+    a = sp.plan_shards(_table(sizes), 37, sp.PlanOptions(base_seed=5))
+    b = sp.plan_shards(_table(sizes), 37, sp.PlanOptions(base_seed=5))
     assert a.to_dict() == b.to_dict()
     out = a.write_json(tmp_path / "p" / "plan.json")
     loaded = schema.load_plan(out)
@@ -127,16 +127,16 @@ def test_worker_seed_distinct_and_in_range():
 
 
 def test_few_files_replicates_with_fix():
-    plan = sp.plan_shards(_table([100, 200, 300]), 8, reshard_hint="data/*.tfrecord")
+    plan = sp.plan_shards(_table([100, 200, 300]), 8, sp.PlanOptions(reshard_hint="data/*.tfrecord"))
     assert plan.mode == "replicate"
     (w,) = [w for w in plan.warnings if w.code == "FEW_FILES"]
     assert "3 file(s) for 8 input workers" in w.message
     assert "cs_input_analyzer reshard data/*.tfrecord --num-shards 8" in w.fix
     assert plan.imbalance == 1.0 and plan.total_bytes == 600
     with pytest.raises(ValueError, match="--mode shard: 3 file"):
-        sp.plan_shards(_table([100, 200, 300]), 8, mode="shard")
+        sp.plan_shards(_table([100, 200, 300]), 8, sp.PlanOptions(mode="shard"))
     with pytest.raises(ValueError, match="path entries"):
-        sp.plan_shards(_table([1] * 10), 20, replicate_max_entries=100)
+        sp.plan_shards(_table([1] * 10), 20, sp.PlanOptions(replicate_max_entries=100))
 
 
 def test_dominant_file_and_imbalance_warnings():
@@ -157,16 +157,17 @@ def test_suggest_num_shards():
 
 
 def test_shuffle_memory_warning_and_fix():
-    plan = sp.plan_shards(_table([100] * 10), 10, shuffle_buffer=1000, element_bytes=1e6,
-                          element_source="test", workers_per_node=4, node_memory_bytes=2 * 10 ** 9)
+    plan = sp.plan_shards(_table([100] * 10), 10, sp.PlanOptions(shuffle=sp.ShuffleBuffers(
+        buffer_elements=1000, element_bytes=1e6, element_source="test", workers_per_node=4,
+        node_memory_bytes=2 * 10 ** 9)))
     (w,) = [w for w in plan.warnings if w.code == "SHUFFLE_MEMORY"]
     # limit = 0.8 * 2e9 = 1.6e9 -> buffer <= 1.6e9 / (4 * 1e6) = 400, or 1 worker per node
     assert "shuffle_buffer <= 400" in w.fix and "at most 1 input worker" in w.fix
     assert plan.shuffle["per_node_bytes"] == 4 * 1000 * 10 ** 6 and plan.shuffle["fits"] is False
-    ok = sp.plan_shards(_table([100] * 10), 10, shuffle_buffer=10, element_bytes=100.0,
-                        workers_per_node=4, node_memory_bytes=2 * 10 ** 9)
+    ok = sp.plan_shards(_table([100] * 10), 10, sp.PlanOptions(shuffle=sp.ShuffleBuffers(
+        buffer_elements=10, element_bytes=100.0, workers_per_node=4, node_memory_bytes=2 * 10 ** 9)))
     assert ok.shuffle["fits"] is True and not ok.warnings
-    unchecked = sp.plan_shards(_table([100] * 10), 10, shuffle_buffer=10)
+    unchecked = sp.plan_shards(_table([100] * 10), 10, sp.PlanOptions(shuffle=sp.ShuffleBuffers(buffer_elements=10)))
     assert unchecked.shuffle["checked"] is False
 
 

@@ -41,7 +41,7 @@ def run(args, cwd=None):
 
 def one_line_error(result, *needles):
     assert result.exit_code == 2, result.output
-    lines = [l for l in result.output.splitlines() if l.strip()]
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
     # "Error: ..." (click) or "<prog>: error: ..." (the analyzer's one-line main)
     assert len(lines) == 1 and (lines[0].startswith("Error: ") or ": error: " in lines[0]), result.output
     assert "Traceback" not in result.output

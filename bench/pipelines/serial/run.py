@@ -8,7 +8,7 @@ one process gains nothing from more CPUs (threads wait for the GIL) and only mor
     cs_input_analyzer --no-run-command python bench/pipelines/serial/run.py \
         --params bench/pipelines/serial/configs/params.yaml --mode validate_only
 """
-from csrun_runtime import run  # first: it quiets TensorFlow's C++ start-up logging
+from csrun_runtime import run  # first: it quiets TensorFlow's C++ start-up logging  # noqa: I001
 
 from data import input_fn  # noqa: E402
 from model import model_fn  # noqa: E402

@@ -1,0 +1,243 @@
+"""Checkpoint and stop on a signal, for ``csrun_wse --requeue`` (README "Time limits,
+preemption and requeue").
+
+Slurm warns a job before its time limit with the signal of sbatch(1) ``--signal`` (csrun's
+default SIGUSR2, 90 s ahead) and ends a preempted or ``scontrol requeue``-d job with
+SIGTERM, then SIGKILL ``KillWait`` seconds later (slurm.conf(5) ``KillWait``: "The interval,
+in seconds, given to a job's processes between the SIGTERM and SIGKILL signals"). csrun_wse
+exports the signals to catch in ``CSRUN_STOP_SIGNALS`` (e.g. ``USR2:TERM``);
+:func:`install_from_env` runs when the runtime is imported, so that a signal arriving while
+TensorFlow still loads does not kill the task.
+
+The handler only records the signal (:func:`stop_requested`); every task keeps running:
+
+- the chief's training loop (:class:`csrun_runtime.training.TrainingLoop`) asks between two
+  steps, saves a checkpoint at the global step it reached, records the allocation
+  (:func:`record_allocation`) and the chief exits with :data:`REQUEUE_EXIT` after its input
+  workers left (:func:`wait_workers_left`), so that the job step's exit status is that code;
+- an input worker keeps no state: it keeps serving until the chief's ``done.json`` and
+  leaves with status 0 (it must not die of the signal before the chief has saved).
+
+The job is then requeued (by csrun's batch script, by Slurm itself on preemption or
+``scontrol requeue``) and the next allocation restores the newest checkpoint
+(``runconfig.autoload_last_checkpoint``), so the global steps of the allocations follow each
+other with no gap and no repeat. ``<model_dir>/performance/allocations.json`` lists every
+allocation (job, requeue count, first and last global step, the signal that stopped it and
+when) and ``performance.json`` says how many allocations the run took and the steps of each.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from csrun_common.atomic import read_json, write_json
+
+__all__ = ["REQUEUE_EXIT", "STOP_SIGNALS_ENV", "REQUEUE_COUNT_ENV", "install", "install_from_env", "set_label",
+           "stop_requested", "stop_signal", "stop_time", "exit_code", "Allocation", "record_allocation",
+           "run_allocations", "wait_workers_left", "reset"]
+
+#: Exit status of a chief that saved a checkpoint and stopped on a signal: EX_TEMPFAIL of
+#: sysexits.h (the same value as ``launcher.requeue.REQUEUE_EXIT``; the task side imports
+#: nothing of the launcher).
+REQUEUE_EXIT = 75
+#: The signals to turn into "checkpoint and stop" (names without ``SIG``, ``:``-separated).
+STOP_SIGNALS_ENV = "CSRUN_STOP_SIGNALS"
+#: Relaunches by csrun_wse on the srun path (the batch path has ``SLURM_RESTART_COUNT``).
+REQUEUE_COUNT_ENV = "CSRUN_REQUEUE_COUNT"
+#: Under ``<model_dir>/performance/``: the allocations of every run in this model_dir.
+ALLOCATIONS_FILE = "allocations.json"
+
+
+@dataclass
+class _StopRequest:
+    signal: str | None = None
+    at: float | None = None  # wall clock (time.time()) of the first signal
+
+
+_request = _StopRequest()
+_label = {"text": "INFO:csrun:", "role": "task"}
+
+
+def reset() -> None:
+    """Forget a recorded signal (tests; a process normally stops once)."""
+    _request.signal = None
+    _request.at = None
+
+
+def set_label(prefix: str, is_chief: bool) -> None:
+    """How the signal handler names this task on stderr (the runtime's log prefix)."""
+    _label["text"] = f"INFO:csrun:{prefix}"
+    _label["role"] = "chief" if is_chief else "input worker"
+
+
+def _handler(signum: int, _frame: Any) -> None:
+    """Record the first signal; nothing else (the training loop acts between two steps).
+    Writes one line with ``os.write``: no lock is taken inside a signal handler."""
+    name = signal.Signals(signum).name
+    if _request.signal is None:
+        _request.signal, _request.at = name, time.time()
+    what = ("saves a checkpoint at its next step and stops" if _label["role"] == "chief"
+            else "keeps serving until the chief has saved")
+    try:
+        os.write(2, f"{_label['text']}received {name}: the {_label['role']} {what}\n".encode())
+    except OSError:
+        pass
+
+
+def install(names: Iterable[str]) -> list[str]:
+    """Catch the signals ``names`` (``"USR2"``, ``"TERM"``, with or without ``SIG``) with
+    the recording handler; returns those installed. Only the main thread may install
+    handlers (Python's ``signal.signal``): elsewhere nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    done = []
+    for raw in names:
+        name = raw.strip().upper()
+        if not name:
+            continue
+        sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        signal.signal(sig, _handler)
+        done.append(sig.name)
+    return done
+
+
+def install_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """:func:`install` the signals of ``CSRUN_STOP_SIGNALS`` (csrun_wse ``--requeue``);
+    nothing when it is unset (a task not launched with ``--requeue`` keeps the default
+    dispositions)."""
+    value = (os.environ if env is None else env).get(STOP_SIGNALS_ENV, "")
+    return install(value.replace(",", ":").split(":")) if value else []
+
+
+def stop_requested() -> bool:
+    """A stop signal arrived: the chief should save and stop at its next step boundary."""
+    return _request.signal is not None
+
+
+def stop_signal() -> str | None:
+    """The first stop signal's name (``"SIGUSR2"``) or ``None``."""
+    return _request.signal
+
+
+def stop_time() -> float | None:
+    """Wall-clock time (``time.time()``) of the first stop signal, or ``None``."""
+    return _request.at
+
+
+def exit_code() -> int:
+    """:data:`REQUEUE_EXIT` after a stop signal, else 0 (the training reached its target)."""
+    return REQUEUE_EXIT if stop_requested() else 0
+
+
+def allocation_index(env: Mapping[str, str] | None = None) -> int:
+    """Requeues of this job so far: ``SLURM_RESTART_COUNT`` (sbatch(1): "the number of
+    times the job has been restarted"), else csrun_wse's ``CSRUN_REQUEUE_COUNT`` on the
+    srun path, else 0."""
+    e = os.environ if env is None else env
+    for key in ("SLURM_RESTART_COUNT", REQUEUE_COUNT_ENV):
+        try:
+            return int(e.get(key, ""))
+        except ValueError:
+            continue
+    return 0
+
+
+@dataclass
+class Allocation:
+    """One allocation of a training run (one job start, or one requeue of it).
+
+    Attributes:
+        job_id: ``SLURM_JOB_ID`` (``None`` outside Slurm); ``requeue``: requeues before it.
+        start_step: the global step restored at the start; ``end_step``: the step saved at
+            the end. Steps ``start_step+1 .. end_step`` were trained in this allocation.
+        target: the training target (``max_steps``) of the run.
+        stopped_by: the signal that stopped it (``"SIGUSR2"``), ``None`` when it reached the target.
+        process_start, first_step_at, signal_at, ended_at: wall-clock times (``time.time()``
+            seconds): the chief's process start, its first training step (``None`` when it
+            stopped before one), the stop signal, the end of the allocation's training.
+    """
+
+    job_id: str | None
+    requeue: int
+    node: str | None
+    start_step: int
+    end_step: int
+    target: int
+    stopped_by: str | None
+    process_start: float
+    first_step_at: float | None
+    signal_at: float | None
+    ended_at: float
+
+    @property
+    def steps(self) -> int:
+        """Global steps trained in this allocation."""
+        return self.end_step - self.start_step
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    data = read_json(path)
+    recs = data.get("allocations") if isinstance(data, dict) else None
+    return [r for r in recs if isinstance(r, dict)] if isinstance(recs, list) else []
+
+
+def run_allocations(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The allocations of the run that ends with ``records[-1]``: walking back, an earlier
+    allocation belongs to the run while it was stopped by a signal and the next one resumed
+    from the very step it saved (a run that reached its target, or a gap, starts a new run).
+    """
+    if not records:
+        return []
+    chain = [records[-1]]
+    for rec in reversed(records[:-1]):
+        if rec.get("stopped_by") and rec.get("end_step") == chain[0].get("start_step"):
+            chain.insert(0, rec)
+        else:
+            break
+    return chain
+
+
+def record_allocation(model_dir: str | os.PathLike[str], alloc: Allocation,
+                      log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Append ``alloc`` to ``<model_dir>/performance/allocations.json`` (atomically) and
+    return the keys ``performance.json`` gets: ``allocations`` (how many this run took so
+    far), ``allocation`` (this one's number, 1-based), ``steps_per_allocation``,
+    ``global_steps_per_allocation`` (``[start, end]`` pairs), ``stopped_by``. ``log`` gets
+    the two lines the chief logs."""
+    path = Path(model_dir) / "performance" / ALLOCATIONS_FILE
+    records = _load(path)
+    rec = {**asdict(alloc), "steps": alloc.steps}
+    records.append(rec)
+    write_json(path, {"allocations": records})
+    chain = run_allocations(records)
+    steps = [int(r["end_step"]) - int(r["start_step"]) for r in chain]
+    if log is not None:
+        log(f"allocation {len(chain)} of this run (job {alloc.job_id}, requeue {alloc.requeue}): global steps "
+            f"{alloc.start_step + 1}..{alloc.end_step} ({alloc.steps} steps)"
+            + (f", stopped by {alloc.stopped_by}" if alloc.stopped_by else ""))
+        log(f"the run took {len(chain)} allocation(s) so far; steps in each: {', '.join(map(str, steps))}")
+    return {"allocations": len(chain), "allocation": len(chain), "steps_per_allocation": steps,
+            "global_steps_per_allocation": [[int(r["start_step"]), int(r["end_step"])] for r in chain],
+            "stopped_by": alloc.stopped_by}
+
+
+def wait_workers_left(reports: Callable[[], Mapping[int, Any]], num_workers: int, timeout: float = 10.0) -> bool:
+    """After ``done.json``, wait until every input worker wrote its report (it leaves right
+    after, with status 0) or ``timeout`` seconds passed; returns whether all did. The chief
+    then exits last, so that the job step's status is the chief's (srun reports a task ended
+    by its termination as a failure of its own)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(reports()) >= num_workers:
+            time.sleep(0.2)  # the workers' os._exit right after their report
+            return True
+        time.sleep(0.1)
+    return False

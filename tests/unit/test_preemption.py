@@ -1,0 +1,97 @@
+"""csrun_runtime.preemption: the stop-signal hook, the allocation records of a requeued run,
+and the rendezvous key of a requeued job (no TensorFlow, no Slurm)."""
+import os
+import signal
+import time
+
+import pytest
+
+from csrun_common.atomic import read_json
+from csrun_common.roles import resolve_role
+from csrun_runtime import preemption
+
+
+@pytest.fixture()
+def handlers():
+    """Restore the signal dispositions and forget the recorded signal after a test."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    preemption.reset()
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+    preemption.reset()
+
+
+def test_nothing_installed_without_the_variable(handlers):
+    assert preemption.install_from_env({}) == []
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+def test_signal_is_recorded_and_the_task_lives_on(handlers, capfd):
+    assert preemption.install_from_env({preemption.STOP_SIGNALS_ENV: "USR2:TERM"}) == ["SIGUSR2", "SIGTERM"]
+    preemption.set_label("[worker 3 node2] ", is_chief=False)
+    assert not preemption.stop_requested() and preemption.exit_code() == 0
+    t0 = time.time()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    os.kill(os.getpid(), signal.SIGTERM)  # the first signal is the one recorded
+    assert preemption.stop_requested() and preemption.stop_signal() == "SIGUSR2"
+    assert preemption.stop_time() >= t0 and preemption.exit_code() == preemption.REQUEUE_EXIT == 75
+    err = capfd.readouterr().err
+    assert "INFO:csrun:[worker 3 node2] received SIGUSR2: the input worker keeps serving" in err
+    assert "received SIGTERM" in err
+
+
+def test_install_ignores_unknown_and_uncatchable_names(handlers):
+    assert preemption.install(["NOPE", "KILL", "", "SIGUSR1"]) == ["SIGUSR1"]
+
+
+def test_requeue_count_comes_from_slurm_or_csrun():
+    assert preemption.allocation_index({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert preemption.allocation_index({preemption.REQUEUE_COUNT_ENV: "1"}) == 1
+    assert preemption.allocation_index({}) == 0
+
+
+def alloc(start, end, stopped, requeue=0):
+    return preemption.Allocation(job_id="7", requeue=requeue, node="node1", start_step=start, end_step=end,
+                                 target=300, stopped_by=stopped, process_start=1.0, first_step_at=2.0,
+                                 signal_at=3.0 if stopped else None, ended_at=4.0)
+
+
+def test_allocations_of_a_run_are_chained_by_their_steps(tmp_path):
+    lines = []
+    preemption.record_allocation(tmp_path, alloc(0, 300, None), lines.append)  # an earlier, finished run
+    first = preemption.record_allocation(tmp_path, alloc(0, 120, "SIGUSR2"), lines.append)
+    assert first["allocations"] == 1 and first["steps_per_allocation"] == [120]
+    second = preemption.record_allocation(tmp_path, alloc(120, 250, "SIGTERM", 1), lines.append)
+    third = preemption.record_allocation(tmp_path, alloc(250, 300, None, 2), lines.append)
+    assert third["allocations"] == 3 and third["steps_per_allocation"] == [120, 130, 50]
+    assert third["global_steps_per_allocation"] == [[0, 120], [120, 250], [250, 300]]
+    assert second["stopped_by"] == "SIGTERM" and third["stopped_by"] is None
+    recs = read_json(tmp_path / "performance" / "allocations.json")["allocations"]
+    assert [r["steps"] for r in recs] == [300, 120, 130, 50]
+    assert lines[-2] == "allocation 3 of this run (job 7, requeue 2): global steps 251..300 (50 steps)"
+    assert lines[-1] == "the run took 3 allocation(s) so far; steps in each: 120, 130, 50"
+
+
+def test_a_gap_starts_a_new_run():
+    recs = [{"start_step": 0, "end_step": 100, "stopped_by": "SIGUSR2"},
+            {"start_step": 80, "end_step": 200, "stopped_by": None}]  # resumed from an older checkpoint
+    assert preemption.run_allocations(recs) == recs[1:]
+    assert preemption.run_allocations([]) == []
+
+
+def test_wait_workers_left():
+    seen = {}
+    assert preemption.wait_workers_left(lambda: seen, 0, timeout=1)
+    t0 = time.monotonic()
+    assert not preemption.wait_workers_left(lambda: seen, 2, timeout=0.3)
+    assert time.monotonic() - t0 < 2
+    assert preemption.wait_workers_left(lambda: {0: {}, 1: {}}, 2, timeout=1)
+
+
+def test_rendezvous_key_of_a_requeued_job():
+    base = {"CSRUN_ROLE": "worker", "SLURM_PROCID": "1", "CSRUN_TASK_OFFSET": "1", "CSRUN_NUM_WORKERS": "1",
+            "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+    assert resolve_role(base).rendezvous_key == "42.0"
+    assert resolve_role({**base, "SLURM_RESTART_COUNT": "0"}).rendezvous_key == "42.0"
+    assert resolve_role({**base, "SLURM_RESTART_COUNT": "2"}).rendezvous_key == "42.0.r2"
