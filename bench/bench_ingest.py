@@ -772,13 +772,13 @@ def _loop_summary(res: dict) -> dict:
 def run(quick: bool = False) -> dict:
     """Every part (see the module docstring). Quick (the CI smoke test): k = 1, 256 KiB, one
     repetition of 1 s windows, no hop variants, a short loop, 2 workers. Full: k = 1, 2, 4, 8,
-    16, all sizes, 3 repetitions of 1.5 s windows (after 0.5 s of warm-up; ~10 minutes in all on
+    16, all sizes, 3 repetitions of 1 s windows (after 0.3 s of warm-up; ~8 minutes in all on
     the 2-core host), the hop variants at k = 1, 16 workers."""
     if quick:
         ks, hop_ks, sizes, repeats, warmup, window = [1], [], ["256 KiB"], 1, 0.5, 1.0
         loop_spec, many = {"loop_steps": 300, "repeats": 1, "seconds": 0.5}, (2, 300)
     else:
-        ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1], list(SIZES), 3, 0.5, 1.5
+        ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1], list(SIZES), 3, 0.3, 1.0
         loop_spec, many = {"loop_steps": 20000, "repeats": 3, "seconds": 2.0}, (16, 4000)
     paths = [*PATHS, "raw TCP", "in-process"]
     out: dict[str, Any] = {"unit": "batches/s of 64 samples; MB/s = 10^6 bytes/s; CPU-s per MB",
