@@ -338,21 +338,22 @@ def _variant_source(reader: str) -> type:
             svc = tf.data.experimental.service
             self._bundles[i] = int((self.registry.get(i) or {}).get("bundle") or 1)
             kw: dict[str, Any] = {"max_outstanding_requests": 8} if reader == "mor8" else {}
+            self._generation[i] = gen = self._generation.get(i, 0) + 1
             consumers = 2 if reader == "two_consumers" else 1
             if consumers > 1:
                 kw["job_name"] = f"bench-{os.getpid()}-{time.time_ns()}-{i}"
             for _ in range(consumers):
                 ds = svc.from_dataset_id(processing_mode="parallel_epochs", service=f"grpc://{address}",
                                          dataset_id=self.dataset_id, **kw)
-                threading.Thread(target=self._read_one, args=(i, ds), daemon=True).start()
+                threading.Thread(target=self._read_one, args=(i, gen, ds), daemon=True).start()
 
-        def _read_one(self, i: int, ds: Any) -> None:
+        def _read_one(self, i: int, gen: int, ds: Any) -> None:
             try:
                 for element in ds:
-                    if not self._put((i, element)):
+                    if not self._put((i, gen, element)):
                         return
             except BaseException as e:  # noqa: BLE001 - reported to the consumer
-                self._put((i, e))
+                self._put((i, gen, e))
 
     return VariantSource
 
