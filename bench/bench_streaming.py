@@ -67,6 +67,14 @@ def _samples(el: Any) -> int:
     return samples_in(tf.nest.flatten(el))
 
 
+def _chunk_batch_size(batches: Any) -> int:
+    """Samples per batch of a chunk's element (its tensors are ``[batches, samples, ...]``)."""
+    import tensorflow as tf
+
+    flat = [t for t in tf.nest.flatten(batches) if t is not None]
+    return int(flat[0].shape[1]) if flat and len(flat[0].shape) > 1 else 1
+
+
 def _argv(spec: dict) -> list[str]:
     return [*spec["argv"], "--mode", "train", "--model_dir", spec["model_dir"]]
 
@@ -152,18 +160,21 @@ def child_chief(spec: dict) -> None:
             time.sleep(0.1)
         res["registered_s"] = time.monotonic() - t0
         source = service.ServiceSource(rdv, addresses, regs)
-        source.get(spec["start_timeout_s"])
+        # whole elements, as the training loop takes them (a bundle is several batches)
+        first = source.get_chunk(1 << 30, spec["start_timeout_s"])
+        batch = _chunk_batch_size(first.batches)
         t_end = time.monotonic() + spec["warmup_s"]
         while time.monotonic() < t_end:
-            source.get(60)
+            source.get_chunk(1 << 30, 60)
         samples = 0
         t1 = time.monotonic()
         while time.monotonic() - t1 < spec["measure_s"]:
-            _, el = source.get(60)
-            samples += _samples(el)
+            samples += source.get_chunk(1 << 30, 60).steps * batch
         dt = time.monotonic() - t1
+        desc = source.describe()
         res.update({"samples_per_sec": samples / dt, "samples": samples, "window_s": dt,
-                    "batches_per_worker": source.describe()["batches_per_worker"]})
+                    "batches_per_worker": desc["batches_per_worker"],
+                    "batches_per_element": desc["batches_per_element"]})
         rdv.mark_done("ok")
     except BaseException as exc:  # noqa: BLE001 - reported to the harness
         res["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"

@@ -473,6 +473,74 @@ def _rows_streaming(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_ingest(r: dict) -> list[Row]:
+    rows: list[Row] = []
+    for k, rec in (r.get("ceiling") or {}).items():
+        if rec.get("error"):
+            rows.append({"figure": f"ingest ceiling, {k}", "value": "error", "spread": str(rec["error"])[:120],
+                         "compared": ""})
+            continue
+        for size, p in (rec.get("sizes") or {}).items():
+            svc, raw = p.get("service") or {}, p.get("raw TCP") or {}
+            unb, inp = p.get("service, unbundled") or {}, p.get("in-process") or {}
+            rows.append({
+                "figure": f"ingest ceiling, {size} batches, {k}",
+                "value": fmt(svc.get("mb_per_sec"), "MB/s"),
+                "spread": (f"{fmt(_g(svc, 'batches_per_sec', 'median'))} batches/s "
+                           f"({_iqr_text(svc.get('batches_per_sec'))}); chief {fmt(svc.get('chief_cpu_s_per_mb'))} "
+                           f"CPU-s/MB, workers {fmt(svc.get('workers_cpu_s_per_mb'))}; unbundled "
+                           f"{fmt(unb.get('mb_per_sec'), 'MB/s')}; in-process "
+                           f"{fmt(_g(inp, 'batches_per_sec', 'median'))} batches/s"),
+                "compared": (f"raw TCP {fmt(raw.get('mb_per_sec'), 'MB/s')}: service = "
+                             f"{fmt(_g(p, 'service / raw TCP', 'median_ratio'))} of it; "
+                             f"{fmt(_g(p, 'service / unbundled', 'median_ratio'))} × unbundled")})
+    variants: dict[str, list[str]] = {}
+    ratios: dict[str, list[float]] = {}
+    for k, sizes in (r.get("hop") or {}).items():
+        for size, vs in sizes.items():
+            for v, rec in vs.items():
+                ratio = _g(rec, "vs_service", "median_ratio")
+                variants.setdefault(v, []).append(f"{k} {size} {fmt(ratio)}")
+                if ratio is not None:
+                    ratios.setdefault(v, []).append(float(ratio))
+    for v, texts in variants.items():
+        rows.append({"figure": f"hop: {v} / the runtime's default", "value": fmt(median(ratios.get(v, []))),
+                     "spread": "; ".join(texts), "compared": "MB/s, median of per-repetition ratios"})
+    loop = r.get("loop") or {}
+    if loop.get("error"):
+        rows.append({"figure": "training loop", "value": "error", "spread": str(loop["error"])[:120], "compared": ""})
+    elif loop:
+        pct = lambda key: fmt(100 * (loop.get(key) or float("nan")))  # noqa: E731
+        micro = loop.get("micro_us_per_step") or {}
+        chunked = next((v for k, v in micro.items() if k.startswith("TrainSteps, ") and "256" not in k), {})
+        rows.append({
+            "figure": "training loop, digits: µs per step (TrainingLoop, free input)",
+            "value": fmt(_g(loop, "loop_us_per_step", "median"), "µs"),
+            "spread": (f"floor {fmt(loop.get('floor_us_per_step'))} µs (256 steps/call); "
+                       f"{fmt(_g(chunked, 'median'))} µs at {loop.get('bundle')} steps/call; "
+                       f"train_on_batch {fmt(_g(micro, 'train_on_batch', 'median'))} µs"),
+            "compared": (f"overhead {fmt(loop.get('overhead_us_per_step'))} µs/step = "
+                         f"{pct('overhead_vs_step_at_digits_rate')} % of the step at digits' rate "
+                         f"({fmt(loop.get('digits_in_process_samples_per_sec'))} samples/s); "
+                         f"train_on_batch: {pct('train_on_batch_overhead_vs_step_at_digits_rate')} %")})
+    many = r.get("many") or {}
+    if many.get("error"):
+        rows.append({"figure": "many input workers", "value": "error", "spread": str(many["error"])[:120],
+                     "compared": ""})
+    elif many:
+        exits = many.get("worker_exits") or []
+        rows.append({
+            "figure": f"chief + {many.get('k')} input workers (digits): all registered after",
+            "value": fmt(many.get("workers_registered_secs"), "s"),
+            "spread": (f"chief exit {many.get('chief_exit')}, workers exit 0: {sum(1 for c in exits if c == 0)}/"
+                       f"{len(exits)}; {fmt(many.get('samples_per_sec'))} samples/s; "
+                       f"{many.get('workers_that_delivered')} workers delivered"),
+            "compared": (f"one input worker: RSS {fmt(_g(many, 'worker_rss_mb', 'median'))} MB, "
+                         f"PSS {fmt(_g(many, 'worker_pss_mb', 'median'))} MB, "
+                         f"USS {fmt(_g(many, 'worker_uss_mb', 'median'))} MB (medians)")})
+    return rows
+
+
 def _rows_shardplan(r: dict) -> list[Row]:
     return [
         {"figure": f"shard plan: {fmt(r.get('files'))} files onto {fmt(r.get('workers'))} workers",
@@ -569,10 +637,12 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
+    "ingest": _rows_ingest,
 }
 
 #: Table order (numbers of the issue's list).
-ORDER = ["launch", "startup", "recommend", "verify", "streaming", "shardplan", "requeue", "interrupt", "quiet"]
+ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
+         "interrupt", "quiet"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
@@ -648,9 +718,11 @@ def machine_line(results: Mapping[str, dict]) -> str:
         c = m.get("cluster") or {}
         v = m.get("versions") or {}
         pinned = "pinned to disjoint cores" if m.get("pinned") else "NOT pinned (all nodes share the host cores)"
-        s = (f"{m.get('host_cores')} host cores ({m.get('processor')}), test cluster of {c.get('nodes')} nodes × "
-             f"{c.get('node_cpus')} CPUs, nodes {pinned}; "
-             f"Python {v.get('python')}, TensorFlow {v.get('tensorflow')}, {v.get('slurm')}")
+        where = (f"test cluster of {c.get('nodes')} nodes × {c.get('node_cpus')} CPUs, nodes {pinned}"
+                 if c.get("nodes") else "local processes (no test cluster)")
+        s = (f"{m.get('host_cores')} host cores ({m.get('processor')}), {where}; "
+             f"Python {v.get('python')}, TensorFlow {v.get('tensorflow')}"
+             + (f", {v.get('slurm')}" if v.get("slurm") else ""))
         if s not in seen:
             seen.append(s)
     loads = [float(x[0]) for r in results.values() for x in ((r.get("meta") or {}).get("loadavg"),

@@ -16,6 +16,7 @@ name                  what                                                      
 ``startup``           csrun_wse --dry-run, cs_input_analyzer --help vs python       2
 ``shardplan``         1,000,000 files onto 10,000 workers: time, imbalance          7
 ``streaming``         tf.data service delivery vs the workers' standalone rates     6
+``ingest``            the chief's ingest ceiling, the hop, the loop, 16 workers     13
 ``recommend``         analyzer's layout vs exhaustive sweep; vs the default         3, 4
 ``verify``            cs_input_analyzer verify: predicted vs measured               5
 ``requeue``           one requeue: signal → resumed first step (s), lost steps      11
@@ -51,6 +52,7 @@ BENCHMARKS = {
     "startup": "bench_startup",
     "shardplan": "bench_shardplan",
     "streaming": "bench_streaming",
+    "ingest": "bench_ingest",
     "recommend": "bench_recommend",
     "verify": "bench_verify",
     "requeue": "bench_requeue",

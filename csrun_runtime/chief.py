@@ -37,7 +37,16 @@ from .coverage import check_job_files
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import build_worker_input
 from .rendezvous import Heartbeat, Rendezvous
-from .service import BatchSource, InputStalled, LocalSource, ServiceSource, limit_threads, start_dispatchers
+from .service import (
+    BatchSource,
+    InputStalled,
+    LocalSource,
+    ServiceSource,
+    limit_threads,
+    plan_bundle,
+    start_dispatchers,
+)
+from .steps import TrainSteps
 from .training import TrainingLoop, write_scalar
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
@@ -83,6 +92,9 @@ class Chief:
         self._eval_info: dict[str, Any] = {}
         self._eval_writer: Any = None
         self._servers: list[Any] = []  # the dispatchers, referenced for the job's life
+        #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
+        #: bytes, batches per element by worker), ``workers_registered_secs``.
+        self.ingest_info: dict[str, Any] = {}
         self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
         self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
         self._shards = False  # the training pipeline shards by the input-worker count
@@ -218,19 +230,47 @@ class Chief:
             self.jit_note = "Keras reports that this model does not support XLA"
             log.info("XLA: %s; running the train step without XLA", self.jit_note)
 
-    def first_step(self, model: keras.Model, x: Any, y: Any) -> dict[str, Any]:
-        """The first train step, falling back from XLA when its compile fails (jit auto)."""
-        try:
-            return model.train_on_batch(x, y, return_dict=True)
-        except Exception as e:  # noqa: BLE001
-            if not (model.jit_compile and self.rc.get("jit_compile", "auto") == "auto"):
-                raise
+    def _time_steps(self, model: keras.Model, spec: Any) -> tuple[float, list[float], int]:
+        """compile_only's timing: the first step (trace and compile, with the XLA fallback),
+        then ``runconfig.compile_only_steps`` steps on a synthetic element of the input's
+        shapes, in calls of as many steps as training would make (the bundle
+        :func:`csrun_runtime.service.plan_bundle` gives, capped by ``steps_per_execution``).
+        Returns ``(first step s, seconds per step of each timed call, steps per call)``."""
+        import tensorflow as tf
+
+        batch = synthetic_batch(spec, "random")
+        bundle = plan_bundle(spec, self.rc.get("input_bundle", "auto")).bundle
+        spe = self.rc.get("steps_per_execution", "auto")
+        n = int(self.rc["compile_only_steps"])
+        per_call = max(1, min(n, bundle, bundle if spe == "auto" else int(spe)))
+        element = tf.nest.map_structure(lambda t: None if t is None else tf.stack([t] * bundle), batch)
+        steps = self.train_steps(model)
+        t = time.monotonic()
+        steps(element, 0, 1)
+        first = time.monotonic() - t
+        times, done = [], 0
+        while done < n:
+            k = min(per_call, n - done)
+            t = time.monotonic()
+            steps(element, 0, k)
+            times.append((time.monotonic() - t) / k)
+            done += k
+        return first, times, per_call
+
+    def train_steps(self, model: keras.Model, step_var: tf.Variable | None = None) -> TrainSteps:
+        """The chief's several-steps-per-call train function for ``model``; with
+        ``runconfig.jit_compile: auto`` an XLA compile failure on the first call is logged
+        (``xla_note``) and training goes on without XLA (:class:`csrun_runtime.steps.TrainSteps`).
+        ``step_var``: the global step variable, advanced inside each call."""
+
+        def fell_back(e: BaseException) -> None:
             self.jit_note = f"XLA compile failed: {type(e).__name__}: {str(e).strip()[:300]}"
             log.warning("%s; falling back to the train step without XLA", self.jit_note)
-            model.jit_compile = False
             model.train_function = None
             model.test_function = None
-            return model.train_on_batch(x, y, return_dict=True)
+
+        return TrainSteps(model, fell_back, allow_fallback=self.rc.get("jit_compile", "auto") == "auto",
+                          counter=step_var)
 
     def _checkpointing(self, model):
         import tensorflow as tf
@@ -337,16 +377,8 @@ class Chief:
             raise Refused(mrep.violations)
         model = self._build_model(spec)
         self._apply_jit(model)
-        x, y = synthetic_batch(spec, "random")
-        t = time.monotonic()
-        self.first_step(model, x, y)
-        first = time.monotonic() - t
+        first, times, per_call = self._time_steps(model, spec)
         n = int(self.rc["compile_only_steps"])
-        times = []
-        for _ in range(n):
-            t = time.monotonic()
-            model.train_on_batch(x, y, return_dict=True)
-            times.append(time.monotonic() - t)
         med = statistics.median(times)
         compile_time = max(0.0, first - med)
         est = batch_size / med if med > 0 else None
@@ -357,6 +389,7 @@ class Chief:
             "first_step_time": round(first, 4),
             "median_step_time": round(med, 6),
             "timed_steps": n,
+            "steps_per_call": per_call,
             "batch_size": batch_size,
             "xla": xla,
             "xla_note": self.jit_note,
@@ -373,7 +406,7 @@ class Chief:
             f"compile time: {rec['compile_time']} s (first step {rec['first_step_time']} s "
             f"minus median step {rec['median_step_time']} s)",
             f"estimated samples/s: {rec['est_samples_per_sec']} (batch_size {batch_size} / "
-            f"median of {n} timed steps on synthetic batches)",
+            f"median of {n} timed steps on synthetic batches, {per_call} steps per call)",
             f"model parameters: {rec['parameters']}",
             f"element_spec: {rec['element_spec']}",
             f"devices: {', '.join(rec['devices'])}",
@@ -407,14 +440,36 @@ class Chief:
             self.evaluate(model, int(step_var.numpy()))
             return 0
         write_params_yaml(self.model_dir, self.params, "train")
-        source: BatchSource
-        if addresses:
-            source = ServiceSource(self.rendezvous, addresses, self.wait_workers())
-        else:
-            source = LocalSource(limit_threads(ds, self.role.cpus_per_task))
+        source = self._training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
         TrainingLoop(self, model, step_var, mgr, source, batch_size, evaluating).run()
         return preemption.exit_code()  # 75 after a stop signal (csrun_wse --requeue), else 0
+
+    def _training_source(self, ds: Any, addresses: list[str]) -> BatchSource:
+        """Where training batches come from: the merged streams of the input workers (each
+        bundled as its worker registered it), else the in-process pipeline bundled by
+        ``runconfig.input_bundle``. Logs the bundling and keeps it for performance.json
+        (:attr:`ingest_info`)."""
+        setting = self.rc.get("input_bundle", "auto")
+        if addresses:
+            registry = self.wait_workers()
+            plans = {i: r.get("bundling") or {"batches_per_element": r.get("bundle", 1)}
+                     for i, r in sorted(registry.items())}
+            first = plans[min(plans)]
+            same = all(p.get("batches_per_element") == first.get("batches_per_element") for p in plans.values())
+            log.info("input bundling: %s", first.get("reason", "?") if same else
+                     "; ".join(f"worker {i}: {p.get('reason', '?')}" for i, p in plans.items()))
+            self.ingest_info["input_bundle"] = {
+                "setting": setting, "batch_bytes": first.get("batch_bytes"),
+                "batches_per_element": {str(i): p.get("batches_per_element") for i, p in plans.items()},
+                "reason": first.get("reason")}
+            return ServiceSource(self.rendezvous, addresses, registry)
+        plan = plan_bundle(ds.element_spec, setting)
+        log.info("input bundling (in-process pipeline): %s", plan.reason)
+        self.ingest_info["input_bundle"] = {
+            "setting": setting, "batch_bytes": plan.batch_bytes,
+            "batches_per_element": {"in-process": plan.bundle}, "reason": plan.reason}
+        return LocalSource(limit_threads(ds, self.role.cpus_per_task), plan)
 
     @property
     def rendezvous(self) -> Rendezvous:
@@ -437,7 +492,8 @@ class Chief:
 
     def wait_workers(self) -> dict[int, dict[str, Any]]:
         """Wait until every input worker registered ``status: ok`` in the rendezvous; returns
-        ``{worker index: registration}``. Raises ``Refused`` (a worker's contract
+        ``{worker index: registration}``; the seconds it waited are kept in
+        ``ingest_info["workers_registered_secs"]``. Raises ``Refused`` (a worker's contract
         violations) or :class:`csrun_runtime.service.InputStalled` after
         ``runconfig.worker_start_timeout_secs`` seconds."""
 
@@ -455,6 +511,7 @@ class Chief:
                 raise Refused(problems)
             ok = {i: r for i, r in regs.items() if r and r.get("status") == "ok"}
             if len(ok) == self.num_workers:
+                self.ingest_info["workers_registered_secs"] = round(time.monotonic() - t0, 3)
                 log.info("all %d input worker(s) registered in %.1f s: %s", self.num_workers,
                          time.monotonic() - t0,
                          ", ".join(f"{i} on {r.get('node')}" for i, r in sorted(ok.items())))

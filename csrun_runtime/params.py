@@ -126,6 +126,13 @@ def _jit(v):
     raise ValueError("must be auto, true or false")
 
 
+def _auto_or_int(v):
+    """auto or an integer >= 1"""
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return v
+    raise ValueError("must be auto or an integer >= 1")
+
+
 def _logging(v):
     """DEBUG, INFO, WARNING or ERROR"""
     if isinstance(v, str) and v.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -179,6 +186,10 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
     "strict": _Key(_bool, False,
                    "input workers' files that overlap or leave files unread are an error, not a "
                    "warning (also --strict)"),
+    "input_bundle": _Key(_auto_or_int, "auto",
+                         "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
+    "steps_per_execution": _Key(_auto_or_int, "auto",
+                                "most training steps per call (auto: every batch of a received element)"),
 }
 
 #: Model Zoo / TF Estimator runconfig keys that are accepted but not implemented (warned about).

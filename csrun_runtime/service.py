@@ -8,13 +8,21 @@ Design (see csrun_runtime/README.md):
   every worker run a different pipeline: a tf.data service job runs its dataset on *every*
   worker of a dispatcher.
 - Each input worker (:mod:`csrun_runtime.worker`) registers *its own* dataset as
-  :data:`DATASET_ID` with its dispatcher.
+  :data:`DATASET_ID` with its dispatcher (:func:`register_stream`). Small batches travel in
+  *bundles* (:func:`plan_bundle`): ``B`` consecutive batches stacked into one service element
+  (``Dataset.batch(B)`` on the worker), because every service element costs a fixed
+  round trip (one outstanding ``GetElement`` request per worker stream) that dominates
+  small batches.
 - The chief reads each worker's stream with ``from_dataset_id(processing_mode="parallel_epochs",
   compression=None)`` on one Python thread per worker and merges them first-come-first-served
-  through a bounded queue (:class:`ServiceSource`). A worker that dies only silences its own
-  stream: training goes on with the others; a watchdog fails the chief naming the workers when no
-  batch arrives for ``runconfig.input_timeout_secs``. Without input workers the chief iterates
-  the pipeline itself (:class:`LocalSource`).
+  through a bounded queue (:class:`ServiceSource`). The training loop takes *chunks*
+  (:class:`Chunk`: up to all the batches of one element, in the worker's order) and trains
+  several steps per call on them; :meth:`ServiceSource.get` still hands out single batches.
+  A worker that dies only silences its own stream: training goes on with the others
+  (:meth:`ServiceSource.add_stream` opens a replacement's or a new worker's stream); a
+  watchdog fails the chief naming the workers when no batch arrives for
+  ``runconfig.input_timeout_secs``. Without input workers the chief iterates the pipeline
+  itself (:class:`LocalSource`), bundled the same way.
 
 TensorFlow is imported inside the functions: importing this module stays light.
 """
@@ -25,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .elastic import WorkerWatch
@@ -33,11 +42,20 @@ from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
 
-__all__ = ["BatchSource", "ServiceSource", "LocalSource", "InputStalled", "start_dispatchers",
-           "limit_threads", "count_elements", "DATASET_ID"]
+__all__ = ["BatchSource", "ServiceSource", "LocalSource", "InputStalled", "Chunk", "BundlePlan",
+           "start_dispatchers", "start_worker_server", "plan_bundle", "batch_nbytes", "bundle_dataset",
+           "register_stream", "limit_threads", "count_elements", "DATASET_ID", "BUNDLE_TARGET_BYTES",
+           "MAX_BUNDLE"]
 
 #: dataset id each worker registers with its dispatcher.
 DATASET_ID = "csrun-train"
+
+#: ``input_bundle: auto`` stacks batches into service elements of about this many bytes.
+#: Measured on the 2-core test host (BENCHMARKS.md, ``ingest``): bytes/s through one
+#: worker stream rise with the element size up to 1-2 MiB elements and fall beyond.
+BUNDLE_TARGET_BYTES = 1 << 20
+#: ``input_bundle: auto`` never stacks more batches than this into one element.
+MAX_BUNDLE = 256
 
 log = logging.getLogger("csrun.runtime")
 
@@ -46,13 +64,63 @@ class InputStalled(RuntimeError):
     """No batch for too long, or every input worker's stream failed (names the workers)."""
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Consecutive training batches of one input worker, for one training call: batches
+    ``offset .. offset + steps - 1`` of ``batches``.
+
+    Attributes:
+        worker: the input worker's index (0 for the in-process pipeline).
+        batches: the service element they come from: the structure of one batch
+            (``(features, labels)``, ``labels`` may be ``None``) whose every tensor has a
+            leading dimension of the element's batches (1 for an unbundled element). Passed
+            whole, never sliced: a training call reads its batches in place, and its
+            compiled loop sees one shape per element size.
+        offset: index of the chunk's first batch in ``batches``.
+        steps: how many batches (training steps) the chunk holds, ``>= 1``.
+    """
+
+    worker: int
+    batches: Any
+    offset: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """How many batches one service element carries (see :func:`plan_bundle`).
+
+    Attributes:
+        bundle: batches per element (``1``: each element is one batch, no bundling).
+        batch_bytes: bytes of one batch (every tensor's static size), ``None`` when a shape
+            or dtype has no static size.
+        setting: the ``runconfig.input_bundle`` value that chose it (``"auto"`` or an int).
+        reason: one line saying why (for the logs and performance.json).
+    """
+
+    bundle: int
+    batch_bytes: int | None
+    setting: str | int
+    reason: str
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as a JSON-ready dict."""
+        return {"batches_per_element": self.bundle, "batch_bytes": self.batch_bytes,
+                "element_bytes": None if self.batch_bytes is None else self.batch_bytes * self.bundle,
+                "setting": self.setting, "reason": self.reason}
+
+
 class BatchSource(Protocol):
     """Where the chief's training batches come from (:class:`ServiceSource`, :class:`LocalSource`).
 
-    ``get(timeout, what)`` returns ``(worker_index, (features, labels))`` or raises
-    :class:`InputStalled` after ``timeout`` seconds without a batch (``what`` names the
-    setting in the message); ``describe()`` gives the per-worker counts for performance.json.
+    ``get_chunk(max_steps, timeout, what)`` returns a :class:`Chunk` of ``1..max_steps``
+    batches of one worker, in that worker's order; ``get(timeout, what)`` returns one batch as
+    ``(worker_index, (features, labels))``. Both raise :class:`InputStalled` after ``timeout``
+    seconds without a batch (``what`` names the setting in the message). ``describe()`` gives
+    the per-worker batch counts for performance.json (batches handed out, in batches).
     """
+
+    def get_chunk(self, max_steps: int, timeout: float, what: str = ...) -> Chunk: ...
 
     def get(self, timeout: float, what: str = ...) -> tuple[int, Any]: ...
 
@@ -79,6 +147,19 @@ def start_dispatchers(n: int) -> tuple[list[Any], list[str]]:
     return servers, ports
 
 
+def start_worker_server(dispatcher_address: str, host: str) -> Any:
+    """Start a tf.data service ``WorkerServer`` on port 0 attached to the dispatcher at
+    ``dispatcher_address`` (``host:port``), advertising ``host`` (the address the chief
+    reaches it by), heartbeat every second. The caller keeps it referenced for the process's
+    life: destroying it can deadlock a pipeline that uses ``tf.py_function``."""
+    import tensorflow as tf
+
+    svc = tf.data.experimental.service
+    return svc.WorkerServer(svc.WorkerConfig(
+        dispatcher_address=dispatcher_address, worker_address=f"{host}:%port%", port=0,
+        protocol="grpc", heartbeat_interval_ms=1000))
+
+
 def _is_lost_worker_error(e: BaseException) -> bool:
     import tensorflow as tf
     return isinstance(e, (tf.errors.UnavailableError, tf.errors.CancelledError,
@@ -86,87 +167,305 @@ def _is_lost_worker_error(e: BaseException) -> bool:
                           tf.errors.OutOfRangeError, StopIteration))
 
 
-class LocalSource:
+# --------------------------------------------------------------------------- bundling
+def batch_nbytes(element_spec: Any) -> int | None:
+    """Bytes of one element of ``element_spec`` (a batch): the sum over its dense tensors of
+    elements × dtype size. ``None`` when a shape is not fully static, a dtype has no fixed
+    size (string, variant) or a component is not a dense tensor (sparse, ragged): such
+    elements cannot be stacked by ``Dataset.batch``. ``None`` labels count 0 bytes."""
+    import tensorflow as tf
+
+    total = 0
+    for spec in tf.nest.flatten(element_spec):
+        if spec is None or type(spec).__name__ == "NoneTensorSpec":
+            continue
+        if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
+            return None
+        if spec.dtype in (tf.string, tf.variant, tf.resource):
+            return None
+        total += int(spec.shape.num_elements()) * int(spec.dtype.size)
+    return total
+
+
+def plan_bundle(element_spec: Any, setting: str | int = "auto") -> BundlePlan:
+    """How many batches an input worker stacks into one tf.data service element.
+
+    Every service element costs a round trip on its worker's stream (the tf.data service
+    client keeps one ``GetElement`` request outstanding per worker), so small batches are
+    sent ``B`` at a time (``Dataset.batch(B)``) and unstacked by the chief.
+
+    Args:
+        element_spec: ``element_spec`` of the training dataset (one batch per element).
+        setting: ``runconfig.input_bundle``: ``"auto"`` — ``B = min(MAX_BUNDLE,
+            max(1, BUNDLE_TARGET_BYTES // batch_bytes))``; an int ``N >= 1`` — exactly ``N``
+            (``1`` turns bundling off).
+
+    Returns:
+        the :class:`BundlePlan`. Bundling needs every tensor's shape and size to be static
+        (``Dataset.batch`` stacks equal shapes only): otherwise ``bundle == 1`` whatever the
+        setting, and ``reason`` says so.
+    """
+    nbytes = batch_nbytes(element_spec)
+    if nbytes is None:
+        return BundlePlan(1, None, setting, "off: the batch has a tensor without a static shape "
+                                            "and size, which Dataset.batch cannot stack")
+    if setting != "auto":
+        n = int(setting)
+        why = "off (runconfig.input_bundle = 1)" if n == 1 else f"runconfig.input_bundle = {n}"
+        return BundlePlan(n, nbytes, setting, why)
+    n = max(1, min(MAX_BUNDLE, BUNDLE_TARGET_BYTES // max(1, nbytes)))
+    if n == 1:
+        why = (f"off: a batch ({_mb(nbytes)}) is already at least half of the "
+               f"{_mb(BUNDLE_TARGET_BYTES)} element size bundling aims at")
+    else:
+        why = (f"auto: {n} batches of {_mb(nbytes)} per element ({_mb(n * nbytes)}, aiming at "
+               f"{_mb(BUNDLE_TARGET_BYTES)})")
+    return BundlePlan(n, nbytes, setting, why)
+
+
+def _mb(nbytes: int) -> str:
+    if nbytes >= 1 << 20:
+        return f"{nbytes / (1 << 20):.2f} MiB"
+    return f"{nbytes / 1024:.1f} KiB"
+
+
+def bundle_dataset(ds: Any, bundle: int) -> Any:
+    """``ds`` with ``bundle`` consecutive batches stacked into each element (a new leading
+    dimension of size ``bundle``; the dataset is infinite, so nothing is dropped); ``ds``
+    itself when ``bundle == 1``."""
+    if bundle <= 1:
+        return ds
+    return ds.batch(int(bundle), drop_remainder=True)
+
+
+def register_stream(address: str, ds: Any, plan: BundlePlan, counter: list[int],
+                    dataset_id: str = DATASET_ID, compression: str | None = None) -> Any:
+    """Register an input worker's training dataset with its dispatcher (``host:port``), the
+    way the runtime's input workers do: bundled by ``plan``, each element counted in
+    ``counter[0]`` (:func:`count_elements`; service elements, i.e. bundles), no compression
+    (measured: compression costs the chief CPU and gained nothing on loopback). Returns the
+    registered dataset. The WorkerServer serving it must already be attached to the
+    dispatcher (or be started later)."""
+    import tensorflow as tf
+
+    served = count_elements(bundle_dataset(ds, plan.bundle), counter)
+    tf.data.experimental.service.register_dataset(service=f"grpc://{address}", dataset=served,
+                                                  compression=compression, dataset_id=dataset_id)
+    return served
+
+
+# --------------------------------------------------------------------------- the chief's sources
+def _steps_in(element: Any) -> int:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(element):
+        if t is not None:
+            return int(t.shape[0])
+    raise ValueError("an element without tensors")
+
+
+def _map(fn: Any, element: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda t: None if t is None else fn(t), element)
+
+
+@dataclass
+class _Pending:
+    """The element the chief is handing out, and how much of it is left."""
+
+    worker: int
+    element: Any
+    bundled: bool
+    size: int
+    offset: int = 0
+
+
+class _ChunkedSource:
+    """Hands out the elements of input streams as chunks or single batches (the bundling's
+    other end). Subclasses give ``_next_element(timeout, what) -> (worker, element)`` and
+    ``_bundles`` (batches per element, by worker). Counts are batches handed out."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self._bundles: dict[int, int] = {}
+        self._pending: _Pending | None = None
+
+    def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    def _fill(self, timeout: float, what: str) -> _Pending:
+        if self._pending is None:
+            i, el = self._next_element(timeout, what)
+            bundled = self._bundles.get(i, 1) > 1
+            self._pending = _Pending(i, el, bundled, _steps_in(el) if bundled else 1)
+        return self._pending
+
+    def _took(self, p: _Pending, m: int) -> None:
+        p.offset += m
+        if p.offset >= p.size:
+            self._pending = None
+        self.counts[p.worker] = self.counts.get(p.worker, 0) + m
+
+    def get_chunk(self, max_steps: int, timeout: float,
+                  what: str = "runconfig.input_timeout_secs") -> Chunk:
+        """Up to ``max_steps`` consecutive batches of one worker (see :class:`Chunk`): the rest
+        of the element being handed out, else of the next element to arrive. Raises
+        :class:`InputStalled` (see the subclass)."""
+        import tensorflow as tf
+
+        p = self._fill(timeout, what)
+        m = min(max(1, int(max_steps)), p.size - p.offset)
+        batches = p.element if p.bundled else _map(lambda t: tf.expand_dims(t, 0), p.element)
+        chunk = Chunk(p.worker, batches, p.offset, m)
+        self._took(p, m)
+        return chunk
+
+    def get(self, timeout: float, what: str = "runconfig.input_timeout_secs") -> tuple[int, Any]:
+        """One batch: ``(worker_index, (features, labels))``. Raises :class:`InputStalled`."""
+        p = self._fill(timeout, what)
+        if p.bundled:
+            a = p.offset
+            batch = _map(lambda t: t[a], p.element)
+        else:
+            batch = p.element
+        self._took(p, 1)
+        return p.worker, batch
+
+
+class LocalSource(_ChunkedSource):
     """Batches from a dataset iterated in-process (single-process mode, zero workers).
 
-    ``get()`` returns ``(0, (features, labels))``; it blocks without a timeout (the pipeline
+    Args:
+        ds: the training dataset (one batch per element).
+        plan: bundling of the in-process pipeline (``Dataset.batch(plan.bundle)``), so that the
+            training loop gets chunks of several steps as from input workers; ``None``: none.
+
+    ``get_chunk`` / ``get`` return worker index 0; they block without a timeout (the pipeline
     runs in this process, so there is nothing remote to wait for).
     """
 
-    def __init__(self, ds: Any):
-        self._it = iter(ds)
+    def __init__(self, ds: Any, plan: BundlePlan | None = None):
+        super().__init__()
+        self.plan = plan
+        bundle = plan.bundle if plan is not None else 1
+        self._bundles = {0: bundle}
+        self._it = iter(bundle_dataset(ds, bundle))
         self.counts = {0: 0}
 
-    def get(self, timeout: float, what: str = "") -> tuple[int, Any]:
-        batch = next(self._it)
-        self.counts[0] += 1
-        return 0, batch
+    def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
+        return 0, next(self._it)
 
     def describe(self) -> dict[str, Any]:
-        return {"num_workers": 0, "batches_per_worker": {"in-process": self.counts[0]}}
+        return {"num_workers": 0, "batches_per_worker": {"in-process": self.counts[0]},
+                "batches_per_element": {"in-process": self._bundles[0]}}
 
     def close(self) -> None:
         pass
 
 
-class ServiceSource:
+class ServiceSource(_ChunkedSource):
     """Merge the streams of every input worker (one reader thread per worker's dispatcher).
 
     Args:
         rdv: the rendezvous (to name workers and read heartbeats).
         addresses: ``host:port`` of dispatcher ``i`` for worker ``i``.
-        registry: the workers' registrations by index (node, host, pid, ...).
-        queue_size: bound of the merge queue in batches.
+        registry: the workers' registrations by index (node, host, pid, and ``bundle``: the
+            batches per service element of that worker's stream, 1 when absent).
+        queue_size: bound of the merge queue in service elements (default ``max(4, 2 n)``).
+        dataset_id: the dataset id the workers registered (:data:`DATASET_ID`).
 
-    ``get(timeout)`` returns ``(worker_index, (features, labels))`` and raises
-    :class:`InputStalled` naming the workers (node, heartbeat age, last batch) when no batch
-    arrived for ``timeout`` seconds or every stream has failed. A stream that fails with a
-    worker-loss error (Unavailable, Cancelled, ...) or whose worker's heartbeat goes stale is
-    reported once as a warning and training continues with the others; any other error from a
-    worker's pipeline (e.g. InvalidArgument from input_fn's ops) fails the chief naming it.
+    ``get_chunk(max_steps, timeout)`` returns a :class:`Chunk` and ``get(timeout)`` one batch
+    ``(worker_index, (features, labels))``; both raise :class:`InputStalled` naming the workers
+    (node, heartbeat age, last batch) when no batch arrived for ``timeout`` seconds or every
+    stream has failed. Each worker's batches come in that worker's order; across workers,
+    elements are merged first come, first served. A stream that fails with a worker-loss error
+    (Unavailable, Cancelled, ...) or whose worker's heartbeat goes stale is reported once as a
+    warning and training continues with the others; any other error from a worker's pipeline
+    (e.g. InvalidArgument from input_fn's ops) fails the chief naming it.
     """
 
     def __init__(self, rdv: Rendezvous, addresses: list[str], registry: Mapping[int, Mapping],
-                 queue_size: int = 0):
-        import tensorflow as tf
-
+                 queue_size: int = 0, dataset_id: str = DATASET_ID):
+        super().__init__()
         self.rdv = rdv
         self.registry = dict(registry)
         self.n = len(addresses)
+        self.dataset_id = dataset_id
         self._q: queue.Queue = queue.Queue(maxsize=queue_size or max(4, 2 * self.n))
+        self._stop = threading.Event()
         self.counts = {i: 0 for i in range(self.n)}
-        self.last: dict[int, float | None] = {i: None for i in range(self.n)}  # monotonic time of last batch
+        self.last: dict[int, float | None] = {i: None for i in range(self.n)}  # monotonic time of last element
         self.failed: dict[int, str] = {}
         self.announced: set = set()
         self._fatal: str | None = None
         self._next_check = time.monotonic() + HEARTBEAT_SECS
-        self._datasets = []
-        svc = tf.data.experimental.service
-        for addr in addresses:
-            ds = svc.from_dataset_id(processing_mode="parallel_epochs", service=f"grpc://{addr}",
-                                     dataset_id=DATASET_ID)
-            self._datasets.append(ds)
+        self._datasets: dict[int, Any] = {}
+        self._threads: dict[int, threading.Thread] = {}
+        self._generation: dict[int, int] = {}  # streams opened per worker index (add_stream)
         self.addresses = list(addresses)
-        self._gen = [0] * self.n  # reopen() count per stream: a superseded reader's error is dropped
         self.watch = WorkerWatch(rdv, self.registry)  # lost and replaced workers (elastic.py)
-        self._threads = [threading.Thread(target=self._read, args=(i, 0), daemon=True,
-                                          name=f"stream-{i}") for i in range(self.n)]
-        for t in self._threads:
-            t.start()
+        for i, addr in enumerate(addresses):
+            self._start_stream(i, addr)
+
+    def add_stream(self, index: int, dispatcher_address: str, registration: Mapping | None = None) -> None:
+        """Open (or reopen) input worker ``index``'s stream while training: the dataset
+        :data:`DATASET_ID` of the dispatcher at ``dispatcher_address`` (``host:port``), read
+        by a new reader thread into the shared merge queue. ``registration`` is the worker's
+        ``workers/<index>.json`` (node, pid, ``bundle``: its batches per service element);
+        it replaces the old one. ``index`` may be new (``>= n``: the source grows to
+        ``index + 1`` streams; indices in between, never opened, count as stopped) or a
+        worker reported lost (its failure and stop are forgotten; its batch count goes on).
+        A reader still running on the old stream of ``index`` is not stopped: it ends when
+        that stream fails. Call it from the training loop's thread (between chunks)."""
+        if registration is not None:
+            self.registry[index] = dict(registration)
+        for j in range(self.n, index + 1):
+            self.counts.setdefault(j, 0)
+            self.last.setdefault(j, None)
+            if j != index:
+                self.announced.add(j)
+        self.n = max(self.n, index + 1)
+        self.addresses += [""] * (self.n - len(self.addresses))
+        self.addresses[index] = dispatcher_address
+        self.failed.pop(index, None)
+        self.announced.discard(index)
+        self._start_stream(index, dispatcher_address)
+
+    def _start_stream(self, i: int, address: str) -> None:
+        """Open worker ``i``'s stream and start its reader thread (the merge queue is shared
+        and counts are by worker index)."""
+        import tensorflow as tf
+
+        self._bundles[i] = int((self.registry.get(i) or {}).get("bundle") or 1)
+        self._datasets[i] = tf.data.experimental.service.from_dataset_id(
+            processing_mode="parallel_epochs", service=f"grpc://{address}", dataset_id=self.dataset_id)
+        self._generation[i] = gen = self._generation.get(i, 0) + 1
+        self._threads[i] = threading.Thread(target=self._read, args=(i, gen), daemon=True,
+                                            name=f"stream-{i}.{gen}")
+        self._threads[i].start()
 
     def _who(self, i: int) -> str:
         reg = self.registry.get(i) or {}
         return f"input worker {i} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
+    def _put(self, item: tuple[int, int, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _read(self, i: int, gen: int) -> None:
         try:
-            for batch in self._datasets[i]:
-                self._q.put((i, batch))
-            err: BaseException = StopIteration("the stream ended")
+            for element in self._datasets[i]:
+                if not self._put((i, gen, element)):
+                    return
+            self._put((i, gen, StopIteration("the stream ended")))
         except BaseException as e:  # noqa: BLE001 - reported to the consumer
-            err = e
-        if self._gen[i] == gen:  # not superseded by reopen()
-            self._q.put((i, err))
+            self._put((i, gen, e))
 
     def stopped(self) -> set[int]:
         """Indices of the workers whose stream failed or whose heartbeat went stale."""
@@ -177,22 +476,14 @@ class ServiceSource:
         ``i`` (:mod:`csrun_runtime.elastic`). When the reader thread still waits in the stream
         (the tf.data service client retries a lost worker and takes up the dispatcher's new
         worker by itself), only the worker's stopped state is cleared; when it ended with an
-        error, a new stream of the dataset and a new reader thread replace it. Returns
-        ``"resumed"`` or ``"reopened"``."""
-        import tensorflow as tf
-
-        self.registry[i] = dict(registration)
-        self.failed.pop(i, None)
-        self.announced.discard(i)
+        error, :meth:`add_stream` opens a new stream of the dataset on a new reader thread.
+        Returns ``"resumed"`` or ``"reopened"``."""
         if self._threads[i].is_alive():
+            self.registry[i] = dict(registration)
+            self.failed.pop(i, None)
+            self.announced.discard(i)
             return "resumed"
-        self._gen[i] += 1
-        self._datasets[i] = tf.data.experimental.service.from_dataset_id(
-            processing_mode="parallel_epochs", service=f"grpc://{self.addresses[i]}",
-            dataset_id=DATASET_ID)
-        self._threads[i] = threading.Thread(target=self._read, args=(i, self._gen[i]), daemon=True,
-                                            name=f"stream-{i}.{self._gen[i]}")
-        self._threads[i].start()
+        self.add_stream(i, self.addresses[i], registration)
         return "reopened"
 
     def _handle_error(self, i: int, e: BaseException) -> None:
@@ -221,7 +512,7 @@ class ServiceSource:
                             else "no input worker left")
 
     def status_text(self) -> str:
-        """One clause per worker: node, heartbeat age, batches delivered, last batch age."""
+        """One clause per worker: node, heartbeat age, batches delivered, last element age."""
         now = time.monotonic()
         parts = []
         for i in range(self.n):
@@ -234,7 +525,9 @@ class ServiceSource:
                          + (f", error {self.failed[i]}" if i in self.failed else ""))
         return "; ".join(parts)
 
-    def get(self, timeout: float, what: str = "runconfig.input_timeout_secs") -> tuple[int, Any]:
+    def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
+        """The next service element of any stream (first come, first served), with the
+        watchdog: heartbeats checked every HEARTBEAT_SECS, InputStalled after ``timeout``."""
         start = time.monotonic()
         while True:
             if self._fatal:
@@ -247,7 +540,7 @@ class ServiceSource:
                 self._check_heartbeats()
                 self._next_check = now + HEARTBEAT_SECS
             try:
-                i, item = self._q.get(timeout=0.5)
+                i, gen, item = self._q.get(timeout=0.5)
             except queue.Empty:
                 now = time.monotonic()
                 if len(self.stopped() - self.watch.awaiting()) == self.n and now - start > 1.0:
@@ -258,25 +551,29 @@ class ServiceSource:
                                        f"({what} = {timeout:g}): {self.status_text()}") from None
                 continue
             if isinstance(item, BaseException):
-                self._handle_error(i, item)
+                if gen == self._generation[i]:  # an error of a stream add_stream replaced is old news
+                    self._handle_error(i, item)
                 continue
-            self.counts[i] += 1
             self.last[i] = time.monotonic()
             return i, item
 
     def describe(self) -> dict[str, Any]:
-        """Per-worker batch counts and nodes (for performance.json and the log)."""
+        """Per-worker batch counts (batches handed to training), nodes and batches per
+        element (for performance.json and the log)."""
         return {
             "num_workers": self.n,
             "batches_per_worker": {str(i): self.counts[i] for i in range(self.n)},
             "worker_nodes": {str(i): (self.registry.get(i) or {}).get("node") for i in range(self.n)},
             "workers_stopped": sorted(set(self.announced) | set(self.failed)),
+            "batches_per_element": {str(i): self._bundles.get(i, 1) for i in range(self.n)},
             **self.watch.describe(),
         }
 
     def close(self) -> None:
-        """Nothing to join: reader threads are daemons; the process leaves with ``os._exit``
-        (deleting a tf.data service iterator may block for seconds, ARCHITECTURE.md)."""
+        """Stop the reader threads after their current element (they are daemons; nothing is
+        joined: the process leaves with ``os._exit``, and deleting a tf.data service iterator
+        may block for seconds, ARCHITECTURE.md)."""
+        self._stop.set()
 
 
 def count_elements(ds: tf.data.Dataset, counter: list[int]) -> tf.data.Dataset:

@@ -1,6 +1,14 @@
-"""The chief's training loop: one batch per step from a :class:`csrun_runtime.service.BatchSource`
-until the global step reaches the training target, with the Model Zoo's logging, checkpoint
-and evaluation cadence, and the measurements behind ``performance/performance.json``.
+"""The chief's training loop: chunks of batches from a :class:`csrun_runtime.service.BatchSource`,
+several steps per call (:class:`csrun_runtime.steps.TrainSteps`), until the global step reaches
+the training target, with the Model Zoo's logging, checkpoint and evaluation cadence, and the
+measurements behind ``performance/performance.json``.
+
+A chunk never crosses a step the loop must stop at: the first step (trained alone: it traces
+and compiles), every multiple of ``checkpoint_steps`` and ``eval_frequency``, and the target.
+Steps that log may fall inside a chunk: the call returns every step's loss, so each
+``global_step = N, loss = X`` line and TensorBoard ``loss`` point is step N's own. So the log
+lines, checkpoints, evaluations and the exact step count are those of a loop of single steps;
+a stop between calls (:meth:`TrainingLoop.run`'s loop) lands between two chunks.
 
 Log lines (the Cerebras document "Weight Streaming Quickstart" shows their form):
 ``global_step = N, loss = X``, ``Saving checkpoint at global step N``,
@@ -22,7 +30,8 @@ from csrun_common.atomic import write_json
 from . import preemption
 from .artifacts import performance_record
 from .params import training_target
-from .service import BatchSource
+from .service import BatchSource, Chunk
+from .steps import TrainSteps
 
 if TYPE_CHECKING:
     from .chief import Chief
@@ -49,13 +58,15 @@ def write_scalar(tag: str, value: float, step: int) -> None:
 @dataclass
 class LoopClock:
     """What the loop measures (monotonic seconds). The first step (trace and compile) is kept
-    apart: ``waits``/``computes`` hold steps 2..N; the TensorBoard window restarts at every
-    logged step."""
+    apart: ``waits``/``computes`` hold steps 2..N (a chunk's wait and compute time spread
+    evenly over its steps); the TensorBoard window restarts at every logged step;
+    ``chunk_steps`` counts the calls by chunk size."""
 
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
     t_first: float | None = None      # the first batch arrived
     t_first_end: float | None = None  # the first step ended
+    t_end: float | None = None        # the last step ended
     first_step_time: float = 0.0
     programming_time: float = 0.0     # process start to the first step (s)
     eval_time: float = 0.0
@@ -63,6 +74,7 @@ class LoopClock:
     win_t: float = 0.0
     win_samples: int = 0
     win_wait: float = 0.0
+    chunk_steps: dict[int, int] = field(default_factory=dict)
 
 
 class TrainingLoop:
@@ -77,6 +89,10 @@ class TrainingLoop:
         source: where batches come from.
         batch_size: samples per batch (the input_fn contract fixes it).
         evaluating: ``train_and_eval``: evaluate every ``eval_frequency`` steps and at the end.
+
+    Each call trains a chunk: at most ``runconfig.steps_per_execution`` steps (``auto``: as
+    many as the element being handed out holds) and never past the next step the loop stops
+    at (see the module docstring).
     """
 
     def __init__(self, chief: Chief, model: Any, step_var: Any, mgr: Any, source: BatchSource,
@@ -89,6 +105,8 @@ class TrainingLoop:
         self.log_steps = int(rc["log_steps"])
         self.ckpt_steps = int(rc["checkpoint_steps"])
         self.eval_freq = rc.get("eval_frequency") if evaluating else None
+        spe = rc.get("steps_per_execution", "auto")
+        self.max_chunk = 1 << 30 if spe == "auto" else int(spe)
         self.first_timeout = float(rc["worker_start_timeout_secs"])
         self.timeout = float(rc["input_timeout_secs"])
         self.step = self.start
@@ -96,6 +114,7 @@ class TrainingLoop:
         self.loss = float("nan")
         self.clock = LoopClock()
         self.writer: Any = None
+        self.steps_fn: TrainSteps | None = None
 
     def run(self) -> None:
         """Train to the target, save the final checkpoint, write performance.json, and
@@ -115,7 +134,7 @@ class TrainingLoop:
         log.info("training from global step %d to %d (batch_size %d)", self.start, self.target,
                  self.batch_size)
         while self.step < self.target and not preemption.stop_requested():  # csrun_wse --requeue
-            self._one_step()
+            self._one_chunk()
         if self.step == self.start:  # stopped before the first step: nothing new to save
             self.source.close()
             self._record_allocation()
@@ -138,61 +157,82 @@ class TrainingLoop:
             process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
         return preemption.record_allocation(c.model_dir, alloc, log.info)
 
-    # ------------------------------------------------------------------ one step
-    def _one_step(self) -> None:
+    # ------------------------------------------------------------------ one chunk
+    def _one_chunk(self) -> None:
+        """Take a chunk, train its steps in one call (which advances the global step
+        variable), log every step of it that logs, then checkpoint / evaluate when the chunk
+        ended on such a step."""
         t0 = time.monotonic()
-        x, y = self._next_batch()
+        chunk = self._next_chunk(self._chunk_limit())
         t1 = time.monotonic()
-        logs = self._train_on(x, y)
+        logs, losses = self._train_on(chunk)
         t2 = time.monotonic()
-        self.step += 1
-        self.step_var.assign(self.step)
-        self._record(t0, t1, t2)
+        before, self.step = self.step, self.step + chunk.steps
+        self._record(t0, t1, t2, chunk.steps)
         self.loss = float(logs.get("loss", next(iter(logs.values()), float("nan"))))
-        if self.step == self.start + 1 or self.step % self.log_steps == 0 or self.step == self.target:
-            self._log_step()
+        logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
+        for s in logged:
+            self._log_step(s, losses[s - before - 1], last=s == logged[-1])
         if self.ckpt_steps and self.step % self.ckpt_steps == 0:
             self.chief.save(self.mgr, self.step)
             self.last_saved = self.step
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target:
             self._evaluate_during_training()
 
-    def _next_batch(self) -> tuple[Any, Any]:
-        if self.clock.t_first is None:
-            _, (x, y) = self.source.get(self.first_timeout, "runconfig.worker_start_timeout_secs")
-        else:
-            _, (x, y) = self.source.get(self.timeout)
-        return x, y
+    def _logs_at(self, step: int) -> bool:
+        return step == self.start + 1 or step % self.log_steps == 0 or step == self.target
 
-    def _train_on(self, x: Any, y: Any) -> dict[str, Any]:
+    def _chunk_limit(self) -> int:
+        """Steps the next call may train: 1 for the first step, else up to
+        ``steps_per_execution`` but never past the target or the next multiple of
+        ``checkpoint_steps`` or ``eval_frequency`` (steps that need the model as it is then;
+        a logged step inside a chunk gets its loss from the call)."""
         if self.clock.t_first is None:
+            return 1
+        limit = min(self.max_chunk, self.target - self.step)
+        for every in (self.ckpt_steps, self.eval_freq):
+            if every:
+                limit = min(limit, every - self.step % every)
+        return max(1, limit)
+
+    def _next_chunk(self, limit: int) -> Chunk:
+        if self.clock.t_first is None:
+            return self.source.get_chunk(limit, self.first_timeout, "runconfig.worker_start_timeout_secs")
+        return self.source.get_chunk(limit, self.timeout)
+
+    def _train_on(self, chunk: Chunk) -> tuple[dict[str, float], list[float]]:
+        if self.steps_fn is None:
             self.clock.t_first = time.monotonic()
             self.clock.programming_time = time.time() - self.chief.t_proc
-            return self.chief.first_step(self.model, x, y)
-        return self.model.train_on_batch(x, y, return_dict=True)
+            self.steps_fn = self.chief.train_steps(self.model, self.step_var)
+        return self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
 
-    def _record(self, t0: float, t1: float, t2: float) -> None:
+    def _record(self, t0: float, t1: float, t2: float, steps: int) -> None:
         c = self.clock
+        c.chunk_steps[steps] = c.chunk_steps.get(steps, 0) + 1
         if c.t_first_end is None:
             c.t_first_end = t2
             c.first_step_time = t2 - t1
             c.win_t = t2
             return
-        c.waits.append(t1 - t0)
-        c.computes.append(t2 - t1)
-        c.win_samples += self.batch_size
+        c.waits.extend([(t1 - t0) / steps] * steps)
+        c.computes.extend([(t2 - t1) / steps] * steps)
+        c.win_samples += self.batch_size * steps
         c.win_wait += t1 - t0
 
-    def _log_step(self) -> None:
-        """The log line and the TensorBoard scalars of the window since the last logged step."""
+    def _log_step(self, step: int, loss: float, last: bool) -> None:
+        """The log line and the ``loss`` scalar of ``step``; at the ``last`` logged step of a
+        chunk also the rate scalars of the window since the previous one."""
         c = self.clock
-        log.info("global_step = %d, loss = %.6g", self.step, self.loss)
+        log.info("global_step = %d, loss = %.6g", step, loss)
         with self.writer.as_default():
-            write_scalar("loss", self.loss, self.step)
+            write_scalar("loss", loss, step)
+            if not last:
+                return
             now = time.monotonic()
             if c.win_samples and now > c.win_t:
-                write_scalar("samples_per_sec", c.win_samples / (now - c.win_t), self.step)
-                write_scalar("input_wait_fraction", c.win_wait / (now - c.win_t), self.step)
+                write_scalar("samples_per_sec", c.win_samples / (now - c.win_t), step)
+                write_scalar("input_wait_fraction", c.win_wait / (now - c.win_t), step)
             c.win_t, c.win_samples, c.win_wait = now, 0, 0.0
 
     def _evaluate_during_training(self) -> None:
@@ -208,6 +248,7 @@ class TrainingLoop:
     def _finish(self, t_end: float) -> None:
         c = self.clock
         assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
+        c.t_end = t_end
         steps = self.step - self.start
         total_time = (t_end - c.t_first) - c.eval_time
         total_samples = steps * self.batch_size
@@ -221,6 +262,12 @@ class TrainingLoop:
             "xla": bool(self.model.jit_compile), "xla_note": self.chief.jit_note,
             "num_workers": self.chief.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
             "mode": self.chief.mode, "eval_time": round(c.eval_time, 4),
+            **self.chief.ingest_info,
+            "steps_per_execution": {
+                "setting": self.chief.rc.get("steps_per_execution", "auto"),
+                "calls": sum(c.chunk_steps.values()),
+                "mean_steps_per_call": round(steps / max(1, sum(c.chunk_steps.values())), 3),
+                "calls_by_steps": {str(k): v for k, v in sorted(c.chunk_steps.items())}},
         }
         extra.update(self._record_allocation())
         rec = performance_record(

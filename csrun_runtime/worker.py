@@ -9,9 +9,11 @@ seed, which the task keeps; with a shard plan its files and a ``data_dir`` view 
 ``<rendezvous>/data_views/<i>/``), reads back the files its pipeline lists
 (:func:`csrun_runtime.pipeline.pipeline_files`), checks the dataset against the input_fn
 contract (:mod:`csrun_runtime.contract`), registers it
-as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``) and writes
-``workers/<i>.json``. It then serves until the chief writes ``done.json`` (or its heartbeat
-goes stale), and leaves a report of what it produced.
+as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``; small batches bundled
+several per service element, :func:`csrun_runtime.service.plan_bundle`) and writes
+``workers/<i>.json`` (with ``bundle``: the batches per element). It then serves until the
+chief writes ``done.json`` (or its heartbeat goes stale), and leaves a report of what it
+produced.
 
 TensorFlow is imported inside the functions, as everywhere in :mod:`csrun_runtime`: a run.py
 imports the runtime before TensorFlow, so that the runtime's quiet-logging settings are in
@@ -32,7 +34,7 @@ from .elastic import ATTEMPT_ENV, tell_supervisor
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
-from .service import DATASET_ID, count_elements, limit_threads
+from .service import BundlePlan, limit_threads, plan_bundle, register_stream, start_worker_server
 from .sharding import TF_CONFIG_VAR
 
 __all__ = ["run_worker", "InputWorker"]
@@ -75,7 +77,8 @@ class InputWorker:
                    "attempt": int(os.environ.get(ATTEMPT_ENV) or 0)}  # > 0: a replacement
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
-        self.counter = [0]
+        self.counter = [0]  # service elements produced (bundles of ``self.bundling.bundle`` batches)
+        self.bundling = BundlePlan(1, None, "auto", "not planned yet")
         self.plan: dict[str, Any] | None = None
         self.files: list[str] | None = None  # the files its pipeline lists (pipeline_files)
 
@@ -166,12 +169,7 @@ class InputWorker:
         return str(addresses[self.index])
 
     def _start_server(self, address: str) -> Any:
-        import tensorflow as tf
-
-        svc = tf.data.experimental.service
-        server = svc.WorkerServer(svc.WorkerConfig(
-            dispatcher_address=address, worker_address=f"{self.role.host}:%port%", port=0,
-            protocol="grpc", heartbeat_interval_ms=1000))
+        server = start_worker_server(address, self.role.host)
         _KEEP_ALIVE.append(server)
         return server
 
@@ -193,11 +191,10 @@ class InputWorker:
         return built
 
     def _build_and_register(self, address: str) -> tuple[int | None, WorkerInput] | None:
-        """Build the dataset, check the contract, register it with the dispatcher. Returns
-        ``(batch_size, built input)``, or ``None`` after registering the violations as a
-        failure."""
-        import tensorflow as tf
-
+        """Build the dataset, check the contract, register it with the dispatcher, bundled as
+        ``runconfig.input_bundle`` and the batch's size say
+        (:func:`csrun_runtime.service.plan_bundle`). Returns ``(batch_size, built input)``, or
+        ``None`` after registering the violations as a failure."""
         try:
             built = self._build()
             ds = built.dataset
@@ -215,9 +212,8 @@ class InputWorker:
         # the files its first pass lists; iterating them here does not change what is served
         # (the server rebuilds the dataset from its graph; see pipeline_files)
         self.files = pipeline_files(ds)
-        ds = count_elements(limit_threads(ds, self.role.cpus_per_task), self.counter)
-        tf.data.experimental.service.register_dataset(service=f"grpc://{address}", dataset=ds,
-                                                      compression=None, dataset_id=DATASET_ID)
+        self.bundling = plan_bundle(ds.element_spec, self.resolved.params["runconfig"].get("input_bundle", "auto"))
+        register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.bundling, self.counter)
         return batch_size, built
 
     def _register(self, address: str, server: Any, batch_size: int | None, built: WorkerInput) -> None:
@@ -231,13 +227,14 @@ class InputWorker:
             **self.me, "status": "ok", "dispatcher": address,
             "worker_address": worker_address, "batch_size": batch_size,
             "shuffle_seed": ti.get("shuffle_seed"), "data_files": files,
-            "pipeline_files": self.files, **built.describe(), "registered": time.time()})
+            "pipeline_files": self.files, **built.describe(), "registered": time.time(),
+            "bundle": self.bundling.bundle, "bundling": self.bundling.describe()})
         log.info("serving input_fn to the chief (dispatcher %s, batch_size %s, shuffle_seed %s, "
-                 "TF_CONFIG task.index %d of %d, %s%s)", address, batch_size, ti.get("shuffle_seed"),
+                 "TF_CONFIG task.index %d of %d, %s%s; bundling %s)", address, batch_size, ti.get("shuffle_seed"),
                  built.tf_config["task"]["index"], len(built.tf_config["cluster"]["worker"]),
                  f"{len(self.files)} file(s) listed by its pipeline" if self.files is not None
                  else "files not seen", ", file list shuffled with the job-wide seed"
-                 if built.file_list_job_wide else "")
+                 if built.file_list_job_wide else "", self.bundling.reason)
 
     def _serve_until_done(self) -> tuple[int, str | None]:
         """Serve until ``done.json`` (exit 0 and the chief's status) or the chief is lost (1)."""
@@ -254,12 +251,13 @@ class InputWorker:
     def _write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
         ti = built.params["train_input"]
         files = ti.get("data_files")
-        elements = self.counter[0]
+        elements = self.counter[0] * self.bundling.bundle  # batches produced (served or buffered)
         report = {**self.me, "files": files,
                   "files_source": "shard_plan" if files is not None else "input_fn",
                   "pipeline_files": self.files, **built.describe(),
                   "shuffle_seed": ti.get("shuffle_seed"), "elements": elements,
                   "samples": elements * (batch_size or 0), "batch_size": batch_size,
+                  "service_elements": self.counter[0], "bundle": self.bundling.bundle,
                   "chief_status": status, "seconds": round(time.monotonic() - self.t0, 3)}
         self.rdv.write_report(self.index, report)
         log.info("produced %d batch(es) (%d samples); chief status %s; leaving", elements,

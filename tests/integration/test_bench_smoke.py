@@ -1,6 +1,6 @@
 """Smoke test of the benchmark harness on the Slurm test cluster (no timing assertions).
 
-Runs ``bench/run.py --quick --only launch,startup,shardplan`` into a temporary results
+Runs ``bench/run.py --quick --only launch,startup,shardplan,ingest`` into a temporary results
 directory and checks that every JSON file exists with the common metadata and its
 benchmark's figures, and that the Markdown table was generated from them.
 """
@@ -21,6 +21,7 @@ REQUIRED = {
     "launch": ["csrun_wse_s", "srun_s", "compare", "layout", "pairs"],
     "startup": ["commands", "ratios", "paired"],
     "shardplan": ["plan_s", "imbalance", "files", "workers"],
+    "ingest": ["ceiling", "loop", "many", "targets"],
 }
 META = ["date", "quick", "host_cores", "pinned", "versions", "cluster", "elapsed_s"]
 
@@ -49,6 +50,13 @@ def test_bench_quick_smoke(cli_env, tmp_path):
     launch = json.loads((results / "launch.json").read_text())
     assert launch["compare"]["pairs"] == launch["pairs"]
     assert launch["srun_argv"][0] == "srun" and ":" in launch["srun_argv"]  # a het launch
+    ingest = json.loads((results / "ingest.json").read_text())
+    assert "error" not in ingest["ceiling"]["k=1"], ingest["ceiling"]["k=1"]
+    paths = ingest["ceiling"]["k=1"]["sizes"]["256 KiB"]
+    for path in ("service", "service, unbundled", "raw TCP", "in-process"):
+        assert paths[path]["mb_per_sec"] > 0, path
+    assert "error" not in ingest["loop"] and ingest["loop"]["floor_us_per_step"] > 0
+    assert ingest["many"]["chief_exit"] == 0 and ingest["many"]["worker_exits"] == [0, 0]
     startup = json.loads((results / "startup.json").read_text())
     assert "python -c pass" in startup["commands"]
     assert startup["commands"]["csrun_wse --dry-run"]["n"] >= 2

@@ -50,6 +50,11 @@ def test_chief_and_two_workers_with_a_shard_plan(data, tmp_path):
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["num_workers"] == 2 and perf["total_samples"] == 300 * 64
     assert perf["batches_per_worker"] == {"0": int(m.group(1)), "1": int(m.group(2))}
+    # small batches travel 63 to a service element (input_bundle: auto), trained in chunks
+    assert "input bundling: auto: 63 batches of 16.2 KiB per element" in chief
+    assert perf["input_bundle"]["batches_per_element"] == {"0": 63, "1": 63}
+    assert perf["batches_per_element"] == {"0": 63, "1": 63}
+    assert perf["steps_per_execution"]["calls"] < 300 / 10
     # each worker read only its own files, with its own seed, and says how much it produced
     reports = helpers.worker_reports(md)
     assert sorted(reports) == [0, 1]
@@ -63,6 +68,25 @@ def test_chief_and_two_workers_with_a_shard_plan(data, tmp_path):
         assert reports[i]["chief_status"] == "ok"
     (rdv,) = helpers.rendezvous_dirs(md)
     assert json.loads((rdv / "done.json").read_text())["status"] == "ok"
+
+
+def test_bundling_off_through_the_service(data, tmp_path):
+    """input_bundle: 1 sends one batch per service element; the counts still add up."""
+    params = helpers.digits_params(tmp_path, data, input_bundle=1, log_steps=20, checkpoint_steps=0)
+    md = tmp_path / "md"
+    job = helpers.LocalJob(["--params", str(params), "--mode", "train", "--max_steps", "60",
+                            "--model_dir", str(md)], 2, tmp_path / "logs")
+    try:
+        codes = job.wait(timeout=240)
+    finally:
+        job.cleanup()
+    assert codes == [0, 0, 0], "\n".join(job.log(k) for k in range(3))
+    perf = json.loads((md / "performance" / "performance.json").read_text())
+    assert perf["input_bundle"]["batches_per_element"] == {"0": 1, "1": 1}
+    assert sum(perf["batches_per_worker"].values()) == 60
+    assert perf["steps_per_execution"]["calls_by_steps"] == {"1": 60}
+    reports = helpers.worker_reports(md)
+    assert all(r["bundle"] == 1 and r["elements"] == r["service_elements"] for r in reports.values())
 
 
 def test_shard_plan_for_another_worker_count_is_refused(data, tmp_path):
