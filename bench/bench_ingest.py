@@ -787,6 +787,7 @@ def run(quick: bool = False) -> dict:
                            "warmup_s": warmup, "window_s": window, "rows_per_batch": ROWS,
                            "where": "local processes on this host (chief, workers, senders)",
                            "ceiling": {}, "hop": {}, "not_measured": NOT_MEASURED}
+    common.ensure_example_data(["digits"])  # the loop and many-workers parts train digits
     with tempfile.TemporaryDirectory(prefix="bench_ingest_") as tmp:
         work = Path(tmp)
         for k in ks:

@@ -83,16 +83,6 @@ def workers_layout(node_cpus: int) -> dict:
     return {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": int(node_cpus)}
 
 
-def _prepare_data(env: dict) -> None:
-    """The examples' data (examples/*/data, git-ignored) when missing."""
-    if not any((REPO / "examples/images/data").glob("train-*.tfrecord")):
-        subprocess.run([sys.executable, str(REPO / "examples/images/prepare_data.py")], check=True,
-                       capture_output=True, timeout=600, env=env)
-    if not (REPO / "examples/digits/data/manifest.json").exists():
-        subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py")], check=True,
-                       capture_output=True, timeout=600, env=env, cwd=REPO)
-
-
 def _analyze(name: str, out: Path, budget: float, env: dict) -> dict:
     run_py, args = EXAMPLES[name]
     wall, rep = common.run_analyzer(run_py, [*args, "--mode", "validate_only"], budget, out, env,
@@ -151,7 +141,7 @@ def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp, \
             common.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        _prepare_data(env)
+        common.ensure_example_data(["images", "digits"], env)
         for cycle in range(cycles):
             for name in EXAMPLES:
                 out = Path(tmp) / f"{name}_{cycle}"

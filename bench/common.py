@@ -208,6 +208,20 @@ def run_analyzer(run_py: Path, args: Sequence[str], budget_s: float, out: Path, 
     return wall, rep
 
 
+#: The examples' prepared data (git-ignored): the files whose presence says it is there.
+EXAMPLE_DATA = {"digits": "manifest.json", "images": "train-*.tfrecord"}
+
+
+def ensure_example_data(names: Iterable[str], env: Mapping[str, str] | None = None) -> None:
+    """Prepare ``examples/<name>/data`` (``prepare_data.py``) for each example in ``names``
+    whose data is missing, as a fresh checkout has none. Raises ``CalledProcessError``."""
+    for name in names:
+        if not any((REPO / "examples" / name / "data").glob(EXAMPLE_DATA[name])):
+            subprocess.run([sys.executable, str(REPO / "examples" / name / "prepare_data.py")], check=True,
+                           capture_output=True, timeout=600, env=dict(env) if env is not None else None,
+                           cwd=str(REPO))
+
+
 def slurm_env() -> dict:
     """This process's environment with ``SLURM_CONF`` pointing at the test cluster (unless
     already set) and the interpreter's bin directory first on ``PATH``."""
