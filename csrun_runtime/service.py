@@ -187,7 +187,7 @@ def batch_nbytes(element_spec: Any) -> int | None:
     return total
 
 
-def plan_bundle(element_spec: Any, setting: str | int = "auto") -> BundlePlan:
+def plan_bundle(element_spec: Any, setting: str | int = "auto", max_batches: int | None = None) -> BundlePlan:
     """How many batches an input worker stacks into one tf.data service element.
 
     Every service element costs a round trip on its worker's stream (the tf.data service
@@ -199,6 +199,10 @@ def plan_bundle(element_spec: Any, setting: str | int = "auto") -> BundlePlan:
         setting: ``runconfig.input_bundle``: ``"auto"`` — ``B = min(MAX_BUNDLE,
             max(1, BUNDLE_TARGET_BYTES // batch_bytes))``; an int ``N >= 1`` — exactly ``N``
             (``1`` turns bundling off).
+        max_batches: with ``"auto"``, at most this many batches per element (an input
+            worker passes the run's steps ÷ (4 × input workers), so that a short run still
+            takes batches from every worker: the merge is first come, first served by
+            element). ``None``: no such cap.
 
     Returns:
         the :class:`BundlePlan`. Bundling needs every tensor's shape and size to be static
@@ -214,7 +218,12 @@ def plan_bundle(element_spec: Any, setting: str | int = "auto") -> BundlePlan:
         why = "off (runconfig.input_bundle = 1)" if n == 1 else f"runconfig.input_bundle = {n}"
         return BundlePlan(n, nbytes, setting, why)
     n = max(1, min(MAX_BUNDLE, BUNDLE_TARGET_BYTES // max(1, nbytes)))
-    if n == 1:
+    capped = max_batches is not None and n > max(1, max_batches)
+    n = max(1, min(n, max_batches)) if max_batches is not None else n
+    if capped:
+        why = (f"auto: {n} batches of {_mb(nbytes)} per element, capped by the run's length "
+               f"(at most a quarter of each input worker's share of the steps)")
+    elif n == 1:
         why = (f"off: a batch ({_mb(nbytes)}) is already at least half of the "
                f"{_mb(BUNDLE_TARGET_BYTES)} element size bundling aims at")
     else:

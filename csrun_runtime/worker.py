@@ -212,7 +212,10 @@ class InputWorker:
         # the files its first pass lists; iterating them here does not change what is served
         # (the server rebuilds the dataset from its graph; see pipeline_files)
         self.files = pipeline_files(ds)
-        self.bundling = plan_bundle(ds.element_spec, self.resolved.params["runconfig"].get("input_bundle", "auto"))
+        rc = self.resolved.params["runconfig"]
+        steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
+        cap = min(steps) // (4 * max(1, self.role.num_workers)) if steps else None
+        self.bundling = plan_bundle(ds.element_spec, rc.get("input_bundle", "auto"), max_batches=cap)
         register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.bundling, self.counter)
         return batch_size, built
 

@@ -40,6 +40,17 @@ def test_plan_bundle_aims_at_one_mib_elements():
     assert service.plan_bundle(digits, 7).bundle == 7
 
 
+def test_plan_bundle_leaves_a_short_run_to_every_worker():
+    """300 steps and 6 input workers: at most 300 // 24 = 12 batches per element, so every
+    worker can contribute (the merge is first come, first served by element)."""
+    digits = (tf.TensorSpec([64, 64], tf.float32), tf.TensorSpec([64], tf.int32))
+    plan = service.plan_bundle(digits, "auto", max_batches=300 // (4 * 6))
+    assert plan.bundle == 12 and "capped by the run's length" in plan.reason
+    assert service.plan_bundle(digits, "auto", max_batches=10_000).bundle == 63  # no effect on long runs
+    assert service.plan_bundle(digits, "auto", max_batches=0).bundle == 1
+    assert service.plan_bundle(digits, 40, max_batches=12).bundle == 40           # an explicit N is kept
+
+
 def test_plan_bundle_never_stacks_what_batch_cannot():
     for s in (spec([64, None]), (tf.TensorSpec([64], tf.string), tf.TensorSpec([64], tf.int32)),
               (tf.RaggedTensorSpec([64, None], tf.float32), tf.TensorSpec([64], tf.int32))):

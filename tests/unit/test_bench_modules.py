@@ -2,6 +2,7 @@
 quick benchmarks alone, so a helper renamed in common.py would otherwise break a long
 benchmark (quiet, requeue, interrupt) unnoticed until its next run."""
 import ast
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,9 +14,13 @@ MODULES = sorted(p for p in BENCH.glob("bench_*.py"))
 
 @pytest.fixture(scope="module")
 def common():
+    """bench/common.py loaded from its file now (a ``common`` imported earlier in the session,
+    e.g. by the pinned-cluster fixture, may be an older one)."""
     sys.path.insert(0, str(BENCH))
     try:
-        import common as mod
+        spec = importlib.util.spec_from_file_location("bench_common_under_test", BENCH / "common.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
         yield mod
     finally:
         sys.path.remove(str(BENCH))

@@ -126,3 +126,28 @@ def test_watch_gives_up_with_the_supervisor(tmp_path):
     watch.poll(src)
     assert [g["deaths"] for g in watch.given_up] == [MAX_DEATHS]
     assert watch.awaiting() == set()
+
+
+def test_a_signalled_task_dies_of_the_signal_its_worker_died_of(tmp_path):
+    """srun(1) takes the highest exit code of a step's tasks: a worker's task that *exited*
+    143 after a SIGTERM would hide the chief's own status; it must die of SIGTERM instead."""
+    import os
+    import signal
+    import subprocess
+
+    ready = tmp_path / "ready"
+    child = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    env = {**os.environ, "CSRUN_ROLE": "worker", "SLURM_PROCID": "1", "CSRUN_TASK_OFFSET": "1",
+           "CSRUN_NUM_WORKERS": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+    assert is_input_worker(env)
+    task = subprocess.Popen([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", child], env=env)
+    try:
+        t0 = time.monotonic()
+        while not ready.exists():
+            assert time.monotonic() - t0 < 30, "the supervised child never started"
+            time.sleep(0.05)
+        task.send_signal(signal.SIGTERM)
+        assert task.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if task.poll() is None:
+            task.kill()
