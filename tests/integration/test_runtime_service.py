@@ -50,10 +50,11 @@ def test_chief_and_two_workers_with_a_shard_plan(data, tmp_path):
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["num_workers"] == 2 and perf["total_samples"] == 300 * 64
     assert perf["batches_per_worker"] == {"0": int(m.group(1)), "1": int(m.group(2))}
-    # small batches travel 63 to a service element (input_bundle: auto), trained in chunks
-    assert "input bundling: auto: 63 batches of 16.2 KiB per element" in chief
-    assert perf["input_bundle"]["batches_per_element"] == {"0": 63, "1": 63}
-    assert perf["batches_per_element"] == {"0": 63, "1": 63}
+    # small batches travel several to a service element (input_bundle: auto): 63 make 1 MiB,
+    # capped at 300 steps // (4 × 2 workers) = 37 for this short run; trained in chunks
+    assert "input bundling: auto: 37 batches of 16.2 KiB per element, capped by the run's length" in chief
+    assert perf["input_bundle"]["batches_per_element"] == {"0": 37, "1": 37}
+    assert perf["batches_per_element"] == {"0": 37, "1": 37}
     assert perf["steps_per_execution"]["calls"] < 300 / 10
     # each worker read only its own files, with its own seed, and says how much it produced
     reports = helpers.worker_reports(md)
