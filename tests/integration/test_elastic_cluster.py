@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
@@ -33,30 +34,15 @@ KILL_AT = 300
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory):
     root = tmp_path_factory.mktemp("elastic")
-    data = root / "data"
-    subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                   check=True, capture_output=True)
-    params = yaml.safe_load((REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"].update(data_dir=str(data), pace_ms=20)
-    params["eval_input"]["data_dir"] = str(data)
-    params["runconfig"].update(log_steps=50, checkpoint_steps=0, eval_frequency=None)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+    data = helpers.prepare_digits(root / "data")
+    path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=50, checkpoint_steps=0,
+                                 eval_frequency=None)
     return {"root": root, "params": path}
-
-
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _batch_job_end(job: str, env, timeout: float) -> int:
     """Wait until the batch job leaves squeue; returns its exit code (scontrol show job)."""
-    _wait_for(lambda: not subprocess.run(["squeue", "--noheader", f"--jobs={job}"], env=env,
+    helpers.wait_for(lambda: not subprocess.run(["squeue", "--noheader", f"--jobs={job}"], env=env,
                                          capture_output=True, text=True).stdout.strip(), timeout, f"job {job}")
     out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
     states = re.findall(r"JobState=(\S+)", out)
@@ -82,7 +68,7 @@ def test_killed_input_worker_is_replaced_and_the_job_finishes(cli_env, paced, pa
         job = sub.stdout.split()[-1]
         log = paced["root"] / f"csrun_wse-{job}.out"
     try:
-        _wait_for(lambda: log.exists() and f"global_step = {KILL_AT}," in log.read_text(), 300,
+        helpers.wait_for(lambda: log.exists() and f"global_step = {KILL_AT}," in log.read_text(), 300,
                   "training to start")
         (reg_file,) = md.glob(".csrun/*/workers/1.json")
         reg = json.loads(reg_file.read_text())
@@ -127,7 +113,7 @@ def test_killed_chief_ends_the_job_at_once(cli_env, paced):
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cli_env, cwd=paced["root"])
     try:
-        _wait_for(lambda: "global_step = 100," in log.read_text(), 300, "training to start")
+        helpers.wait_for(lambda: "global_step = 100," in log.read_text(), 300, "training to start")
         (disp,) = md.glob(".csrun/*/dispatchers.json")
         chief = json.loads(disp.read_text())["chief"]
         os.kill(chief["pid"], signal.SIGKILL)
@@ -143,5 +129,5 @@ def test_killed_chief_ends_the_job_at_once(cli_env, paced):
     assert elapsed < 20, f"csrun_wse took {elapsed:.0f} s to end after the chief's death"
     assert re.search(rf"srun: error: {chief['node']}: task 0: Killed", output), output[-3000:]
     assert "replacement" not in output  # nothing restarts the chief
-    _wait_for(lambda: not subprocess.run(["squeue", "--noheader", "--name=csrun_wse"], env=cli_env,
+    helpers.wait_for(lambda: not subprocess.run(["squeue", "--noheader", "--name=csrun_wse"], env=cli_env,
                                          capture_output=True, text=True).stdout.strip(), 30, "the queue to empty")

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.fixtures.runtime import helpers
 
 pytestmark = pytest.mark.cluster
 
@@ -67,15 +68,9 @@ def paced(tmp_path_factory):
     """The digits TFRecord shards and a params file: input paced to 20 ms per batch, every
     global step logged, no periodic checkpoint (only the stop signal's and the final one)."""
     root = tmp_path_factory.mktemp("paced")
-    data = root / "data"
-    subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                   check=True, capture_output=True)
-    params = yaml.safe_load((REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"].update(data_dir=str(data), pace_ms=20)
-    params["eval_input"]["data_dir"] = str(data)
-    params["runconfig"].update(log_steps=1, checkpoint_steps=0, eval_frequency=None, keep_checkpoint_max=2)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+    data = helpers.prepare_digits(root / "data")
+    path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=1, checkpoint_steps=0,
+                                 eval_frequency=None, keep_checkpoint_max=2)
     return {"root": root, "params": path}
 
 

@@ -24,15 +24,6 @@ def data(tmp_path_factory):
     return helpers.prepare_digits(tmp_path_factory.mktemp("digits") / "data")
 
 
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_killed_workers(data, tmp_path):
     params = helpers.digits_params(tmp_path, data, log_steps=100, checkpoint_steps=0,
                                    eval_frequency=None, input_timeout_secs=30)
@@ -40,13 +31,13 @@ def test_killed_workers(data, tmp_path):
     job = helpers.LocalJob(["--params", str(params), "--mode", "train", "--max_steps", "1000000",
                             "--model_dir", str(md)], 2, tmp_path / "logs")
     try:
-        wait_for(lambda: "global_step = 100," in job.log(0), 180, "training to start")
+        helpers.wait_for(lambda: "global_step = 100," in job.log(0), 180, "training to start")
         # 1) kill worker 1 (node3): training goes on with worker 0
         job.kill(2)
-        wait_for(lambda: "input worker 1 on node3" in job.log(0) and "stopped" in job.log(0),
+        helpers.wait_for(lambda: "input worker 1 on node3" in job.log(0) and "stopped" in job.log(0),
                  40, "the chief to notice worker 1")
         steps_then = max(int(s) for s in re.findall(r"global_step = (\d+),", job.log(0)))
-        wait_for(lambda: max(int(s) for s in re.findall(r"global_step = (\d+),", job.log(0)))
+        helpers.wait_for(lambda: max(int(s) for s in re.findall(r"global_step = (\d+),", job.log(0)))
                  >= steps_then + 300, 60, "training to go on with worker 0")
         assert job.procs[0].poll() is None
         # 2) kill worker 0 (node2) too: the chief fails within 60 s naming the nodes
@@ -77,7 +68,7 @@ def test_srun_kill_on_bad_exit_names_the_node(slurm_cluster, data, tmp_path):
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             cwd=str(helpers.REPO), env=slurm_cluster["env"])
     try:
-        wait_for(lambda: "global_step = 100," in log.read_text(), 300, "training to start")
+        helpers.wait_for(lambda: "global_step = 100," in log.read_text(), 300, "training to start")
         (rdv,) = helpers.rendezvous_dirs(md)
         reg = json.loads((rdv / "workers" / "1.json").read_text())
         import os
