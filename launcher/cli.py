@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from .builders import CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
 from .layout import JobLayout, plan_layout, resolve_counts
+from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
 from .resolve import (
     ClusterView,
@@ -59,6 +60,16 @@ def _emit_launch(line: str, dry_run: bool) -> None:
 
 def _note(prog: str, message: str) -> None:
     click.echo(f"{prog}: note: {message}", err=True)
+
+
+def _check_names_or_note(prog: str, view: ClusterView, policy: SitePolicy, sources: Mapping[str, str]) -> None:
+    """With slurmctld answering, refuse a partition, account, QOS, reservation or feature
+    Slurm does not know (:func:`launcher.resolve.check_site_names`); without it (a dry run),
+    say once why nothing was checked."""
+    if view.online:
+        check_site_names(policy, sources)
+    else:
+        _note(prog, view.note)
 
 
 # --------------------------------------------------------------------------- completion
@@ -182,10 +193,7 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
     cmd, mode = expand_python_word(command, cfg.python)
     view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
     layout = _wse_layout(kw, cfg, view)
-    if view.online:
-        check_site_names(policy, sources)
-    else:
-        _note("csrun_wse", view.note)
+    _check_names_or_note("csrun_wse", view, policy, sources)
     req = WseRequest(layout=layout, command=tuple(cmd), python=cfg.python, container=container,
                      execution_mode=mode, policy=policy, exclude_node=cfg.gres_node,
                      shard_plan=_shard_plan(kw["shard_plan"], layout), requeue=requeue,
@@ -328,10 +336,7 @@ def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:
     cmd, _mode = expand_python_word(command, cfg.python)
     view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
     node_cpus = _cpu_node_cpus(kw, cfg, view)
-    if view.online:
-        check_site_names(policy, sources)
-    else:
-        _note("csrun_cpu", view.note)
+    _check_names_or_note("csrun_cpu", view, policy, sources)
     pty = sys.stdin.isatty() and sys.stdout.isatty() and not kw["use_sbatch"]
     req = CpuRequest(command=tuple(cmd), python=cfg.python, alloc_node=kw["alloc_node"], node_cpus=node_cpus,
                      cpus_per_task=cfg.cpus_per_task, container=container, policy=policy,
