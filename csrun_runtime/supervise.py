@@ -91,11 +91,11 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], max_deaths: int = MAX
         max_deaths: deaths after which the worker is given up (exit 0 with a warning).
 
     Returns:
-        The exit status for the task: the child's own exit status; ``-N`` when it died of
-        signal N after the task itself was signalled (:func:`main` then ends this process by
-        the same signal, so that Slurm sees the task terminated, not exiting ``128 + N``:
-        srun(1) returns the highest exit *code* of the step's tasks, and a ``143`` of an input
-        worker's task would hide the chief's own status); 0 when it was given up.
+        The exit status for the task: the child's own exit status; 0 when it died of a stop
+        signal (TERM, INT, HUP, USR1, USR2: Slurm ending the step, e.g. after the chief's bad
+        exit) or was given up. A stopped input worker is not a failure of its own: srun(1)
+        reports the worst status of the step's tasks (measured: a worker task terminated
+        after the chief exited 3 made srun exit 143), and the chief's task decides the job's.
     """
     stopping: list[int] = []
     child: list[subprocess.Popen] = []
@@ -128,7 +128,7 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
         if rc >= 0:
             return rc
         if stopping or -rc in FORWARDED:
-            return rc
+            return 0
         deaths += 1
         try:
             name = signal.Signals(-rc).name
@@ -156,17 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not is_input_worker(env):
             os.execvp(args[0], args)
-        rc = supervise(args, env)
+        return supervise(args, env)
     except OSError as exc:
         _say(f"cannot execute {args[0]!r}: {exc.strerror}")
         return 127
-    if rc < 0:  # the worker died of the signal the task got: the task dies of it too
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(-rc, signal.SIG_DFL)
-        os.kill(os.getpid(), -rc)
-        return 128 - rc  # only if the signal did not end this process
-    return rc
 
 
 if __name__ == "__main__":
