@@ -39,6 +39,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CSRUN_TEST_ENGINE"] = engine
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Leave with os._exit when tests kept tf.data service servers in this process
+    (helpers.KEPT): their destructors at interpreter exit can deadlock a py_function
+    pipeline. The report is printed and every other plugin has finished by now."""
+    helpers = sys.modules.get("tests.fixtures.runtime.helpers")
+    if helpers is not None and getattr(helpers, "KEPT", None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash.get(_EXIT_STATUS, 3))  # 3: pytest's "internal error"
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"slurm test cluster: {cluster_engine()}"
 

@@ -19,9 +19,6 @@ tf = pytest.importorskip("tensorflow")
 from csrun_runtime import rendezvous, service  # noqa: E402
 from csrun_runtime.steps import TrainSteps  # noqa: E402
 
-#: servers kept for the process's life, as the runtime keeps its own
-_KEEP_ALIVE: list = []
-
 
 def spec(*shapes, dtype=None):
     dtype = dtype or tf.float32
@@ -119,8 +116,7 @@ def test_service_source_merges_bundled_and_unbundled_streams_in_each_workers_ord
     assert sum(len(v) for v in by_worker.values()) > 0 and min(len(v) for v in by_worker.values()) > 0
     assert counters[0][0] >= len(by_worker[0]) // 4  # the worker counted its service elements
     src.close()
-    del servers, workers
-
+    helpers.keep_alive(servers, workers)  # deleting a WorkerServer can deadlock
 
 
 def test_service_source_gains_a_stream_while_training(tmp_path):
@@ -169,7 +165,7 @@ def test_service_source_gains_a_stream_while_training(tmp_path):
         src.get_chunk(8, 30)
     assert 2 not in src.failed
     src.close()
-    _KEEP_ALIVE.append((servers, workers))  # deleting a WorkerServer here can block (ARCHITECTURE.md)
+    helpers.keep_alive(servers, workers)  # deleting a WorkerServer can deadlock
 
 def small_model(jit: bool):
     import keras
