@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import read_json, write_json
+from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
 from . import preemption
@@ -98,6 +99,11 @@ class Chief:
         self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
         self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
         self._shards = False  # the training pipeline shards by the input-worker count
+        #: ``csrun_wse --autoscale`` (README "Autoscale"); every slot's dispatcher address and
+        #: registration are kept for the autoscaler (:mod:`csrun_runtime.autoscale`)
+        self.autoscale = parse_autoscale(os.environ, self.num_workers) if self.num_workers else None
+        self.addresses: list[str] = []
+        self.registry: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ top level
     def run(self) -> int:
@@ -463,6 +469,13 @@ class Chief:
                 "setting": setting, "batch_bytes": first.get("batch_bytes"),
                 "batches_per_element": {str(i): p.get("batches_per_element") for i, p in plans.items()},
                 "reason": first.get("reason")}
+            self.addresses, self.registry = list(addresses), registry
+            if self.autoscale is not None:
+                n = self.autoscale.initial
+                log.info("autoscale (%s policy, %g s windows): reading input workers 0..%d of %d slot(s), "
+                         "between %d and %d at a time", self.autoscale.policy, self.autoscale.window_s, n - 1,
+                         len(addresses), self.autoscale.min_workers, self.autoscale.max_workers)
+                return ServiceSource(self.rendezvous, addresses[:n], registry, queue_size=2)  # a short buffer
             return ServiceSource(self.rendezvous, addresses, registry)
         plan = plan_bundle(ds.element_spec, setting)
         log.info("input bundling (in-process pipeline): %s", plan.reason)

@@ -412,6 +412,8 @@ class ServiceSource(_ChunkedSource):
         self._datasets: dict[int, Any] = {}
         self._threads: dict[int, threading.Thread] = {}
         self._generation: dict[int, int] = {}  # streams opened per worker index (add_stream)
+        self._flowing: dict[int, threading.Event] = {}  # cleared: the stream is paused (autoscale)
+        self.paused: set[int] = set()
         self.addresses = list(addresses)
         self.watch = WorkerWatch(rdv, self.registry)  # lost and replaced workers (elastic.py)
         for i, addr in enumerate(addresses):
@@ -450,6 +452,9 @@ class ServiceSource(_ChunkedSource):
         self._datasets[i] = tf.data.experimental.service.from_dataset_id(
             processing_mode="parallel_epochs", service=f"grpc://{address}", dataset_id=self.dataset_id)
         self._generation[i] = gen = self._generation.get(i, 0) + 1
+        self._flowing.setdefault(i, threading.Event())
+        if i not in self.paused:
+            self._flowing[i].set()
         self._threads[i] = threading.Thread(target=self._read, args=(i, gen), daemon=True,
                                             name=f"stream-{i}.{gen}")
         self._threads[i].start()
@@ -472,9 +477,34 @@ class ServiceSource(_ChunkedSource):
             for element in self._datasets[i]:
                 if not self._put((i, gen, element)):
                     return
+                while not self._flowing[i].wait(0.5):  # paused: read nothing more
+                    if self._stop.is_set():
+                        return
             self._put((i, gen, StopIteration("the stream ended")))
         except BaseException as e:  # noqa: BLE001 - reported to the consumer
             self._put((i, gen, e))
+
+    def pause(self, i: int) -> None:
+        """Stop reading worker ``i``'s stream (autoscale's *remove*): its reader thread takes
+        no element after the one it holds, so the worker stops when its buffers are full; the
+        worker is not reported as stopped. :meth:`resume` reads it again."""
+        self.paused.add(i)
+        self._flowing[i].clear()
+
+    def resume(self, i: int) -> None:
+        """Read worker ``i``'s paused stream again."""
+        self.paused.discard(i)
+        self._flowing[i].set()
+
+    def buffered_batches(self) -> int:
+        """At most how many batches the chief holds ahead of training: the merge queue's
+        elements and one per streaming reader thread, each of the largest bundle."""
+        streams = self.streaming()
+        return (self._q.maxsize + len(streams)) * max([self._bundles.get(i, 1) for i in streams] or [1])
+
+    def streaming(self) -> set[int]:
+        """Indices of the workers whose stream is open, not paused and not stopped."""
+        return set(self._threads) - self.paused - self.stopped()
 
     def stopped(self) -> set[int]:
         """Indices of the workers whose stream failed or whose heartbeat went stale."""
@@ -486,7 +516,11 @@ class ServiceSource(_ChunkedSource):
         (the tf.data service client retries a lost worker and takes up the dispatcher's new
         worker by itself), only the worker's stopped state is cleared; when it ended with an
         error, :meth:`add_stream` opens a new stream of the dataset on a new reader thread.
-        Returns ``"resumed"`` or ``"reopened"``."""
+        Returns ``"resumed"`` or ``"reopened"`` (``"not streaming"`` for a slot whose stream
+        autoscale never opened: only its registration is kept)."""
+        if i not in self._threads:
+            self.registry[i] = dict(registration)
+            return "not streaming"
         if self._threads[i].is_alive():
             self.registry[i] = dict(registration)
             self.failed.pop(i, None)
@@ -574,6 +608,7 @@ class ServiceSource(_ChunkedSource):
             "batches_per_worker": {str(i): self.counts[i] for i in range(self.n)},
             "worker_nodes": {str(i): (self.registry.get(i) or {}).get("node") for i in range(self.n)},
             "workers_stopped": sorted(set(self.announced) | set(self.failed)),
+            "workers_paused": sorted(self.paused),
             "batches_per_element": {str(i): self._bundles.get(i, 1) for i in range(self.n)},
             **self.watch.describe(),
         }

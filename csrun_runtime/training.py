@@ -29,8 +29,9 @@ from csrun_common.atomic import write_json
 
 from . import preemption
 from .artifacts import performance_record
+from .autoscale import Autoscaler
 from .params import training_target
-from .service import BatchSource, Chunk
+from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ class TrainingLoop:
         self.clock = LoopClock()
         self.writer: Any = None
         self.steps_fn: TrainSteps | None = None
+        self.autoscaler: Autoscaler | None = None
+        if chief.autoscale is not None and isinstance(source, ServiceSource):
+            self.autoscaler = Autoscaler(chief.autoscale, source, chief.addresses, chief.registry, batch_size)
 
     def run(self) -> None:
         """Train to the target, save the final checkpoint, write performance.json, and
@@ -169,6 +173,8 @@ class TrainingLoop:
         t2 = time.monotonic()
         before, self.step = self.step, self.step + chunk.steps
         self._record(t0, t1, t2, chunk.steps)
+        if self.autoscaler is not None and self.clock.t_first_end != t2:  # not the first step
+            self.autoscaler.after_chunk(t1 - t0, t2 - t1, chunk.steps)
         self.loss = float(logs.get("loss", next(iter(logs.values()), float("nan"))))
         logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
         for s in logged:
@@ -256,6 +262,8 @@ class TrainingLoop:
             self.chief.save(self.mgr, self.step)
         self.writer.flush()
         desc = self.source.describe()
+        if self.autoscaler is not None:
+            desc["autoscale"] = self.autoscaler.describe()
         self.source.close()
         extra = {
             "global_step_start": self.start, "global_step_end": self.step,

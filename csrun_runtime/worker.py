@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
 from .contract import check_dataset
@@ -48,6 +49,9 @@ _KEEP_ALIVE: list[Any] = []
 
 #: seconds between polls of the rendezvous files.
 POLL_SECS = 0.5
+#: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
+#: service element (README "Autoscale").
+AUTOSCALE_MAX_BUNDLE = 16
 
 
 def run_worker(role: Role, resolved: Resolved, input_fn: Callable[..., Any]) -> int:
@@ -215,6 +219,10 @@ class InputWorker:
         rc = self.resolved.params["runconfig"]
         steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
         cap = min(steps) // (4 * max(1, self.role.num_workers)) if steps else None
+        if parse_autoscale(os.environ, self.role.num_workers) is not None:
+            # finer elements: the chief's buffers hold whole elements and its autoscale windows
+            # must see a removed worker (csrun_runtime.autoscale)
+            cap = min(cap, AUTOSCALE_MAX_BUNDLE) if cap is not None else AUTOSCALE_MAX_BUNDLE
         self.bundling = plan_bundle(ds.element_spec, rc.get("input_bundle", "auto"), max_batches=cap)
         register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.bundling, self.counter)
         return batch_size, built

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from csrun_common.autoscale import ENV as AUTOSCALE_ENV
+from csrun_common.autoscale import AutoscaleSpec
+
 from .container import Container
 from .layout import CHIEF, Component, JobLayout
 from .policy import SitePolicy
@@ -108,7 +111,8 @@ class WseRequest:
     warning signal and retry budget of ``--requeue`` (:mod:`launcher.requeue`);
     ``task_env`` simple variables added to every component's ``--export`` (the quiet
     TensorFlow logging of csrun_wse); ``slurm_version`` (major, minor) selects
-    version-dependent options (``None``: the newest behaviour).
+    version-dependent options (``None``: the newest behaviour); ``autoscale`` the
+    ``--autoscale`` bounds, exported to every task as ``CSRUN_AUTOSCALE``.
     """
 
     layout: JobLayout
@@ -123,6 +127,7 @@ class WseRequest:
     requeue: RequeueSpec | None = None
     task_env: tuple[tuple[str, str], ...] = ()
     slurm_version: tuple[int, int] | None = None
+    autoscale: AutoscaleSpec | None = None
 
     def task_command(self) -> list[str]:
         """The argv each task executes (container-wrapped, ``:``-safe), through
@@ -152,6 +157,8 @@ class WseRequest:
             env.append(("CSRUN_EXECUTION_MODE", self.execution_mode))
         if self.requeue is not None:
             env.append((STOP_SIGNALS_ENV, self.requeue.stop_signals()))
+        if self.autoscale is not None:
+            env.append((AUTOSCALE_ENV, self.autoscale.to_env()))
         return env + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:

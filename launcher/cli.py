@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.shell_completion import CompletionItem
 
+from csrun_common.autoscale import AutoscaleSpec, plan_autoscale
 from csrun_common.cli import OneLineErrors
 from csrun_common.errors import CsrunError
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
@@ -143,6 +144,7 @@ Examples:
   csrun_wse --total-nodes=3 --cpus-per-task=1 --cyclic --dry-run python run.py --mode train
   csrun_wse --use-sbatch --time 4:00:00 --requeue --total-nodes 2 python-ws run.py --mode train
   csrun_wse --check --qos debug --total-nodes 4 python-ws run.py --mode train
+  csrun_wse --total-nodes 4 --tasks-per-node 2 --autoscale --min-workers 1 python-ws run.py --mode train
 """
 
 
@@ -168,6 +170,20 @@ Examples:
               help="Warning signal and its lead time before the time limit [default: requeue.signal, USR2@90].")
 @click.option("--max-requeues", type=int, default=None,
               help="Requeues allowed before the job is left failed [default: requeue.max_requeues, 3].")
+@click.option("--autoscale", is_flag=True,
+              help="Grow and shrink the streaming input workers while training, within the layout's "
+                   "input-worker tasks (README \"Autoscale\").")
+@click.option("--min-workers", type=int, default=None,
+              help="With --autoscale: never fewer streaming input workers [1].")
+@click.option("--max-workers", type=int, default=None,
+              help="With --autoscale: never more [every input-worker task of the layout].")
+@click.option("--initial-workers", type=int, default=None,
+              help="With --autoscale: input workers streaming at the start, e.g. the analyzer's "
+                   "recommendation [--min-workers].")
+@click.option("--autoscale-policy", type=click.Choice(["rate", "step"]), default="rate", show_default=True,
+              help="rate: grow to the tf.data service AutoScaler's estimate at once; step: ±1 per window.")
+@click.option("--autoscale-window", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="Seconds of training measured between two autoscale decisions.")
 @policy_options
 @click.option("--use-sbatch", is_flag=True, help="Submit as a batch het job and print the job id.")
 @click.option("--dry-run", is_flag=True,
@@ -197,7 +213,8 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
     req = WseRequest(layout=layout, command=tuple(cmd), python=cfg.python, container=container,
                      execution_mode=mode, policy=policy, exclude_node=cfg.gres_node,
                      shard_plan=_shard_plan(kw["shard_plan"], layout), requeue=requeue,
-                     task_env=task_env(kw["verbose"]), slurm_version=_slurm_major_minor())
+                     task_env=task_env(kw["verbose"]), slurm_version=_slurm_major_minor(),
+                     autoscale=_autoscale(kw, layout))
     if kw["check"]:
         return _check("csrun_wse", req, kw["use_sbatch"])
     return _launch(req, kw["use_sbatch"], kw["dry_run"])
@@ -227,6 +244,21 @@ def _wse_layout(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> JobLa
     t, c = resolve_counts(kw["tasks_per_node"], kw["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
     return plan_layout(n, t, c, kw["single_task_nodes"], kw["cyclic"], cfg.gres_resource, node_cpus)
+
+
+def _autoscale(kw: dict[str, Any], layout: JobLayout) -> AutoscaleSpec | None:
+    """``--autoscale`` and its bounds against the layout's input-worker tasks; a bound given
+    without ``--autoscale`` is refused (it would be silently ignored)."""
+    if not kw["autoscale"]:
+        for flag in ("min_workers", "max_workers", "initial_workers"):
+            if kw[flag] is not None:
+                raise CsrunError(f"--{flag.replace('_', '-')} {kw[flag]}: needs --autoscale")
+        return None
+    try:
+        return plan_autoscale(layout.num_workers, kw["initial_workers"], kw["min_workers"], kw["max_workers"],
+                              kw["autoscale_policy"], kw["autoscale_window"])
+    except ValueError as exc:
+        raise CsrunError(str(exc)) from None
 
 
 def _shard_plan(path: str | None, layout: JobLayout) -> str | None:
