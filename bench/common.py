@@ -637,6 +637,23 @@ def _rows_quiet(r: dict) -> list[Row]:
              "compared": "same job with --verbose (every C++ line: the tasks' output before issue 11)"}]
 
 
+def _rows_autoscale(r: dict) -> list[Row]:
+    rows = []
+    s = r.get("summary") or {}
+    steady = r.get("steady_samples_per_sec")
+    what = {"fixed4": "fixed 4 workers", "rate": "autoscale from 1, rate policy (AutoScaler estimate)",
+            "step": "autoscale from 1, ±1 per window (Cachew-style)"}
+    for name, f in s.items():
+        rows.append({"figure": f"{what.get(name, name)}: time to 95 % of the steady rate",
+                     "value": fmt(_g(f, "reach95_s", "median"), "s"),
+                     "spread": (f"worker-seconds {fmt(_g(f, 'worker_seconds', 'median'))}, "
+                                f"{fmt(_g(f, 'samples_per_worker_second', 'median'))} samples per worker-second, "
+                                f"final workers {fmt(_g(f, 'final_workers', 'median'))} "
+                                f"(medians, n={_g(f, 'train_s', 'n')})"),
+                     "compared": f"steady rate {fmt(steady, 'samples/s')} (fixed 4 workers' windows)"})
+    return rows
+
+
 def _rows_generic(r: dict) -> list[Row]:
     rows = []
     for k, v in r.items():
@@ -651,12 +668,12 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
-    "ingest": _rows_ingest,
+    "ingest": _rows_ingest, "autoscale": _rows_autoscale,
 }
 
 #: Table order (numbers of the issue's list).
 ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
-         "interrupt", "quiet"]
+         "interrupt", "quiet", "autoscale"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:

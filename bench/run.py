@@ -22,6 +22,7 @@ name                  what                                                      
 ``requeue``           one requeue: signal → resumed first step (s), lost steps      11
 ``interrupt``         Ctrl-C / SIGTERM of csrun_wse: queue empty (s), exit status   11
 ``quiet``             main job's non-csrun log lines, default vs --verbose          11
+``autoscale``         --autoscale vs a fixed layout; rate policy vs ±1 steps        12
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -58,6 +59,7 @@ BENCHMARKS = {
     "requeue": "bench_requeue",
     "interrupt": "bench_interrupt",
     "quiet": "bench_quiet",
+    "autoscale": "bench_autoscale",
 }
 DEFAULT_RESULTS = HERE / "results"
 
