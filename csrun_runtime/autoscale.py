@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,8 @@ log = logging.getLogger("csrun.runtime")
 HIGH_WAIT = 0.10
 #: Input wait fraction below which one worker is removed.
 LOW_WAIT = 0.02
+#: Windows kept for performance.json (the most recent; ``window_count`` counts them all).
+MAX_WINDOWS = 2000
 #: Headroom over the consumer rate a smaller set of workers must keep before one is removed.
 MARGIN = 0.10
 #: Seconds an added stream may take to deliver its first batch before the next window starts
@@ -172,7 +175,8 @@ class Autoscaler:
         self.spec, self.source, self.batch_size = spec, source, batch_size
         self.addresses, self.registry = list(addresses), registry
         self.events: list[dict[str, Any]] = []
-        self.windows: list[dict[str, Any]] = []
+        self.windows: deque[dict[str, Any]] = deque(maxlen=MAX_WINDOWS)
+        self.window_count = 0
         self.floor = 0
         self._last_removed: int | None = None  # workers streaming after the last removal
         now = time.monotonic()
@@ -214,6 +218,7 @@ class Autoscaler:
         workers = len(self.source.streaming())
         rates = {str(i): round((self.source.counts.get(i, 0) - self._counts0.get(i, 0)) * self.batch_size
                                / max(1e-9, now - self._t_window), 1) for i in sorted(self.source.streaming())}
+        self.window_count += 1
         self.windows.append({"time": round(time.time(), 3), "workers": workers,
                              "input_wait_fraction": round(win.wait_fraction, 4),
                              "samples_per_sec": round(win.delivered, 1),
@@ -275,7 +280,7 @@ class Autoscaler:
         return slot
 
     def _remove_one(self, now: float) -> int | None:
-        streaming = sorted(self.source.streaming(), key=lambda i: -self._active_since.get(i, 0.0))
+        streaming = sorted(self.source.streaming(), key=lambda i: (-self._active_since.get(i, 0.0), -i))
         if len(streaming) <= 1:
             return None
         slot = streaming[0]  # the last one added
@@ -287,14 +292,15 @@ class Autoscaler:
     def describe(self) -> dict[str, Any]:
         """``performance.json``'s ``autoscale``: the setting, ``events`` (time: Unix seconds;
         action; worker: slot index; reason; input_wait_fraction; samples_per_sec: delivered
-        over the window; workers streaming after it), ``windows`` (every window measured),
+        over the window; workers streaming after it), ``windows`` (the last :data:`MAX_WINDOWS`
+        windows measured; ``window_count`` all of them),
         ``final_workers`` and ``worker_seconds`` (seconds each slot streamed, summed)."""
         now = time.monotonic()
         live = sum(now - t for i, t in self._active_since.items() if i in self.source.streaming())
         return {"policy": self.spec.policy, "window_s": self.spec.window_s,
                 "initial_workers": self.spec.initial, "min_workers": self.spec.min_workers,
                 "max_workers": self.spec.max_workers, "high_wait": HIGH_WAIT, "low_wait": LOW_WAIT,
-                "events": list(self.events), "windows": list(self.windows),
+                "events": list(self.events), "windows": list(self.windows), "window_count": self.window_count,
                 "final_workers": len(self.source.streaming()),
                 "worker_samples_per_sec_measured": None if self.capacity is None else round(self.capacity, 1),
                 "worker_seconds": round(self._worker_seconds + live, 3),

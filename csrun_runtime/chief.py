@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import read_json, write_json
+from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
@@ -101,7 +102,7 @@ class Chief:
         self._shards = False  # the training pipeline shards by the input-worker count
         #: ``csrun_wse --autoscale`` (README "Autoscale"); every slot's dispatcher address and
         #: registration are kept for the autoscaler (:mod:`csrun_runtime.autoscale`)
-        self.autoscale = parse_autoscale(os.environ, self.num_workers) if self.num_workers else None
+        self.autoscale: AutoscaleSpec | None = None  # set by _run_mode from CSRUN_AUTOSCALE
         self.addresses: list[str] = []
         self.registry: dict[int, dict[str, Any]] = {}
 
@@ -141,6 +142,11 @@ class Chief:
         return code
 
     def _run_mode(self) -> int:
+        if self.num_workers:
+            try:
+                self.autoscale = parse_autoscale(os.environ, self.num_workers)
+            except ValueError as e:
+                raise ParamsError(str(e)) from None
         if self.role.shard_plan:
             self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
         log.info("Checkpoints and summaries will be saved in: %s", self.model_dir)

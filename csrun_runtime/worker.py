@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from csrun_common.autoscale import parse_env as parse_autoscale
+from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.roles import Role
 
 from .contract import check_dataset
@@ -219,7 +219,7 @@ class InputWorker:
         rc = self.resolved.params["runconfig"]
         steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
         cap = min(steps) // (4 * max(1, self.role.num_workers)) if steps else None
-        if parse_autoscale(os.environ, self.role.num_workers) is not None:
+        if os.environ.get(AUTOSCALE_ENV):
             # finer elements: the chief's buffers hold whole elements and its autoscale windows
             # must see a removed worker (csrun_runtime.autoscale)
             cap = min(cap, AUTOSCALE_MAX_BUNDLE) if cap is not None else AUTOSCALE_MAX_BUNDLE
