@@ -325,6 +325,7 @@ def run(quick: bool = False) -> dict:
         "cpus_per_worker": CPUS_PER_WORKER, "where": "local processes on this host (chief and workers)",
         "runs": {},
     }
+    common.ensure_example_data(sorted({p for p, _ in plan}))  # a fresh checkout has no example data
     with tempfile.TemporaryDirectory(prefix="bench_streaming_") as tmp:
         work = Path(tmp)
         for pipeline, k in plan:
