@@ -34,7 +34,6 @@ import tempfile
 from pathlib import Path
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
-import yaml
 
 PACED = str(common.REPO / "tests" / "fixtures" / "paced" / "run.py")
 LAYOUT = ["--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
@@ -47,18 +46,8 @@ MAX_STEPS, WINDOW_S, PACE_MS, STEP_PACE_MS = 6000, 5, 40, 10
 
 
 def _params(root: Path) -> Path:
-    data = root / "data"
-    if not data.exists():
-        subprocess.run([sys.executable, str(common.REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                       check=True, capture_output=True)
-    params = yaml.safe_load((common.REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"].update(data_dir=str(data), pace_ms=PACE_MS)
-    params["eval_input"]["data_dir"] = str(data)
-    params.setdefault("model", {})["step_pace_ms"] = STEP_PACE_MS
-    params["runconfig"].update(log_steps=1000, checkpoint_steps=0, eval_frequency=None, jit_compile=False)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
+    return common.paced_digits_params(root, {"pace_ms": PACE_MS}, {"log_steps": 1000, "checkpoint_steps": 0,
+                                      "eval_frequency": None, "jit_compile": False}, {"step_pace_ms": STEP_PACE_MS})
 
 
 def one_run(name: str, env: dict, root: Path, params: Path, index: int, max_steps: int = MAX_STEPS) -> dict:

@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
-import yaml
 
 PACED = str(common.REPO / "tests" / "fixtures" / "paced" / "run.py")
 LAYOUT = ["--total-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
@@ -49,17 +48,8 @@ WAYS = ("warning", "scontrol_requeue", "no_hook")
 
 
 def _params(root: Path) -> Path:
-    data = root / "data"
-    if not data.exists():
-        subprocess.run([sys.executable, str(common.REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                       check=True, capture_output=True)
-    params = yaml.safe_load((common.REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"].update(data_dir=str(data), pace_ms=20)
-    params["eval_input"]["data_dir"] = str(data)
-    params["runconfig"].update(log_steps=1, checkpoint_steps=CKPT_STEPS, eval_frequency=None, keep_checkpoint_max=3)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
+    return common.paced_digits_params(root, {"pace_ms": 20}, {"log_steps": 1, "checkpoint_steps": CKPT_STEPS,
+                                                              "eval_frequency": None, "keep_checkpoint_max": 3})
 
 
 def _script(env: dict, params: Path, model_dir: Path, hook: bool) -> str:

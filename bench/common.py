@@ -28,6 +28,8 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 # The bench modules run as scripts from bench/ (so ``import common`` finds this file) and
@@ -206,6 +208,25 @@ def run_analyzer(run_py: Path, args: Sequence[str], budget_s: float, out: Path, 
         raise RuntimeError(f"cs_input_analyzer exited {proc.returncode} without a recommendation "
                            f"({rep.get('error') or tail[:400]})")
     return wall, rep
+
+
+def paced_digits_params(root: Path, train_input: Mapping[str, Any], runconfig: Mapping[str, Any],
+                        model: Mapping[str, Any] | None = None) -> Path:
+    """``root/params.yaml``: the digits example's params reading its data prepared under
+    ``root/data`` (once), with ``train_input`` (e.g. ``pace_ms`` of tests/fixtures/paced/run.py),
+    ``model`` and ``runconfig`` updated; returns its path."""
+    data = root / "data"
+    if not data.exists():
+        subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
+                       check=True, capture_output=True)
+    params = yaml.safe_load((REPO / "examples/digits/configs/params.yaml").read_text())
+    params["train_input"].update(data_dir=str(data), **train_input)
+    params["eval_input"]["data_dir"] = str(data)
+    params.setdefault("model", {}).update(model or {})
+    params["runconfig"].update(runconfig)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
 
 
 #: The examples' prepared data (git-ignored): the files whose presence says it is there.
