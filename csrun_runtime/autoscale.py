@@ -15,11 +15,10 @@ and :func:`decide` adds or removes workers. After each action a pause passes unj
 an add, from the new streams' first batch): the window, or 1.5 times the seconds of training
 the chief's buffers hold if longer. Those buffers hold whole service elements (up to 63
 bundled batches each: the merge queue and one element per reader thread), which would hide
-a removed worker for seconds.
-*Add* opens the next slot's stream, or resumes
-one it paused; *remove* pauses the stream of the last slot added: its worker stops when its
-buffers are full (backpressure) and stays ready to be resumed. Every decision is logged with
-its reason and recorded for ``performance.json`` (``autoscale``).
+a removed worker for seconds. *Add* opens the next slot's stream, or resumes one it paused;
+*remove* pauses the stream of the last slot added: its worker stops when its buffers are full
+(backpressure) and stays ready to be resumed. Every decision is logged with its reason and
+recorded for ``performance.json`` (``autoscale``).
 
 Rules (:func:`decide`), with ``HIGH_WAIT`` = 0.10 and ``LOW_WAIT`` = 0.02:
 
@@ -116,9 +115,7 @@ def tf_autoscaler_estimate(window: Window, workers: int) -> int:
     worker throughput)``, the throughput being the delivered rate ÷ ``workers`` (valid while
     the chief waits on input, i.e. the workers deliver all they can). At least 1."""
     per_worker = window.delivered / max(1, workers)
-    if per_worker <= 0:
-        return workers + 1
-    if math.isinf(window.consumer_rate):
+    if per_worker <= 0 or math.isinf(window.consumer_rate):
         return workers + 1
     return max(1, math.ceil(window.consumer_rate / per_worker - 1e-9))
 
@@ -215,9 +212,10 @@ class Autoscaler:
         if self._wait + self._compute < self.spec.window_s:
             return None
         win = Window(self._wait, self._compute, self._samples)
-        workers = len(self.source.streaming())
+        streaming = sorted(self.source.streaming())
+        workers = len(streaming)
         rates = {str(i): round((self.source.counts.get(i, 0) - self._counts0.get(i, 0)) * self.batch_size
-                               / max(1e-9, now - self._t_window), 1) for i in sorted(self.source.streaming())}
+                               / max(1e-9, now - self._t_window), 1) for i in streaming}
         self.window_count += 1
         self.windows.append({"time": round(time.time(), 3), "workers": workers,
                              "input_wait_fraction": round(win.wait_fraction, 4),
@@ -296,12 +294,13 @@ class Autoscaler:
         windows measured; ``window_count`` all of them),
         ``final_workers`` and ``worker_seconds`` (seconds each slot streamed, summed)."""
         now = time.monotonic()
-        live = sum(now - t for i, t in self._active_since.items() if i in self.source.streaming())
+        streaming = self.source.streaming()
+        live = sum(now - t for i, t in self._active_since.items() if i in streaming)
         return {"policy": self.spec.policy, "window_s": self.spec.window_s,
                 "initial_workers": self.spec.initial, "min_workers": self.spec.min_workers,
                 "max_workers": self.spec.max_workers, "high_wait": HIGH_WAIT, "low_wait": LOW_WAIT,
                 "events": list(self.events), "windows": list(self.windows), "window_count": self.window_count,
-                "final_workers": len(self.source.streaming()),
+                "final_workers": len(streaming),
                 "worker_samples_per_sec_measured": None if self.capacity is None else round(self.capacity, 1),
                 "worker_seconds": round(self._worker_seconds + live, 3),
                 "seconds": round(now - self._t_start, 3)}
