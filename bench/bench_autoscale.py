@@ -46,8 +46,9 @@ MAX_STEPS, WINDOW_S, PACE_MS, STEP_PACE_MS = 6000, 5, 40, 10
 
 
 def _params(root: Path) -> Path:
-    return common.paced_digits_params(root, {"pace_ms": PACE_MS}, {"log_steps": 1000, "checkpoint_steps": 0,
-                                      "eval_frequency": None, "jit_compile": False}, {"step_pace_ms": STEP_PACE_MS})
+    return common.digits_params(root, {"pace_ms": PACE_MS}, {"log_steps": 1000, "checkpoint_steps": 0,
+                                                             "eval_frequency": None, "jit_compile": False},
+                                {"step_pace_ms": STEP_PACE_MS})
 
 
 def one_run(name: str, env: dict, root: Path, params: Path, index: int, max_steps: int = MAX_STEPS) -> dict:

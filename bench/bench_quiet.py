@@ -23,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
-import yaml
 
 RUN_PY = str(common.REPO / "examples" / "digits" / "run.py")
 LAYOUT = ["--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "2"]
@@ -65,14 +64,7 @@ def run(quick: bool = False) -> dict:
     """``pairs`` alternated pairs (quick 1, full 2) of the main job quiet and verbose."""
     env = {k: v for k, v in common.slurm_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CSRUN_VERBOSE")}
     root = Path(tempfile.mkdtemp(prefix="csrun-bench-quiet."))
-    data = root / "data"
-    subprocess.run([sys.executable, str(common.REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                   check=True, capture_output=True, env=env)
-    params = yaml.safe_load((common.REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"]["data_dir"] = str(data)
-    params["eval_input"]["data_dir"] = str(data)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+    path = common.digits_params(root, env=env)
     pairs = 1 if quick else 2
     quiet, verbose = [], []
     for i in range(pairs):

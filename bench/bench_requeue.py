@@ -48,8 +48,8 @@ WAYS = ("warning", "scontrol_requeue", "no_hook")
 
 
 def _params(root: Path) -> Path:
-    return common.paced_digits_params(root, {"pace_ms": 20}, {"log_steps": 1, "checkpoint_steps": CKPT_STEPS,
-                                                              "eval_frequency": None, "keep_checkpoint_max": 3})
+    return common.digits_params(root, {"pace_ms": 20}, {"log_steps": 1, "checkpoint_steps": CKPT_STEPS,
+                                                        "eval_frequency": None, "keep_checkpoint_max": 3})
 
 
 def _script(env: dict, params: Path, model_dir: Path, hook: bool) -> str:

@@ -210,20 +210,23 @@ def run_analyzer(run_py: Path, args: Sequence[str], budget_s: float, out: Path, 
     return wall, rep
 
 
-def paced_digits_params(root: Path, train_input: Mapping[str, Any], runconfig: Mapping[str, Any],
-                        model: Mapping[str, Any] | None = None) -> Path:
+def digits_params(root: Path, train_input: Mapping[str, Any] | None = None,
+                  runconfig: Mapping[str, Any] | None = None, model: Mapping[str, Any] | None = None,
+                  env: Mapping[str, str] | None = None) -> Path:
     """``root/params.yaml``: the digits example's params reading its data prepared under
-    ``root/data`` (once), with ``train_input`` (e.g. ``pace_ms`` of tests/fixtures/paced/run.py),
-    ``model`` and ``runconfig`` updated; returns its path."""
+    ``root/data`` (once, ``prepare_data.py`` run with ``env``), with ``train_input`` (e.g.
+    ``pace_ms`` of tests/fixtures/paced/run.py), ``model`` and ``runconfig`` updated; returns
+    its path. Raises ``CalledProcessError`` when the data cannot be prepared."""
     data = root / "data"
     if not data.exists():
         subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, env=dict(env) if env is not None else None)
     params = yaml.safe_load((REPO / "examples/digits/configs/params.yaml").read_text())
-    params["train_input"].update(data_dir=str(data), **train_input)
+    params["train_input"].update(data_dir=str(data), **(train_input or {}))
     params["eval_input"]["data_dir"] = str(data)
-    params.setdefault("model", {}).update(model or {})
-    params["runconfig"].update(runconfig)
+    if model:
+        params.setdefault("model", {}).update(model)
+    params["runconfig"].update(runconfig or {})
     path = root / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
