@@ -9,7 +9,10 @@ The rules are those of ``docs/CONTRACT.md`` ("What csrun_wse tells every task"):
   ``i == 0`` is the chief (hosts the tf.data service dispatchers and trains), ``i > 0`` is an
   input worker with index ``CSRUN_WORKER_OFFSET + i - 1``;
 - component ``single-task``: one task, the input worker ``CSRUN_WORKER_OFFSET``;
-- component ``worker``: the input worker ``CSRUN_WORKER_OFFSET + (SLURM_PROCID - CSRUN_TASK_OFFSET)``.
+- component ``worker``: the input worker ``CSRUN_WORKER_OFFSET + (SLURM_PROCID - CSRUN_TASK_OFFSET)``;
+- component ``chief-input``: the input worker the chief starts in its own task with
+  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``): index ``CSRUN_WORKER_OFFSET``
+  (0), one process, never set by csrun_wse on a het component.
 
 With ``CSRUN_NUM_WORKERS == 0`` the chief runs the input pipeline in-process as well.
 """
@@ -20,10 +23,15 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS"]
+__all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV"]
 
-#: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md).
-COMPONENTS = ("chief", "single-task", "worker")
+#: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
+CHIEF_INPUT = "chief-input"
+#: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md; ``chief-input``
+#: is set by the chief for its own input worker, not by csrun_wse).
+COMPONENTS = ("chief", "single-task", "worker", CHIEF_INPUT)
+#: The chief's component: CPUs of its task that run input worker 0 (``--chief-input-cpus``).
+CHIEF_INPUT_ENV = "CSRUN_CHIEF_INPUT_CPUS"
 
 
 class RoleError(ValueError):
@@ -78,6 +86,11 @@ class Role:
         return self.component is None
 
     @property
+    def chief_input(self) -> bool:
+        """True for the input worker a chief runs in its own task (``--chief-input-cpus``)."""
+        return self.component == CHIEF_INPUT
+
+    @property
     def in_process_input(self) -> bool:
         """True when the chief runs the input pipeline itself (no input-worker tasks)."""
         return self.is_chief and self.num_workers == 0
@@ -99,7 +112,8 @@ class Role:
             if self.single_process:
                 return f"chief (single-process mode){where}"
             return f"chief{where} with {self.num_workers} input worker(s)"
-        return f"input worker {self.worker_index} on {self.node}"
+        where = " in the chief's task" if self.component == CHIEF_INPUT else ""
+        return f"input worker {self.worker_index}{where} on {self.node}"
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
@@ -171,9 +185,9 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
             kind, index = "chief", None
         else:
             kind, index = "worker", worker_offset + local - 1
-    elif component == "single-task":
+    elif component in ("single-task", CHIEF_INPUT):
         if local != 0:
-            raise RoleError(f"a single-task component has one task, but SLURM_PROCID={procid} "
+            raise RoleError(f"a {component} component has one task, but SLURM_PROCID={procid} "
                             f"- CSRUN_TASK_OFFSET={task_offset} = {local}")
         kind, index = "worker", worker_offset
     else:

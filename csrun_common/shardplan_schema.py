@@ -55,9 +55,11 @@ __all__ = [
 ]
 
 
-def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int = 0) -> int:
+def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int = 0,
+                       chief_input: bool = False) -> int:
     """Input workers of a ``csrun_wse`` job with ``--total-nodes N --tasks-per-node T
-    --single-task-nodes S`` (``docs/CONTRACT.md``): every task but the chief.
+    --single-task-nodes S`` (``docs/CONTRACT.md``): every task but the chief, plus one
+    with ``chief_input`` (``--chief-input-cpus``: input worker 0 in the chief's task).
 
     * ``S == 0``: ``N·T − 1`` (the chief's node runs T−1 workers beside the chief);
     * ``0 < S < N``: ``S − 1 + (N − S)·T`` (each single-task node but the chief's is one
@@ -71,12 +73,13 @@ def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int =
                              ("--single-task-nodes", single_task_nodes, 0)):
         if not _is_int(value) or value < low:
             raise ValueError(f"{flag} {value!r}: must be an integer >= {low}")
+    extra = 1 if chief_input else 0
     if single_task_nodes == 0:
-        return nodes * tasks_per_node - 1
+        return nodes * tasks_per_node - 1 + extra
     if single_task_nodes >= nodes:
         raise ValueError(f"--single-task-nodes {single_task_nodes}: must be less than "
                          f"--total-nodes {nodes}")
-    return single_task_nodes - 1 + (nodes - single_task_nodes) * tasks_per_node
+    return single_task_nodes - 1 + (nodes - single_task_nodes) * tasks_per_node + extra
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -24,7 +24,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
-from . import preemption
+from . import chief_input, preemption
 from .artifacts import write_params_yaml
 from .contract import (
     build_eval_input,
@@ -105,6 +105,10 @@ class Chief:
         self.autoscale: AutoscaleSpec | None = None  # set by _run_mode from CSRUN_AUTOSCALE
         self.addresses: list[str] = []
         self.registry: dict[int, dict[str, Any]] = {}
+        #: ``csrun_wse --chief-input-cpus``: where training and input worker 0 run
+        #: (:mod:`csrun_runtime.chief_input`), and that worker's process once started
+        self.input_split: chief_input.CpuSplit | None = None
+        self.chief_input: chief_input.ChiefInputWorker | None = None
 
     # ------------------------------------------------------------------ top level
     def run(self) -> int:
@@ -135,8 +139,13 @@ class Chief:
             if self.rdv is not None:
                 status = {0: "ok", preemption.REQUEUE_EXIT: "stopped"}.get(code, "failed")
                 self.rdv.mark_done(status, reason[:2000])
-                if code == preemption.REQUEUE_EXIT:  # exit after the workers: the step's status is ours
-                    preemption.wait_workers_left(self.rdv.reports, self.num_workers)
+                if code != 0:  # exit after the workers: the step's status is then ours, not a
+                    # killed worker's 143 (srun --kill-on-bad-exit ends them when we fail first);
+                    # a worker still importing TensorFlow needs more than the stop's 10 s
+                    preemption.wait_workers_left(self.rdv.reports, self.num_workers,
+                                                 10.0 if code == preemption.REQUEUE_EXIT else 30.0)
+            if self.chief_input is not None:  # it leaves on done.json, after its report
+                self.chief_input.stop()
             if self._view_root is not None:
                 shutil.rmtree(self._view_root, ignore_errors=True)
         return code
@@ -145,8 +154,11 @@ class Chief:
         if self.num_workers:
             try:
                 self.autoscale = parse_autoscale(os.environ, self.num_workers)
+                n_input = chief_input.requested(os.environ)
             except ValueError as e:
                 raise ParamsError(str(e)) from None
+            if n_input and self.mode in TRAIN_MODES:
+                self.place_chief_input(n_input)
         if self.role.shard_plan:
             self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
         log.info("Checkpoints and summaries will be saved in: %s", self.model_dir)
@@ -158,6 +170,16 @@ class Chief:
         return self._train_eval()
 
     # ------------------------------------------------------------------ helpers
+    def place_chief_input(self, n: int) -> None:
+        """Split this task's CPUs between training and input worker 0 (``--chief-input-cpus
+        n``; :func:`csrun_runtime.chief_input.split_cpus`) and, when they are disjoint, pin the
+        chief's threads now, before TensorFlow sizes its thread pools from them."""
+        self.input_split = chief_input.split_cpus(sorted(os.sched_getaffinity(0)),
+                                                  self.role.cpus_per_task, n)
+        if self.input_split.pinned:
+            chief_input.pin_threads(self.input_split.training)
+        self.ingest_info["chief_input"] = {"worker": 0, **self.input_split.describe()}
+
     def _check_train_input(self):
         """Contract checks of the training input (built as input worker 0 would build it,
         :func:`csrun_runtime.pipeline.build_worker_input`); with several input workers also
@@ -441,6 +463,8 @@ class Chief:
             if spec is None:
                 spec = eds.element_spec
         addresses = self._start_dispatchers() if training and self.num_workers > 0 else []
+        if addresses and self.input_split is not None:
+            self.chief_input = chief_input.ChiefInputWorker.start(self.role, self.input_split)
         model = self._build_model(spec)
         self._apply_jit(model)
         step_var, ckpt, mgr, restored = self._checkpointing(model)

@@ -27,6 +27,10 @@ task's CPUs stay allocated to it, so the replacement needs no new allocation.
 README "Lost input workers" states what this covers (a killed process) and what it does not
 (a lost node: Slurm ends the job, sbatch(1) ``--no-kill`` aside).
 
+The input worker a chief starts in its own task (``csrun_wse --chief-input-cpus``,
+:mod:`csrun_runtime.chief_input`) runs under this module too; its supervisor first takes the
+CPUs and niceness the chief chose (``CSRUN_PIN_CPUS``, ``CSRUN_NICE``), which the worker inherits.
+
 Signals sent to the task (SIGTERM of a cancel or preemption, SIGUSR2 of ``--requeue``,
 SIGINT, SIGHUP, SIGUSR1) are passed on to the child and stop any further replacement; a child
 that dies of one of them is not replaced either (Slurm may signal it before its supervisor).
@@ -45,6 +49,7 @@ from pathlib import Path
 
 from csrun_common.atomic import read_json
 
+from .chief_input import apply_placement
 from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV
 from .rendezvous import Rendezvous
 
@@ -156,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not is_input_worker(env):
             os.execvp(args[0], args)
+        apply_placement(env)  # the chief's own input worker: its CPUs and niceness, inherited
         return supervise(args, env)
     except OSError as exc:
         _say(f"cannot execute {args[0]!r}: {exc.strerror}")

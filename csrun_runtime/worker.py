@@ -78,7 +78,8 @@ class InputWorker:
         self.rdv = Rendezvous(rc["model_dir"], role.rendezvous_key)
         self.start_timeout = float(rc["worker_start_timeout_secs"])
         self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
-                   "attempt": int(os.environ.get(ATTEMPT_ENV) or 0)}  # > 0: a replacement
+                   "attempt": int(os.environ.get(ATTEMPT_ENV) or 0),  # > 0: a replacement
+                   "component": role.component}  # "chief-input": in the chief's task
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.counter = [0]  # service elements produced (bundles of ``self.bundling.bundle`` batches)
@@ -92,16 +93,22 @@ class InputWorker:
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
         if not self._load_plan():
+            self._left_unserved(None, "failed")
             return 2
         address = self._wait_for_dispatcher()
         if address is None:
-            return 0 if self.rdv.done() is not None else 1
+            done = self.rdv.done()
+            if done is None:
+                return 1
+            self._left_unserved(done.get("status"))
+            return 0
         # Build and register before the server starts: a replacement's server is handed the
         # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
         # tf.py_function callbacks up by name in this process; they must exist by then (measured:
         # "Could not find callback with key=pyfunc_1" when the server started first).
         served = self._build_and_register(address)
         if served is None:
+            self._left_unserved(None, "failed")
             return 2
         server = self._start_server(address)
         batch_size, built = served
@@ -126,6 +133,7 @@ class InputWorker:
             d = self.rdv.done()
             if d is not None:
                 log.info("chief done (%s); leaving", d.get("status"))
+                self._left_unserved(d.get("status"))
                 return 0
             gone = self._chief_gone()
             if gone:
@@ -258,6 +266,14 @@ class InputWorker:
                 log.error("leaving: %s", gone)
                 return 1, None
             time.sleep(POLL_SECS)
+
+    def _left_unserved(self, chief_status: str | None, status: str = "left") -> None:
+        """The report of a worker that leaves without having served (``status``: ``left`` on
+        the chief's ``done.json``, ``failed`` after registering its violations): the chief,
+        exiting after its workers, counts it (:func:`csrun_runtime.preemption.wait_workers_left`)."""
+        self.rdv.write_report(self.index, {**self.me, "served": False, "status": status,
+                                           "chief_status": chief_status,
+                                           "seconds": round(time.monotonic() - self.t0, 3)})
 
     def _write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
         ti = built.params["train_input"]

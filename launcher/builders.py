@@ -16,6 +16,7 @@ from pathlib import Path
 
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.autoscale import AutoscaleSpec
+from csrun_common.roles import CHIEF_INPUT_ENV
 
 from .container import Container
 from .layout import CHIEF, Component, JobLayout
@@ -112,7 +113,8 @@ class WseRequest:
     ``task_env`` simple variables added to every component's ``--export`` (the quiet
     TensorFlow logging of csrun_wse); ``slurm_version`` (major, minor) selects
     version-dependent options (``None``: the newest behaviour); ``autoscale`` the
-    ``--autoscale`` bounds, exported to every task as ``CSRUN_AUTOSCALE``.
+    ``--autoscale`` bounds, exported to every task as ``CSRUN_AUTOSCALE``. The layout's
+    ``chief_input_cpus`` reaches the chief's component as ``CSRUN_CHIEF_INPUT_CPUS``.
     """
 
     layout: JobLayout
@@ -159,6 +161,8 @@ class WseRequest:
             env.append((STOP_SIGNALS_ENV, self.requeue.stop_signals()))
         if self.autoscale is not None:
             env.append((AUTOSCALE_ENV, self.autoscale.to_env()))
+        if self.layout.chief_input_cpus and comp.role == CHIEF:
+            env.append((CHIEF_INPUT_ENV, str(self.layout.chief_input_cpus)))
         return env + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:

@@ -170,6 +170,10 @@ Examples:
               help="Warning signal and its lead time before the time limit [default: requeue.signal, USR2@90].")
 @click.option("--max-requeues", type=int, default=None,
               help="Requeues allowed before the job is left failed [default: requeue.max_requeues, 3].")
+@click.option("--chief-input-cpus", type=int, default=0, show_default=True, metavar="N",
+              help="Run input worker 0 inside the chief's task on N of its CPUs, beside training: pinned "
+                   "apart when Slurm binds the task and N is fewer than its CPUs, else sharing them at "
+                   "lower priority (README \"The chief's node feeds input\").")
 @click.option("--autoscale", is_flag=True,
               help="Grow and shrink the streaming input workers while training, within the layout's "
                    "input-worker tasks (README \"Autoscale\").")
@@ -243,7 +247,8 @@ def _wse_layout(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> JobLa
         node_cpus = offline_node_cpus(view, kw["tasks_per_node"], kw["cpus_per_task"], kw["single_task_nodes"])
     t, c = resolve_counts(kw["tasks_per_node"], kw["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
-    return plan_layout(n, t, c, kw["single_task_nodes"], kw["cyclic"], cfg.gres_resource, node_cpus)
+    return plan_layout(n, t, c, kw["single_task_nodes"], kw["cyclic"], cfg.gres_resource, node_cpus,
+                       kw["chief_input_cpus"])
 
 
 def _autoscale(kw: dict[str, Any], layout: JobLayout) -> AutoscaleSpec | None:

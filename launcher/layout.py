@@ -11,7 +11,9 @@ tasks with ``cpus_per_task`` CPUs. The shapes are the original ``csrun_wse``'s:
   block or cyclic. Total tasks S + (N−S)·T.
 
 Task roles (see ``docs/CONTRACT.md``): task 0 of het group 0 is the chief; every other
-task is an input worker.
+task is an input worker. With ``--chief-input-cpus N`` the chief's task also runs input
+worker 0 as a process of its own on N of its CPUs (README "The chief's node feeds input"):
+the tasks' input-worker indices then start at 1.
 """
 from __future__ import annotations
 
@@ -55,9 +57,14 @@ class Component:
 
 @dataclass(frozen=True)
 class JobLayout:
-    """All het components of a csrun_wse job, in het-group order."""
+    """All het components of a csrun_wse job, in het-group order.
+
+    ``chief_input_cpus``: CPUs of the chief's task given to input worker 0, a process the
+    chief starts beside its training step (0: none, the tasks' workers start at index 0).
+    """
 
     components: tuple[Component, ...]
+    chief_input_cpus: int = 0
 
     @property
     def total_nodes(self) -> int:
@@ -71,8 +78,14 @@ class JobLayout:
 
     @property
     def num_workers(self) -> int:
-        """Input-worker tasks in the whole job (all tasks but the chief)."""
-        return self.num_tasks - 1
+        """Input workers in the whole job: all tasks but the chief, plus the chief's own
+        input worker with ``chief_input_cpus``."""
+        return self.num_tasks - 1 + (1 if self.chief_input_cpus else 0)
+
+    @property
+    def chief_cpus(self) -> int | None:
+        """CPUs of the chief's task (``None`` when Slurm chooses)."""
+        return self.components[0].cpus_per_task
 
 
 def resolve_counts(
@@ -123,11 +136,15 @@ def plan_layout(
     cyclic: bool = False,
     gres: str = "",
     node_cpus: int = 1,
+    chief_input_cpus: int = 0,
 ) -> JobLayout:
     """Build the het components for ``N = total_nodes``, ``T``, ``C``, ``S``.
 
     ``node_cpus`` is given to single-task components (one task owns the node).
-    Raises :class:`CsrunError` for N < 1, T < 1, C < 1, S < 0 or S ≥ N.
+    ``chief_input_cpus`` (``--chief-input-cpus``): CPUs of the chief's task that run input
+    worker 0 beside the training step; every task's input-worker index is then one higher.
+    Raises :class:`CsrunError` for N < 1, T < 1, C < 1, S < 0, S ≥ N, a negative
+    ``chief_input_cpus``, or one above the chief's CPUs or with CPUs Slurm chooses.
     """
     if total_nodes < 1:
         raise CsrunError(f"--total-nodes {total_nodes}: must be a positive integer")
@@ -140,9 +157,11 @@ def plan_layout(
     if single_task_nodes and single_task_nodes >= total_nodes:
         raise CsrunError(
             f"--single-task-nodes {single_task_nodes}: must be less than --total-nodes {total_nodes}")
+    if chief_input_cpus < 0:
+        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: must be 0 or more")
     dist = "cyclic" if cyclic else "block"
     comps: list[Component] = []
-    task_off = worker_off = 0
+    task_off, worker_off = 0, (1 if chief_input_cpus else 0)
 
     def add(role: str, nodes: int, t: int, c: int | None, g: str, distribution: str) -> None:
         nonlocal task_off, worker_off
@@ -160,4 +179,10 @@ def plan_layout(
         for _ in range(single_task_nodes - 1):
             add(SINGLE_TASK, 1, 1, node_cpus, "", "block")
         add(WORKER, total_nodes - single_task_nodes, tasks_per_node, cpus_per_task, "", dist)
-    return JobLayout(tuple(comps))
+    chief = comps[0].cpus_per_task
+    if chief_input_cpus and chief is None:
+        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: the chief's CPUs are left to Slurm; "
+                         f"give --cpus-per-task")
+    if chief is not None and chief_input_cpus > chief:
+        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: more than the chief task's {chief} CPU(s)")
+    return JobLayout(tuple(comps), chief_input_cpus)

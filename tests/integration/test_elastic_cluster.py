@@ -131,3 +131,21 @@ def test_killed_chief_ends_the_job_at_once(cli_env, paced):
     assert "replacement" not in output  # nothing restarts the chief
     helpers.wait_for(lambda: not subprocess.run(["squeue", "--noheader", "--name=csrun_wse"], env=cli_env,
                                          capture_output=True, text=True).stdout.strip(), 30, "the queue to empty")
+
+
+def test_a_failing_chief_gives_csrun_wse_its_own_exit_status(cli_env, paced):
+    """The chief fails (exit 2: ``--checkpoint_path`` names no checkpoint) after publishing its
+    dispatchers, while its input workers start and serve: it marks the job done and exits after
+    them, so that srun, and csrun_wse, exit with the chief's status and not the 143 of workers
+    srun would otherwise kill (README "Lost input workers")."""
+    md = paced["root"] / "md_failing_chief"
+    argv = [str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "1",
+            "python-ws", PACED, "--params", str(paced["params"]), "--mode", "train",
+            "--max_steps", str(MAX_STEPS), "--model_dir", str(md),
+            "--checkpoint_path", str(paced["root"] / "no_such_checkpoint")]
+    res = subprocess.run(argv, env=cli_env, cwd=paced["root"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, (res.returncode, res.stderr[-3000:])
+    assert "runconfig.checkpoint_path: no checkpoint at" in res.stderr
+    # both workers left by themselves after the chief's done marker, each with its report
+    reports = [json.loads(p.read_text()) for p in md.glob(".csrun/*/workers/*.report.json")]
+    assert sorted(r["index"] for r in reports) == [0, 1] and {r["chief_status"] for r in reports} == {"failed"}

@@ -1,0 +1,95 @@
+"""``csrun_wse --chief-input-cpus`` on the test cluster (README "The chief's node feeds input").
+
+One run through csrun_wse: 2 nodes × 2 tasks × 1 CPU (the chief and input worker 1 on the GRES
+node, workers 2 and 3 on the other) plus input worker 0 in the chief's own task, under
+``--autoscale --initial-workers 1``, on the latency-bound digits pipeline of the autoscale tests
+(tests/fixtures/paced/run.py). It must show that
+
+* worker 0 is a process of the chief's task on the chief's node, registered like any worker;
+* the job has W + 1 = 4 input workers whose files do not overlap (the chief's rule-7 check on
+  the four workers' registered files);
+* autoscale streams worker 0 first, adds the tasks' workers after it, and every stream delivers;
+* worker 0, killed with SIGKILL during training (its pid from the rendezvous), is replaced in
+  the chief's task and streams again, as a task's worker is (README "Lost input workers");
+* training reaches max_steps, exit 0, and performance.json records the CPU split.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.runtime import helpers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PACED = str(REPO / "tests" / "fixtures" / "paced" / "run.py")
+
+
+def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):
+    data = helpers.prepare_digits(tmp_path / "data")
+    params = helpers.digits_params(tmp_path, data, train_input={"pace_ms": 40}, model={"step_pace_ms": 10},
+                                   log_steps=100, checkpoint_steps=0, eval_frequency=None, jit_compile=False)
+    md = tmp_path / "md"
+    argv = [str(BIN / "csrun_wse"), "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
+            "--chief-input-cpus", "1", "--autoscale", "--initial-workers", "1", "--autoscale-window", "4",
+            "python-ws", PACED, "--params", str(params), "--mode", "train", "--max_steps", "2000",
+            "--model_dir", str(md)]
+    log = tmp_path / "csrun_wse.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cli_env, cwd=tmp_path)
+    try:
+        helpers.wait_for(lambda: "global_step = 300," in log.read_text(), 300, "training to start")
+        (reg_file,) = md.glob(".csrun/*/workers/0.json")
+        killed = json.loads(reg_file.read_text())
+        os.kill(killed["pid"], signal.SIGKILL)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+    res = subprocess.CompletedProcess(argv, code, "", log.read_text())
+    assert res.returncode == 0, res.stderr[-5000:]
+    perf = json.loads((md / "performance" / "performance.json").read_text())
+    assert perf["global_step_end"] == 2000 and perf["num_workers"] == 4
+
+    split = perf["chief_input"]
+    assert split["worker"] == 0 and split["cpus"] == 1 and split["nice"] == 10 and split["reason"]
+    assert "input worker 0 runs in the chief's task" in res.stderr
+
+    # worker 0: a process of the chief's own task, on the chief's node; 1..3 are Slurm tasks
+    (rdv,) = (md / ".csrun").iterdir()
+    reports = {int(p.name.split(".")[0]): json.loads(p.read_text())
+               for p in (rdv / "workers").glob("*.report.json")}
+    assert sorted(reports) == [0, 1, 2, 3]
+    chief_node = json.loads((rdv / "dispatchers.json").read_text())["chief"]["node"]
+    assert reports[0]["component"] == "chief-input" and reports[0]["node"] == chief_node
+    assert killed["component"] == "chief-input" and killed["node"] == chief_node
+    # the killed worker 0 replaced in the chief's task: same index and node, a new process
+    (lost,) = perf["workers_lost"]
+    (rep,) = perf["workers_replaced"]
+    assert lost["index"] == 0 and lost["pid"] == killed["pid"]
+    assert rep["index"] == 0 and rep["node"] == chief_node and rep["attempt"] == 1 and rep["pid"] != killed["pid"]
+    assert reports[0]["attempt"] == 1 and reports[0]["elements"] > 0
+    assert reports[1]["component"] == "chief" and reports[1]["node"] == chief_node
+    assert {reports[i]["component"] for i in (2, 3)} == {"worker"}
+    assert all(r["chief_status"] == "ok" for r in reports.values())
+    # W + 1 producers: the four workers' files checked together, no overlap
+    assert "the 4 input workers read" in res.stderr
+    line = next(ln for ln in res.stderr.splitlines() if "the 4 input workers read" in ln)
+    assert line.rstrip().endswith(("sharded", "replicated", "planned")), line
+
+    # autoscale: worker 0 alone at first, the others added after it, every stream delivering
+    auto = perf["autoscale"]
+    assert auto["windows"][0]["workers"] == 1
+    adds = [e["worker"] for e in auto["events"] if e["action"] == "add"]
+    assert adds and 0 not in adds and adds[0] == 1, auto["events"]
+    assert perf["batches_per_worker"]["0"] > 0
+    assert sum(perf["batches_per_worker"].values()) == 2000

@@ -1,0 +1,139 @@
+"""``csrun_wse --chief-input-cpus``: input worker 0 in the chief's own task (README "The chief's
+node feeds input"): the layout's worker indices, the chief's variable, the role of the process
+the chief starts, the CPU split, and the placement its supervisor really applies."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from csrun_common.errors import CsrunError
+from csrun_common.roles import CHIEF_INPUT_ENV, resolve_role
+from csrun_runtime import chief_input
+from csrun_runtime.chief_input import NICE, NICE_ENV, PIN_ENV, requested, split_cpus, worker_env
+from launcher.builders import WseRequest
+from launcher.cli import csrun_wse
+from launcher.layout import plan_layout
+
+
+def test_indices_shift_by_one_and_the_job_counts_the_chiefs_worker():
+    lay = plan_layout(3, 2, 1, gres="gpu:1", node_cpus=2, chief_input_cpus=1)
+    assert [(c.role, c.task_offset, c.worker_offset) for c in lay.components] == [("chief", 0, 1), ("worker", 2, 2)]
+    assert lay.num_tasks == 6 and lay.num_workers == 6  # 5 tasks + the chief's own
+    # the task indices 1..5 and the chief's 0 cover 0..num_workers-1 exactly once
+    last = lay.components[-1]
+    assert last.worker_offset + last.num_workers == lay.num_workers
+
+
+def test_single_task_layout_gives_the_chief_the_node():
+    lay = plan_layout(4, 2, 1, single_task_nodes=2, gres="gpu:1", node_cpus=8, chief_input_cpus=7)
+    assert lay.chief_cpus == 8 and lay.num_workers == 1 + 4 + 1
+    assert [c.worker_offset for c in lay.components] == [1, 1, 2]
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(total_nodes=1, tasks_per_node=2, cpus_per_task=1, chief_input_cpus=2),
+     "--chief-input-cpus 2: more than the chief task's 1 CPU"),
+    (dict(total_nodes=1, tasks_per_node=2, cpus_per_task=None, chief_input_cpus=1),
+     "--chief-input-cpus 1: the chief's CPUs are left to Slurm"),
+    (dict(total_nodes=1, tasks_per_node=2, cpus_per_task=1, chief_input_cpus=-1), "--chief-input-cpus -1"),
+])
+def test_bad_values_name_the_flag(kw, msg):
+    with pytest.raises(CsrunError, match=msg):
+        plan_layout(**kw, node_cpus=2)
+
+
+def test_only_the_chiefs_component_gets_the_variable():
+    req = WseRequest(layout=plan_layout(2, 2, 1, gres="gpu:1", node_cpus=2, chief_input_cpus=1),
+                     command=("python", "run.py"), python="python")
+    envs = [dict(req.component_env(c)) for c in req.layout.components]
+    assert envs[0][CHIEF_INPUT_ENV] == "1" and CHIEF_INPUT_ENV not in envs[1]
+    assert {e["CSRUN_NUM_WORKERS"] for e in envs} == {"4"}
+    off = WseRequest(layout=plan_layout(2, 2, 1, gres="gpu:1", node_cpus=2), command=("python",), python="python")
+    assert all(CHIEF_INPUT_ENV not in dict(off.component_env(c)) for c in off.layout.components)
+
+
+def test_cli_refuses_too_many_cpus_in_one_line_and_submits_nothing(tmp_path):
+    res = CliRunner().invoke(csrun_wse, ["--dry-run", "--total-nodes", "1", "--tasks-per-node", "2",
+                                         "--cpus-per-task", "1", "--chief-input-cpus", "3", "python-ws", "run.py"],
+                             env={"SLURM_CONF": str(tmp_path / "x")})  # no slurmctld: a dry run offline
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("csrun_wse: error")]
+    assert len(lines) == 1 and "--chief-input-cpus 3" in lines[0] and "--export" not in res.output
+
+
+def test_the_chiefs_worker_resolves_as_input_worker_zero_of_the_job():
+    chief_env = {"CSRUN_ROLE": "chief", "SLURM_PROCID": "0", "CSRUN_TASK_OFFSET": "0", "CSRUN_WORKER_OFFSET": "1",
+                 "CSRUN_NUM_WORKERS": "4", "CSRUN_CPUS_PER_TASK": "3", "SLURM_JOB_ID": "7", CHIEF_INPUT_ENV: "1",
+                 "SLURMD_NODENAME": "node1"}
+    chief = resolve_role(chief_env)
+    assert chief.is_chief and requested(chief_env) == 1
+    split = split_cpus([4, 5, 6], 3, 1)
+    env = worker_env(chief_env, chief, split)
+    role = resolve_role(env)
+    assert role.kind == "worker" and role.worker_index == 0 and role.num_workers == 4 and role.chief_input
+    assert role.cpus_per_task == 1 and role.rendezvous_key == chief.rendezvous_key
+    assert role.describe() == "input worker 0 in the chief's task on node1"
+    assert env[PIN_ENV] == "6" and env[NICE_ENV] == str(NICE) and CHIEF_INPUT_ENV not in env
+    # the chief's other task on its node is input worker 1
+    other = resolve_role({**chief_env, "SLURM_PROCID": "1"})
+    assert other.worker_index == 1
+
+
+def test_split_pins_apart_only_when_slurm_binds_the_task():
+    bound = split_cpus([3, 1, 2, 0], 4, 2)
+    assert bound.pinned and bound.training == (0, 1) and bound.input == (2, 3) and bound.threads == 2
+    shared = split_cpus([0, 1], 2, 2)  # all the task's CPUs go to input: shared, niced
+    assert not shared.pinned and shared.training == shared.input == (0, 1)
+    unbound = split_cpus([0, 1, 2, 3], 1, 1)  # TaskPlugin=task/none: the mask is not the task's
+    assert not unbound.pinned and "does not bind" in unbound.reason
+    assert not split_cpus([0, 1], None, 1).pinned
+    with pytest.raises(ValueError):
+        split_cpus([0, 1], 2, 0)
+
+
+@pytest.mark.parametrize("raw,want", [("", 0), ("2", 2), (" 0 ", 0)])
+def test_requested(raw, want):
+    assert requested({CHIEF_INPUT_ENV: raw}) == want
+
+
+@pytest.mark.parametrize("raw", ["x", "-1"])
+def test_requested_refuses_a_bad_value_naming_the_variable(raw):
+    with pytest.raises(ValueError, match=CHIEF_INPUT_ENV):
+        requested({CHIEF_INPUT_ENV: raw})
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+def test_the_supervisor_applies_the_cpus_and_niceness_the_worker_inherits(tmp_path):
+    """A real supervisor process started as the chief starts it: the worker it runs sees the
+    pinned CPU and nice 10 (and a plain chief task would see neither)."""
+    cpu = min(os.sched_getaffinity(0))
+    chief_env = {**os.environ, "CSRUN_ROLE": "chief", "SLURM_PROCID": "0", "CSRUN_TASK_OFFSET": "0",
+                 "CSRUN_WORKER_OFFSET": "1", "CSRUN_NUM_WORKERS": "2", "SLURM_JOB_ID": "7",
+                 "CSRUN_CPUS_PER_TASK": str(len(os.sched_getaffinity(0)))}
+    split = chief_input.CpuSplit((cpu,), (cpu,), True, 1, "test")
+    probe = ("import json, os; print(json.dumps({'cpus': sorted(os.sched_getaffinity(0)), "
+             "'nice': os.nice(0), 'role': os.environ['CSRUN_ROLE']}))")
+    env = worker_env(chief_env, resolve_role(chief_env), split)
+    base = os.nice(0)
+    out = subprocess.run([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", probe],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"cpus": [cpu], "nice": min(19, base + NICE), "role": "chief-input"}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+def test_pin_threads_pins_every_thread_of_the_process():
+    code = ("import os, threading, time, json\n"
+            "from csrun_runtime.chief_input import pin_threads\n"
+            "ev = threading.Event(); t = threading.Thread(target=ev.wait); t.start()\n"
+            f"n = pin_threads([{min(os.sched_getaffinity(0))}])\n"
+            "cpus = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir('/proc/self/task')}\n"
+            "ev.set(); t.join(); print(json.dumps({'n': n, 'cpus': cpus}))")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    assert out["n"] >= 2 and all(c == [min(os.sched_getaffinity(0))] for c in out["cpus"].values())
