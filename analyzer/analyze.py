@@ -443,8 +443,8 @@ def _save_partial(out: Path, base: dict[str, Any], rows: list[dict[str, Any]]) -
 def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
                  topology: dict[str, Any] | None) -> dict[str, Any]:
     """The report dict from the probe rows: model, bottleneck, ingest, recommendation, the
-    rate-vs-nodes curve of the chosen tasks × CPUs, and the csrun_wse command. Pure given
-    its inputs (used by :func:`analyze` and by tests on recorded tables)."""
+    rate-vs-nodes curve of the chosen tasks × CPUs (and chief input CPUs), and the csrun_wse
+    command. Pure given its inputs (used by :func:`analyze` and by tests on recorded tables)."""
     # pandas and numpy (the model) are imported here, not at the CLI's start-up.
     import pandas as pd
 
@@ -469,7 +469,7 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rec = rc.recommend(model, int(base.get("available_nodes") or 1), tgt, ingest, topology)
     rep["recommendation"] = rec
     rep["nodes_curve"] = [rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
-                                            topology)
+                                            topology, rec.get("chief_input_cpus") or 0)
                           for n in range(1, int(base.get("available_nodes") or 1) + 1)]
     rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"))
     if topology:

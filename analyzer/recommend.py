@@ -1,12 +1,17 @@
 """Extend the per-node model to csrun_wse layouts and choose one (pure).
 
 A layout is ``N`` nodes × ``T`` tasks per node × ``C`` CPUs per task with ``S`` single-task
-nodes, shaped as :func:`launcher.layout.plan_layout` shapes it (docs/CONTRACT.md):
+nodes and ``L`` CPUs of the chief's task given to its own input worker
+(``--chief-input-cpus``), shaped as :func:`launcher.layout.plan_layout` shapes it
+(docs/CONTRACT.md):
 
 * ``S = 0``: node 1 runs the chief and ``T - 1`` input workers, nodes 2..N run ``T`` input
-  workers each; ``N = T = 1`` runs the input pipeline inside the chief.
+  workers each; ``N = T = 1`` (``L = 0``) runs the input pipeline inside the chief.
 * ``S > 0``: node 1 runs the chief alone, nodes 2..S one input worker owning the node,
   nodes S+1..N ``T`` input workers each.
+* ``L > 0``: the chief's task (``C`` CPUs when ``S = 0``, the whole node's ``n`` when
+  ``S > 0``: its *task CPUs* ``C_c``) also runs input worker 0 (:mod:`csrun_runtime.chief_input`),
+  one more worker on node 1: with ``N = T = 1`` the job is the chief and that one worker.
 
 The delivered rate (samples/s) is the sum of the input workers' rates — a node with ``T``
 tasks of which ``w`` are workers delivers ``w / T`` of the probed node rate — limited by
@@ -16,15 +21,37 @@ Slurm test cluster: several ``slurmd`` on one machine), that host is one domain 
 cores. A domain's demand is, per delivered sample, the pipeline's CPU-seconds ``k`` at that
 layout plus what serving an element costs an input worker (``h``, the served probe) for
 its workers, and the chief's CPU-seconds per sample (``k_c``) where the chief runs; a
-domain over its cores scales its workers down until it fits (a chief-only domain caps the
-job at ``cores / k_c``). The chief's measured ingest rate caps the job too, unless that
-probe was CPU-bound (then the chief's own CPU budget is the limit, as just said).
+domain over its cores scales its workers down until it fits (a chief-only domain, or one
+whose chief is saturated by the other nodes' stream alone, caps the job at ``cores / k_c``
+and its own workers deliver nothing). The chief's measured ingest rate caps the job too,
+unless that probe was CPU-bound (then the chief's own CPU budget is the limit, as just said).
 
-The choice: with a target, the layout whose interval's low end meets it with the fewest
-nodes, then the fewest reserved cores (``N × T × C``), then the highest rate (if none
-meets it by its low end, by its point prediction; if none at all, the best layout and the
-accelerator is input-starved); without a target, the fewest nodes and cores among the
-layouts within ``tolerance`` (5 %) of the best rate for the available nodes.
+The chief's input worker (``L > 0``) delivers the rate of one task of ``L`` CPUs on the
+chief's node: ``node_rate(T, L) / T`` (``S = 0``: one of ``T`` tasks), ``node_rate(1, L)``
+(``S > 0``: a task alone on its node), at ``k`` of that layout plus ``h`` per sample, in the
+chief's domain beside ``k_c``: a chief node without spare CPUs gains little or nothing from
+it. Inside the chief's task it is placed as :func:`csrun_runtime.chief_input.split_cpus`
+places it: with ``L < C_c`` pinned apart, the worker on ``L`` CPUs (at most ``L / (k + h)``
+samples/s) and the chief's stream on the other ``C_c - L`` (the job at most
+``(C_c - L) / k_c``); with ``L = C_c`` sharing them at nice 10, the worker getting what the
+chief leaves (``C_c - k_c × rate``). The split assumes Slurm binds tasks to their CPUs;
+where it does not, the runtime shares instead and the prediction is conservative.
+Source: Pecan (Graur et al., "Pecan: Cost-Efficient ML Data Preprocessing with Automatic
+Transformation Ordering and Hybrid Placement", USENIX ATC'24), whose AutoPlacement policy
+does this: "we dynamically schedule data preprocessing workers on ML accelerator host
+resources to minimize the number of remote CPU workers needed to achieve peak data
+ingestion bandwidth".
+
+The choice: every candidate ``(N, T, C)`` with ``S = 0`` and ``T × C ≤ n``, each with
+``L = 0`` and the chief-input variants :func:`chief_input_choices` gives (``C - 1`` pinned,
+training keeping one CPU; ``C = 1`` shared; and ``C - m`` where the chief's stream needs
+``m ≥ 2`` CPUs), a variant kept only where it raises the layout's rate by at least
+:data:`MIN_CHIEF_INPUT_GAIN`. With a target, the layout whose interval's low end meets it
+with the fewest nodes, then the fewest reserved cores (``N × T × C``: the chief's input
+worker reserves none, it uses the chief's own CPUs), then the highest rate, then ``L = 0``
+(if none meets it by its low end, by its point prediction; if none at all, the best layout
+and the accelerator is input-starved); without a target, the fewest nodes and cores among
+the layouts within ``tolerance`` (5 %) of the best rate for the available nodes.
 """
 from __future__ import annotations
 
@@ -35,6 +62,9 @@ from .model import NodeModel
 
 #: ``z`` of the interval: ``prediction × (1 ± Z × relative spread)``.
 Z = 2.0
+#: A chief-input variant of a layout is a candidate only when it raises the layout's
+#: predicted rate by at least this fraction (1 %): no extra process for no gain.
+MIN_CHIEF_INPUT_GAIN = 0.01
 
 
 def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, Any]]:
@@ -44,10 +74,8 @@ def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, A
 
     def node(tasks: int, cpus: int, workers: int, chief: bool) -> dict[str, Any]:
         rate = model.node_rate(tasks, cpus) * (workers / tasks) if workers else 0.0
-        full = model.node_rate(tasks, cpus)
-        k = model.cores_used(tasks, cpus) / full if full > 0 else model.k
         return {"tasks": tasks, "cpus": cpus, "workers": workers, "chief": chief,
-                "rate": rate, "k": k, "rel": model.node_rel_spread(tasks, cpus)}
+                "rate": rate, "k": _k(model, tasks, cpus), "rel": model.node_rel_spread(tasks, cpus)}
 
     out = []
     if S == 0:
@@ -60,70 +88,155 @@ def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, A
     return out
 
 
+def _k(model: NodeModel, tasks: int, cpus: int) -> float:
+    """CPU-seconds per sample of the pipeline at ``tasks × cpus`` (cores used / node rate)."""
+    full = model.node_rate(tasks, cpus)
+    return model.cores_used(tasks, cpus) / full if full > 0 else model.k
+
+
+def _chief_input_entry(model: NodeModel, T: int, S: int, L: int) -> dict[str, Any]:
+    """The chief's input worker on node 1 as a plan entry: one task of ``L`` CPUs among the
+    node's ``T`` (``S = 0``) or alone on it (``S > 0``)."""
+    tasks = T if S == 0 else 1
+    return {"tasks": tasks, "cpus": L, "workers": 1, "chief": True,
+            "rate": model.node_rate(tasks, L) / tasks, "k": _k(model, tasks, L),
+            "rel": model.node_rel_spread(tasks, L)}
+
+
+def _chief_costs(ingest: dict) -> tuple[float, float]:
+    """``(k_c, h)``: the chief's CPU-seconds per sample taking the stream and what serving
+    adds to an input worker's (0 when unknown)."""
+    k_c = ingest.get("chief_cpu_seconds_per_sample")
+    if k_c is None:
+        k_c = ingest.get("cpu_seconds_per_sample") or 0.0  # the whole hop, charged to the chief
+    return float(k_c), float(ingest.get("worker_hop_cpu_seconds_per_sample") or 0.0)
+
+
+def chief_task_cpus(model: NodeModel, cpus_per_task: int, single_task_nodes: int = 0) -> int:
+    """CPUs of the chief's task: ``cpus_per_task`` with no single-task node, else the whole
+    node's (``model.node_cpus``), as :func:`launcher.layout.plan_layout` gives them."""
+    return int(model.node_cpus if single_task_nodes else cpus_per_task)
+
+
+def _fraction(load: float, flow: float, outside: float, limit: float, cores: float, k_c: float) -> float | None:
+    """The largest ``f`` in [0, 1] with ``f·load + k_c·min(outside + f·flow, limit) ≤ cores``:
+    the share a chief's domain (or task) leaves its workers, whose full rate is ``flow``
+    samples/s at ``load`` cores, beside a chief taking ``outside`` samples/s from elsewhere
+    (the job capped at ``limit``). ``None`` when the chief alone does not fit (``f = 0``)."""
+    if k_c * min(outside, limit) > cores * (1 + 1e-9):
+        return None
+    f_cap = (limit - outside) / flow if flow > 0 else math.inf  # beyond it the cap fixes the chief's part
+    den = load + k_c * flow
+    f = (cores - k_c * outside) / den if den > 0 else math.inf
+    if f_cap <= 0 or f > f_cap:
+        f = (cores - k_c * limit) / load if load > 0 else math.inf
+    return max(0.0, min(1.0, f))
+
+
 def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
                    single_task_nodes: int = 0, ingest: dict | None = None,
-                   topology: dict | None = None) -> dict[str, Any]:
+                   topology: dict | None = None, chief_input_cpus: int = 0) -> dict[str, Any]:
     """Predicted delivered samples/s of one csrun_wse layout (rules in the module docstring).
 
     ``ingest``: :func:`analyzer.model.ingest_limits` output or ``None`` (no service costs
     known: the workers' rates are summed). ``topology``: ``{"node_hosts": [host of node 1
     (the chief's), host of worker node 2, ...], "host_cores": {host: cores}}`` for hosts
-    whose nodes share cores, or ``None`` for independent nodes.
+    whose nodes share cores, or ``None`` for independent nodes. ``chief_input_cpus``: CPUs
+    of the chief's task running input worker 0 (``csrun_wse --chief-input-cpus``; 0: none).
 
     Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-    "input_workers", "predicted_samples_per_sec", "interval": [lo, hi], "workers_rate"
-    (the workers' probed rates summed, before any limit), "limited_by": "input workers" |
-    "node CPUs (pipeline and serving)" | "chief ingest" | "shared host CPUs" | "in-process
-    pipeline",
-    "per_node": [samples/s delivered by each node's workers]}``.
-    Raises ``ValueError`` for N < 1, T < 1, C < 1 or S outside [0, N).
+    "chief_input_cpus", "input_workers" (the chief's own counted), "predicted_samples_per_sec",
+    "interval": [lo, hi], "workers_rate" (the workers' probed rates summed, before any limit),
+    "limited_by": "input workers" | "node CPUs (pipeline and serving)" | "chief ingest" |
+    "shared host CPUs" | "in-process pipeline",
+    "per_node": [samples/s delivered by each node's workers, the chief's own in node 1's],
+    "chief_input_samples_per_sec": samples/s of the chief's input worker (0 without one)}``.
+    Raises ``ValueError`` for N < 1, T < 1, C < 1, S outside [0, N), or ``chief_input_cpus``
+    below 0 or above the chief task's CPUs.
     """
     N, T, C, S = int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes)
+    L = int(chief_input_cpus)
     if N < 1 or T < 1 or C < 1 or not (0 <= S < max(N, 1)) or (S and S >= N):
         raise ValueError(f"bad layout N={N} T={T} C={C} S={S}")
+    c_task = chief_task_cpus(model, C, S)
+    if not 0 <= L <= c_task:
+        raise ValueError(f"chief input CPUs {L}: must be 0 to the chief task's {c_task} CPU(s)")
     ingest = ingest or {}
-    k_c = ingest.get("chief_cpu_seconds_per_sample")
-    if k_c is None:
-        k_c = ingest.get("cpu_seconds_per_sample") or 0.0  # the whole hop, charged to the chief
-    h_w = ingest.get("worker_hop_cpu_seconds_per_sample") or 0.0
+    k_c, h_w = _chief_costs(ingest)
     measured_cap = ingest.get("samples_per_sec") or math.inf
     # A CPU-bound ingest probe measured its node's CPUs, which the chief's domain models.
     cap = math.inf if (ingest.get("cpu_bound") and k_c > 0) else measured_cap
-    base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S}
+    base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S,
+            "chief_input_cpus": L}
 
-    if N == 1 and T == 1 and S == 0:
+    if N == 1 and T == 1 and S == 0 and L == 0:
         rate = model.node_rate(1, C)
         rel = model.node_rel_spread(1, C)
         return {**base, "input_workers": 0, "predicted_samples_per_sec": rate,
                 "interval": [rate * max(0.0, 1 - Z * rel), rate * (1 + Z * rel)],
-                "workers_rate": rate, "limited_by": "in-process pipeline", "per_node": [rate]}
+                "workers_rate": rate, "limited_by": "in-process pipeline", "per_node": [rate],
+                "chief_input_samples_per_sec": 0.0}
 
     plan = _nodes(model, N, T, C, S)
-    workers = sum(p["workers"] for p in plan)
-    raw = [p["rate"] for p in plan]
     domains = _domains(plan, model.node_cpus, topology)
-    scale = [1.0] * len(plan)
+    ci: int | None = None  # the chief input worker's plan index
+    if L:
+        ci = len(plan)
+        plan.append(_chief_input_entry(model, T, S, L))
+        domains = [(cores, idx + [ci] if 0 in idx else idx) for cores, idx in domains]
+    raw = [p["rate"] for p in plan]
+    cost = [p["k"] + h_w for p in plan]  # CPU-seconds per delivered sample of each entry
+    eff = list(raw)
     chief_cap = math.inf
+    pinned = ci is not None and L < c_task
+    if ci is not None and pinned:  # split_cpus: the worker on its L CPUs, the chief on the rest
+        eff[ci] = min(raw[ci], L / cost[ci]) if cost[ci] > 0 else raw[ci]
+        if k_c > 0:
+            chief_cap = (c_task - L) / k_c
+    scale = [1.0] * len(plan)  # what the CPU domains leave each entry
+    share = 1.0  # L = C_c: the chief input worker's share of the CPUs the chief leaves
+    # The chief's domain last: its fit depends on the rate every other domain delivers.
+    domains = sorted(domains, key=lambda d: 0 in d[1])
+
+    def current() -> list[float]:
+        out = [r * s for r, s in zip(eff, scale, strict=True)]
+        if ci is not None:
+            out[ci] *= share
+        return out
+
     for _ in range(60):
-        rates = [r * s for r, s in zip(raw, scale, strict=True)]
-        delivered = min(sum(rates), cap, chief_cap)
         changed = False
         for cores, idx in domains:
-            demand = sum(rates[i] * (plan[i]["k"] + h_w) for i in idx)
-            if 0 in idx and k_c > 0:
-                demand += delivered * k_c
+            rates = current()
+            total = sum(rates)
+            delivered = min(total, cap, chief_cap)
+            chief_here = 0 in idx and k_c > 0
+            if chief_here and ci is not None and not pinned:  # the worker takes what the chief leaves
+                full = eff[ci] * scale[ci]
+                f_ci = _fraction(full * cost[ci], full, total - rates[ci], min(cap, chief_cap), c_task, k_c)
+                f_ci = 0.0 if f_ci is None else f_ci
+                if abs(f_ci - share) > 1e-9:
+                    share, changed = f_ci, True
+                    rates = current()
+                    total = sum(rates)
+                    delivered = min(total, cap, chief_cap)
+            load = sum(rates[i] * cost[i] for i in idx)
+            demand = load + (delivered * k_c if chief_here else 0.0)
             if demand <= cores * (1 + 1e-6):
                 continue
-            if any(rates[i] > 0 for i in idx):
+            if chief_here:
+                flow = sum(rates[i] for i in idx)
+                f = _fraction(load, flow, total - flow, min(cap, chief_cap), cores, k_c)
+                if f is None:  # the chief alone fills its domain: it caps the job, its workers idle
+                    chief_cap, f = min(chief_cap, cores / k_c), 0.0
+            else:
                 f = cores / demand
-                for i in idx:
-                    scale[i] *= f
-            else:  # the chief alone: its CPUs cap what it can take
-                chief_cap = min(chief_cap, cores / k_c)
+            for i in idx:
+                scale[i] *= f
             changed = True
         if not changed:
             break
-    rates = [r * s for r, s in zip(raw, scale, strict=True)]
+    rates = current()
     wrate = sum(rates)
     pred = min(wrate, cap, chief_cap)
     if min(cap, chief_cap) < wrate * (1 - 1e-6):
@@ -137,9 +250,14 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, plan, strict=True)) /
                     max(sum(r * r for r in rates), 1e-12)) if wrate > 0 else model.rel_spread
     rel = max(rel, model.rel_spread)
+    per_node = rates[:len(rates) - (1 if ci is not None else 0)]
+    ci_rate = rates[ci] if ci is not None else 0.0
+    per_node[0] += ci_rate
+    workers = sum(p["workers"] for p in plan)
     return {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
             "interval": [pred * max(0.0, 1 - Z * rel), pred * (1 + Z * rel)],
-            "workers_rate": sum(raw), "limited_by": limited, "per_node": rates}
+            "workers_rate": sum(raw), "limited_by": limited, "per_node": per_node,
+            "chief_input_samples_per_sec": ci_rate}
 
 
 def _domains(plan: list[dict[str, Any]], node_cpus: int,
@@ -179,10 +297,38 @@ def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, i
     return out
 
 
+def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
+                        ingest: dict | None = None, topology: dict | None = None,
+                        without: dict[str, Any] | None = None) -> list[int]:
+    """The ``--chief-input-cpus`` values :func:`recommend` tries for an ``S = 0`` layout
+    besides 0 (CPUs of the chief's ``C``-CPU task):
+
+    * ``C - 1`` when ``C ≥ 2``: the worker pinned apart, training keeping one CPU;
+    * ``1`` when ``C = 1``: the worker sharing the chief's one CPU at nice 10;
+    * ``C - m`` when the chief's stream needs ``m ≥ 2`` of its CPUs (``m = ⌈k_c × rate⌉``,
+      ``rate`` the layout's prediction without a chief input worker, ``without``, plus that
+      worker's probed rate at ``C - 1`` CPUs) and ``C - m ≥ 1``: pinned, the chief keeping
+      what its stream needs.
+    """
+    C, T = int(cpus_per_task), int(tasks_per_node)
+    if C == 1:
+        return [1]
+    out = [C - 1]
+    k_c, _h = _chief_costs(ingest or {})
+    if k_c > 0:
+        if without is None:
+            without = predict_layout(model, nodes, T, C, 0, ingest, topology)
+        rate = without["predicted_samples_per_sec"] + model.node_rate(T, C - 1) / T
+        m = math.ceil(k_c * rate - 1e-9)
+        if m >= 2 and C - m >= 1:
+            out.append(C - m)
+    return out
+
+
 def recommend(model: NodeModel, available_nodes: int, target: float | None = None,
               ingest: dict | None = None, topology: dict | None = None,
               tolerance: float = 0.05) -> dict[str, Any]:
-    """Choose the layout (rules in the module docstring).
+    """Choose the layout (rules in the module docstring), ``--chief-input-cpus`` included.
 
     ``target``: samples/s the accelerator consumes (``None``: best for the available nodes).
     Returns the chosen :func:`predict_layout` dict plus ``"target"``, ``"meets_target"``
@@ -194,13 +340,22 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
     """
     if available_nodes < 1:
         raise ValueError(f"available nodes {available_nodes}: must be at least 1")
-    preds = [predict_layout(model, N, T, C, 0, ingest, topology)
-             for N, T, C in candidate_layouts(model.node_cpus, available_nodes)]
+    preds = []
+    for N, T, C in candidate_layouts(model.node_cpus, available_nodes):
+        p0 = predict_layout(model, N, T, C, 0, ingest, topology)
+        preds.append(p0)
+        for L in chief_input_choices(model, N, T, C, ingest, topology, p0):
+            p = predict_layout(model, N, T, C, 0, ingest, topology, L)
+            if p["predicted_samples_per_sec"] >= (1 + MIN_CHIEF_INPUT_GAIN) * p0["predicted_samples_per_sec"]:
+                preds.append(p)
 
     def cores(p: dict) -> int:
         return p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"]
 
-    order = lambda p: (p["nodes"], cores(p), -p["predicted_samples_per_sec"])  # noqa: E731
+    order = lambda p: (p["nodes"], cores(p), -p["predicted_samples_per_sec"],  # noqa: E731
+                       p["chief_input_cpus"] > 0)
+    by_rate = lambda p: (-p["predicted_samples_per_sec"], p["nodes"], cores(p),  # noqa: E731
+                         p["chief_input_cpus"] > 0)
     best_rate = max(p["predicted_samples_per_sec"] for p in preds)
     if target:
         sure = sorted((p for p in preds if p["interval"][0] >= target), key=order)
@@ -214,7 +369,7 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
             reason = (f"fewest nodes, then fewest cores, whose prediction meets the target "
                       f"{target:.0f} samples/s (its interval's low end does not)")
         else:
-            ranked = sorted(preds, key=lambda p: (-p["predicted_samples_per_sec"], p["nodes"], cores(p)))
+            ranked = sorted(preds, key=by_rate)
             near = sorted((p for p in preds if p["predicted_samples_per_sec"] >= (1 - tolerance) * best_rate),
                           key=order)
             chosen = near[0]
@@ -231,10 +386,10 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
                   f"of the best predicted rate on {available_nodes} available node(s)")
         starved, meets = None, None
     if not target:
-        ranked = sorted(preds, key=lambda p: (-p["predicted_samples_per_sec"], p["nodes"], cores(p)))
+        ranked = sorted(preds, key=by_rate)
     alts = [p for p in ranked if p is not chosen][:5]
     return {**chosen, "target": target, "meets_target": meets, "input_starved": starved,
             "reason": reason, "best_available_samples_per_sec": best_rate,
-            "alternatives": [{k: a[k] for k in ("nodes", "tasks_per_node", "cpus_per_task",
+            "alternatives": [{k: a[k] for k in ("nodes", "tasks_per_node", "cpus_per_task", "chief_input_cpus",
                                                  "predicted_samples_per_sec", "interval")}
                              for a in alts]}

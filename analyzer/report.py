@@ -6,7 +6,7 @@ Files (``out`` is the output directory, default ``<model_dir>/input_analysis/``)
   spirit: recommended nodes, tasks_per_node, cpus_per_task, the estimated input throughput,
   ending with the exact ``csrun_wse`` command;
 * ``report.json`` — everything: ``"recommendation": {"nodes", "tasks_per_node",
-  "cpus_per_task", "predicted_samples_per_sec", "interval": [lo, hi], ...}`` (read by
+  "cpus_per_task", "chief_input_cpus", "predicted_samples_per_sec", "interval": [lo, hi], ...}`` (read by
   ``cs_input_analyzer shard-plan --from-report``), every probe, the fitted model, the
   bottleneck class, the target and its source;
 * ``probes.csv`` — the probe table (:data:`analyzer.model.PROBE_COLUMNS`);
@@ -68,11 +68,15 @@ def _is_python(word: str) -> bool:
 
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
                       shard_plan: str | None = None) -> str:
-    """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``."""
+    """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
+    (``--chief-input-cpus L`` when the recommendation gives the chief's task an input worker
+    of ``L`` CPUs)."""
     words = ["csrun_wse", "--total-nodes", str(rec["nodes"]), "--tasks-per-node", str(rec["tasks_per_node"]),
              "--cpus-per-task", str(rec["cpus_per_task"])]
     if rec.get("single_task_nodes"):
         words += ["--single-task-nodes", str(rec["single_task_nodes"])]
+    if rec.get("chief_input_cpus"):
+        words += ["--chief-input-cpus", str(rec["chief_input_cpus"])]
     if mount_dirs:
         words += ["--mount-dirs", mount_dirs]
     if shard_plan:
@@ -126,10 +130,17 @@ def _recommendation_lines(rec: dict[str, Any]) -> list[str]:
         f"  tasks_per_node: {rec['tasks_per_node']}",
         f"  cpus_per_task:  {rec['cpus_per_task']}",
         f"Estimated input throughput: {_fmt_rate(rec['predicted_samples_per_sec'])} samples/s "
-        f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)}), {rec.get('input_workers', 0)} input worker(s), "
-        f"limited by {rec.get('limited_by', '?')}",
+        f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)}), {rec.get('input_workers', 0)} input worker(s)"
+        + _chief_input_clause(rec) + f", limited by {rec.get('limited_by', '?')}",
         f"Why this layout: {rec.get('reason', '')}",
     ]
+
+
+def _chief_input_clause(rec: dict[str, Any]) -> str:
+    """``", input worker 0 in the chief's task on L CPU(s)"`` when ``rec`` has
+    ``chief_input_cpus`` L > 0, else ``""``."""
+    cpus = rec.get("chief_input_cpus")
+    return f", input worker 0 in the chief's task on {cpus} CPU(s)" if cpus else ""
 
 
 def _target_lines(report: dict[str, Any], rec: dict[str, Any]) -> list[str]:
@@ -201,8 +212,9 @@ def _alternative_lines(rec: dict[str, Any]) -> list[str]:
     if not rec.get("alternatives"):
         return []
     return ["", "Next best layouts:"] + [
-        f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s): "
-        f"{_fmt_rate(a['predicted_samples_per_sec'])} samples/s" for a in rec["alternatives"]]
+        f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s)"
+        + (f", chief's input worker on {a['chief_input_cpus']} CPU(s)" if a.get("chief_input_cpus") else "")
+        + f": {_fmt_rate(a['predicted_samples_per_sec'])} samples/s" for a in rec["alternatives"]]
 
 
 def _notes(report: dict) -> list[str]:
@@ -332,7 +344,9 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("delivered to the chief (samples/s)")
         if rec:
-            ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)")
+            ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
+                         + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
+                            else ""))
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -148,14 +148,16 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
     t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
     s = rec.get("single_task_nodes") or 0
+    chief_input = bool(rec.get("chief_input_cpus"))
     try:
-        w = input_worker_count(n, t, s)
+        w = input_worker_count(n, t, s, chief_input)
     except ValueError as exc:
         raise _bad(f"--from-report {file}: {exc}") from None
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
+        own = " + the chief's own input worker" if chief_input else ""
         raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
-                   f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}) = {w} input workers")
+                   f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}){own} = {w} input workers")
     return _Layout(n, t, s, rec.get("cpus_per_task"), f"--from-report {file}",
                    ("recommendation.nodes", "recommendation.tasks_per_node"), w), report
 

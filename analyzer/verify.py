@@ -1,9 +1,11 @@
 """``cs_input_analyzer verify [--report DIR]``: check a prediction on the cluster.
 
 Launches the recommended layout (or one given with ``--total-nodes/--tasks-per-node/
---cpus-per-task``) with ``csrun_wse``, every task running :mod:`analyzer.verify_task` on the
-report's run.py and params: the input workers serve the input_fn exactly as in training and
-the chief only drains the stream for ``--seconds`` after a ``--warmup``. Prints predicted vs
+--cpus-per-task/--chief-input-cpus``) with ``csrun_wse``, every task running
+:mod:`analyzer.verify_task` on the report's run.py and params: the input workers serve the
+input_fn exactly as in training (with ``--chief-input-cpus``, input worker 0 in the chief's
+task, as training runs it) and the chief only drains the stream for ``--seconds`` after a
+``--warmup``. Prints predicted vs
 measured samples/s and the error in % (``100 × (measured − predicted) / predicted``), and
 writes ``verify.json`` (and appends to ``verify_history.jsonl``) in the report directory.
 The drain's model_dir (rendezvous files) is ``<report dir>/verify/model_dir``: nothing else
@@ -64,29 +66,36 @@ def load_report(d: Path) -> dict[str, Any]:
     return rep
 
 
-def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single: int = 0) -> dict[str, Any]:
+def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single: int = 0,
+                  chief_input_cpus: int = 0) -> dict[str, Any]:
     """The report model's prediction for a layout (the recommendation's own when it is one):
     :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
-    ``interval`` [low, high] in samples/s, ``limited_by``)."""
+    ``interval`` [low, high] in samples/s, ``limited_by``). ``chief_input_cpus``: CPUs of the
+    chief's task running input worker 0 (``--chief-input-cpus``)."""
     rec = rep["recommendation"]
-    if (nodes, tasks, cpus, single) == (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"],
-                                        rec.get("single_task_nodes", 0)):
+    if (nodes, tasks, cpus, single, chief_input_cpus) == (
+            rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec.get("single_task_nodes", 0),
+            rec.get("chief_input_cpus") or 0):
         return rec
     # numpy (the model) only when another layout is asked for: not at the CLI's start-up.
     from .model import NodeModel
     from .recommend import predict_layout
 
     return predict_layout(NodeModel.from_dict(rep["model"]), nodes, tasks, cpus, single, rep.get("ingest"),
-                          rep.get("topology"))
+                          rep.get("topology"), chief_input_cpus)
 
 
 def drain_command(rep: dict[str, Any], out_dir: Path, layout: dict[str, int], seconds: float, warmup: float,
                   mount_dirs: str | None) -> list[str]:
-    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout``."""
+    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout``
+    (``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``,
+    the last two optional)."""
     argv = [console_script("csrun_wse"), "--total-nodes", str(layout["nodes"]), "--tasks-per-node",
             str(layout["tasks_per_node"]), "--cpus-per-task", str(layout["cpus_per_task"])]
     if layout.get("single_task_nodes"):
         argv += ["--single-task-nodes", str(layout["single_task_nodes"])]
+    if layout.get("chief_input_cpus"):
+        argv += ["--chief-input-cpus", str(layout["chief_input_cpus"])]
     md = mount_dirs or rep.get("mount_dirs")
     if md:
         argv += ["--mount-dirs", md]
@@ -105,23 +114,43 @@ def _strip_model_dir(argv: list[str]) -> list[str]:
     return drop_options(argv, valued=("--model_dir", "-o"))
 
 
+def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None, tasks: int | None = None,
+                  cpus: int | None = None, chief_input_cpus: int | None = None) -> dict[str, int]:
+    """The layout verify launches: the recommendation ``rec``'s, with the options given
+    (``None``: not given). Overriding nodes, tasks or CPUs starts a layout without
+    single-task nodes and without the chief's input worker unless ``chief_input_cpus`` is
+    given. Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
+    "chief_input_cpus"}``. Raises :class:`CsrunError` for more CPUs than a node's
+    ``node_cpus`` or ``chief_input_cpus`` above the chief task's CPUs."""
+    override = bool(nodes or tasks or cpus)
+    layout = {"nodes": nodes or rec["nodes"], "tasks_per_node": tasks or rec["tasks_per_node"],
+              "cpus_per_task": cpus or rec["cpus_per_task"],
+              "single_task_nodes": 0 if override else rec.get("single_task_nodes", 0),
+              "chief_input_cpus": chief_input_cpus if chief_input_cpus is not None
+              else (0 if override else rec.get("chief_input_cpus") or 0)}
+    if layout["tasks_per_node"] * layout["cpus_per_task"] > node_cpus:
+        raise CsrunError(f"--tasks-per-node {layout['tasks_per_node']} × --cpus-per-task "
+                         f"{layout['cpus_per_task']}: more than the {node_cpus} CPUs of a node")
+    chief = node_cpus if layout["single_task_nodes"] else layout["cpus_per_task"]
+    if layout["chief_input_cpus"] > chief:
+        raise CsrunError(f"--chief-input-cpus {layout['chief_input_cpus']}: more than the chief task's "
+                         f"{chief} CPU(s)")
+    return layout
+
+
 def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
-           cpus: int | None, timeout_s: float, mount_dirs: str | None) -> dict:
+           cpus: int | None, timeout_s: float, mount_dirs: str | None,
+           chief_input_cpus: int | None = None) -> dict:
     """Run the check; returns the ``verify.json`` record (``predicted_samples_per_sec``,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
-    ``drain`` (the drain's JSON), ``exit_status``, ``wall_s``). Raises :class:`CsrunError`."""
+    ``drain`` (the drain's JSON), ``exit_status``, ``wall_s``; with the chief's input worker
+    also ``chief_input`` (:func:`chief_input_measured`)). Raises :class:`CsrunError`."""
     d = find_report(report)
     rep = load_report(d)
     rec = rep["recommendation"]
-    layout = {"nodes": nodes or rec["nodes"], "tasks_per_node": tasks or rec["tasks_per_node"],
-              "cpus_per_task": cpus or rec["cpus_per_task"],
-              "single_task_nodes": 0 if (nodes or tasks or cpus) else rec.get("single_task_nodes", 0)}
-    node_cpus = int(rep["model"]["node_cpus"])
-    if layout["tasks_per_node"] * layout["cpus_per_task"] > node_cpus:
-        raise CsrunError(f"--tasks-per-node {layout['tasks_per_node']} × --cpus-per-task "
-                            f"{layout['cpus_per_task']}: more than the {node_cpus} CPUs of a node")
+    layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus)
     pred = predicted_for(rep, layout["nodes"], layout["tasks_per_node"], layout["cpus_per_task"],
-                         layout["single_task_nodes"])
+                         layout["single_task_nodes"], layout["chief_input_cpus"])
     out_dir = d / "verify"
     out_dir.mkdir(parents=True, exist_ok=True)
     result_path = out_dir / "drain.json"
@@ -146,6 +175,8 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
         m = float(drain_res["samples_per_sec"])
         rec_out.update({"measured_samples_per_sec": m, "error_pct": 100.0 * (m - p) / p if p else None,
                         "within_interval": lo <= m <= hi})
+        if layout["chief_input_cpus"]:
+            rec_out["chief_input"] = chief_input_measured(drain_res, pred)
     else:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-8:] if log_path.exists() else []
         rec_out.update({"measured_samples_per_sec": None, "error_pct": None, "within_interval": None,
@@ -155,6 +186,21 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     with open(d / "verify_history.jsonl", "a") as f:
         f.write(json.dumps(rec_out, default=str) + "\n")
     return rec_out
+
+
+def chief_input_measured(drain_res: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
+    """Input worker 0's stream (the chief's own input worker) in a drain: ``{"batches",
+    "share" (of the drained batches, a fraction), "measured_samples_per_sec" (the drain's
+    samples/s × that share), "predicted_samples_per_sec"}``, the figures ``None`` when the
+    drain counted no batch."""
+    per = {str(k): int(v) for k, v in (drain_res.get("batches_per_worker") or {}).items()}
+    total = sum(per.values())
+    b0 = per.get("0", 0)
+    share = b0 / total if total else None
+    rate = drain_res.get("samples_per_sec")
+    return {"batches": b0, "share": share,
+            "measured_samples_per_sec": float(rate) * share if share is not None and rate is not None else None,
+            "predicted_samples_per_sec": pred.get("chief_input_samples_per_sec")}
 
 
 @dataclass(frozen=True)
@@ -200,7 +246,9 @@ def render(res: dict[str, Any]) -> str:
     """The lines verify prints."""
     lay = res["layout"]
     lines = [f"layout: {lay['nodes']} node(s) × {lay['tasks_per_node']} task(s) × {lay['cpus_per_task']} CPU(s)"
-             + (f", {lay['single_task_nodes']} single-task node(s)" if lay.get("single_task_nodes") else ""),
+             + (f", {lay['single_task_nodes']} single-task node(s)" if lay.get("single_task_nodes") else "")
+             + (f", input worker 0 in the chief's task on {lay['chief_input_cpus']} CPU(s)"
+                if lay.get("chief_input_cpus") else ""),
              f"predicted: {res['predicted_samples_per_sec']:,.0f} samples/s "
              f"(interval {res['interval'][0]:,.0f} – {res['interval'][1]:,.0f}; limited by {res.get('limited_by')})"]
     if res.get("measured_samples_per_sec") is not None:
@@ -210,6 +258,12 @@ def render(res: dict[str, Any]) -> str:
                   f"first batch {dr.get('startup_s', 0):.0f} s after start)",
                   f"error:     {res['error_pct']:+.1f} %"
                   + ("" if res.get("within_interval") else " (outside the interval)")]
+        ci = res.get("chief_input") or {}
+        if ci.get("measured_samples_per_sec") is not None:
+            pred = ci.get("predicted_samples_per_sec")
+            lines.append(f"chief's input worker 0: {ci['measured_samples_per_sec']:,.0f} samples/s "
+                         f"({ci['share'] * 100:.0f} % of the batches"
+                         + (f"; predicted {pred:,.0f}" if pred is not None else "") + ")")
         if dr.get("other_cores_busy") is not None:
             lines.append(f"host CPU:  this job {dr.get('job_cpu_cores_on_host') or 0:.2f} cores on the chief's host, "
                          f"other processes {dr['other_cores_busy']:.2f} of {dr.get('host_cpus')} cores")
@@ -229,13 +283,17 @@ def render(res: dict[str, Any]) -> str:
               help="Verify this layout instead of the recommended one.")
 @click.option("--tasks-per-node", "tasks", type=click.IntRange(min=1), default=None)
 @click.option("--cpus-per-task", "cpus", type=click.IntRange(min=1), default=None)
+@click.option("--chief-input-cpus", "chief_input_cpus", type=click.IntRange(min=0), default=None,
+              help="CPUs of the chief's task running input worker 0 (csrun_wse --chief-input-cpus) "
+                   "[default: the recommendation's; 0 when the layout is overridden].")
 @click.option("--mount-dirs", default=None, metavar="DIR[,DIR...]", help="Passed to csrun_wse.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=10), default=600.0, show_default=True,
               help="Give up (and cancel the job) after this many seconds.")
 def verify_command(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
-                   cpus: int | None, mount_dirs: str | None, timeout_s: float) -> int:
+                   cpus: int | None, chief_input_cpus: int | None, mount_dirs: str | None,
+                   timeout_s: float) -> int:
     """Launch the recommended layout with csrun_wse, the chief only draining the input stream,
     and print predicted vs measured samples/s and the error in %."""
-    res = verify(report, seconds, warmup, nodes, tasks, cpus, timeout_s, mount_dirs)
+    res = verify(report, seconds, warmup, nodes, tasks, cpus, timeout_s, mount_dirs, chief_input_cpus)
     click.echo(render(res))
     return 0 if res.get("measured_samples_per_sec") is not None else 1

@@ -11,14 +11,20 @@ recommended layout. Per role (:func:`csrun_common.roles.resolve_role`, docs/CONT
   (:class:`csrun_runtime.chief.Chief`) and the merged stream
   (:class:`csrun_runtime.service.ServiceSource`), or the in-process pipeline
   (:class:`csrun_runtime.service.LocalSource`, its pipeline held to the task's
-  ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker — but instead
-  of training it only *drains* the stream: ``--warmup`` seconds after the first batch, then a
+  ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
+  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``) it splits its CPUs and starts
+  input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`) —
+  but instead of training it only *drains* the stream: ``--warmup`` seconds after the first batch, then a
   measured window of ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON),
   marks the job done (the workers leave) and exits with ``os._exit``.
 
 Result JSON: ``{"status": "ok"|"failed", "samples_per_sec", "window_s", "samples",
 "batches", "batch_size", "batches_per_worker", "num_workers", "startup_s" (process start to
-the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process), "error"}``.
+the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process),
+"job_cpu_cores_on_host" (the chief's and the input workers' on its host, the chief's own input
+worker and its children included), "chief_input" (with ``--chief-input-cpus``: its CPU split,
+:meth:`csrun_runtime.chief_input.ChiefInputWorker.describe`; its stream is
+``batches_per_worker["0"]``), "error"}``.
 
 ARGS are run.py's arguments; ``--mode train`` must be among them (verify adds it) so that the
 workers stream.
@@ -38,7 +44,7 @@ import psutil
 
 from csrun_common.atomic import write_json
 from csrun_common.roles import Role, RoleError, resolve_role
-from csrun_runtime import runner, service
+from csrun_runtime import chief_input, runner, service
 from csrun_runtime.capture import CapturedRun, load_entry
 from csrun_runtime.chief import Chief
 from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_params
@@ -215,6 +221,9 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
     try:
         chief.model_dir.mkdir(parents=True, exist_ok=True)
         if role.num_workers > 0:
+            n_input = chief_input.requested(os.environ)
+            if n_input:  # before the source is built: the chief's threads pinned to their CPUs
+                chief.place_chief_input(n_input)
             rdv = _rendezvous(chief, role)
             source, local_pids = _service_source(chief, role, rdv)
         else:
@@ -223,6 +232,8 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
                     float(rc["input_timeout_secs"]), t_proc, local_pids)
         res["num_workers"] = role.num_workers
         res["node"] = role.node
+        if chief.chief_input is not None:
+            res["chief_input"] = chief.chief_input.describe()
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
         problems = getattr(exc, "problems", None)
@@ -232,6 +243,8 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")
+    if chief.chief_input is not None:  # it leaves on done.json
+        chief.chief_input.stop()
     print(f"drain: {json.dumps({k: res.get(k) for k in ('status', 'samples_per_sec', 'num_workers', 'error')})}",
           file=sys.stderr, flush=True)
     _KEEP.append(chief)
@@ -254,7 +267,8 @@ def _rendezvous(chief: Chief, role: Role) -> Rendezvous:
 def _service_source(chief: Chief, role: Role,
                     rdv: Rendezvous) -> tuple[service.ServiceSource, list[int]]:
     """The training chief's stream: one dispatcher per input worker, their addresses
-    published, the registrations awaited, and the merged stream of every worker. Returns the
+    published, the chief's own input worker started (when :meth:`Chief.place_chief_input`
+    placed one), the registrations awaited, and the merged stream of every worker. Returns the
     source and the pids of the input workers on this host (their CPU is reported apart)."""
     servers, ports = service.start_dispatchers(role.num_workers)
     _KEEP.append(servers)
@@ -262,12 +276,24 @@ def _service_source(chief: Chief, role: Role,
     rdv.publish_dispatchers(addresses, {
         "num_workers": role.num_workers, "mode": "train (drain)",
         "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
+    if chief.input_split is not None:
+        chief.chief_input = chief_input.ChiefInputWorker.start(role, chief.input_split)
     registry = chief.wait_workers()
     source = service.ServiceSource(rdv, addresses, registry)
     _KEEP.append(source)
     local_pids = [int(r["pid"]) for r in registry.values()
                   if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
+    if chief.chief_input is not None:
+        local_pids += [pid for pid in process_tree(chief.chief_input.pid) if pid not in local_pids]
     return source, local_pids
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants' pids (psutil, recursive); ``[pid]`` when it cannot be read."""
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return [pid]
 
 
 def _local_source(chief: Chief, role: Role) -> service.LocalSource:

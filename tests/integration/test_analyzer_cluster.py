@@ -77,7 +77,8 @@ def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
                   "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1"], cwd=tmp_path, env=cli_env)
     assert v.returncode == 0, v.stdout + v.stderr
     res = json.loads((tmp_path / "ana" / "verify.json").read_text())
-    assert res["layout"] == {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0}
+    assert res["layout"] == {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0,
+                             "chief_input_cpus": 0}
     assert res["drain"]["num_workers"] == 3
     assert sum(res["drain"]["batches_per_worker"].values()) == res["drain"]["batches"]
     # nothing of the drain outside the analysis directory

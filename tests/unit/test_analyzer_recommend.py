@@ -71,9 +71,17 @@ def test_serving_cost_slows_a_cpu_bound_worker_node():
     bare = R.predict_layout(m, 2, 1, 1, ingest={k: v for k, v in ing.items()
                                                 if k != "worker_hop_cpu_seconds_per_sample"})
     assert bare["predicted_samples_per_sec"] == pytest.approx(1380.0, rel=1e-3)
-    # the in-process pipeline (no service) beats one worker node here: it is the choice
+    # the in-process pipeline (no service) beats one worker node here ...
+    inproc = R.predict_layout(m, 1, 1, 1, ingest=ing)["predicted_samples_per_sec"]
+    assert inproc > pr["predicted_samples_per_sec"]
+    # ... but not one worker node plus input worker 0 on what the chief leaves of its CPU
+    # (0.16 ms/sample of it): that is the choice for 2 nodes
     rec = R.recommend(m, 2, ingest=ing)
-    assert (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"]) == (1, 1, 1)
+    assert (rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec["chief_input_cpus"]) == (2, 1, 1, 1)
+    assert rec["predicted_samples_per_sec"] > 1.2 * inproc
+    # with one node the in-process pipeline stays the choice
+    one = R.recommend(m, 1, ingest=ing)
+    assert (one["nodes"], one["chief_input_cpus"], one["limited_by"]) == (1, 0, "in-process pipeline")
 
 
 def test_serving_cost_leaves_an_idle_serial_pipeline_alone():
