@@ -678,6 +678,23 @@ def _rows_autoscale(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_chief_input(r: dict) -> list[Row]:
+    s = r.get("summary") or {}
+    med = {k: _g(s, k, "median") for k in ("tasks", "chief_input", "producers")}
+    n = _g(s, "tasks", "n")
+    return [
+        {"figure": "--chief-input-cpus 1 / chief + 1 worker task, delivered samples/s (GIL-bound, 1 node × 2 CPUs)",
+         "value": fmt(r.get("chief_input_over_tasks"), "×"),
+         "spread": (f"chief input {fmt(med['chief_input'], 'samples/s')}, tasks only {fmt(med['tasks'], 'samples/s')} "
+                    f"(medians, n={n})"),
+         "compared": "same node and layout without the chief's input worker"},
+        {"figure": "delivered / two producer processes: tasks only → with --chief-input-cpus 1",
+         "value": f"{fmt(r.get('tasks_over_producers'))} → {fmt(r.get('chief_input_over_producers'))}",
+         "spread": f"producers {fmt(med['producers'], 'samples/s')} (median, n={_g(s, 'producers', 'n')})",
+         "compared": "2 processes iterating input_fn on the host, no Slurm, no training"},
+    ]
+
+
 def _rows_generic(r: dict) -> list[Row]:
     rows = []
     for k, v in r.items():
@@ -692,12 +709,12 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "launch": _rows_launch, "startup": _rows_startup, "recommend": _rows_recommend,
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
-    "ingest": _rows_ingest, "autoscale": _rows_autoscale,
+    "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
 }
 
 #: Table order (numbers of the issue's list).
 ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
-         "interrupt", "quiet", "autoscale"]
+         "interrupt", "quiet", "autoscale", "chief_input"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:

@@ -23,6 +23,8 @@ name                  what                                                      
 ``interrupt``         Ctrl-C / SIGTERM of csrun_wse: queue empty (s), exit status   11
 ``quiet``             main job's non-csrun log lines, default vs --verbose          11
 ``autoscale``         --autoscale vs a fixed layout; rate policy vs ±1 steps        12
+``chief_input``       --chief-input-cpus: the chief's node producing vs not; vs 2   12
+                      producer processes (GIL-bound pipeline, one 2-CPU node)
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -60,6 +62,7 @@ BENCHMARKS = {
     "interrupt": "bench_interrupt",
     "quiet": "bench_quiet",
     "autoscale": "bench_autoscale",
+    "chief_input": "bench_chief_input",
 }
 DEFAULT_RESULTS = HERE / "results"
 
