@@ -178,7 +178,8 @@ class Chief:
                                                   self.role.cpus_per_task, n)
         if self.input_split.pinned:
             chief_input.pin_threads(self.input_split.training)
-        self.ingest_info["chief_input"] = {"worker": 0, **self.input_split.describe()}
+        self.ingest_info["chief_input"] = {"worker": 0, **self.input_split.describe(),
+                                           "chief_affinity": sorted(os.sched_getaffinity(0))}
 
     def _check_train_input(self):
         """Contract checks of the training input (built as input worker 0 would build it,

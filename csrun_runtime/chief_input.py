@@ -14,9 +14,10 @@ streams in index order and pauses the last one opened, uses it first and removes
 A process, not a thread of the chief: a GIL-bound ``input_fn`` would otherwise take the GIL
 from the training loop. Kept off the training step's CPUs by :func:`split_cpus`:
 
-* when Slurm binds the task to its CPUs (the task's affinity has exactly its
-  ``CSRUN_CPUS_PER_TASK`` CPUs) and ``N`` is fewer, the worker is pinned to the last ``N``
-  of them and the chief's threads to the others (``sched_setaffinity(2)``);
+* when the task may run on exactly as many CPUs as it holds (its affinity has its
+  ``CSRUN_CPUS_PER_TASK`` CPUs: Slurm binds tasks with ``task/affinity`` or ``task/cgroup``, or
+  the task holds every CPU it can see) and ``N`` is fewer, the worker is pinned to the last
+  ``N`` of them and the chief's threads to the others (``sched_setaffinity(2)``);
 * otherwise (``N`` equals the task's CPUs, or Slurm does not bind tasks: ``TaskPlugin=task/none``)
   the worker shares the CPUs with training at ``nice 10``, so the training step's threads run
   first and the worker takes the CPU time they leave; its pipeline is held to ``N`` threads.
@@ -98,7 +99,8 @@ def split_cpus(allowed: Sequence[int], task_cpus: int | None, n: int) -> CpuSpli
 
     Returns:
         A :class:`CpuSplit`: pinned to the last ``n`` of ``allowed`` when ``allowed`` has
-        exactly ``task_cpus`` CPUs (Slurm binds the task) and ``n`` is fewer; else shared.
+        exactly ``task_cpus`` CPUs (the task is bound to its CPUs) and ``n`` is fewer; else
+        shared.
 
     Raises:
         ValueError: ``n < 1`` or no CPU allowed.
@@ -111,7 +113,7 @@ def split_cpus(allowed: Sequence[int], task_cpus: int | None, n: int) -> CpuSpli
         train, inp = cpus[:len(cpus) - n], cpus[len(cpus) - n:]
         return CpuSplit(train, inp, True, n,
                         f"training on CPU(s) {_ids(train)}, input worker 0 on CPU(s) {_ids(inp)} "
-                        f"(of the task's {len(cpus)} bound by Slurm)")
+                        f"(the task may run on exactly its {len(cpus)} CPU(s))")
     if bound:
         why = f"all {len(cpus)} CPU(s) of the chief's task go to input"
     else:

@@ -79,7 +79,8 @@ class InputWorker:
         self.start_timeout = float(rc["worker_start_timeout_secs"])
         self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
                    "attempt": int(os.environ.get(ATTEMPT_ENV) or 0),  # > 0: a replacement
-                   "component": role.component}  # "chief-input": in the chief's task
+                   "component": role.component,  # "chief-input": in the chief's task
+                   "cpu_affinity": sorted(os.sched_getaffinity(0))}  # the CPUs it may run on
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.counter = [0]  # service elements produced (bundles of ``self.bundling.bundle`` batches)

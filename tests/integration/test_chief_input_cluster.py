@@ -93,3 +93,31 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):
     assert adds and 0 not in adds and adds[0] == 1, auto["events"]
     assert perf["batches_per_worker"]["0"] > 0
     assert sum(perf["batches_per_worker"].values()) == 2000
+
+
+def test_a_chief_task_holding_its_whole_node_pins_training_and_worker_zero_apart(cli_env, tmp_path):
+    """One task holding every CPU of the node (``--cpus-per-task`` = the node's CPUs, which the
+    unpinned test cluster gives every node) may run on exactly the CPUs it holds: the chief
+    pins its threads to all but one, worker 0 runs on the last one, as each process reports."""
+    out = subprocess.run(["sinfo", "--noheader", "--nodes=node1", "--format=%c"], env=cli_env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    node_cpus = int(out[0])
+    if node_cpus < 2 or node_cpus != len(os.sched_getaffinity(0)):
+        pytest.skip(f"node1 declares {node_cpus} CPU(s) and this host has {len(os.sched_getaffinity(0))}: "
+                    f"a task of the node's CPUs is not bound to them")
+    serial = REPO / "bench" / "pipelines" / "serial"
+    md = tmp_path / "md"
+    argv = [str(BIN / "csrun_wse"), "--total-nodes", "1", "--tasks-per-node", "1", "--cpus-per-task",
+            str(node_cpus), "--chief-input-cpus", "1", "python-ws", str(serial / "run.py"),
+            "--params", str(serial / "configs" / "params.yaml"), "--mode", "train", "--max_steps", "300",
+            "--model_dir", str(md)]
+    res = subprocess.run(argv, env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-5000:]
+    perf = json.loads((md / "performance" / "performance.json").read_text())
+    split = perf["chief_input"]
+    assert split["pinned"] and split["input_cpus"] == [max(os.sched_getaffinity(0))]
+    assert split["chief_affinity"] == split["training_cpus"] and len(split["training_cpus"]) == node_cpus - 1
+    (report_file,) = md.glob(".csrun/*/workers/0.report.json")
+    report = json.loads(report_file.read_text())
+    assert report["component"] == "chief-input" and report["cpu_affinity"] == split["input_cpus"]
+    assert perf["num_workers"] == 1 and perf["batches_per_worker"] == {"0": 300}
