@@ -147,7 +147,12 @@ def _mirror(src: str, dst: Path, hide: set[str], hide_dirs: set[str]) -> int:
         elif real in hide_dirs and e.is_dir():
             hidden += _mirror(e.path, dst / e.name, hide, hide_dirs)
         else:
-            os.symlink(os.path.abspath(e.path), dst / e.name)
+            link, target = dst / e.name, os.path.abspath(e.path)
+            if os.path.islink(link):  # this worker's earlier view: a replacement rebuilds it
+                if os.readlink(link) == target:
+                    continue
+                os.unlink(link)
+            os.symlink(target, link)
     return hidden
 
 
@@ -167,7 +172,9 @@ def make_data_dir_view(data_dir: str | Sequence[str] | None, own: set[str], othe
             "Path/s to the data files to use"), or ``None``.
         own: real paths of this worker's plan files.
         others: real paths of the other workers' plan files.
-        root: an empty or missing directory for the view.
+        root: an empty or missing directory for the view, or the view this worker built
+            there before (a replacement after a death rebuilds it in place: measured, a
+            replacement failed with ``FileExistsError`` before links were reused).
 
     Returns:
         :class:`DataDirView`; ``data_dir`` is ``None`` (no view) when ``data_dir`` names no

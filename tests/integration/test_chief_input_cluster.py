@@ -6,8 +6,8 @@ node, workers 2 and 3 on the other) plus input worker 0 in the chief's own task,
 (tests/fixtures/paced/run.py). It must show that
 
 * worker 0 is a process of the chief's task on the chief's node, registered like any worker;
-* the job has W + 1 = 4 input workers whose files do not overlap (the chief's rule-7 check on
-  the four workers' registered files);
+* the job has W + 1 = 4 input workers: a shard plan for 4 workers is accepted, and the four
+  read disjoint files that cover the training set, each with its planned seed;
 * autoscale streams worker 0 first, adds the tasks' workers after it, and every stream delivers;
 * worker 0, killed with SIGKILL during training (its pid from the rendezvous), is replaced in
   the chief's task and streams again, as a task's worker is (README "Lost input workers");
@@ -38,9 +38,13 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):
     params = helpers.digits_params(tmp_path, data, train_input={"pace_ms": 40}, model={"step_pace_ms": 10},
                                    log_steps=100, checkpoint_steps=0, eval_frequency=None, jit_compile=False)
     md = tmp_path / "md"
+    plan = tmp_path / "plan4.json"
+    made = subprocess.run([str(BIN / "cs_input_analyzer"), "shard-plan", str(data / "train-*"), "--workers", "4",
+                           "-o", str(plan)], env=cli_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
-            "--chief-input-cpus", "1", "--autoscale", "--initial-workers", "1", "--autoscale-window", "4",
-            "python-ws", PACED, "--params", str(params), "--mode", "train", "--max_steps", "2000",
+            "--chief-input-cpus", "1", "--shard-plan", str(plan), "--autoscale", "--initial-workers", "1",
+            "--autoscale-window", "4", "python-ws", PACED, "--params", str(params), "--mode", "train", "--max_steps", "2000",
             "--model_dir", str(md)]
     log = tmp_path / "csrun_wse.log"
     with open(log, "w") as out:
@@ -81,10 +85,13 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):
     assert reports[1]["component"] == "chief" and reports[1]["node"] == chief_node
     assert {reports[i]["component"] for i in (2, 3)} == {"worker"}
     assert all(r["chief_status"] == "ok" for r in reports.values())
-    # W + 1 producers: the four workers' files checked together, no overlap
+    # W + 1 producers: the plan's 4 shards, disjoint and covering the training set
+    read = [f for r in reports.values() for f in r["files"]]
+    assert len(read) == len(set(read)), "two workers read the same file"
+    assert sorted(read) == sorted(str(f) for f in data.glob("train-*")), "the shards do not cover the set"
+    for w in json.loads(plan.read_text())["workers"]:
+        assert reports[w["index"]]["shuffle_seed"] == w["seed"]
     assert "the 4 input workers read" in res.stderr
-    line = next(ln for ln in res.stderr.splitlines() if "the 4 input workers read" in ln)
-    assert line.rstrip().endswith(("sharded", "replicated", "planned")), line
 
     # autoscale: worker 0 alone at first, the others added after it, every stream delivering
     auto = perf["autoscale"]

@@ -121,6 +121,20 @@ def test_data_dir_views_show_each_worker_only_its_plan_files(tmp_path, workers):
     assert sorted(seen) == sorted(os.path.realpath(f) for f in files) and len(seen) == len(set(seen))
 
 
+def test_a_replacement_rebuilds_its_view_in_place(tmp_path):
+    """A replacement worker (same index, after its process died) builds its view where its
+    predecessor's is: it must not fail on the links already there, and shows the same files."""
+    data = tmp_path / "data"
+    files = _dataset(data)
+    plan = {"num_workers": 2, "workers": [{"index": i, "files": files[i::2], "seed": i} for i in range(2)]}
+    own, others = plan_files(plan, 0)
+    first = make_data_dir_view(str(data), own, others, tmp_path / "views" / "0")
+    again = make_data_dir_view(str(data), own, others, tmp_path / "views" / "0")
+    assert again.data_dir == first.data_dir and again.hidden == first.hidden == len(others)
+    listed = {os.path.realpath(p) for p in glob.glob(os.path.join(again.data_dir, "part-*"))}
+    assert listed == own
+
+
 def test_data_dir_view_keeps_a_list_a_list_and_reports_files_outside(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     fa, fb = _dataset(a), _dataset(b)
