@@ -44,8 +44,8 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):
     assert made.returncode == 0, made.stderr
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
             "--chief-input-cpus", "1", "--shard-plan", str(plan), "--autoscale", "--initial-workers", "1",
-            "--autoscale-window", "4", "python-ws", PACED, "--params", str(params), "--mode", "train", "--max_steps", "2000",
-            "--model_dir", str(md)]
+            "--autoscale-window", "4", "python-ws", PACED, "--params", str(params), "--mode", "train",
+            "--max_steps", "2000", "--model_dir", str(md)]
     log = tmp_path / "csrun_wse.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cli_env, cwd=tmp_path)
