@@ -44,7 +44,7 @@ import psutil
 
 from csrun_common.atomic import write_json
 from csrun_common.roles import Role, RoleError, resolve_role
-from csrun_runtime import chief_input, runner, service
+from csrun_runtime import runner, service
 from csrun_runtime.capture import CapturedRun, load_entry
 from csrun_runtime.chief import Chief
 from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_params
@@ -221,9 +221,7 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
     try:
         chief.model_dir.mkdir(parents=True, exist_ok=True)
         if role.num_workers > 0:
-            n_input = chief_input.requested(os.environ)
-            if n_input:  # before the source is built: the chief's threads pinned to their CPUs
-                chief.place_chief_input(n_input)
+            chief.place_chief_input()  # before the source is built: the chief's threads pinned
             rdv = _rendezvous(chief, role)
             source, local_pids = _service_source(chief, role, rdv)
         else:
@@ -267,17 +265,17 @@ def _rendezvous(chief: Chief, role: Role) -> Rendezvous:
 def _service_source(chief: Chief, role: Role,
                     rdv: Rendezvous) -> tuple[service.ServiceSource, list[int]]:
     """The training chief's stream: one dispatcher per input worker, their addresses
-    published, the chief's own input worker started (when :meth:`Chief.place_chief_input`
-    placed one), the registrations awaited, and the merged stream of every worker. Returns the
-    source and the pids of the input workers on this host (their CPU is reported apart)."""
+    published, the chief's own input worker started (:meth:`Chief.start_chief_input`, when
+    :meth:`Chief.place_chief_input` placed one), the registrations awaited, and the merged
+    stream of every worker. Returns the source and the pids of the input workers on this host
+    (their CPU is reported apart)."""
     servers, ports = service.start_dispatchers(role.num_workers)
     _KEEP.append(servers)
     addresses = [f"{role.host}:{p}" for p in ports]
     rdv.publish_dispatchers(addresses, {
         "num_workers": role.num_workers, "mode": "train (drain)",
         "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
-    if chief.input_split is not None:
-        chief.chief_input = chief_input.ChiefInputWorker.start(role, chief.input_split)
+    chief.start_chief_input()
     registry = chief.wait_workers()
     source = service.ServiceSource(rdv, addresses, registry)
     _KEEP.append(source)

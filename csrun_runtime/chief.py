@@ -154,11 +154,10 @@ class Chief:
         if self.num_workers:
             try:
                 self.autoscale = parse_autoscale(os.environ, self.num_workers)
-                n_input = chief_input.requested(os.environ)
             except ValueError as e:
                 raise ParamsError(str(e)) from None
-            if n_input and self.mode in TRAIN_MODES:
-                self.place_chief_input(n_input)
+            if self.mode in TRAIN_MODES:
+                self.place_chief_input()
         if self.role.shard_plan:
             self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
         log.info("Checkpoints and summaries will be saved in: %s", self.model_dir)
@@ -170,16 +169,30 @@ class Chief:
         return self._train_eval()
 
     # ------------------------------------------------------------------ helpers
-    def place_chief_input(self, n: int) -> None:
-        """Split this task's CPUs between training and input worker 0 (``--chief-input-cpus
-        n``; :func:`csrun_runtime.chief_input.split_cpus`) and, when they are disjoint, pin the
-        chief's threads now, before TensorFlow sizes its thread pools from them."""
+    def place_chief_input(self) -> None:
+        """With ``CSRUN_CHIEF_INPUT_CPUS=n`` (``--chief-input-cpus``), split this task's CPUs
+        between training and input worker 0 (:func:`csrun_runtime.chief_input.split_cpus`)
+        and, when they are disjoint, pin the chief's threads now, before TensorFlow sizes its
+        thread pools from them; :meth:`start_chief_input` then starts the worker. No-op
+        without the variable. Raises :class:`ParamsError` naming the variable for a bad value."""
+        try:
+            n = chief_input.requested(os.environ)
+        except ValueError as e:
+            raise ParamsError(str(e)) from None
+        if not n:
+            return
         self.input_split = chief_input.split_cpus(sorted(os.sched_getaffinity(0)),
                                                   self.role.cpus_per_task, n)
         if self.input_split.pinned:
             chief_input.pin_threads(self.input_split.training)
         self.ingest_info["chief_input"] = {"worker": 0, **self.input_split.describe(),
                                            "chief_affinity": sorted(os.sched_getaffinity(0))}
+
+    def start_chief_input(self) -> None:
+        """Start input worker 0 in this task (:class:`csrun_runtime.chief_input.ChiefInputWorker`)
+        once the dispatchers are published, when :meth:`place_chief_input` placed one."""
+        if self.input_split is not None and self.chief_input is None:
+            self.chief_input = chief_input.ChiefInputWorker.start(self.role, self.input_split)
 
     def _check_train_input(self):
         """Contract checks of the training input (built as input worker 0 would build it,
@@ -464,8 +477,8 @@ class Chief:
             if spec is None:
                 spec = eds.element_spec
         addresses = self._start_dispatchers() if training and self.num_workers > 0 else []
-        if addresses and self.input_split is not None:
-            self.chief_input = chief_input.ChiefInputWorker.start(self.role, self.input_split)
+        if addresses:
+            self.start_chief_input()
         model = self._build_model(spec)
         self._apply_jit(model)
         step_var, ckpt, mgr, restored = self._checkpointing(model)

@@ -82,11 +82,6 @@ class JobLayout:
         input worker with ``chief_input_cpus``."""
         return self.num_tasks - 1 + (1 if self.chief_input_cpus else 0)
 
-    @property
-    def chief_cpus(self) -> int | None:
-        """CPUs of the chief's task (``None`` when Slurm chooses)."""
-        return self.components[0].cpus_per_task
-
 
 def resolve_counts(
     tasks_per_node: int | None,

@@ -31,7 +31,7 @@ def test_indices_shift_by_one_and_the_job_counts_the_chiefs_worker():
 
 def test_single_task_layout_gives_the_chief_the_node():
     lay = plan_layout(4, 2, 1, single_task_nodes=2, gres="gpu:1", node_cpus=8, chief_input_cpus=7)
-    assert lay.chief_cpus == 8 and lay.num_workers == 1 + 4 + 1
+    assert lay.components[0].cpus_per_task == 8 and lay.num_workers == 1 + 4 + 1
     assert [c.worker_offset for c in lay.components] == [1, 1, 2]
 
 
