@@ -23,7 +23,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV"]
+__all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
+           "RENDEZVOUS_ENV", "ADOPT_ENV"]
 
 #: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
 CHIEF_INPUT = "chief-input"
@@ -32,6 +33,13 @@ CHIEF_INPUT = "chief-input"
 COMPONENTS = ("chief", "single-task", "worker", CHIEF_INPUT)
 #: The chief's component: CPUs of its task that run input worker 0 (``--chief-input-cpus``).
 CHIEF_INPUT_ENV = "CSRUN_CHIEF_INPUT_CPUS"
+#: The rendezvous key shared by the chief's job and the input workers' own job
+#: (``csrun_wse --survive-node-loss``: two Slurm jobs, so no job id names it for both).
+RENDEZVOUS_ENV = "CSRUN_RENDEZVOUS_KEY"
+#: The input-worker index a worker task's supervisor gives a process it starts for a worker
+#: lost with its node (``--survive-node-loss``; :mod:`csrun_runtime.supervise`): it replaces the
+#: index of the task's own position.
+ADOPT_ENV = "CSRUN_WORKER_INDEX"
 
 
 class RoleError(ValueError):
@@ -53,6 +61,8 @@ class Role:
         job_id: ``SLURM_JOB_ID`` (the het leader's id) or ``None``.
         step_id: ``SLURM_STEP_ID`` (``"0"`` when unset) or ``None`` in single-process mode.
         restart: ``SLURM_RESTART_COUNT`` (requeues of the batch job so far; 0 when unset).
+        rendezvous: ``CSRUN_RENDEZVOUS_KEY`` (the key csrun_wse gives both jobs of a
+            ``--survive-node-loss`` run) or ``None``.
         node: Slurm node name of the task (``SLURMD_NODENAME``, else the host name).
         host: address the task's servers advertise (``CSRUN_ADVERTISE_HOST``, else the host name).
         cpus_per_task: ``CSRUN_CPUS_PER_TASK`` as an int, ``None`` when empty/unset.
@@ -74,6 +84,7 @@ class Role:
     shard_plan: str | None = None
     execution_mode: str | None = None
     restart: int = 0
+    rendezvous: str | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -99,7 +110,11 @@ class Role:
     def rendezvous_key(self) -> str | None:
         """``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"``: names the rendezvous directory of the step;
         ``".r<SLURM_RESTART_COUNT>"`` is appended in a requeued job, whose steps have the same
-        ids in every allocation (an input worker must not read the last allocation's files)."""
+        ids in every allocation (an input worker must not read the last allocation's files).
+        ``CSRUN_RENDEZVOUS_KEY`` replaces it when set (the chief's job and the input workers' job
+        of ``--survive-node-loss`` have different ids)."""
+        if self.rendezvous:
+            return self.rendezvous
         if self.job_id is None:
             return None
         key = f"{self.job_id}.{self.step_id or '0'}"
@@ -192,6 +207,8 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
         kind, index = "worker", worker_offset
     else:
         kind, index = "worker", worker_offset + local
+    if env.get(ADOPT_ENV) and kind == "worker":
+        index = _int(env, ADOPT_ENV)
     if index is not None and not 0 <= index < num_workers:
         raise RoleError(f"input-worker index {index} (from SLURM_PROCID={procid}, "
                         f"CSRUN_TASK_OFFSET={task_offset}, CSRUN_WORKER_OFFSET={worker_offset}) "
@@ -204,4 +221,5 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
                 het_group=het_group, procid=procid, job_id=job_id,
                 step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
                 node=node, host=host, cpus_per_task=cpus, shard_plan=shard_plan,
-                execution_mode=execution_mode, restart=_int(env, "SLURM_RESTART_COUNT", default=0))
+                execution_mode=execution_mode, restart=_int(env, "SLURM_RESTART_COUNT", default=0),
+                rendezvous=(env.get(RENDEZVOUS_ENV) or "").strip() or None)

@@ -13,7 +13,14 @@ seconds and
   has the source read worker ``i``'s stream again (:meth:`ServiceSource.reopen`);
 - records both for ``performance.json``: ``workers_lost`` and ``workers_replaced`` (index,
   node, time), and ``workers_given_up`` (a worker that died
-  :data:`MAX_DEATHS` times).
+  :data:`MAX_DEATHS` times);
+- with ``adopt`` (``csrun_wse --survive-node-loss``: the input workers run as their own Slurm
+  job, which outlives a lost node): orders a new home for a worker whose heartbeat is older
+  than :data:`csrun_runtime.rendezvous.STALE_SECS` while no supervisor recorded its death (its
+  node, and its supervisor with it, is gone): ``workers/<i>.orphan.json`` with the next
+  ``attempt``; a supervisor on a surviving node of that job claims it and starts worker ``i``
+  there (:mod:`csrun_runtime.supervise`). After :data:`MAX_DEATHS` orders the worker is
+  given up.
 
 Pure Python; no TensorFlow.
 """
@@ -29,17 +36,25 @@ from csrun_common.atomic import write_json
 
 from .rendezvous import Rendezvous
 
-__all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "tell_supervisor"]
+__all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "WORKER_JOB_ENV",
+           "tell_supervisor"]
 
 #: An input worker that dies this many times is given up (issue 12: "A worker that keeps
 #: dying (3 times) is given up with a warning, not retried forever").
 MAX_DEATHS = 3
+#: Seconds an adoption order may go unanswered (no replacement registered) before the chief
+#: orders again (the adopting process may have died while starting).
+ADOPT_TIMEOUT_SECS = 60.0
 #: Environment variable of an input worker's process under :mod:`csrun_runtime.supervise`: how
 #: many times this worker died before (0, then 1, 2 for its replacements).
 ATTEMPT_ENV = "CSRUN_WORKER_ATTEMPT"
 #: Environment variable of that process: a file where the worker writes its rendezvous
 #: directory and index (:func:`tell_supervisor`), so that the supervisor records a death there.
 STATE_ENV = "CSRUN_SUPERVISOR_STATE"
+#: Environment variable csrun_wse sets (``1``) on every task of a ``--survive-node-loss`` run: the
+#: chief orders adoptions of workers lost with their node, and the supervisors of the input
+#: workers' job carry them out.
+WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
 
 
 def tell_supervisor(rendezvous_dir: str, index: int, env: Mapping[str, str] | None = None) -> None:
@@ -69,14 +84,21 @@ class WorkerWatch:
     Args:
         rdv: the job step's rendezvous.
         registry: the first registrations by worker index (``attempt`` 0).
+        adopt: order adoptions of workers lost with their node (``--survive-node-loss``);
+            default: ``CSRUN_WORKER_JOB=1`` in the environment.
 
     ``poll(source)`` is cheap (a few small file reads per worker); ``describe()`` gives the
     keys ``workers_lost``, ``workers_replaced`` and ``workers_given_up`` of performance.json,
     with times as Unix seconds and ``seconds_after_loss`` in seconds.
     """
 
-    def __init__(self, rdv: Rendezvous, registry: Mapping[int, Mapping[str, Any]]):
+    def __init__(self, rdv: Rendezvous, registry: Mapping[int, Mapping[str, Any]],
+                 adopt: bool | None = None):
         self.rdv = rdv
+        self.adopt = os.environ.get(WORKER_JOB_ENV) == "1" if adopt is None else adopt
+        self._orders: dict[int, int] = {}  # worker index -> adoption orders written
+        self._attempt_ordered: dict[int, int] = {}  # worker index -> attempt of its last order
+        self._order_time: dict[int, float] = {}  # worker index -> time of its last order
         self.attempt = {i: int(r.get("attempt") or 0) for i, r in registry.items()}
         self.nodes = {i: r.get("node") for i, r in registry.items()}
         self.pids = {i: r.get("pid") for i, r in registry.items()}
@@ -102,6 +124,8 @@ class WorkerWatch:
                 rec["seconds_loss_to_stream"] = round(now - rec["lost_at"], 3)
                 log.info("input worker %d streams again, %.1f s after its loss", rec["index"],
                          now - rec["lost_at"])
+        if self.adopt:
+            self._order_adoptions()
         for i in list(self._pending):
             reg = self.rdv.worker(i)
             if reg and reg.get("status") == "ok" and int(reg.get("attempt") or 0) > self.attempt[i]:
@@ -123,6 +147,37 @@ class WorkerWatch:
                             "without it", i, d.get("node"), d.get("deaths"))
         self.deaths_seen[i] = len(deaths)
 
+    def _order_adoptions(self) -> None:
+        """Order a new home for each lost worker no supervisor is replacing, once its heartbeat
+        is stale; again when an order got no registration within :data:`ADOPT_TIMEOUT_SECS`;
+        give the worker up after :data:`MAX_DEATHS` orders."""
+        from .rendezvous import STALE_SECS
+
+        now = time.time()
+        for i in sorted(set(self._pending) - self._restarting):
+            age = self.rdv.age(f"workers/{i}")
+            if age is None or age <= STALE_SECS:
+                continue
+            last = self._order_time.get(i)
+            if last is not None and now - last < ADOPT_TIMEOUT_SECS:
+                continue  # an order is out and may still be answered
+            if self._orders.get(i, 0) >= MAX_DEATHS:
+                self._pending.pop(i, None)
+                self._attempt_ordered.pop(i, None)
+                self.given_up.append({"index": i, "node": self.nodes.get(i), "time": round(now, 3),
+                                      "deaths": self._orders[i]})
+                log.warning("input worker %d lost %d times: given up; training continues without it",
+                            i, self._orders[i])
+                continue
+            self._orders[i] = self._orders.get(i, 0) + 1
+            attempt = max(self.attempt[i], self._attempt_ordered.get(i, 0)) + 1
+            self._attempt_ordered[i], self._order_time[i] = attempt, now
+            self.rdv.order_adoption(i, {"index": i, "attempt": attempt, "lost_node": self.nodes.get(i),
+                                        "time": round(now, 3)})
+            log.warning("input worker %d on %s: no heartbeat for %.0f s and no supervisor replacing it "
+                        "(its node is lost): the input workers' job is asked to start it on a "
+                        "surviving node (replacement %d)", i, self.nodes.get(i), age, attempt)
+
     def _lose(self, i: int, when: float, why: str) -> None:
         self._pending[i] = when
         self.lost.append({"index": i, "node": self.nodes.get(i), "pid": self.pids.get(i),
@@ -133,6 +188,7 @@ class WorkerWatch:
     def _replaced(self, i: int, reg: Mapping[str, Any], source: Reopenable) -> None:
         lost_at = self._pending.pop(i)
         self._restarting.discard(i)
+        self._order_time.pop(i, None)
         how = source.reopen(i, reg)
         self.attempt[i] = int(reg.get("attempt") or 0)
         self.nodes[i], self.pids[i] = reg.get("node"), reg.get("pid")
@@ -147,8 +203,9 @@ class WorkerWatch:
 
     def awaiting(self) -> set[int]:
         """Workers lost whose task's supervisor recorded the death and is starting a
-        replacement (not given up)."""
-        return set(self._pending) & self._restarting
+        replacement, or whose adoption was ordered (not given up)."""
+        ordered = {i for i, a in self._attempt_ordered.items() if a > self.attempt[i]}
+        return set(self._pending) & (self._restarting | ordered)
 
     def describe(self) -> dict[str, Any]:
         """``workers_lost``, ``workers_replaced`` and ``workers_given_up`` for performance.json."""

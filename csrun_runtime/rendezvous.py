@@ -7,6 +7,9 @@ watch each other's heartbeats and agree that the job is done.
 - Heartbeats: every task touches ``<name>.alive`` every :data:`HEARTBEAT_SECS`; the chief names
   workers whose heartbeat is older than :data:`STALE_SECS` as stopped; a worker leaves (exit 1)
   when the chief's heartbeat is older than :data:`CHIEF_LOST_SECS`.
+- A worker lost with its node under ``--survive-node-loss``: the chief writes
+  ``workers/<i>.orphan.json``; one supervisor of the input workers' job claims it
+  (``workers/<i>.adopt-<attempt>``) and starts the replacement (:mod:`csrun_runtime.supervise`).
 - End: the chief writes ``done.json`` (``{"status": "ok"|"failed", ...}``); workers write
   ``workers/<i>.report.json`` (files, elements produced) and exit 0.
 
@@ -84,6 +87,36 @@ class Rendezvous:
         """The deaths of input worker ``index`` its task's supervisor recorded (oldest first)."""
         rec = read_json(self.workers_dir / f"{index}.lost.json") or {}
         return list(rec.get("deaths", []))
+
+    def order_adoption(self, index: int, info: Mapping[str, Any]) -> None:
+        """Chief (``--survive-node-loss``): ask the input workers' job for a new home for input
+        worker ``index``, lost with no supervisor left to replace it (its node is gone):
+        ``workers/<index>.orphan.json`` with the replacement's ``attempt``."""
+        write_json(self.workers_dir / f"{index}.orphan.json", dict(info))
+
+    def adoption_orders(self) -> dict[int, dict[str, Any]]:
+        """Every adoption order present, by worker index."""
+        out = {}
+        for p in sorted(self.workers_dir.glob("*.orphan.json")):
+            rec = read_json(p)
+            if rec is not None:
+                out[int(p.name.split(".")[0])] = rec
+        return out
+
+    def claim_adoption(self, index: int, attempt: int, claimant: Mapping[str, Any]) -> bool:
+        """Supervisor of a worker task: claim the order for ``index``'s replacement ``attempt``.
+        Exactly one claimant wins (``O_CREAT | O_EXCL`` of ``workers/<index>.adopt-<attempt>``,
+        atomic on a local file system and on NFSv3+); returns whether this one did."""
+        path = self.workers_dir / f"{index}.adopt-{int(attempt)}"
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except OSError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(repr(dict(claimant)))
+        return True
 
     def write_report(self, index: int, report: Mapping[str, Any]) -> None:
         """Worker: write ``workers/<index>.report.json`` (files read, elements produced)."""

@@ -24,12 +24,25 @@ keep ``--kill-on-bad-exit`` apart per component (measured on the test cluster wi
 ended the whole step in 4 of 7 runs, killing the chief left the workers running in 2 of 3),
 so an input worker's task must never exit abnormally for the job to survive its loss; and the
 task's CPUs stay allocated to it, so the replacement needs no new allocation.
-README "Lost input workers" states what this covers (a killed process) and what it does not
-(a lost node: Slurm ends the job, sbatch(1) ``--no-kill`` aside).
+README "Lost input workers" states what this covers (a killed process); README "A lost node"
+what covers a lost node (below).
 
 The input worker a chief starts in its own task (``csrun_wse --chief-input-cpus``,
 :mod:`csrun_runtime.chief_input`) runs under this module too; its supervisor first takes the
 CPUs and niceness the chief chose (``CSRUN_PIN_CPUS``, ``CSRUN_NICE``), which the worker inherits.
+
+A lost **node** (``csrun_wse --survive-node-loss``): the input workers then run as their own
+Slurm job, submitted with ``--no-kill`` (sbatch(1)/srun(1): "Do not automatically terminate a
+job if one of the nodes it has been allocated fails"), which Slurm keeps running on its other
+nodes, while a het job is ended whole. A lost node takes its tasks' supervisors with it, so the
+chief orders each of its workers a new home (``workers/<i>.orphan.json``,
+:mod:`csrun_runtime.elastic`); the supervisor of every task of that job looks for orders every
+second while its own worker runs, and the one that claims an order
+(:meth:`~csrun_runtime.rendezvous.Rendezvous.claim_adoption`) starts the lost worker as a second
+child on its own node and CPUs: the same command with ``CSRUN_WORKER_INDEX`` (the lost index:
+its files, seed and dispatcher) and the ordered ``CSRUN_WORKER_ATTEMPT``. A supervisor that
+already runs adopted workers waits one second per worker before claiming, so orders spread over
+the surviving tasks. An adopted worker that dies is not restarted here: the chief orders again.
 
 Signals sent to the task (SIGTERM of a cancel or preemption, SIGUSR2 of ``--requeue``,
 SIGINT, SIGHUP, SIGUSR1) are passed on to the child and stop any further replacement; a child
@@ -48,9 +61,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from csrun_common.atomic import read_json
+from csrun_common.roles import ADOPT_ENV
 
 from .chief_input import apply_placement
-from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV
+from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV, WORKER_JOB_ENV
 from .rendezvous import Rendezvous
 
 __all__ = ["MAX_DEATHS", "is_input_worker", "supervise", "main"]
@@ -107,8 +121,9 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], max_deaths: int = MAX
 
     def forward(signum: int, _frame: object) -> None:
         stopping.append(signum)
-        if child and child[-1].poll() is None:
-            child[-1].send_signal(signum)
+        for proc in child:  # the task's own worker and any it adopted (--survive-node-loss)
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     fd, state_file = tempfile.mkstemp(prefix="csrun-worker-", suffix=".json")
@@ -126,14 +141,15 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
     deaths = 0
     node = env.get("SLURMD_NODENAME", "?")
     where = f"input worker task {env.get('SLURM_PROCID', '?')} on {node}"
+    adopter = Adopter(argv, env, child, stopping) if env.get(WORKER_JOB_ENV) == "1" else None
     while True:
         proc = subprocess.Popen(list(argv), env={**env, ATTEMPT_ENV: str(deaths)})
         child.append(proc)
-        rc = proc.wait()
+        rc = _wait(proc, adopter)
         if rc >= 0:
-            return rc
+            return _after(adopter, rc)
         if stopping or -rc in FORWARDED:
-            return 0
+            return _after(adopter, 0)
         deaths += 1
         try:
             name = signal.Signals(-rc).name
@@ -145,9 +161,91 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
         if given_up:
             _say(f"WARNING: {where} (pid {proc.pid}) died of {name}, {deaths} time(s): given up; "
                  f"the job goes on with the other input workers")
-            return 0
+            return _after(adopter, 0)
         _say(f"{where} (pid {proc.pid}) died of {name} at {time.strftime('%H:%M:%S')}; "
              f"starting its replacement ({deaths} of {max_deaths - 1})")
+
+
+def _wait(proc: subprocess.Popen, adopter: Adopter | None) -> int:
+    """Wait for the task's own worker; meanwhile carry out adoption orders (every second)."""
+    if adopter is None:
+        return proc.wait()
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            adopter.poll()
+
+
+def _after(adopter: Adopter | None, rc: int) -> int:
+    """The task's exit status once its own worker is done: adopted workers are waited for
+    (they leave with the chief's ``done.json`` as every worker does), while still adopting."""
+    if adopter is not None:
+        adopter.wait()
+    return rc
+
+
+class Adopter:
+    """Carries out the chief's adoption orders in one task of the input workers' job
+    (``--survive-node-loss``; see the module docstring).
+
+    Args:
+        argv: the input worker's command (the task's own).
+        env: the task's environment, ``CSRUN_SUPERVISOR_STATE`` included (where its own
+            worker wrote the rendezvous directory).
+        child: the supervisor's list of child processes (adopted ones are added, so that
+            forwarded signals reach them).
+        stopping: the stop signals the task received (none is adopted after one).
+    """
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], child: list[subprocess.Popen],
+                 stopping: list[int]):
+        self.argv, self.env, self.child, self.stopping = list(argv), dict(env), child, stopping
+        self.adopted: list[tuple[int, int, subprocess.Popen]] = []  # (index, attempt, process)
+        self.seen: set[tuple[int, int]] = set()
+        self._not_before: dict[tuple[int, int], float] = {}
+
+    def _rendezvous(self) -> Rendezvous | None:
+        state = read_json(self.env[STATE_ENV])
+        if not state:
+            return None
+        rdv = Path(state["rendezvous"])
+        return Rendezvous(rdv.parent.parent, rdv.name)
+
+    def poll(self) -> None:
+        """Claim and start every open order this task may take now."""
+        rdv = None if self.stopping else self._rendezvous()
+        if rdv is None:
+            return
+        now = time.monotonic()
+        busy = sum(1 for _, _, p in self.adopted if p.poll() is None)
+        for index, order in sorted(rdv.adoption_orders().items()):
+            key = (index, int(order.get("attempt") or 0))
+            if key in self.seen:
+                continue
+            # a supervisor with adopted workers lets others claim first (one second each)
+            start = self._not_before.setdefault(key, now + busy)
+            if now < start:
+                continue
+            self.seen.add(key)
+            me = {"node": self.env.get("SLURMD_NODENAME"), "procid": self.env.get("SLURM_PROCID"),
+                  "pid": os.getpid(), "time": time.time()}
+            if not rdv.claim_adoption(index, key[1], me):
+                continue
+            env = {k: v for k, v in self.env.items() if k != STATE_ENV}
+            env.update({ADOPT_ENV: str(index), ATTEMPT_ENV: str(key[1])})
+            proc = subprocess.Popen(self.argv, env=env)
+            self.adopted.append((index, key[1], proc))
+            self.child.insert(0, proc)  # forwarded signals reach it; child[-1] stays the task's own
+            _say(f"input worker {index}, lost with node {order.get('lost_node')}, starts again on "
+                 f"{me['node']} (task {me['procid']}, pid {proc.pid}, replacement {key[1]})")
+            busy += 1
+
+    def wait(self) -> None:
+        """Wait for every adopted worker to exit, still adopting meanwhile."""
+        while any(p.poll() is None for _, _, p in self.adopted):
+            time.sleep(1.0)
+            self.poll()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.autoscale import AutoscaleSpec
-from csrun_common.roles import CHIEF_INPUT_ENV
+from csrun_common.roles import CHIEF_INPUT_ENV, RENDEZVOUS_ENV
 
 from .container import Container
-from .layout import CHIEF, Component, JobLayout
+from .layout import CHIEF, WORKER, Component, JobLayout
 from .policy import SitePolicy
 from .requeue import REQUEUE_EXIT, STOP_SIGNALS_ENV, RequeueSpec
 
@@ -28,6 +28,9 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: The task-side module every csrun_wse task runs its command through (named, never imported:
 #: the launcher does not import the runtime).
 SUPERVISE = "csrun_runtime.supervise"
+
+#: Set to ``1`` on every task of a ``--survive-node-loss`` launch (csrun_runtime.elastic reads it).
+WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
 
 #: python-ws / python-pt as the first word of a command: the execution mode exported.
 EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
@@ -115,6 +118,14 @@ class WseRequest:
     version-dependent options (``None``: the newest behaviour); ``autoscale`` the
     ``--autoscale`` bounds, exported to every task as ``CSRUN_AUTOSCALE``. The layout's
     ``chief_input_cpus`` reaches the chief's component as ``CSRUN_CHIEF_INPUT_CPUS``.
+
+    ``worker_job`` (``--survive-node-loss``): the ``worker`` component is launched as a job of
+    its own with ``--no-kill`` (:meth:`materialize_worker_srun`) beside the chief's job
+    (:meth:`materialize_srun`), both tasks sets finding each other by ``rendezvous_key``
+    (``CSRUN_RENDEZVOUS_KEY``). Why: slurmctld ends every component of a het job when any
+    node of it fails (a component of one node cannot lose it), whereas a job of two or more
+    nodes submitted with ``--no-kill`` keeps running on the others (sbatch(1)/srun(1)
+    ``--no-kill``; measured on the test cluster, README "A lost node").
     """
 
     layout: JobLayout
@@ -130,6 +141,19 @@ class WseRequest:
     task_env: tuple[tuple[str, str], ...] = ()
     slurm_version: tuple[int, int] | None = None
     autoscale: AutoscaleSpec | None = None
+    worker_job: bool = False
+    rendezvous_key: str = ""
+
+    def chief_components(self) -> tuple[Component, ...]:
+        """The components of the chief's job: all of them, or all but the ``worker`` component
+        with ``worker_job``."""
+        return tuple(c for c in self.layout.components if not (self.worker_job and c.role == WORKER))
+
+    def worker_job_component(self) -> Component | None:
+        """The component launched as the input workers' own job (``worker_job``), else ``None``."""
+        if not self.worker_job:
+            return None
+        return next((c for c in self.layout.components if c.role == WORKER), None)
 
     def task_command(self) -> list[str]:
         """The argv each task executes (container-wrapped, ``:``-safe), through
@@ -141,14 +165,18 @@ class WseRequest:
 
     def job_env(self) -> list[tuple[str, str]]:
         """Variables csrun_wse sets in its own environment before srun (``--export=ALL``)."""
-        return [("CSRUN_SHARD_PLAN", self.shard_plan)] if self.shard_plan else []
+        env = [("CSRUN_SHARD_PLAN", self.shard_plan)] if self.shard_plan else []
+        if self.worker_job:
+            env.append((RENDEZVOUS_ENV, self.rendezvous_key))
+        return env
 
     def component_env(self, comp: Component) -> list[tuple[str, str]]:
         """The role contract of ``docs/CONTRACT.md`` for one component."""
+        own_job = comp is self.worker_job_component()  # its SLURM_PROCID starts at 0
         env = [
             ("CSRUN_ROLE", comp.role),
             ("CSRUN_HET_GROUP", str(comp.het_group)),
-            ("CSRUN_TASK_OFFSET", str(comp.task_offset)),
+            ("CSRUN_TASK_OFFSET", "0" if own_job else str(comp.task_offset)),
             ("CSRUN_WORKER_OFFSET", str(comp.worker_offset)),
             ("CSRUN_NUM_WORKERS", str(self.layout.num_workers)),
             ("CSRUN_NUM_TASKS", str(self.layout.num_tasks)),
@@ -163,6 +191,8 @@ class WseRequest:
             env.append((AUTOSCALE_ENV, self.autoscale.to_env()))
         if self.layout.chief_input_cpus and comp.role == CHIEF:
             env.append((CHIEF_INPUT_ENV, str(self.layout.chief_input_cpus)))
+        if self.worker_job:
+            env.append((WORKER_JOB_ENV, "1"))
         return env + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:
@@ -190,19 +220,36 @@ class WseRequest:
                 f"--export={_export(self.component_env(comp))}", *self.container.srun_options()]
 
     def materialize_srun(self) -> list[str]:
-        """The full srun argv: ``srun <comp 0 options> CMD : <comp 1 options> CMD ...``."""
+        """The full srun argv of the chief's job: ``srun <comp 0 options> CMD : <comp 1
+        options> CMD ...`` (without the ``worker`` component with ``worker_job``)."""
         argv = ["srun"]
         cmd = self.task_command()
-        for i, comp in enumerate(self.layout.components):
+        for i, comp in enumerate(self.chief_components()):
             if i:
                 argv.append(":")
             argv += self.allocation_options(comp) + self.step_options(comp) + cmd
         return argv
 
+    def materialize_worker_srun(self) -> list[str] | None:
+        """The srun argv of the input workers' own job (``worker_job``), else ``None``: the
+        ``worker`` component's options with ``--no-kill`` for ``--kill-on-bad-exit`` (srun(1):
+        "Do not automatically terminate a job if one of the nodes it has been allocated
+        fails ... Tasks launched using this option will not be considered terminated (e.g.
+        -K, --kill-on-bad-exit ... will have no effect upon the job step)")."""
+        comp = self.worker_job_component()
+        if comp is None:
+            return None
+        step = ["--no-kill" if o == "--kill-on-bad-exit=1" else o for o in self.step_options(comp)]
+        return ["srun", *self.allocation_options(comp), *step, *self.task_command()]
+
     def srun_line(self) -> str:
-        """One POSIX-shell line that reproduces the launch, job env included."""
+        """POSIX-shell lines that reproduce the launch, job env included: the chief's srun,
+        preceded by the input workers' job run in the background with ``worker_job``."""
         env = [f"{k}={v}" for k, v in self.job_env()]
-        return shlex.join((["env", *env] if env else []) + self.materialize_srun())
+        prefix = ["env", *env] if env else []
+        chief = shlex.join(prefix + self.materialize_srun())
+        workers = self.materialize_worker_srun()
+        return chief if workers is None else f"{shlex.join(prefix + workers)} &\n{chief}"
 
     def materialize_sbatch(self) -> str:
         """The sbatch het-job script (``templates/csrun_wse.sbatch.j2``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,13 +20,14 @@ from click.shell_completion import CompletionItem
 from csrun_common.autoscale import AutoscaleSpec, plan_autoscale
 from csrun_common.cli import OneLineErrors
 from csrun_common.errors import CsrunError
+from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
 from . import preflight, slurm
 from .builders import CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .layout import JobLayout, plan_layout, resolve_counts
+from .layout import WORKER, JobLayout, plan_layout, resolve_counts
 from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
 from .resolve import (
@@ -174,6 +176,10 @@ Examples:
               help="Run input worker 0 inside the chief's task on N of its CPUs, beside training: pinned "
                    "apart when Slurm binds the task and N is fewer than its CPUs, else sharing them at "
                    "lower priority (README \"The chief's node feeds input\").")
+@click.option("--survive-node-loss", is_flag=True,
+              help="Run the input-worker nodes as a job of their own (--no-kill), so that losing one "
+                   "of them does not end the run: its workers start again on the surviving nodes "
+                   "(srun path; README \"A lost node\").")
 @click.option("--autoscale", is_flag=True,
               help="Grow and shrink the streaming input workers while training, within the layout's "
                    "input-worker tasks (README \"Autoscale\").")
@@ -214,11 +220,13 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
     view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
     layout = _wse_layout(kw, cfg, view)
     _check_names_or_note("csrun_wse", view, policy, sources)
+    worker_job = _worker_job(kw, layout)
     req = WseRequest(layout=layout, command=tuple(cmd), python=cfg.python, container=container,
                      execution_mode=mode, policy=policy, exclude_node=cfg.gres_node,
                      shard_plan=_shard_plan(kw["shard_plan"], layout), requeue=requeue,
                      task_env=task_env(kw["verbose"]), slurm_version=_slurm_major_minor(),
-                     autoscale=_autoscale(kw, layout))
+                     autoscale=_autoscale(kw, layout), worker_job=worker_job,
+                     rendezvous_key=f"wse-{uuid.uuid4().hex[:12]}" if worker_job else "")
     if kw["check"]:
         return _check("csrun_wse", req, kw["use_sbatch"])
     return _launch(req, kw["use_sbatch"], kw["dry_run"])
@@ -266,6 +274,30 @@ def _autoscale(kw: dict[str, Any], layout: JobLayout) -> AutoscaleSpec | None:
         raise CsrunError(str(exc)) from None
 
 
+def _worker_job(kw: dict[str, Any], layout: JobLayout) -> bool:
+    """``--survive-node-loss`` against the layout and the launch path (README "A lost node").
+
+    Raises :class:`CsrunError` with ``--use-sbatch`` (not built), with single-task nodes (het
+    components of the chief's job, which Slurm ends whole when one of its nodes fails), and
+    when the input workers' job would have fewer than 2 nodes (slurmctld keeps a job running
+    on its other nodes only when it has more than one: ``kill_running_job_by_node_name``)."""
+    if not kw["survive_node_loss"]:
+        return False
+    if kw["use_sbatch"]:
+        raise CsrunError("--survive-node-loss with --use-sbatch: only the srun path runs the input workers' "
+                         "own job so far; launch without --use-sbatch")
+    if kw["single_task_nodes"]:
+        raise CsrunError(f"--survive-node-loss with --single-task-nodes {kw['single_task_nodes']}: single-task "
+                         "nodes belong to the chief's het job, which Slurm ends whole when one of its nodes fails")
+    workers = next((c for c in layout.components if c.role == WORKER), None)
+    nodes = workers.nodes if workers else 0
+    if nodes < 2:
+        raise CsrunError(f"--survive-node-loss: the input workers' job would have {nodes} node(s) "
+                         f"(--total-nodes {layout.total_nodes} minus the chief's); Slurm keeps a job running "
+                         "after a node fails only when it has 2 or more: use --total-nodes 3 or more")
+    return True
+
+
 def _shard_plan(path: str | None, layout: JobLayout) -> str | None:
     if path is None:
         return None
@@ -309,7 +341,17 @@ def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> in
         env.update(dict(req.job_env()))
         if req.requeue is not None:
             return _run_with_requeues(req, req.requeue, env)
+        return _run_wse(req, env)
     return slurm.run_foreground(req.materialize_srun(), env=env)
+
+
+def _run_wse(req: WseRequest, env: dict[str, str]) -> int:
+    """One srun launch of csrun_wse: the chief's job, with the input workers' own job beside it
+    under ``--survive-node-loss``."""
+    workers = req.materialize_worker_srun()
+    if workers is None:
+        return slurm.run_foreground(req.materialize_srun(), env=env)
+    return slurm.run_with_worker_job(req.materialize_srun(), workers, env=env)
 
 
 def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) -> int:
@@ -319,7 +361,10 @@ def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) 
     new job resumes from the checkpoint. A Ctrl-C or SIGTERM of csrun_wse ends the loop."""
     attempt = 0
     while True:
-        rc = slurm.run_foreground(req.materialize_srun(), env={**env, REQUEUE_COUNT_ENV: str(attempt)})
+        run_env = {**env, REQUEUE_COUNT_ENV: str(attempt)}
+        if req.worker_job:  # each launch of the two jobs has a rendezvous of its own
+            run_env[RENDEZVOUS_ENV] = f"{req.rendezvous_key}.r{attempt}"
+        rc = _run_wse(req, run_env)
         if rc != REQUEUE_EXIT:
             return rc
         if attempt >= spec.max_requeues:

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import types
@@ -190,6 +191,38 @@ def run_foreground(argv: Sequence[str], env: dict | None = None) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
     return exit_status(rc, received)
+
+
+#: Seconds csrun_wse waits, after the chief's job ended, for the input workers' own job
+#: (``--survive-node-loss``) to end by itself (its workers leave on the chief's ``done.json``)
+#: before cancelling it.
+WORKER_JOB_GRACE_S = 60.0
+
+
+def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], env: dict | None = None,
+                        grace: float = WORKER_JOB_GRACE_S) -> int:
+    """Run the chief's job (``chief_argv``, an srun line) in the foreground, as
+    :func:`run_foreground` does, and the input workers' own job (``worker_argv``) beside it in a
+    session of its own. Once the chief's srun has ended, the workers' srun gets ``grace``
+    seconds to end by itself, then is stopped (:func:`stop_process_group`: a step still
+    pending or running is cancelled). Returns the chief's status (:func:`exit_status`): the
+    chief decides the job; a worker job that ended early is reported on stderr."""
+    _check_conf()
+    try:
+        workers = subprocess.Popen([_require(worker_argv[0]), *worker_argv[1:]], env=env,
+                                   start_new_session=True)
+    except OSError as exc:
+        raise CsrunError(f"cannot start {worker_argv[0]}: {exc.strerror}") from None
+    try:
+        rc = run_foreground(chief_argv, env=env)
+    finally:
+        try:
+            workers.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            stop_process_group(workers)
+    if workers.returncode not in (0, None) and rc == 0:
+        print(f"csrun_wse: the input workers' job ended with status {workers.returncode}", file=sys.stderr)
+    return rc
 
 
 def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
