@@ -96,12 +96,7 @@ class Rendezvous:
 
     def adoption_orders(self) -> dict[int, dict[str, Any]]:
         """Every adoption order present, by worker index."""
-        out = {}
-        for p in sorted(self.workers_dir.glob("*.orphan.json")):
-            rec = read_json(p)
-            if rec is not None:
-                out[int(p.name.split(".")[0])] = rec
-        return out
+        return self._by_index("orphan")
 
     def claim_adoption(self, index: int, attempt: int, claimant: Mapping[str, Any]) -> bool:
         """Supervisor of a worker task: claim the order for ``index``'s replacement ``attempt``.
@@ -110,9 +105,7 @@ class Rendezvous:
         path = self.workers_dir / f"{index}.adopt-{int(attempt)}"
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        except OSError:
+        except OSError:  # FileExistsError: another claimant won
             return False
         with os.fdopen(fd, "w") as f:
             f.write(repr(dict(claimant)))
@@ -124,8 +117,12 @@ class Rendezvous:
 
     def reports(self) -> dict[int, dict[str, Any]]:
         """Every worker report present, by worker index."""
+        return self._by_index("report")
+
+    def _by_index(self, kind: str) -> dict[int, dict[str, Any]]:
+        """Every readable ``workers/<i>.<kind>.json``, by worker index ``i``."""
         out = {}
-        for p in sorted(self.workers_dir.glob("*.report.json")):
+        for p in sorted(self.workers_dir.glob(f"*.{kind}.json")):
             rec = read_json(p)
             if rec is not None:
                 out[int(p.name.split(".")[0])] = rec
