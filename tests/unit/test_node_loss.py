@@ -73,7 +73,9 @@ def test_one_claimant_wins_an_order(tmp_path):
     rdv = Rendezvous(tmp_path, "k")
     rdv.reset()
     rdv.order_adoption(1, {"index": 1, "attempt": 1})
+    rdv.write_report(0, {"elements": 5})
     assert rdv.adoption_orders() == {1: {"index": 1, "attempt": 1}}
+    assert rdv.reports() == {0: {"elements": 5}}  # orders and reports are told apart
     assert rdv.claim_adoption(1, 1, {"node": "node2"}) is True
     assert rdv.claim_adoption(1, 1, {"node": "node4"}) is False
     assert rdv.claim_adoption(1, 2, {"node": "node4"}) is True
