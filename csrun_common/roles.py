@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
-           "RENDEZVOUS_ENV", "ADOPT_ENV"]
+           "RENDEZVOUS_ENV", "ADOPT_ENV", "WORKER_JOB_ENV"]
 
 #: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
 CHIEF_INPUT = "chief-input"
@@ -40,6 +40,10 @@ RENDEZVOUS_ENV = "CSRUN_RENDEZVOUS_KEY"
 #: lost with its node (``--survive-node-loss``; :mod:`csrun_runtime.supervise`): it replaces the
 #: index of the task's own position.
 ADOPT_ENV = "CSRUN_WORKER_INDEX"
+#: Set (``1``) by csrun_wse on every task of a ``--survive-node-loss`` run: the chief orders
+#: adoptions of workers lost with their node, and the supervisors of the input workers' job
+#: carry them out (csrun_runtime.elastic, csrun_runtime.supervise).
+WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
 
 
 class RoleError(ValueError):

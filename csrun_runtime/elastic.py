@@ -33,11 +33,11 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from csrun_common.atomic import write_json
+from csrun_common.roles import WORKER_JOB_ENV
 
-from .rendezvous import Rendezvous
+from .rendezvous import STALE_SECS, Rendezvous
 
-__all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "WORKER_JOB_ENV",
-           "tell_supervisor"]
+__all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "tell_supervisor"]
 
 #: An input worker that dies this many times is given up (issue 12: "A worker that keeps
 #: dying (3 times) is given up with a warning, not retried forever").
@@ -51,10 +51,6 @@ ATTEMPT_ENV = "CSRUN_WORKER_ATTEMPT"
 #: Environment variable of that process: a file where the worker writes its rendezvous
 #: directory and index (:func:`tell_supervisor`), so that the supervisor records a death there.
 STATE_ENV = "CSRUN_SUPERVISOR_STATE"
-#: Environment variable csrun_wse sets (``1``) on every task of a ``--survive-node-loss`` run: the
-#: chief orders adoptions of workers lost with their node, and the supervisors of the input
-#: workers' job carry them out.
-WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
 
 
 def tell_supervisor(rendezvous_dir: str, index: int, env: Mapping[str, str] | None = None) -> None:
@@ -151,8 +147,6 @@ class WorkerWatch:
         """Order a new home for each lost worker no supervisor is replacing, once its heartbeat
         is stale; again when an order got no registration within :data:`ADOPT_TIMEOUT_SECS`;
         give the worker up after :data:`MAX_DEATHS` orders."""
-        from .rendezvous import STALE_SECS
-
         now = time.time()
         for i in sorted(set(self._pending) - self._restarting):
             age = self.rdv.age(f"workers/{i}")

@@ -579,8 +579,10 @@ class ServiceSource(_ChunkedSource):
                 raise InputStalled(f"every input worker's stream failed: {self.status_text()}")
             now = time.monotonic()
             if now >= self._next_check:
-                self.watch.poll(self)  # records supervisor-seen deaths before stale heartbeats
+                # stale heartbeats first, so that this poll records them (it reads a supervisor's
+                # death record, exact in time and cause, before any stopped stream)
                 self._check_heartbeats()
+                self.watch.poll(self)
                 self._next_check = now + HEARTBEAT_SECS
             try:
                 i, gen, item = self._q.get(timeout=0.5)

@@ -11,7 +11,7 @@ For an input worker it starts the command as a child process and waits for it:
   2 for a contract violation, 1 when the chief was lost, ...);
 - the child dies of a signal other than the stop signals below (``kill -9``, the kernel's
   OOM killer, a segfault, an abort) while the task was not asked to stop: this is a *lost*
-  input worker. The task starts a replacement at once:
+  input worker. The task starts a replacement one second later (see below):
   the same command in the same environment, so the same worker index, files and seed
   (:mod:`csrun_runtime.worker`), with ``CSRUN_WORKER_ATTEMPT`` one higher; it attaches to the
   same dispatcher and the chief reopens its stream (:mod:`csrun_runtime.elastic`);
@@ -47,6 +47,18 @@ the surviving tasks. An adopted worker that dies is not restarted here: the chie
 Signals sent to the task (SIGTERM of a cancel or preemption, SIGUSR2 of ``--requeue``,
 SIGINT, SIGHUP, SIGUSR1) are passed on to the child and stop any further replacement; a child
 that dies of one of them is not replaced either (Slurm may signal it before its supervisor).
+
+When Slurm ends a job step outright (srun's "forcing job termination" after csrun_wse was
+interrupted, a step cancelled), slurmstepd SIGKILLs the step's processes one by one, so a worker
+may die of SIGKILL a moment before its supervisor. Two rules keep that from becoming a
+"replacement" that outlives the step (measured on the test cluster: the replacement kept the
+step's output pipes open, slurmstepd logged "Abandoning IO 60 secs after job shutdown
+initiated" and the job stayed in squeue 65 s after csrun_wse exited):
+
+- a replacement starts :data:`REPLACE_AFTER_S` after the death, not at once (the death is
+  recorded at once): a supervisor that is being killed with its step is gone by then;
+- every child is started with ``PR_SET_PDEATHSIG`` = SIGKILL (prctl(2)): it dies with its
+  supervisor, whatever killed that.
 Imports nothing heavy: no TensorFlow in the supervising process.
 """
 from __future__ import annotations
@@ -57,20 +69,60 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from csrun_common.atomic import read_json
-from csrun_common.roles import ADOPT_ENV
+from csrun_common.roles import ADOPT_ENV, WORKER_JOB_ENV
 
 from .chief_input import apply_placement
-from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV, WORKER_JOB_ENV
+from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV
 from .rendezvous import Rendezvous
 
 __all__ = ["MAX_DEATHS", "is_input_worker", "supervise", "main"]
 
 #: Signals passed on to the child; any of them stops further replacements.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+#: Seconds between an input worker's death by a signal the task did not receive and the start
+#: of its replacement: long enough for a step-wide SIGKILL (slurmstepd's walk over the step's
+#: processes, milliseconds) to reach the supervisor first, short beside a worker's start-up.
+REPLACE_AFTER_S = 1.0
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the supervisor dies
+    (prctl(2) ``PR_SET_PDEATHSIG``), or ``None`` off Linux. The child exits at once if the
+    supervisor died between fork and prctl (its parent is then no longer the supervisor)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork, not in the child
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def _start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start one input worker process (the task's own or an adopted one) that dies with its
+    supervisor. The supervisor runs no threads, so ``preexec_fn`` is safe here."""
+    return subprocess.Popen(list(argv), env=dict(env), preexec_fn=_dies_with_parent())
+
+
+def _stopped_within(seconds: float, stopping: list[int]) -> bool:
+    """Wait up to ``seconds``; whether a stop signal arrived meanwhile (the wait ends then)."""
+    deadline = time.monotonic() + seconds
+    while not stopping and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
+    return bool(stopping)
 
 
 def is_input_worker(env: Mapping[str, str]) -> bool:
@@ -143,9 +195,10 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
     where = f"input worker task {env.get('SLURM_PROCID', '?')} on {node}"
     adopter = Adopter(argv, env, child, stopping) if env.get(WORKER_JOB_ENV) == "1" else None
     while True:
-        proc = subprocess.Popen(list(argv), env={**env, ATTEMPT_ENV: str(deaths)})
+        proc = _start(argv, {**env, ATTEMPT_ENV: str(deaths)})
         child.append(proc)
         rc = _wait(proc, adopter)
+        died = time.time()
         if rc >= 0:
             return _after(adopter, rc)
         if stopping or -rc in FORWARDED:
@@ -156,13 +209,15 @@ def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int
         except ValueError:
             name = f"signal {-rc}"
         given_up = deaths >= max_deaths
-        _record_death(env[STATE_ENV], {"time": time.time(), "pid": proc.pid, "node": node,
+        _record_death(env[STATE_ENV], {"time": died, "pid": proc.pid, "node": node,
                                        "signal": name, "deaths": deaths, "given_up": given_up})
         if given_up:
             _say(f"WARNING: {where} (pid {proc.pid}) died of {name}, {deaths} time(s): given up; "
                  f"the job goes on with the other input workers")
             return _after(adopter, 0)
-        _say(f"{where} (pid {proc.pid}) died of {name} at {time.strftime('%H:%M:%S')}; "
+        if _stopped_within(REPLACE_AFTER_S, stopping):  # ended with its step, not lost
+            return _after(adopter, 0)
+        _say(f"{where} (pid {proc.pid}) died of {name} at {time.strftime('%H:%M:%S', time.localtime(died))}; "
              f"starting its replacement ({deaths} of {max_deaths - 1})")
 
 
@@ -204,13 +259,17 @@ class Adopter:
         self.adopted: list[tuple[int, int, subprocess.Popen]] = []  # (index, attempt, process)
         self.seen: set[tuple[int, int]] = set()
         self._not_before: dict[tuple[int, int], float] = {}
+        self._rdv: Rendezvous | None = None
 
     def _rendezvous(self) -> Rendezvous | None:
-        state = read_json(self.env[STATE_ENV])
-        if not state:
-            return None
-        rdv = Path(state["rendezvous"])
-        return Rendezvous(rdv.parent.parent, rdv.name)
+        """The job step's rendezvous, once the task's own worker has written it to the state
+        file (read until then; it names the same directory for every attempt of that worker)."""
+        if self._rdv is None:
+            state = read_json(self.env[STATE_ENV])
+            if state:
+                rdv = Path(state["rendezvous"])
+                self._rdv = Rendezvous(rdv.parent.parent, rdv.name)
+        return self._rdv
 
     def poll(self) -> None:
         """Claim and start every open order this task may take now."""
@@ -234,7 +293,7 @@ class Adopter:
                 continue
             env = {k: v for k, v in self.env.items() if k != STATE_ENV}
             env.update({ADOPT_ENV: str(index), ATTEMPT_ENV: str(key[1])})
-            proc = subprocess.Popen(self.argv, env=env)
+            proc = _start(self.argv, env)
             self.adopted.append((index, key[1], proc))
             self.child.insert(0, proc)  # forwarded signals reach it; child[-1] stays the task's own
             _say(f"input worker {index}, lost with node {order.get('lost_node')}, starts again on "

@@ -34,7 +34,7 @@ from .contract import check_dataset
 from .elastic import ATTEMPT_ENV, tell_supervisor
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
-from .rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
+from .rendezvous import CHIEF_LOST_SECS, STALE_SECS, Heartbeat, Rendezvous
 from .service import BundlePlan, limit_threads, plan_bundle, register_stream, start_worker_server
 from .sharding import TF_CONFIG_VAR
 
@@ -49,6 +49,8 @@ _KEEP_ALIVE: list[Any] = []
 
 #: seconds between polls of the rendezvous files.
 POLL_SECS = 0.5
+#: The status of a worker that left because a later attempt of its index registered.
+SUPERSEDED = "superseded"
 #: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
 #: service element (README "Autoscale").
 AUTOSCALE_MAX_BUNDLE = 16
@@ -77,8 +79,9 @@ class InputWorker:
         rc = resolved.params["runconfig"]
         self.rdv = Rendezvous(rc["model_dir"], role.rendezvous_key)
         self.start_timeout = float(rc["worker_start_timeout_secs"])
+        self.attempt = int(os.environ.get(ATTEMPT_ENV) or 0)  # > 0: a replacement
         self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
-                   "attempt": int(os.environ.get(ATTEMPT_ENV) or 0),  # > 0: a replacement
+                   "attempt": self.attempt,
                    "component": role.component,  # "chief-input": in the chief's task
                    "cpu_affinity": sorted(os.sched_getaffinity(0))}  # the CPUs it may run on
         self.t0 = time.monotonic()
@@ -115,8 +118,9 @@ class InputWorker:
         batch_size, built = served
         self._register(address, server, batch_size, built)
         code, status = self._serve_until_done()
-        self._write_report(built, batch_size, status)
         self.heartbeat.stop()
+        if status != SUPERSEDED:  # the replacement's report is the one for this index
+            self._write_report(built, batch_size, status)
         return code
 
     # ------------------------------------------------------------------ steps
@@ -257,7 +261,8 @@ class InputWorker:
                  if built.file_list_job_wide else "", self.bundling.reason)
 
     def _serve_until_done(self) -> tuple[int, str | None]:
-        """Serve until ``done.json`` (exit 0 and the chief's status) or the chief is lost (1)."""
+        """Serve until ``done.json`` (exit 0 and the chief's status), the chief is lost (1) or
+        a later attempt of this worker registered (0 and :data:`SUPERSEDED`)."""
         while True:
             d = self.rdv.done()
             if d is not None:
@@ -266,7 +271,27 @@ class InputWorker:
             if gone:
                 log.error("leaving: %s", gone)
                 return 1, None
+            newer = self.superseded()
+            if newer is not None:
+                log.warning("leaving: input worker %d was replaced by attempt %s on %s (the chief "
+                            "took this one for lost: no heartbeat for over %.0f s); its replacement serves "
+                            "dispatcher %d", self.index, newer.get("attempt"), newer.get("node"),
+                            STALE_SECS, self.index)
+                return 0, SUPERSEDED
             time.sleep(POLL_SECS)
+
+    def superseded(self) -> dict[str, Any] | None:
+        """The registration of a later attempt of this worker's index, or ``None``.
+
+        Under ``csrun_wse --survive-node-loss`` the chief orders a replacement for a worker whose
+        heartbeat is older than :data:`csrun_runtime.rendezvous.STALE_SECS`; a worker that was
+        only hung (a stalled node that came back) finds the replacement's ``workers/<i>.json``
+        here within :data:`POLL_SECS` and leaves, so that dispatcher ``i`` is served by one
+        process (README "A lost node")."""
+        reg = self.rdv.worker(self.index)
+        if reg and int(reg.get("attempt") or 0) > self.attempt:
+            return reg
+        return None
 
     def _left_unserved(self, chief_status: str | None, status: str = "left") -> None:
         """The report of a worker that leaves without having served (``status``: ``left`` on

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.autoscale import AutoscaleSpec
-from csrun_common.roles import CHIEF_INPUT_ENV, RENDEZVOUS_ENV
+from csrun_common.roles import CHIEF_INPUT_ENV, RENDEZVOUS_ENV, WORKER_JOB_ENV
 
 from .container import Container
 from .layout import CHIEF, WORKER, Component, JobLayout
@@ -29,8 +29,10 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 #: the launcher does not import the runtime).
 SUPERVISE = "csrun_runtime.supervise"
 
-#: Set to ``1`` on every task of a ``--survive-node-loss`` launch (csrun_runtime.elastic reads it).
-WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
+#: Seconds the input workers' own job (``--survive-node-loss``) gets, after the chief's srun
+#: ended, to end by itself (its workers leave on the chief's ``done.json``) before it is
+#: cancelled: by csrun_wse on the srun path, by the batch script on the sbatch path.
+WORKER_JOB_GRACE_S = 60
 
 #: python-ws / python-pt as the first word of a command: the execution mode exported.
 EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
@@ -151,9 +153,7 @@ class WseRequest:
 
     def worker_job_component(self) -> Component | None:
         """The component launched as the input workers' own job (``worker_job``), else ``None``."""
-        if not self.worker_job:
-            return None
-        return next((c for c in self.layout.components if c.role == WORKER), None)
+        return self.layout.worker_component if self.worker_job else None
 
     def task_command(self) -> list[str]:
         """The argv each task executes (container-wrapped, ``:``-safe), through
@@ -230,8 +230,8 @@ class WseRequest:
             argv += self.allocation_options(comp) + self.step_options(comp) + cmd
         return argv
 
-    def materialize_worker_srun(self) -> list[str] | None:
-        """The srun argv of the input workers' own job (``worker_job``), else ``None``: the
+    def worker_srun_options(self) -> list[str] | None:
+        """The srun options of the input workers' own job (``worker_job``), else ``None``: the
         ``worker`` component's options with ``--no-kill`` for ``--kill-on-bad-exit`` (srun(1):
         "Do not automatically terminate a job if one of the nodes it has been allocated
         fails ... Tasks launched using this option will not be considered terminated (e.g.
@@ -240,7 +240,13 @@ class WseRequest:
         if comp is None:
             return None
         step = ["--no-kill" if o == "--kill-on-bad-exit=1" else o for o in self.step_options(comp)]
-        return ["srun", *self.allocation_options(comp), *step, *self.task_command()]
+        return [*self.allocation_options(comp), *step]
+
+    def materialize_worker_srun(self) -> list[str] | None:
+        """The srun argv of the input workers' own job (``worker_job``), else ``None``:
+        ``srun`` :meth:`worker_srun_options` and the task command."""
+        opts = self.worker_srun_options()
+        return None if opts is None else ["srun", *opts, *self.task_command()]
 
     def srun_line(self) -> str:
         """POSIX-shell lines that reproduce the launch, job env included: the chief's srun,
@@ -252,9 +258,23 @@ class WseRequest:
         return chief if workers is None else f"{shlex.join(prefix + workers)} &\n{chief}"
 
     def materialize_sbatch(self) -> str:
-        """The sbatch het-job script (``templates/csrun_wse.sbatch.j2``)."""
+        """The sbatch het-job script (``templates/csrun_wse.sbatch.j2``).
+
+        With ``worker_job`` the script's job is the chief's (:meth:`chief_components`), and the
+        script itself starts the input workers' own job beside the chief's srun: an srun of
+        :meth:`worker_srun_options` run outside this job (every ``SLURM*`` variable but
+        ``SLURM_CONF`` unset, and ``SBATCH_*``, ``SRUN_*``, ``SALLOC_*``: srun asks for a new
+        allocation instead of starting a step of this one, and reads none of its options),
+        in a process group of its own (``set -m``: an asynchronous command of a shell without
+        job control ignores SIGINT, measured on the test cluster to leave srun deaf to it). It
+        is named ``<job_name>-workers.<SLURM_JOB_ID>.<SLURM_RESTART_COUNT>``; after the chief's
+        srun it gets :data:`WORKER_JOB_GRACE_S` seconds to end, and the script's ``EXIT`` trap
+        cancels it by that name (``scancel --name``), which also covers a cancelled or
+        requeued chief's job. Each allocation has its own rendezvous key,
+        ``<rendezvous_key>.r<SLURM_RESTART_COUNT>``."""
         comps = []
-        for comp in self.layout.components:
+        chief_comps = self.chief_components()
+        for comp in chief_comps:
             sbatch = self.allocation_options(comp)
             if self.requeue is not None:
                 sbatch.append("--requeue")
@@ -264,19 +284,26 @@ class WseRequest:
                     sbatch.append("--open-mode=append")
             # --het-group only in a het job: srun refuses it in a one-component job ("No
             # directives to start application on any available hetjob components").
-            group = [f"--het-group={comp.het_group}"] if len(self.layout.components) > 1 else []
+            group = [f"--het-group={comp.het_group}"] if len(chief_comps) > 1 else []
             srun = group + _step_resources(self.allocation_options(comp), self.slurm_version) \
                 + self.step_options(comp)
             comps.append({**comp.__dict__, "sbatch_options": sbatch, "srun_options": srun})
+        wcomp, workers = self.worker_job_component(), self.worker_srun_options() or []
+        worker_job = None if wcomp is None else {
+            "name": f"{self.job_name}-workers", "key": self.rendezvous_key, "grace": WORKER_JOB_GRACE_S,
+            "nodes": wcomp.nodes, "ntasks": wcomp.ntasks,
+            "srun_options": [o for o in workers if not o.startswith("--job-name=")]}
         return _template("csrun_wse.sbatch.j2").render(
             components=comps,
             command=self.task_command(),
-            job_env=self.job_env(),
+            job_env=[(k, v) for k, v in self.job_env() if k != RENDEZVOUS_ENV],
             total_nodes=self.layout.total_nodes,
             num_tasks=self.layout.num_tasks,
             num_workers=self.layout.num_workers,
             requeue=self.requeue,
             requeue_exit=REQUEUE_EXIT,
+            worker_job=worker_job,
+            rendezvous_env=RENDEZVOUS_ENV,
         )
 
 

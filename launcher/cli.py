@@ -27,7 +27,7 @@ from . import preflight, slurm
 from .builders import CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .layout import WORKER, JobLayout, plan_layout, resolve_counts
+from .layout import JobLayout, plan_layout, resolve_counts
 from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
 from .resolve import (
@@ -179,7 +179,7 @@ Examples:
 @click.option("--survive-node-loss", is_flag=True,
               help="Run the input-worker nodes as a job of their own (--no-kill), so that losing one "
                    "of them does not end the run: its workers start again on the surviving nodes "
-                   "(srun path; README \"A lost node\").")
+                   "(README \"A lost node\").")
 @click.option("--autoscale", is_flag=True,
               help="Grow and shrink the streaming input workers while training, within the layout's "
                    "input-worker tasks (README \"Autoscale\").")
@@ -277,19 +277,16 @@ def _autoscale(kw: dict[str, Any], layout: JobLayout) -> AutoscaleSpec | None:
 def _worker_job(kw: dict[str, Any], layout: JobLayout) -> bool:
     """``--survive-node-loss`` against the layout and the launch path (README "A lost node").
 
-    Raises :class:`CsrunError` with ``--use-sbatch`` (not built), with single-task nodes (het
-    components of the chief's job, which Slurm ends whole when one of its nodes fails), and
-    when the input workers' job would have fewer than 2 nodes (slurmctld keeps a job running
-    on its other nodes only when it has more than one: ``kill_running_job_by_node_name``)."""
+    Raises :class:`CsrunError` with single-task nodes (het components of the chief's job,
+    which Slurm ends whole when one of its nodes fails), and when the input workers' job would
+    have fewer than 2 nodes (slurmctld keeps a job running on its other nodes only when it has
+    more than one: ``kill_running_job_by_node_name``)."""
     if not kw["survive_node_loss"]:
         return False
-    if kw["use_sbatch"]:
-        raise CsrunError("--survive-node-loss with --use-sbatch: only the srun path runs the input workers' "
-                         "own job so far; launch without --use-sbatch")
     if kw["single_task_nodes"]:
         raise CsrunError(f"--survive-node-loss with --single-task-nodes {kw['single_task_nodes']}: single-task "
                          "nodes belong to the chief's het job, which Slurm ends whole when one of its nodes fails")
-    workers = next((c for c in layout.components if c.role == WORKER), None)
+    workers = layout.worker_component
     nodes = workers.nodes if workers else 0
     if nodes < 2:
         raise CsrunError(f"--survive-node-loss: the input workers' job would have {nodes} node(s) "

@@ -82,6 +82,12 @@ class JobLayout:
         input worker with ``chief_input_cpus``."""
         return self.num_tasks - 1 + (1 if self.chief_input_cpus else 0)
 
+    @property
+    def worker_component(self) -> Component | None:
+        """The ``worker`` component (the input-worker nodes), or ``None`` when the layout has
+        none (a chief alone, or single-task nodes only)."""
+        return next((c for c in self.components if c.role == WORKER), None)
+
 
 def resolve_counts(
     tasks_per_node: int | None,

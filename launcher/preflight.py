@@ -148,9 +148,23 @@ def slurm_check(req: WseRequest | CpuRequest, use_sbatch: bool) -> Check:
         answer, how = slurm.test_only_batch(req.materialize_sbatch()), "sbatch --test-only"
     else:
         answer, how = slurm.test_only_srun(req.materialize_srun()), "srun --test-only"
+    return _test_only_check("slurm", how, answer)
+
+
+def worker_job_check(req: WseRequest) -> Check | None:
+    """``srun --test-only`` of the input workers' own job (``--survive-node-loss``), which the
+    chief's ``--test-only`` does not cover: it is a job of its own, started beside the chief's
+    (by csrun_wse, or by the batch script). ``None`` without it."""
+    argv = req.materialize_worker_srun()
+    if argv is None:
+        return None
+    return _test_only_check("worker job", "srun --test-only", slurm.test_only_srun(argv))
+
+
+def _test_only_check(name: str, how: str, answer: slurm.TestOnly) -> Check:
     if answer.ok:
-        return Check("slurm", True, f"{how}: expected start {answer.start} ({'; '.join(answer.lines)})")
-    return Check("slurm", False, f"{how}: cannot run: {answer.reason}")
+        return Check(name, True, f"{how}: expected start {answer.start} ({'; '.join(answer.lines)})")
+    return Check(name, False, f"{how}: cannot run: {answer.reason}")
 
 
 def requeue_check(req: WseRequest) -> Check | None:
@@ -184,8 +198,8 @@ def run_check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool, cwd: Pa
     the CLI prints the report, then the one error line."""
     here = Path.cwd() if cwd is None else cwd
     checks = [slurm_check(req, use_sbatch)]
-    rq = requeue_check(req) if isinstance(req, WseRequest) else None
-    checks += [rq] if rq is not None else []
+    if isinstance(req, WseRequest):
+        checks += [c for c in (worker_job_check(req), requeue_check(req)) if c is not None]
     checks += command_checks(req.command, here, req.container.runtime != "none")
     checks += container_checks(req.container)
     report = format_report(prog, checks)

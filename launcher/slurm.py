@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from csrun_common.errors import CsrunError, SlurmUnavailable
 
+from .builders import WORKER_JOB_GRACE_S
+
 if TYPE_CHECKING:
     import submitit
 
@@ -191,12 +193,6 @@ def run_foreground(argv: Sequence[str], env: dict | None = None) -> int:
         for sig, h in old.items():
             signal.signal(sig, h)
     return exit_status(rc, received)
-
-
-#: Seconds csrun_wse waits, after the chief's job ended, for the input workers' own job
-#: (``--survive-node-loss``) to end by itself (its workers leave on the chief's ``done.json``)
-#: before cancelling it.
-WORKER_JOB_GRACE_S = 60.0
 
 
 def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], env: dict | None = None,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +19,7 @@ from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-PACED = str(REPO / "tests" / "fixtures" / "paced" / "run.py")
+BIN, PACED = helpers.BIN, helpers.PACED
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,9 +26,8 @@ from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-PACED = str(REPO / "tests" / "fixtures" / "paced" / "run.py")
+REPO = helpers.REPO
+BIN, PACED = helpers.BIN, helpers.PACED
 
 
 def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path):

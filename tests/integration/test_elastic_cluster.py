@@ -14,9 +14,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,9 +22,7 @@ from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-PACED = str(REPO / "tests" / "fixtures" / "paced" / "run.py")
+BIN, PACED = helpers.BIN, helpers.PACED
 MAX_STEPS = 2500
 KILL_AT = 300
 
@@ -38,16 +34,6 @@ def paced(tmp_path_factory):
     path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=50, checkpoint_steps=0,
                                  eval_frequency=None)
     return {"root": root, "params": path}
-
-
-def _batch_job_end(job: str, env, timeout: float) -> int:
-    """Wait until the batch job leaves squeue; returns its exit code (scontrol show job)."""
-    helpers.wait_for(lambda: not subprocess.run(["squeue", "--noheader", f"--jobs={job}"], env=env,
-                                         capture_output=True, text=True).stdout.strip(), timeout, f"job {job}")
-    out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
-    states = re.findall(r"JobState=(\S+)", out)
-    assert states and all(st == "COMPLETED" for st in states), out
-    return int(re.findall(r" ExitCode=(\d+):", out)[0])
 
 
 @pytest.mark.parametrize("path", ["srun", "sbatch"])
@@ -74,7 +60,7 @@ def test_killed_input_worker_is_replaced_and_the_job_finishes(cli_env, paced, pa
         reg = json.loads(reg_file.read_text())
         os.kill(reg["pid"], signal.SIGKILL)
         t_kill = time.time()
-        code = proc.wait(timeout=300) if job is None else _batch_job_end(job, cli_env, 300)
+        code = proc.wait(timeout=300) if job is None else helpers.batch_job_end(job, cli_env, 300)
     finally:
         if job is None and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -93,6 +79,8 @@ def test_killed_input_worker_is_replaced_and_the_job_finishes(cli_env, paced, pa
     (rep,) = perf["workers_replaced"]
     assert rep["index"] == 1 and rep["node"] == reg["node"] and rep["attempt"] == 1 and rep["pid"] != reg["pid"]
     assert rep["seconds_loss_to_stream"] < 60.0, rep
+    print(f"noticed {lost['noticed'] - t_kill:.1f} s after the kill; the replacement registered "
+          f"{rep['time'] - t_kill:.1f} s and streamed again {rep['streaming_again'] - t_kill:.1f} s after it")
     assert perf["workers_given_up"] == []
     # the replacement read the same files with the same seed, and served batches after the loss
     (report,) = [r for r in map(json.loads, (p.read_text() for p in md.glob(".csrun/*/workers/1.report.json")))]

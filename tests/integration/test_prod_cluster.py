@@ -55,12 +55,12 @@ def wait_gone(job_id: str, env, timeout: float) -> float:
     """Wait until squeue no longer lists the job; returns the seconds waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        out = subprocess.run(["squeue", "--noheader", "--format=%i", f"--jobs={job_id}"], env=env,
+        out = subprocess.run(["squeue", "--noheader", "--format=%i %T %N", f"--jobs={job_id}"], env=env,
                              capture_output=True, text=True).stdout
         if not out.strip():
             return time.monotonic() - t0
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} still in squeue after {timeout} s")
+    raise AssertionError(f"job {job_id} still in squeue after {timeout} s: {out.strip()}")
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +183,12 @@ def test_check_a_job_that_fits_and_ones_that_cannot(cli_env, tmp_path):
                      r"available", no_mem.stdout), no_mem.stdout
     assert re.search(r"FAIL +params +.*missing\.yaml: no such file", no_mem.stdout)
     assert no_mem.stderr.count("\n") == 1 and no_mem.stderr.startswith("csrun_wse: error: --check: the job cannot run")
+    # --survive-node-loss: the input workers' own job is asked about too
+    two = csrun("csrun_wse", ["--check", "--survive-node-loss", "--use-sbatch", "--total-nodes", "3",
+                              "--tasks-per-node", "1", "python", REPORT], cli_env, cwd=tmp_path)
+    assert two.returncode == 0, two.stderr
+    assert re.search(r"ok +slurm +sbatch --test-only: expected start", two.stdout), two.stdout
+    assert re.search(r"ok +worker job +srun --test-only: expected start", two.stdout), two.stdout
     cpu = csrun("csrun_cpu", ["--check", "python", "-c", "pass"], cli_env, cwd=tmp_path)
     assert cpu.returncode == 0 and "srun --test-only: expected start" in cpu.stdout
     assert queued(cli_env) == before  # --test-only submits nothing

@@ -151,3 +151,99 @@ def test_a_stopped_worker_task_leaves_the_status_to_the_chief(tmp_path):
     finally:
         if task.poll() is None:
             task.kill()
+
+
+def _supervised_task(tmp_path, child: str):
+    """``python -m csrun_runtime.supervise`` as an input worker's task, running ``child``."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "CSRUN_ROLE": "worker", "SLURM_PROCID": "1", "CSRUN_TASK_OFFSET": "1",
+           "CSRUN_NUM_WORKERS": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+    return subprocess.Popen([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", child],
+                            env=env)
+
+
+#: A child that appends its pid to a file as it starts, then sleeps.
+STARTS = "import os, sys, time; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(60)"
+
+
+def _starts(path, n: int, task) -> list[int]:
+    t0 = time.monotonic()
+    while not path.exists() or len(path.read_text().split()) < n:
+        assert task.poll() is None or path.exists(), "the supervised task ended before its child started"
+        assert time.monotonic() - t0 < 30, "the supervised child never started"
+        time.sleep(0.02)
+    return [int(p) for p in path.read_text().split()]
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    import psutil
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_worker_killed_with_its_step_is_not_replaced(tmp_path):
+    """Slurm ends a step by SIGKILLing its processes one by one; the worker may die first. Its
+    supervisor, killed 0.3 s later (the CI run that found this: the replacement outlived the
+    step and held its output open, so the job stayed in squeue 65 s), starts no replacement."""
+    import os
+    import signal
+
+    starts = tmp_path / "starts"
+    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    try:
+        (worker,) = _starts(starts, 1, task)
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(0.3)
+        task.kill()
+        assert task.wait(timeout=10) == -signal.SIGKILL
+        time.sleep(1.5)
+        assert starts.read_text().split() == [str(worker)], "a replacement started"
+    finally:
+        if task.poll() is None:
+            task.kill()
+
+
+def test_a_lost_worker_is_replaced_a_second_after_its_death(tmp_path):
+    import os
+    import signal
+
+    starts = tmp_path / "starts"
+    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    try:
+        (worker,) = _starts(starts, 1, task)
+        t0 = time.monotonic()
+        os.kill(worker, signal.SIGKILL)
+        first, second = _starts(starts, 2, task)
+        assert first == worker and time.monotonic() - t0 >= 1.0
+        task.send_signal(signal.SIGTERM)
+        assert task.wait(timeout=30) == 0 and _gone(second, 10)
+    finally:
+        if task.poll() is None:
+            task.kill()
+
+
+def test_the_worker_dies_with_its_supervisor(tmp_path):
+    """A supervisor killed outright (SIGKILL: the step's end, the OOM killer) takes its worker
+    with it (``PR_SET_PDEATHSIG``), so no worker outlives its task."""
+    import signal
+
+    starts = tmp_path / "starts"
+    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    try:
+        (worker,) = _starts(starts, 1, task)
+        task.kill()
+        assert task.wait(timeout=10) == -signal.SIGKILL
+        assert _gone(worker, 10), "the worker outlived its supervisor"
+    finally:
+        if task.poll() is None:
+            task.kill()
