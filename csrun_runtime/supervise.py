@@ -59,6 +59,7 @@ initiated" and the job stayed in squeue 65 s after csrun_wse exited):
   recorded at once): a supervisor that is being killed with its step is gone by then;
 - every child is started with ``PR_SET_PDEATHSIG`` = SIGKILL (prctl(2)): it dies with its
   supervisor, whatever killed that.
+
 Imports nothing heavy: no TensorFlow in the supervising process.
 """
 from __future__ import annotations
