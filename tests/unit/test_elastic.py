@@ -3,8 +3,13 @@ chief's record of losses and replacements (csrun_runtime.supervise, csrun_runtim
 The cluster test through csrun_wse is tests/integration/test_elastic_cluster.py."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
+
+import psutil
 
 from csrun_common.atomic import write_json
 from csrun_runtime.elastic import MAX_DEATHS, WorkerWatch
@@ -34,8 +39,6 @@ def _child(tmp_path, die: int, rc: int = 0) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "SLURMD_NODENAME": "node3", "SLURM_PROCID": "3"}
 
 
@@ -128,24 +131,27 @@ def test_watch_gives_up_with_the_supervisor(tmp_path):
     assert watch.awaiting() == set()
 
 
-def test_a_stopped_worker_task_leaves_the_status_to_the_chief(tmp_path):
-    """srun(1) reports the worst status of a step's tasks: a worker's task ending 143 (exited
-    or killed) after Slurm's SIGTERM hid the chief's own exit 3; it exits 0 instead."""
-    import os
-    import signal
-    import subprocess
+#: A child that appends its pid to the file ``sys.argv[1]`` as it starts, then sleeps.
+STARTS = "import os, sys, time; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(60)"
 
-    ready = tmp_path / "ready"
-    child = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+
+def _supervised_task(starts) -> subprocess.Popen:
+    """``python -m csrun_runtime.supervise`` as an input worker's task, running :data:`STARTS`
+    with the file ``starts``."""
     env = {**os.environ, "CSRUN_ROLE": "worker", "SLURM_PROCID": "1", "CSRUN_TASK_OFFSET": "1",
            "CSRUN_NUM_WORKERS": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
     assert is_input_worker(env)
-    task = subprocess.Popen([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", child], env=env)
+    return subprocess.Popen([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", STARTS,
+                             str(starts)], env=env)
+
+
+def test_a_stopped_worker_task_leaves_the_status_to_the_chief(tmp_path):
+    """srun(1) reports the worst status of a step's tasks: a worker's task ending 143 (exited
+    or killed) after Slurm's SIGTERM hid the chief's own exit 3; it exits 0 instead."""
+    starts = tmp_path / "starts"
+    task = _supervised_task(starts)
     try:
-        t0 = time.monotonic()
-        while not ready.exists():
-            assert time.monotonic() - t0 < 30, "the supervised child never started"
-            time.sleep(0.05)
+        _starts(starts, 1, task)
         task.send_signal(signal.SIGTERM)
         assert task.wait(timeout=30) == 0
     finally:
@@ -153,33 +159,16 @@ def test_a_stopped_worker_task_leaves_the_status_to_the_chief(tmp_path):
             task.kill()
 
 
-def _supervised_task(tmp_path, child: str):
-    """``python -m csrun_runtime.supervise`` as an input worker's task, running ``child``."""
-    import os
-    import subprocess
-
-    env = {**os.environ, "CSRUN_ROLE": "worker", "SLURM_PROCID": "1", "CSRUN_TASK_OFFSET": "1",
-           "CSRUN_NUM_WORKERS": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
-    return subprocess.Popen([sys.executable, "-m", "csrun_runtime.supervise", sys.executable, "-c", child],
-                            env=env)
-
-
-#: A child that appends its pid to a file as it starts, then sleeps.
-STARTS = "import os, sys, time; open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(60)"
-
-
 def _starts(path, n: int, task) -> list[int]:
     t0 = time.monotonic()
     while not path.exists() or len(path.read_text().split()) < n:
-        assert task.poll() is None or path.exists(), "the supervised task ended before its child started"
+        assert task.poll() is None, "the supervised task ended before its child started"
         assert time.monotonic() - t0 < 30, "the supervised child never started"
         time.sleep(0.02)
     return [int(p) for p in path.read_text().split()]
 
 
 def _gone(pid: int, timeout: float) -> bool:
-    import psutil
-
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         try:
@@ -195,11 +184,8 @@ def test_a_worker_killed_with_its_step_is_not_replaced(tmp_path):
     """Slurm ends a step by SIGKILLing its processes one by one; the worker may die first. Its
     supervisor, killed 0.3 s later (the CI run that found this: the replacement outlived the
     step and held its output open, so the job stayed in squeue 65 s), starts no replacement."""
-    import os
-    import signal
-
     starts = tmp_path / "starts"
-    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    task = _supervised_task(starts)
     try:
         (worker,) = _starts(starts, 1, task)
         os.kill(worker, signal.SIGKILL)
@@ -214,11 +200,8 @@ def test_a_worker_killed_with_its_step_is_not_replaced(tmp_path):
 
 
 def test_a_lost_worker_is_replaced_a_second_after_its_death(tmp_path):
-    import os
-    import signal
-
     starts = tmp_path / "starts"
-    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    task = _supervised_task(starts)
     try:
         (worker,) = _starts(starts, 1, task)
         t0 = time.monotonic()
@@ -235,10 +218,8 @@ def test_a_lost_worker_is_replaced_a_second_after_its_death(tmp_path):
 def test_the_worker_dies_with_its_supervisor(tmp_path):
     """A supervisor killed outright (SIGKILL: the step's end, the OOM killer) takes its worker
     with it (``PR_SET_PDEATHSIG``), so no worker outlives its task."""
-    import signal
-
     starts = tmp_path / "starts"
-    task = _supervised_task(tmp_path, STARTS.replace("sys.argv[1]", repr(str(starts))))
+    task = _supervised_task(starts)
     try:
         (worker,) = _starts(starts, 1, task)
         task.kill()
