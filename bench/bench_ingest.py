@@ -66,6 +66,7 @@ import common  # bench/ is on sys.path: these modules run as scripts from it
 import psutil
 
 from csrun_common import atomic
+from csrun_common.env import ADVERTISE_HOST, TaskEnv
 from csrun_common.roles import resolve_role
 from csrun_runtime import chief as chief_mod
 from csrun_runtime import rendezvous, service, training
@@ -96,6 +97,10 @@ HOP_VARIANTS = {
 #: iterates the same bundled dataset in Python and writes its tensors' bytes over TCP; the
 #: chief reads them into numpy arrays wrapped as tensors. Not the runtime's path.
 LEAN = "lean TCP transport (numpy, not tf.data service)"
+#: The framework-neutral data plane (csrun_runtime.dataplane): ``k`` light sender processes
+#: (numpy + pyzmq, no TensorFlow, like the raw TCP senders) each ``Sender.send`` the same batch
+#: (stacked into ~1 MiB bundles), the chief ``Receiver.get_bundle`` on one endpoint.
+DATAPLANE = "data plane (zmq)"
 
 
 # =========================================================================== child helpers
@@ -326,6 +331,48 @@ def _lean_recv(conn: socket.socket, q: Any, i: int) -> None:
         return
 
 
+# =========================================================================== ceiling: data plane
+def child_dp_sender(spec: dict) -> None:
+    """A data-plane sender (:data:`DATAPLANE`): the batch of :func:`synthetic_dataset`'s shapes
+    as numpy arrays, ``Sender.send`` in a loop (bundled ``auto``) until the receiver closes."""
+    import numpy as np
+
+    from csrun_runtime.dataplane import ReceiverGone, Sender
+
+    cols = max(1, (spec["nbytes"] - 4 * ROWS) // (4 * ROWS))
+    batch = (np.random.default_rng(spec["index"]).random((ROWS, cols), dtype=np.float32), np.zeros(ROWS, np.int32))
+    s = Sender(spec["endpoint"], spec["index"])
+    try:
+        while True:
+            s.send(batch, timeout=60)
+    except (ReceiverGone, TimeoutError):
+        pass
+    finally:
+        s.close(timeout=1.0)
+
+
+def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any]
+                      ) -> dict[str, float]:
+    """Batches/s of ``k`` data-plane senders into one :class:`~csrun_runtime.dataplane.Receiver`
+    of this process (``get_bundle``: bundles handed out as arrays on the received frames), and
+    the CPU of both sides."""
+    from csrun_runtime.dataplane import Receiver
+
+    rx = Receiver("tcp://127.0.0.1:0")
+    senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
+    try:
+        rx.wait_workers(k, 120)
+        return _window(lambda: rx.get_bundle(60).n, warmup_s, window_s, [p.pid for p in senders])
+    finally:
+        rx.close()
+        for p in senders:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 # =========================================================================== ceiling: the chief
 def _variant_source(reader: str) -> type:
     """A :class:`csrun_runtime.service.ServiceSource` whose streams are opened another way
@@ -391,6 +438,8 @@ class Ceiling:
             rec = measure_raw(self.k, nbytes, w, m, self._start_sender)
         elif path == LEAN:
             rec = self._lean(nbytes, w, m)
+        elif path == DATAPLANE:
+            rec = measure_dataplane(self.k, nbytes, w, m, lambda spec: self._start_sender(spec, "--dp-sender"))
         elif path == "in-process":
             it = iter(synthetic_dataset(nbytes))
             self._keep.append(it)
@@ -455,10 +504,10 @@ class Ceiling:
             while not q.empty():
                 q.get_nowait()
 
-    def _start_sender(self, spec: dict) -> subprocess.Popen:
+    def _start_sender(self, spec: dict, role: str = "--sender") -> subprocess.Popen:
         path = Path(self.spec["workdir"]) / f"sender{time.time_ns()}.json"
         path.write_text(json.dumps(spec))
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--sender", str(path)],
+        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, str(path)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -552,7 +601,7 @@ def child_loop(spec: dict) -> None:
     for _ in range(spec["repeats"]):
         step_var, _ckpt, mgr, _ = chief._checkpointing(model)
         source = service.LocalSource(ds.take(1).cache().repeat(), plan)
-        loop = training.TrainingLoop(chief, model, step_var, mgr, source, batch_size, False)
+        loop = training.TrainingLoop(chief.loop_context(), model, step_var, mgr, source, batch_size, False)
         loop.run()
         c = loop.clock
         assert c.t_end is not None and c.t_first_end is not None
@@ -572,12 +621,10 @@ def _task_env(role: str, procid: int, k: int, job_id: str) -> dict[str, str]:
     """The environment csrun_wse gives a task (docs/CONTRACT.md): chief = task 0 of group 0;
     input workers = one component ``worker``."""
     env = {key: v for key, v in os.environ.items() if not key.startswith(("CSRUN_", "SLURM"))}
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "CSRUN_ROLE": role,
-                "CSRUN_HET_GROUP": "0" if role == "chief" else "1", "SLURM_PROCID": str(procid),
-                "CSRUN_TASK_OFFSET": "0" if role == "chief" else "1", "CSRUN_WORKER_OFFSET": "0",
-                "CSRUN_NUM_WORKERS": str(k), "CSRUN_NUM_TASKS": str(k + 1), "CSRUN_CPUS_PER_TASK": "1",
-                "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURMD_NODENAME": f"node{procid + 1}",
-                "CSRUN_ADVERTISE_HOST": "localhost"})
+    chief = role == "chief"
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "SLURM_PROCID": str(procid), "SLURM_JOB_ID": job_id,
+                "SLURM_STEP_ID": "0", "SLURMD_NODENAME": f"node{procid + 1}", ADVERTISE_HOST: "localhost"})
+    env.update(TaskEnv(role, 0 if chief else 1, 0 if chief else 1, 0, k, k + 1, 1).encode())
     return env
 
 
@@ -737,9 +784,16 @@ def summarize_ceiling(raw: dict) -> tuple[dict, dict]:
     service / unbundled, and each hop variant / service."""
     ceiling, hop = {}, {}
     for size, recs in raw["runs"].items():
-        paths = {p: _summary(v) for p, v in recs.items() if p in (*PATHS, "raw TCP", "in-process")}
+        paths = {p: _summary(v) for p, v in recs.items() if p in (*PATHS, "raw TCP", "in-process", DATAPLANE)}
         if "raw TCP" in recs:
             paths["service / raw TCP"] = _paired(recs, "service", "raw TCP")
+        if DATAPLANE in recs and "raw TCP" in recs:
+            paths["data plane / raw TCP"] = _paired(recs, DATAPLANE, "raw TCP")
+            paths["data plane / service"] = _paired(recs, DATAPLANE, "service")
+            cpu = [d["chief_cpu_s_per_mb"] / r["chief_cpu_s_per_mb"]
+                   for d, r in zip(recs[DATAPLANE], recs["raw TCP"], strict=False)
+                   if d.get("chief_cpu_s_per_mb") and r.get("chief_cpu_s_per_mb")]
+            paths["data plane / raw TCP, chief CPU-s per MB"] = round(common.median(cpu), 3)
         if "service, unbundled" in recs:
             paths["service / unbundled"] = _paired(recs, "service", "service, unbundled")
         ceiling[size] = paths
@@ -770,18 +824,21 @@ def _loop_summary(res: dict) -> dict:
             "bundle": res["bundle"], "xla": res["xla"], "log_steps": res["log_steps"]}
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, ceiling_only: bool = False) -> dict:
     """Every part (see the module docstring). Quick (the CI smoke test): k = 1, 256 KiB, one
     repetition of 1 s windows, no hop variants, a short loop, 2 workers. Full: k = 1, 2, 4, 8,
     16, all sizes, 3 repetitions of 1 s windows (after 0.3 s of warm-up; ~8 minutes in all on
-    the 2-core host), the hop variants at k = 1, 16 workers."""
+    the 2-core host), the hop variants at k = 1, 16 workers. ``ceiling_only`` (``--ceiling-only``):
+    the ceiling alone (no hop variants, loop or many workers)."""
     if quick:
         ks, hop_ks, sizes, repeats, warmup, window = [1], [], ["256 KiB"], 1, 0.5, 1.0
         loop_spec, many = {"loop_steps": 300, "repeats": 1, "seconds": 0.5}, (2, 300)
     else:
         ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1], list(SIZES), 3, 0.3, 1.0
         loop_spec, many = {"loop_steps": 20000, "repeats": 3, "seconds": 2.0}, (16, 4000)
-    paths = [*PATHS, "raw TCP", "in-process"]
+    paths = [*PATHS, "raw TCP", "in-process", DATAPLANE]
+    if ceiling_only:
+        hop_ks = []
     out: dict[str, Any] = {"unit": "batches/s of 64 samples; MB/s = 10^6 bytes/s; CPU-s per MB",
                            "sizes_bytes": {s: SIZES[s] for s in sizes}, "ks": ks, "repeats": repeats,
                            "warmup_s": warmup, "window_s": window, "rows_per_batch": ROWS,
@@ -804,6 +861,9 @@ def run(quick: bool = False) -> dict:
                     out["hop"][f"k={k}"] = hop
             except Exception as exc:  # noqa: BLE001 - recorded, the other parts go on
                 out["ceiling"][f"k={k}"] = {"error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
+        if ceiling_only:
+            out["targets"] = {k: v for k, v in _targets(out).items() if k.startswith(("dataplane", "ingest"))}
+            return out
         out["loop"] = _run_loop(loop_spec, work)
         try:
             out["many"] = run_many(*many, work / "many")
@@ -838,7 +898,22 @@ def _targets(out: dict) -> dict:
                 ratios[f"{size}, {k}"] = paths["service / raw TCP"]["median_ratio"]
     loop = out.get("loop") or {}
     many = out.get("many") or {}
-    return {
+    dp: dict[str, dict[str, float]] = {"ge_256KiB": {}, "16KiB": {}, "chief_cpu_per_mb_vs_raw": {}}
+    for k, rec in out["ceiling"].items():
+        for size, paths in (rec.get("sizes") or {}).items():
+            if "data plane / raw TCP" in paths:
+                dp["ge_256KiB" if SIZES[size] >= SIZES["256 KiB"] else "16KiB"][f"{size}, {k}"] = \
+                    paths["data plane / raw TCP"]["median_ratio"]
+                dp["chief_cpu_per_mb_vs_raw"][f"{size}, {k}"] = paths["data plane / raw TCP, chief CPU-s per MB"]
+    dp_targets = {
+        "dataplane_vs_raw_tcp_ge_0.8_for_ge_256KiB": {"ratios": dp["ge_256KiB"], "met": bool(dp["ge_256KiB"]) and all(
+            r >= 0.8 for r in dp["ge_256KiB"].values())},
+        "dataplane_vs_raw_tcp_ge_0.6_for_16KiB": {"ratios": dp["16KiB"], "met": bool(dp["16KiB"]) and all(
+            r >= 0.6 for r in dp["16KiB"].values())},
+        "dataplane_chief_cpu_per_mb_le_1.5x_raw_tcp": {"ratios": dp["chief_cpu_per_mb_vs_raw"], "met": bool(
+            dp["chief_cpu_per_mb_vs_raw"]) and all(r <= 1.5 for r in dp["chief_cpu_per_mb_vs_raw"].values())},
+    }
+    return {**dp_targets,
         "ingest_vs_raw_tcp_ge_0.5": {"ratios": ratios, "met": bool(ratios) and all(r >= 0.5 for r in ratios.values())},
         "loop_overhead_le_0.05": {"value": loop.get("overhead_vs_step_at_digits_rate"),
                                   "met": loop.get("overhead_vs_step_at_digits_rate") is not None
@@ -865,7 +940,7 @@ def _child_main(argv: list[str]) -> None:
     code = 0
     try:
         {"--chief": child_chief, "--worker": child_worker, "--sender": child_sender,
-         "--loop": child_loop}[role](spec)
+         "--dp-sender": child_dp_sender, "--loop": child_loop}[role](spec)
     except BaseException as exc:  # noqa: BLE001
         if spec.get("out"):
             try:
@@ -881,6 +956,9 @@ def _child_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--sender", "--loop"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--sender", "--dp-sender", "--loop"):
         _child_main(sys.argv[1:])
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))
+    result = run(quick="--quick" in sys.argv, ceiling_only="--ceiling-only" in sys.argv)
+    if "--out" in sys.argv:  # e.g. --out bench/results/extra/ingest_dataplane.json
+        common.write_json(Path(sys.argv[sys.argv.index("--out") + 1]), result)
+    print(json.dumps(result, indent=1))

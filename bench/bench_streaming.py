@@ -1,4 +1,6 @@
-"""Benchmark 6: streaming efficiency of tf.data service from ``k`` input workers to the chief.
+"""Benchmark 6: streaming efficiency from ``k`` input workers to the chief, through tf.data
+service and through csrun's data plane (``runconfig.transport: service | dataplane``), side by
+side in the same run.
 
 *Delivered*: the samples/s a chief receives from ``k`` input workers through csrun's
 runtime — exactly its training path, as local processes on this host:
@@ -21,9 +23,12 @@ host whose cores all processes share this is the fair reference: the same CPU
 contention without the service hop. Full mode also measures each worker **alone**
 (``standalone_alone_sum``: the ideal of one node per worker).
 
-Figures per pipeline and ``k``: medians and IQRs over ``repeats`` alternated repetitions of
-the delivered and the concurrent-standalone rates (samples/s), ``efficiency`` = median
-delivered / median standalone sum, and ``paired`` (per-repetition ratios).
+Figures per pipeline and ``k``: medians and IQRs over ``repeats`` repetitions (the order of
+service, data plane and standalone rotated each time) of the delivered and the
+concurrent-standalone rates (samples/s), ``efficiency`` = median delivered through the
+service / median standalone sum, ``efficiency_dataplane`` the same through the data plane
+(the chief's :class:`csrun_runtime.dataplane_source.DataplaneSource`, bundles converted to
+tensors as for training), ``dataplane_vs_service``, and ``paired`` (per-repetition ratios).
 
 The processes are this script: ``python bench/bench_streaming.py --chief|--worker|--standalone SPEC``.
 """
@@ -43,8 +48,9 @@ import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from analyzer.probe_worker import samples_in
 from csrun_common import atomic
+from csrun_common.env import ADVERTISE_HOST, TaskEnv
 from csrun_common.roles import resolve_role
-from csrun_runtime import contract, rendezvous, service
+from csrun_runtime import contract, dataplane_source, rendezvous, service
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import resolve_params
 from csrun_runtime.worker import run_worker
@@ -121,12 +127,10 @@ def child_standalone(spec: dict) -> None:
 def child_worker(spec: dict) -> None:
     """An input-worker task: :func:`csrun_runtime.worker.run_worker` with the srun
     environment of worker ``index`` of ``num_workers``."""
-    os.environ.update({
-        "CSRUN_ROLE": "worker", "CSRUN_HET_GROUP": "1", "CSRUN_TASK_OFFSET": "0", "CSRUN_WORKER_OFFSET": "0",
-        "CSRUN_NUM_WORKERS": str(spec["num_workers"]), "CSRUN_NUM_TASKS": str(spec["num_workers"] + 1),
-        "CSRUN_CPUS_PER_TASK": str(spec["cpus"]), "SLURM_PROCID": str(spec["index"]),
-        "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0", "CSRUN_ADVERTISE_HOST": "localhost",
-    })
+    os.environ.update(TaskEnv("worker", 1, 0, 0, spec["num_workers"], spec["num_workers"] + 1,
+                              spec["cpus"]).encode())
+    os.environ.update({"SLURM_PROCID": str(spec["index"]), "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0",
+                       ADVERTISE_HOST: "localhost"})
     argv = _argv(spec)
     entry = load_entry(spec["run_py"], argv)
     resolved = resolve_params(argv, run_py=spec["run_py"])
@@ -143,9 +147,16 @@ def child_chief(spec: dict) -> None:
     rdv = rendezvous.Rendezvous(spec["model_dir"], f"{spec['job_id']}.0")
     rdv.reset()
     hb = rendezvous.Heartbeat(rdv, "chief").start()
-    servers, ports = service.start_dispatchers(k)
-    addresses = [f"localhost:{p}" for p in ports]
-    rdv.publish_dispatchers(addresses, {"chief_host": socket.gethostname(), "bench": True})
+    dataplane = spec.get("transport") == "dataplane"
+    servers: list = []
+    receiver = None
+    if dataplane:  # runconfig.transport: dataplane, as Chief._start_dispatchers does it
+        receiver, addresses = dataplane_source.start_for_chief(rdv, "localhost", k, {
+            "chief_host": socket.gethostname(), "bench": True})
+    else:
+        servers, ports = service.start_dispatchers(k)
+        addresses = [f"localhost:{p}" for p in ports]
+        rdv.publish_dispatchers(addresses, {"chief_host": socket.gethostname(), "bench": True})
     res: dict[str, Any] = {}
     try:
         t0 = time.monotonic()
@@ -159,7 +170,8 @@ def child_chief(spec: dict) -> None:
                 raise RuntimeError(f"{len(regs)} of {k} workers registered in {spec['start_timeout_s']} s")
             time.sleep(0.1)
         res["registered_s"] = time.monotonic() - t0
-        source = service.ServiceSource(rdv, addresses, regs)
+        source: Any = (dataplane_source.chief_source(rdv, receiver, regs) if dataplane
+                       else service.ServiceSource(rdv, addresses, regs))
         # whole elements, as the training loop takes them (a bundle is several batches)
         first = source.get_chunk(1 << 30, spec["start_timeout_s"])
         batch = _chunk_batch_size(first.batches)
@@ -207,7 +219,8 @@ class _Procs:
     """Child processes of one measurement; all killed (process groups) on exit."""
 
     def __init__(self, workdir: Path):
-        self.workdir, self.procs = workdir, []
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen] = []
 
     def start(self, role: str, spec: dict, name: str) -> Path:
         spec_path = self.workdir / f"{name}.spec.json"
@@ -269,10 +282,12 @@ def _measurement(pipeline: str, k: int, warmup_s: float, measure_s: float, workd
 
 
 def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path, tag: str,
-                    timeout_s: float = 240.0) -> float:
-    """Delivered samples/s at the chief from ``k`` input workers (see the module docstring)."""
+                    timeout_s: float = 240.0, transport: str = "service") -> float:
+    """Delivered samples/s at the chief from ``k`` input workers (see the module docstring),
+    through ``transport``: ``service`` (tf.data service) or ``dataplane`` (csrun's data plane,
+    :mod:`csrun_runtime.dataplane_source`)."""
     wd, base = _measurement(pipeline, k, warmup_s, measure_s, workdir, tag)
-    base.update(job_id=f"bench{os.getpid()}{tag}", start_timeout_s=timeout_s * 0.6)
+    base.update(job_id=f"bench{os.getpid()}{tag}", start_timeout_s=timeout_s * 0.6, transport=transport)
     with _Procs(wd) as procs:
         out = procs.start("--chief", {**base, "out": str(wd / "chief.json")}, "chief")
         t_end = time.monotonic() + 60
@@ -310,19 +325,28 @@ def measure_standalone(pipeline: str, indices: list[int], k: int, warmup_s: floa
     return [float(r["samples_per_sec"]) for r in res]
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, short: bool = False) -> dict:
     """For each pipeline and ``k`` (quick: digits, k = 1, 2 repetitions, 2 s windows;
-    full: digits and images, k = 1, 2, 3 repetitions, 6 s windows, plus each worker alone),
-    the delivered vs standalone samples/s and their ratio (see the module docstring)."""
+    short: digits and images, k = 1, 2, 3 repetitions, 4 s windows, no each-worker-alone
+    runs; full: digits and images, k = 1, 2, 3 repetitions, 6 s windows, plus each worker
+    alone), the delivered samples/s through tf.data service and through csrun's data plane
+    (``runconfig.transport``), the standalone samples/s, and their ratios (see the module
+    docstring). Each repetition rotates the order of the three measurements."""
     if quick:
         plan, repeats, warmup, window, alone = [("digits", 1)], 2, 1.0, 2.0, False
+    elif short:
+        plan = [("digits", 1), ("digits", 2), ("images", 1), ("images", 2)]
+        repeats, warmup, window, alone = 3, 2.0, 4.0, False
     else:
         plan = [("digits", 1), ("digits", 2), ("images", 1), ("images", 2)]
         repeats, warmup, window, alone = 3, 2.0, 6.0, True
+    kinds = ["service", "dataplane", "standalone"]
     out: dict[str, Any] = {
-        "benchmark": "streaming efficiency: tf.data service delivery vs standalone rates",
+        "benchmark": "streaming efficiency: delivery through tf.data service and through csrun's data plane "
+                     "vs standalone rates",
         "unit": "samples/s", "repeats": repeats, "warmup_s": warmup, "window_s": window,
         "cpus_per_worker": CPUS_PER_WORKER, "where": "local processes on this host (chief and workers)",
+        "order": "rotating per repetition: " + ", ".join("/".join(kinds[r % 3:] + kinds[:r % 3]) for r in range(3)),
         "runs": {},
     }
     common.ensure_example_data(sorted({p for p, _ in plan}))  # a fresh checkout has no example data
@@ -330,34 +354,41 @@ def run(quick: bool = False) -> dict:
         work = Path(tmp)
         for pipeline, k in plan:
             key = f"{pipeline}, k={k}"
-            svc, conc, alone_sums = [], [], []
+            got: dict[str, list[float]] = {w: [] for w in kinds}
+            alone_sums: list[float] = []
             try:
                 for r in range(repeats):
-                    order = ["service", "standalone"] if r % 2 == 0 else ["standalone", "service"]
-                    for what in order:
+                    for what in kinds[r % 3:] + kinds[:r % 3]:
                         tag = f"{pipeline}_k{k}_r{r}_{what}"
-                        if what == "service":
-                            svc.append(measure_service(pipeline, k, warmup, window, work, tag))
+                        if what == "standalone":
+                            got[what].append(sum(measure_standalone(pipeline, list(range(k)), k, warmup, window,
+                                                                    work, tag)))
                         else:
-                            conc.append(sum(measure_standalone(pipeline, list(range(k)), k, warmup, window, work, tag)))
+                            got[what].append(measure_service(pipeline, k, warmup, window, work, tag, transport=what))
                     if alone:
                         alone_sums.append(sum(measure_standalone(pipeline, [i], k, warmup, window, work,
                                                                  f"{pipeline}_k{k}_r{r}_alone{i}")[0]
                                               for i in range(k)))
+                svc, dp, conc = got["service"], got["dataplane"], got["standalone"]
                 rec: dict[str, Any] = {
                     "pipeline": pipeline, "k": k,
                     "service": common.spread(svc, 2),
+                    "dataplane": common.spread(dp, 2),
                     "standalone_concurrent_sum": common.spread(conc, 2),
                     "efficiency": round(common.ratio_of_medians(svc, conc), 4),
+                    "efficiency_dataplane": round(common.ratio_of_medians(dp, conc), 4),
+                    "dataplane_vs_service": round(common.ratio_of_medians(dp, svc), 4),
                     "paired": common.compare(svc, conc),
+                    "paired_dataplane": common.compare(dp, conc),
                 }
                 if alone_sums:
                     rec["standalone_alone_sum"] = round(common.median(alone_sums), 2)
                     rec["standalone_alone_sums"] = [round(x, 2) for x in alone_sums]
                     rec["efficiency_vs_alone"] = round(common.ratio_of_medians(svc, alone_sums), 4)
+                    rec["efficiency_dataplane_vs_alone"] = round(common.ratio_of_medians(dp, alone_sums), 4)
             except Exception as exc:  # noqa: BLE001 - recorded, the other runs go on
                 rec = {"pipeline": pipeline, "k": k, "error": f"{type(exc).__name__}: {str(exc)[:800]}",
-                       "service_so_far": svc, "standalone_so_far": conc}
+                       **{f"{w}_so_far": v for w, v in got.items()}}
             out["runs"][key] = rec
     return out
 
@@ -365,4 +396,4 @@ def run(quick: bool = False) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--standalone"):
         _child_main(sys.argv[1:])
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))
+    print(json.dumps(run(quick="--quick" in sys.argv, short="--short" in sys.argv), indent=1))

@@ -25,6 +25,7 @@ name                  what                                                      
 ``autoscale``         --autoscale vs a fixed layout; rate policy vs ±1 steps        12
 ``chief_input``       --chief-input-cpus: the chief's node producing vs not; vs 2   12
                       producer processes (GIL-bound pipeline, one 2-CPU node)
+``fanin``             data plane: 1..256 light senders into one chief endpoint      23
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -63,6 +64,7 @@ BENCHMARKS = {
     "quiet": "bench_quiet",
     "autoscale": "bench_autoscale",
     "chief_input": "bench_chief_input",
+    "fanin": "bench_fanin",
 }
 DEFAULT_RESULTS = HERE / "results"
 

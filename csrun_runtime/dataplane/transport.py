@@ -1,0 +1,571 @@
+"""Senders (input workers) and the receiver (the chief) over zmq: DEALER sockets connected to
+one ROUTER bound once, with credit-based flow control (docs/DATAPLANE.md).
+
+Messages (zmq multipart; the ROUTER sees the sender's routing id first, ``b"<index>.<attempt>"``):
+
+=========  ===================  ===========================================================
+from       frames               meaning
+=========  ===================  ===========================================================
+sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host"}``
+sender     ``D``, header, bufs  data: one bundle (:mod:`.framing`)
+sender     ``E``, JSON          end of stream: ``{"bundles", "batches"}`` the sender sent
+receiver   ``W``, JSON          welcome: ``{"window": bytes, "paused": bool}``
+receiver   ``A``                one data message consumed (the sender may send more)
+receiver   ``P`` / ``R``        pause / resume this sender
+receiver   ``X``, reason        refused (an older attempt than the worker's current one)
+receiver   ``?``                unknown sender (the receiver restarted): say hello again
+receiver   ``F``                end of stream received
+receiver   ``S``                the receiver is closing
+=========  ===================  ===========================================================
+
+Flow control: a sender keeps at most ``window`` bytes of data messages unacknowledged (one
+message more when it holds none, so a bundle larger than the window still goes; before the
+receiver's welcome the window is 0: one message may go ahead of it); the receiver
+acknowledges a message when :meth:`Receiver.get_bundle` hands it out. So the chief buffers at
+most about ``window`` bytes per worker (in zmq's pipes and the kernel's socket buffers), and
+a consumer that stops reading stops every sender within one window.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from . import framing
+from .framing import FrameError
+
+log = logging.getLogger(__name__)
+
+#: Default bytes of one bundle when ``bundle="auto"``: batches are stacked until a bundle
+#: holds at least this much (1 MiB: per-message costs < 1 % at loopback rates; bench_ingest).
+BUNDLE_BYTES = 1 << 20
+#: Default flow-control window per sender, bytes (4 bundles of :data:`BUNDLE_BYTES`).
+WINDOW_BYTES = 4 << 20
+PROTOCOL = 1
+
+
+class EndOfStream(Exception):
+    """Every expected sender has ended its stream (:meth:`Sender.close`) and every message
+    before its end has been handed out."""
+
+
+class ReceiverGone(ConnectionError):
+    """The receiver refused this sender (an older attempt than the one it reads now) or closed."""
+
+
+def _ms(deadline: float | None) -> int | None:
+    return None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+# =========================================================================== sender
+class Sender:
+    """The sending end of one input worker: batches (nests of arrays) stacked into bundles and
+    sent to the chief's :class:`Receiver` at ``endpoint``.
+
+    Args:
+        endpoint: the receiver's address, e.g. ``tcp://chief-host:5555`` (its
+            :attr:`Receiver.endpoint`, with a host the worker can reach).
+        worker_index: this worker's index (``>= 0``), as the chief counts it.
+        attempt: this worker's attempt (``>= 0``); a replaced worker connects with a higher one
+            and the receiver drops what the older attempt still had in flight.
+        bundle: batches per message, or ``"auto"``: as many as make :data:`BUNDLE_BYTES`
+            (``bundle_bytes``), at least 1. Batches of another structure, dtype or shape than the
+            pending ones (e.g. a final smaller batch) start a new bundle.
+        bundle_bytes: the ``"auto"`` bundle's size, bytes.
+
+    Not thread-safe: use one Sender from one thread. Arrays of a one-batch bundle are sent
+    without a copy: do not modify them after :meth:`send` (several batches are stacked into a
+    new array first). Raises :class:`ValueError` for a negative index or attempt.
+    """
+
+    def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
+                 bundle_bytes: int = BUNDLE_BYTES):
+        if worker_index < 0 or attempt < 0:
+            raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
+        if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
+            raise ValueError(f"bundle {bundle!r}: 'auto' or an integer >= 1")
+        self.endpoint, self.worker_index, self.attempt = endpoint, worker_index, attempt
+        self.bundle, self.bundle_bytes = bundle, bundle_bytes
+        self._ctx = zmq.Context(1)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.ROUTING_ID, f"{worker_index}.{attempt}".encode())
+        # no linger: close() waits for the receiver's confirmation itself, and a context torn
+        # down with zero-copy frames still queued and a linger can hang (pyzmq 27, measured)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._window: int | None = None  # None until welcomed
+        self._inflight: deque[int] = deque()  # bytes of each unacknowledged data message
+        self._inflight_bytes = 0
+        self._paused = False
+        self._refused: str | None = None
+        self._ended = False
+        self._pending: list[list[np.ndarray]] = []
+        self._pending_key: Any = None
+        self._pending_tree: Any = None
+        self._pending_n = 1
+        self._headers: dict[Any, bytes] = {}
+        self.bundles_sent = self.batches_sent = self.bytes_sent = 0
+        self._hello()
+
+    def _hello(self) -> None:
+        self._window, self._paused = None, False
+        self._inflight.clear()
+        self._inflight_bytes = 0
+        self._sock.send_multipart([b"H", json.dumps({
+            "v": PROTOCOL, "worker": self.worker_index, "attempt": self.attempt, "pid": os.getpid(),
+            "host": socket.gethostname()}).encode()])
+
+    # ----------------------------------------------------------------- control messages
+    def _control(self, frames: list[bytes]) -> None:
+        kind = frames[0]
+        if kind == b"A":
+            if self._inflight:
+                self._inflight_bytes -= self._inflight.popleft()
+        elif kind == b"W":
+            info = json.loads(frames[1])
+            self._window, self._paused = int(info["window"]), bool(info["paused"])
+        elif kind == b"P":
+            self._paused = True
+        elif kind == b"R":
+            self._paused = False
+        elif kind == b"?":
+            self._hello()
+        elif kind == b"F":
+            self._ended = True
+        elif kind in (b"X", b"S"):
+            self._refused = frames[1].decode(errors="replace") if len(frames) > 1 else "the receiver closed"
+
+    def _drain(self, timeout_ms: int | None) -> bool:
+        """Handle control messages: wait up to ``timeout_ms`` (None: forever) for the first."""
+        if not self._sock.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                self._control(self._sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return True
+
+    def _check(self) -> None:
+        if self._refused is not None:
+            raise ReceiverGone(f"input worker {self.worker_index} (attempt {self.attempt}) at {self.endpoint}: "
+                               f"{self._refused}")
+
+    def _wait_credit(self, deadline: float | None) -> None:
+        self._drain(0)
+        while self._paused or (self._inflight and self._inflight_bytes >= (self._window or 0)):
+            self._check()
+            if not self._drain(_ms(deadline)) and deadline is not None and time.monotonic() >= deadline:
+                state = ("not welcomed (receiver unreachable?)" if self._window is None else
+                         "paused by the receiver" if self._paused else
+                         f"{self._inflight_bytes} bytes unacknowledged (window {self._window})")
+                raise TimeoutError(f"input worker {self.worker_index} at {self.endpoint}: {state}")
+        self._check()
+
+    # ----------------------------------------------------------------- data
+    def send(self, nest: Any, timeout: float | None = None) -> None:
+        """Add one batch (a nest of arrays, see :mod:`.framing`) to the current bundle; send the
+        bundle when it is full. Blocks while the receiver's window is full or this stream is
+        paused.
+
+        Raises:
+            TimeoutError: no credit within ``timeout`` seconds (None: wait forever).
+            ReceiverGone: the receiver refused this attempt or closed.
+            TypeError: an object array or a bad dict key in ``nest``.
+        """
+        tree, leaves = framing.flatten(nest)
+        key = (json.dumps(tree), tuple((a.dtype.str, a.shape) for a in leaves))
+        if self._pending and key != self._pending_key:
+            self.flush(timeout)
+        if not self._pending:
+            self._pending_key, self._pending_tree = key, tree
+            if self.bundle == "auto":
+                batch = sum(a.nbytes for a in leaves)
+                self._pending_n = max(1, self.bundle_bytes // max(1, batch))
+            else:
+                self._pending_n = int(self.bundle)
+        self._pending.append(leaves)
+        if len(self._pending) >= self._pending_n:
+            self.flush(timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send the pending batches now as one bundle (no-op when none). Errors as :meth:`send`."""
+        if not self._pending:
+            return
+        batches = self._pending
+        if len(batches) == 1:
+            leaves = [a[np.newaxis] for a in batches[0]]  # views: no copy
+        else:
+            leaves = [np.stack(col) for col in zip(*batches, strict=True)]
+        self._send_leaves(self._pending_tree, leaves, len(batches), self._pending_key, timeout)
+        self._pending = []  # (kept when the send timed out: the next send or flush retries)
+
+    def send_bundle(self, nest: Any, n: int, timeout: float | None = None) -> None:
+        """Send ``n`` batches already stacked (every leaf of ``nest`` has leading axis ``n``,
+        e.g. tf.data's ``batch(n)`` of batches) as one message, after any pending batches.
+        Errors as :meth:`send`; :class:`ValueError` when a leaf lacks the leading axis ``n``."""
+        self.flush(timeout)
+        tree, leaves = framing.flatten(nest)
+        for j, a in enumerate(leaves):
+            if a.ndim == 0 or a.shape[0] != n:
+                raise ValueError(f"send_bundle: leaf {j} has shape {a.shape}, not a leading axis of {n}")
+        key = (json.dumps(tree), tuple((a.dtype.str, a.shape[1:]) for a in leaves))
+        self._send_leaves(tree, leaves, n, key, timeout)
+
+    def _send_leaves(self, tree: Any, leaves: list[np.ndarray], n: int, key: Any, timeout: float | None) -> None:
+        hkey = (key, n)
+        header = self._headers.get(hkey)
+        if header is None:
+            if len(self._headers) > 64:
+                self._headers.clear()
+            header = self._headers[hkey] = framing.encode_header(tree, leaves, n)
+        nbytes = sum(a.nbytes for a in leaves)
+        self._wait_credit(_deadline(timeout))
+        frames: list[Any] = [b"D", header, *leaves]
+        self._sock.send_multipart(frames, copy=False)
+        self._inflight.append(nbytes)
+        self._inflight_bytes += nbytes
+        self.bundles_sent += 1
+        self.batches_sent += n
+        self.bytes_sent += nbytes
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Send the pending batches and the end of stream, wait up to ``timeout`` seconds for
+        the receiver to confirm it, and close. Returns whether it confirmed (False: the
+        receiver is gone or slow; what it had not read is lost)."""
+        deadline = time.monotonic() + timeout
+        try:
+            if self._refused is None:
+                self.flush(timeout)
+                self._sock.send_multipart([b"E", json.dumps({"bundles": self.bundles_sent,
+                                                             "batches": self.batches_sent}).encode()])
+                while not self._ended and self._refused is None and time.monotonic() < deadline:
+                    self._drain(_ms(deadline))
+        except (TimeoutError, ReceiverGone):
+            pass
+        finally:
+            self._sock.close(linger=0)
+            self._ctx.term()
+        return self._ended
+
+    def __enter__(self) -> Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._sock.closed:
+            self.close()
+
+
+# =========================================================================== receiver
+@dataclass
+class Bundle:
+    """One received message: ``n`` batches from input worker ``worker`` (attempt ``attempt``).
+
+    ``nest``: the structure the sender sent, each leaf an array over the received frame (no
+    copy) with leading axis ``n`` (the batches stacked); ``nbytes``: the leaves' bytes."""
+
+    worker: int
+    attempt: int
+    n: int
+    nbytes: int
+    nest: Any
+    _tree: Any = field(repr=False, default=None)
+    _leaves: list = field(repr=False, default_factory=list)
+
+    def batches(self) -> Iterator[Any]:
+        """Each batch of the bundle in order: the nest with every leaf's ``[j]`` (views)."""
+        for j in range(self.n):
+            yield framing.unflatten(self._tree, [a[j, ...] for a in self._leaves])
+
+
+@dataclass
+class _Worker:
+    index: int
+    attempt: int
+    identity: bytes
+    pid: int | None = None
+    host: str | None = None
+    bundles: int = 0
+    batches: int = 0
+    bytes: int = 0
+    errors: int = 0
+    stale: int = 0
+    done: bool = False
+    paused: bool = False
+    last: float | None = None
+    connected_at: float = 0.0
+
+
+class Receiver:
+    """The chief's end: one ROUTER socket bound once, read by the calling thread.
+
+    Args:
+        bind: where to bind, e.g. ``tcp://*:5555`` or ``tcp://127.0.0.1:0`` (port 0: any free
+            port; :attr:`endpoint` says which). Senders connect to it.
+        window_bytes: bytes each sender may have unacknowledged (flow control); the chief
+            buffers at most about this per sender (plus one bundle).
+        expected: how many workers (indices ``0..expected-1``) end the stream: once all have
+            sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
+        strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
+            dropping it; the next call reads on) instead of only recording it.
+
+    A truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
+    ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
+    the other messages. A sender with a higher attempt than its index's current one replaces
+    it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
+    call every method from one thread. Raises ``zmq.ZMQError`` when ``bind`` cannot be bound.
+    """
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
+                 expected: int | None = None, strict: bool = False, io_threads: int = 1):
+        self.window_bytes, self.expected, self.strict = window_bytes, expected, strict
+        self._ctx = zmq.Context(io_threads)
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops
+        self._sock.setsockopt(zmq.LINGER, 100)
+        if bind.endswith(":0"):
+            bind = bind[:-2] + ":*"
+        self._sock.bind(bind)
+        #: The bound address (``tcp://host:port``; ``0.0.0.0`` when bound to every interface).
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._workers: dict[int, _Worker] = {}
+        self._ids: dict[bytes, tuple[int, int]] = {}  # routing id -> (index, attempt)
+        self._layouts: dict[bytes, framing.Layout] = {}
+        self._ready: deque[Bundle] = deque()  # read while waiting for hellos (wait_workers)
+        self._current: Bundle | None = None
+        self._next_batch = 0
+        self._errors: list[str] = []
+        self.t0 = time.monotonic()
+
+    # ----------------------------------------------------------------- control
+    def _tell(self, identity: bytes, *frames: bytes) -> None:
+        try:
+            self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:  # the sender is gone (ROUTER_MANDATORY) or not reading
+            pass
+
+    def _who(self, identity: bytes) -> str:
+        w = self._ids.get(identity)
+        return f"input worker {w[0]} (attempt {w[1]})" if w else f"unknown sender {identity[:40]!r}"
+
+    def _error(self, identity: bytes, err: str) -> None:
+        msg = f"{self._who(identity)}: {err}"
+        log.warning("data plane: %s; message dropped", msg)
+        self._errors.append(msg)
+        del self._errors[:-100]
+        w = self._ids.get(identity)
+        if w and w[0] in self._workers:
+            self._workers[w[0]].errors += 1
+        if self.strict:
+            raise FrameError(msg, w[0] if w else None)
+
+    def _hello(self, identity: bytes, frames: list) -> None:
+        try:
+            h = json.loads(frames[2].bytes)
+            index, attempt = int(h["worker"]), int(h["attempt"])
+            if h.get("v") != PROTOCOL or index < 0 or attempt < 0:
+                raise ValueError(f"protocol {h.get('v')}, worker {index}, attempt {attempt}")
+        except (IndexError, ValueError, KeyError, TypeError) as e:
+            self._error(identity, f"bad hello: {e}")
+            return
+        cur = self._workers.get(index)
+        if cur is not None and attempt < cur.attempt:
+            self._tell(identity, b"X", f"worker {index} is read at attempt {cur.attempt} now".encode())
+            return
+        self._ids[identity] = (index, attempt)
+        w = _Worker(index, attempt, identity, h.get("pid"), h.get("host"), connected_at=time.monotonic())
+        if cur is not None:  # a replacement (or the same attempt reconnecting): counts go on
+            w.bundles, w.batches, w.bytes, w.errors, w.stale, w.paused = (
+                cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused)
+        self._workers[index] = w
+        self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "paused": w.paused}).encode())
+
+    def _handle(self, frames: list) -> Bundle | None:
+        identity = frames[0].bytes
+        kind = frames[1].bytes if len(frames) > 1 else b""
+        if kind == b"H":
+            self._hello(identity, frames)
+            return None
+        who = self._ids.get(identity)
+        if who is None:
+            self._error(identity, f"message {kind[:8]!r} before its hello; asked to say hello again")
+            self._tell(identity, b"?")
+            return None
+        w = self._workers[who[0]]
+        if w.identity != identity:  # an older attempt's message still in flight
+            w.stale += 1
+            return None
+        if kind == b"D":
+            self._tell(identity, b"A")  # consumed (or dropped): the sender may send again
+            return self._data(w, frames)
+        if kind == b"E":
+            w.done = True
+            self._tell(identity, b"F")
+            return None
+        self._error(identity, f"unknown message kind {kind[:8]!r} ({len(frames) - 1} frames)")
+        return None
+
+    def _data(self, w: _Worker, frames: list) -> Bundle | None:
+        try:
+            if len(frames) < 3:
+                raise FrameError("data message without a header (truncated?)")
+            raw = frames[2].bytes
+            layout = self._layouts.get(raw)
+            if layout is None:
+                layout = framing.parse_header(raw)
+                if len(self._layouts) > 256:
+                    self._layouts.clear()
+                self._layouts[raw] = layout
+            leaves = framing.decode_leaves(layout, [f.buffer for f in frames[3:]])
+            nest = framing.unflatten(layout.tree, leaves)
+        except FrameError as e:
+            self._error(w.identity, str(e))
+            return None
+        nbytes = sum(layout.nbytes)
+        n = max(layout.n, 1)
+        w.bundles += 1
+        w.batches += n
+        w.bytes += nbytes
+        w.last = time.monotonic()
+        return Bundle(w.index, w.attempt, layout.n, nbytes, nest, layout.tree, leaves)
+
+    def _ended(self) -> bool:
+        return self.expected is not None and all(
+            (w := self._workers.get(i)) is not None and w.done for i in range(self.expected))
+
+    def _read(self, deadline: float | None) -> Bundle | None:
+        """Handle messages until a bundle arrives (returned) or ``deadline`` passes (None)."""
+        while True:
+            if not self._sock.poll(_ms(deadline)):
+                return None
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                b = self._handle(frames)
+                if b is not None:
+                    return b
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    # ----------------------------------------------------------------- public
+    def get_bundle(self, timeout: float | None = None) -> Bundle:
+        """The next bundle from any sender (first come, first served; each sender's in its
+        order).
+
+        Raises:
+            TimeoutError: none arrived within ``timeout`` seconds (None: wait forever); the
+                message names the workers and the seconds since each one's last bundle.
+            EndOfStream: every expected sender has ended (see ``expected``).
+            FrameError: only with ``strict``: a bad message, naming its worker.
+        """
+        if self._ready:
+            return self._ready.popleft()
+        deadline = _deadline(timeout)
+        while True:
+            if self._ended():
+                raise EndOfStream(f"all {self.expected} input workers ended their streams")
+            # with ``expected``, look at the ends at least every 0.5 s
+            step = None if self.expected is None else time.monotonic() + 0.5
+            b = self._read(step if deadline is None else deadline if step is None else min(step, deadline))
+            if b is not None:
+                return b
+            if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                ages = ", ".join(f"{i}: {'never' if w.last is None else f'{now - w.last:.1f} s ago'}"
+                                 f"{' (paused)' if w.paused else ''}{' (ended)' if w.done else ''}"
+                                 for i, w in sorted(self._workers.items())) or "none connected"
+                raise TimeoutError(f"no batch from any input worker for {timeout} s (last bundle per worker: {ages})")
+
+    def get(self, timeout: float | None = None) -> tuple[int, Any]:
+        """The next single batch: ``(worker_index, nest)``, a batch of the current bundle (views
+        into the received frames), or the bundle's nest as sent when it is not stacked
+        (``n == 0``). Errors as :meth:`get_bundle`."""
+        if self._current is None or self._next_batch >= self._current.n:
+            self._current, self._next_batch = self.get_bundle(timeout), 0
+            if self._current.n == 0:
+                b, self._current = self._current, None
+                return b.worker, b.nest
+        b = self._current
+        j = self._next_batch
+        self._next_batch += 1
+        return b.worker, framing.unflatten(b._tree, [a[j, ...] for a in b._leaves])
+
+    def wait_workers(self, n: int, timeout: float) -> float:
+        """Read until ``n`` distinct worker indices have said hello (data read meanwhile is kept
+        for :meth:`get_bundle`); returns the seconds it took. Raises :class:`TimeoutError`
+        naming how many connected."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while len(self._workers) < n:
+            if not self._sock.poll(_ms(deadline)):
+                raise TimeoutError(f"{len(self._workers)} of {n} input workers connected within {timeout} s")
+            while True:
+                try:
+                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                b = self._handle(frames)
+                if b is not None:
+                    self._ready.append(b)
+        return time.monotonic() - t0
+
+    def pause(self, i: int) -> None:
+        """Stop worker ``i``'s stream: it sends nothing after the messages already in flight
+        (at most its window; they are still handed out) until :meth:`resume`; a replacement
+        attempt connecting meanwhile starts paused. Raises :class:`KeyError` for a worker never
+        connected."""
+        w = self._workers[i]
+        w.paused = True
+        self._tell(w.identity, b"P")
+
+    def resume(self, i: int) -> None:
+        """Let paused worker ``i`` send again. Raises :class:`KeyError` as :meth:`pause`."""
+        w = self._workers[i]
+        w.paused = False
+        self._tell(w.identity, b"R")
+
+    def counts(self) -> dict[int, dict[str, Any]]:
+        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
+        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
+        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
+        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
+        now = time.monotonic()
+        return {i: {"bundles": w.bundles, "batches": w.batches, "bytes": w.bytes, "attempt": w.attempt,
+                    "pid": w.pid, "host": w.host, "errors": w.errors, "stale": w.stale, "done": w.done,
+                    "paused": w.paused, "last_age_s": None if w.last is None else now - w.last}
+                for i, w in sorted(self._workers.items())}
+
+    def errors(self) -> list[str]:
+        """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
+        return list(self._errors)
+
+    def close(self) -> None:
+        """Tell every sender the receiver is closing (their next send raises
+        :class:`ReceiverGone`) and close the socket. Arrays already handed out stay valid."""
+        if self._sock.closed:
+            return
+        for w in self._workers.values():
+            self._tell(w.identity, b"S", b"the receiver closed")
+        self._sock.close(linger=100)
+        self._ctx.term()
+
+    def __enter__(self) -> Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,155 @@
+"""An input worker serving its ``input_fn`` over csrun's data plane (``runconfig.transport:
+dataplane``; docs/DATAPLANE.md "The TensorFlow path").
+
+The input worker (:class:`csrun_runtime.worker.InputWorker`) gets here once the chief's
+``dispatchers.json`` says ``transport: dataplane`` (its ``dispatchers[i]``: the chief's
+receiver, ``tcp://host:port``). :func:`serve` builds and checks the dataset exactly as the
+service path does (:meth:`InputWorker._build`, the contract, :func:`csrun_runtime.service.plan_bundle`,
+:func:`csrun_runtime.service.limit_threads`), stacks ``B`` batches per element with
+``Dataset.batch(B)`` (the bundle; :data:`PREFETCH` bundles prepared ahead), and sends each
+element from ``as_numpy_iterator()`` to the chief with
+:meth:`csrun_runtime.dataplane.Sender.send_bundle`: one message per bundle, the arrays handed to
+zmq without a copy, no Python per batch. A pump thread sends; the main thread
+keeps the worker's life as on the service path (``done.json``, a lost chief, a later attempt
+that supersedes this one) and writes the same report.
+
+A replacement (``attempt > 0``, :mod:`csrun_runtime.supervise`) connects with its attempt: the
+chief's receiver drops what the old attempt still had in flight and reads the new one. An error
+of the pipeline is recorded in ``workers/<i>.stream_error.json``
+(:data:`csrun_runtime.dataplane_source.STREAM_ERROR`), which fails the chief naming this worker.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from csrun_common.atomic import write_json
+from csrun_common.autoscale import ENV as AUTOSCALE_ENV
+
+from .contract import check_dataset
+from .dataplane_source import STREAM_ERROR, _map
+from .pipeline import pipeline_files
+from .service import bundle_dataset, limit_threads, plan_bundle
+
+if TYPE_CHECKING:
+    from .worker import InputWorker
+
+__all__ = ["serve", "Pump"]
+
+log = logging.getLogger("csrun.runtime")
+
+#: Bundles the served dataset prepares ahead of the one being sent (``Dataset.prefetch``).
+PREFETCH = 2
+#: Seconds one send waits for credit before the pump looks at its stop flag again.
+SEND_POLL_SECS = 0.5
+
+
+class Pump(threading.Thread):
+    """Send the elements of ``ds`` (bundles of ``bundle`` batches; ``bundle == 1``: plain
+    batches, given a leading axis of 1) to ``endpoint`` as input worker ``index``/``attempt``
+    until the dataset ends, :meth:`stop` is called or the receiver refuses this attempt.
+    ``counter[0]`` counts the bundles sent; ``error`` holds a pipeline error (``None``: none),
+    also given to ``on_error``."""
+
+    def __init__(self, ds: Any, bundle: int, endpoint: str, index: int, attempt: int, counter: list[int],
+                 on_error: Callable[[str], None] | None = None):
+        super().__init__(daemon=True, name=f"dataplane-send-{index}.{attempt}")
+        self.ds, self.bundle, self.endpoint, self.index, self.attempt = ds, bundle, endpoint, index, attempt
+        self.counter, self.on_error = counter, on_error
+        self.error: str | None = None
+        self.ended = False  # the dataset ended (a finite input_fn)
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the pump to leave after the send it is waiting in (within SEND_POLL_SECS)."""
+        self._halt.set()
+
+    def run(self) -> None:
+        from .dataplane import ReceiverGone, Sender
+
+        sender = Sender(self.endpoint, self.index, self.attempt, bundle=1)
+        try:
+            for el in self.ds.as_numpy_iterator():
+                if self.bundle <= 1:
+                    el = _map(lambda a: a[None], el)
+                while not self._halt.is_set():
+                    try:
+                        sender.send_bundle(el, self.bundle, timeout=SEND_POLL_SECS)
+                        break
+                    except TimeoutError:  # no credit (the chief is busy, or paused us)
+                        continue
+                if self._halt.is_set():
+                    return
+                self.counter[0] += 1
+            self.ended = True
+        except ReceiverGone as e:
+            log.info("the chief's receiver stopped reading this worker: %s", e)
+        except Exception as e:  # noqa: BLE001 - any error of the user's pipeline is reported
+            self.error = f"{type(e).__name__}: {str(e).strip()[:1000]}"
+            log.error("the input pipeline failed: %s", self.error)
+            if self.on_error is not None:
+                self.on_error(self.error)
+        finally:
+            sender.close(timeout=2.0 if self.ended else 0.2)
+
+
+def serve(worker: InputWorker, endpoint: str) -> int:
+    """Build, check, register and serve ``worker``'s dataset to the chief's receiver at
+    ``endpoint`` until the chief is done; returns the exit code (as
+    :meth:`csrun_runtime.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
+    input_fn violates the contract, registered as ``status: failed``)."""
+    from .worker import AUTOSCALE_MAX_BUNDLE, SUPERSEDED
+
+    try:
+        built = worker._build()
+        ds = built.dataset
+        ti = built.params["train_input"]
+        rep = check_dataset(ds, "train", batch_size=ti.get("batch_size"))
+        violations = rep.violations
+    except Exception as e:  # noqa: BLE001 - any error of the user's input_fn is reported
+        violations = [f"train_input: input_fn raised {type(e).__name__}: {e}"]
+    if violations:
+        worker.rdv.register_worker(worker.index, {**worker.me, "status": "failed", "violations": violations})
+        for v in violations:
+            log.error("%s", v)
+        worker._left_unserved(None, "failed")
+        return 2
+    batch_size = rep.info["train_input"]["batch_size"]
+    worker.files = pipeline_files(ds)
+    rc = worker.resolved.params["runconfig"]
+    steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
+    cap = min(steps) // (4 * max(1, worker.role.num_workers)) if steps else None
+    if os.environ.get(AUTOSCALE_ENV):
+        cap = min(cap, AUTOSCALE_MAX_BUNDLE) if cap is not None else AUTOSCALE_MAX_BUNDLE
+    worker.bundling = plan_bundle(ds.element_spec, rc.get("input_bundle", "auto"), max_batches=cap)
+    # prefetch: the next bundle is stacked on tf.data's threads while the pump sends this one
+    served = bundle_dataset(limit_threads(ds, worker.role.cpus_per_task), worker.bundling.bundle).prefetch(PREFETCH)
+
+    def record(error: str) -> None:
+        write_json(worker.rdv.workers_dir / STREAM_ERROR.format(index=worker.index),
+                   {"error": error, "attempt": worker.attempt, "node": worker.role.node, "pid": os.getpid(),
+                    "time": time.time()})
+
+    pump = Pump(served, worker.bundling.bundle, endpoint, worker.index, worker.attempt, worker.counter, record)
+    pump.start()
+    worker.rdv.register_worker(worker.index, {
+        **worker.me, "status": "ok", "transport": "dataplane", "dispatcher": endpoint,
+        "batch_size": batch_size, "shuffle_seed": ti.get("shuffle_seed"), "data_files": ti.get("data_files"),
+        "pipeline_files": worker.files, **built.describe(), "registered": time.time(),
+        "bundle": worker.bundling.bundle, "bundling": worker.bundling.describe()})
+    log.info("serving input_fn to the chief over the data plane (%s, attempt %d, batch_size %s, shuffle_seed %s, "
+             "%s; bundling %s)", endpoint, worker.attempt, batch_size, ti.get("shuffle_seed"),
+             f"{len(worker.files)} file(s) listed by its pipeline" if worker.files is not None else "files not seen",
+             worker.bundling.reason)
+    code, status = worker._serve_until_done()
+    pump.stop()
+    pump.join(timeout=3.0)
+    worker.heartbeat.stop()
+    if status != SUPERSEDED:
+        worker._write_report(built, batch_size, status)
+    return code
+
