@@ -1,0 +1,607 @@
+"""The PyTorch chief: trains, evaluates, validates or compiles a run.py's ``nn.Module``
+(docs/PYTORCH.md), with its training batches from its own DataLoader (no input workers:
+``python run.py``, or a job without any) or from the input workers over the data plane
+(:mod:`csrun_runtime.dataplane`: one zmq ROUTER whose endpoint is published in the rendezvous
+directory as ``dataplane.json``).
+
+model_dir artifacts, as the TensorFlow chief's (csrun_runtime/artifacts.py): checkpoints
+``model-ckpt-<step>.pt`` (:mod:`.checkpoint`), TensorBoard events (``loss``,
+``samples_per_sec``, ``input_wait_fraction``; eval under ``eval/``; :mod:`.events`),
+``performance/performance.json`` (:func:`csrun_runtime.artifacts.performance_record` and the
+verdict), ``train/params_train.yaml`` / ``eval/params_eval.yaml``, ``eval/results.json``,
+``validate_report.txt``, ``compile_report.txt`` / ``compile_report.json``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from csrun_common import exits
+from csrun_common.atomic import read_json, write_json
+from csrun_common.roles import Role
+
+from .. import preemption
+from ..artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates, write_params_yaml
+from ..params import ParamsError, Resolved, load_shard_plan, training_target
+from ..rendezvous import Heartbeat, Rendezvous
+from . import checkpoint
+from .contract import (
+    ContractError,
+    batch_size_of,
+    build_optimizer,
+    call_data_fn,
+    check_module,
+    loss_of,
+    process_params,
+    seed_process,
+    to_torch,
+    torch_seed,
+)
+from .events import EventWriter
+from .streamers import StreamerFacts, set_facts
+
+__all__ = ["Chief", "InputStalled", "DATAPLANE_FILE", "epochs"]
+
+log = logging.getLogger("csrun.runtime")
+
+#: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
+DATAPLANE_FILE = "dataplane.json"
+#: Seconds between the chief's looks at the rendezvous while it waits for batches.
+POLL_SECS = 1.0
+
+
+class InputStalled(RuntimeError):
+    """No training batch within the watchdog's time (names the workers and their last batch)."""
+
+
+class WorkerFailed(RuntimeError):
+    """An input worker registered ``status: failed`` (contract violations, listed)."""
+
+    def __init__(self, index: int, violations: list[str]):
+        super().__init__(f"input worker {index} failed: " + "; ".join(violations))
+        self.index, self.violations = index, violations
+
+
+def epochs(loader: Any) -> Iterator[Any]:
+    """The DataLoader's batches, pass after pass for ever, calling ``set_epoch(epoch)`` on its
+    sampler (and its batch sampler's sampler) first when it has one (``DistributedSampler``:
+    a new shuffle each pass, the same on every streamer)."""
+    epoch = 0
+    while True:
+        for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+            if s is not None and callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(epoch)
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if n == 0:
+            raise ContractError("train_input: the DataLoader yielded no batch (a dataset smaller than one "
+                                "batch with drop_last, or an empty shard)")
+        epoch += 1
+
+
+class _LocalSource:
+    """The chief's own training DataLoader (streamer 0 of 1)."""
+
+    def __init__(self, loader: Any):
+        self.it = epochs(loader)
+        self.n = 0
+
+    def next(self) -> tuple[Any, str]:
+        self.n += 1
+        return next(self.it), "in-process"
+
+    def poll(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"batches_per_worker": {"in-process": self.n}, "input": "in-process DataLoader"}
+
+    def close(self) -> None:
+        pass
+
+
+class _RemoteSource:
+    """Batches from ``W`` input workers through one :class:`csrun_runtime.dataplane.Receiver`."""
+
+    def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any]):
+        from ..dataplane import Receiver
+
+        self.rdv, self.role, self.rc = rdv, role, rc
+        self.w = role.num_workers
+        self.r = Receiver("tcp://0.0.0.0:0")
+        port = self.r.endpoint.rsplit(":", 1)[1]
+        self.endpoint = f"tcp://{role.host}:{port}"
+        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": self.endpoint, "num_workers": self.w,
+                                              "created": time.time()})
+        log.info("data plane: receiving from %d input worker(s) at %s", self.w, self.endpoint)
+        self.handed: dict[int, int] = {}
+        self.nodes: dict[int, str | None] = {}  # Slurm node of each worker (its registration)
+        self.attempts: dict[int, int] = {}
+        self.deaths: dict[int, int] = {}
+        self.lost: list[dict[str, Any]] = []
+        self.replaced: list[dict[str, Any]] = []
+        self.t_first: float | None = None
+        self.t0 = time.monotonic()
+        self._last_poll = 0.0
+
+    def poll(self) -> None:
+        """Failed registrations (raise :class:`WorkerFailed`), deaths and replacements (logged)."""
+        now = time.monotonic()
+        if now - self._last_poll < POLL_SECS:
+            return
+        self._last_poll = now
+        for i in range(self.w):
+            reg = self.rdv.worker(i)
+            if reg:
+                self.nodes[i] = reg.get("node")
+            if reg and reg.get("status") == "failed":
+                raise WorkerFailed(i, list(reg.get("violations") or ["(no reason given)"]))
+            deaths = self.rdv.lost(i)
+            if len(deaths) > self.deaths.get(i, 0):
+                for d in deaths[self.deaths.get(i, 0):]:
+                    rec = {"index": i, "node": d.get("node"), "pid": d.get("pid"), "time": d.get("time"),
+                           "noticed": time.time(), "signal": d.get("signal"), "given_up": bool(d.get("given_up"))}
+                    self.lost.append(rec)
+                    log.warning("input worker %d on %s (pid %s) lost: died of %s; %s", i, d.get("node"), d.get("pid"),
+                                d.get("signal"), "given up" if rec["given_up"] else "its task starts a replacement")
+                self.deaths[i] = len(deaths)
+        for i, c in self.r.counts().items():
+            if c["attempt"] > self.attempts.get(i, 0):
+                node = (self.rdv.worker(i) or {}).get("node") or c["host"]
+                self.replaced.append({"index": i, "attempt": c["attempt"], "node": node, "pid": c["pid"],
+                                      "time": time.time()})
+                log.info("input worker %d: attempt %d on %s (pid %s) streams again", i, c["attempt"], node, c["pid"])
+            self.attempts[i] = c["attempt"]
+
+    def next(self) -> tuple[Any, int]:
+        """The next batch and its worker; ``(None, -1)`` once a stop signal was recorded."""
+        limit = float(self.rc["input_timeout_secs"] if self.t_first is not None
+                      else self.rc["worker_start_timeout_secs"])
+        t0 = time.monotonic()
+        while True:
+            if preemption.stop_requested():  # a stop signal while waiting: the loop stops at this step
+                return None, -1
+            self.poll()
+            try:
+                worker, nest = self.r.get(timeout=min(POLL_SECS, max(0.01, limit - (time.monotonic() - t0))))
+            except TimeoutError as e:
+                if time.monotonic() - t0 >= limit:
+                    key = "input_timeout_secs" if self.t_first else "worker_start_timeout_secs"
+                    raise InputStalled(f"{e} (runconfig.{key} {limit:g})") from None
+                continue
+            if self.t_first is None:
+                self.t_first = time.monotonic()
+                log.info("first batch from input worker %d after %.2f s", worker, self.t_first - self.t0)
+            self.handed[worker] = self.handed.get(worker, 0) + 1
+            return nest, worker
+
+    def describe(self) -> dict[str, Any]:
+        counts = self.r.counts()
+        return {"batches_per_worker": {str(i): self.handed.get(i, 0) for i in range(self.w)},
+                "worker_nodes": {str(i): self.nodes.get(i) or c.get("host") for i, c in counts.items()},
+                "input": "input workers over the data plane (zmq)",
+                "data_plane": {"endpoint": self.endpoint,
+                               "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
+                               "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
+                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())},
+                "workers_lost": self.lost, "workers_replaced": self.replaced}
+
+    def close(self) -> None:
+        self.r.close()
+
+
+class Chief:
+    """The chief (or the single process) of a PyTorch run; :meth:`run` returns the exit code.
+
+    Exit codes: 0 success; 1 runtime failure (input stalled, an exception); 2 a contract
+    violation (the chief's own or an input worker's) or unusable params/shard plan.
+    """
+
+    def __init__(self, role: Role, resolved: Resolved, model_fn: Callable[..., Any],
+                 train_data_fn: Callable[..., Any], eval_data_fn: Callable[..., Any] | None, t_proc: float):
+        self.role, self.resolved = role, resolved
+        self.model_fn, self.train_data_fn, self.eval_data_fn = model_fn, train_data_fn, eval_data_fn
+        self.params = resolved.params
+        self.rc = self.params["runconfig"]
+        self.mode = resolved.mode
+        self.model_dir = Path(resolved.model_dir)
+        self.t_proc = t_proc
+        self.num_workers = 0 if role.single_process else role.num_workers
+        self.rdv: Rendezvous | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.device = self._device()
+        self.eval_writer: EventWriter | None = None
+        self._source: Any = None  # the training batch source, closed at the end of run()
+
+    @staticmethod
+    def _device() -> Any:
+        import torch
+
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    # ------------------------------------------------------------------ life
+    def run(self) -> int:
+        """Run the mode; write ``done.json`` for the input workers; returns the exit code."""
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        if not self.role.single_process and self.role.rendezvous_key:
+            self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
+            self.rdv.reset()
+            self.heartbeat = Heartbeat(self.rdv, "chief").start()
+        status, code = "failed", 1
+        try:
+            code = {"train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
+                    "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode]()
+            status = "ok" if code == 0 else "failed"
+        except (ContractError, ParamsError, checkpoint.CheckpointError) as e:
+            log.error("%s", e)
+            code = 2
+        except WorkerFailed as e:
+            for v in e.violations:
+                log.error("input worker %d: %s", e.index, v)
+            code = 2
+        except InputStalled as e:
+            log.error("input stalled: %s", e)
+        except preemption.Interrupted as e:  # outside the training loop: nothing more to save
+            log.info("stopped by %s outside the training loop: no step trained since, nothing more saved", e.signal)
+            code = e.code
+        except KeyboardInterrupt:
+            log.info("stopped by SIGINT")
+            code = exits.INTERRUPTED
+        finally:
+            if self.rdv is not None:
+                self.rdv.mark_done(status, reason="" if status == "ok" else f"exit {code}")
+            if self._source is not None:
+                self._source.close()
+            if self.rdv is not None:
+                self._wait_workers_left()
+                if self.heartbeat is not None:
+                    self.heartbeat.stop()
+        return code
+
+    def _wait_workers_left(self, timeout: float = 10.0) -> None:
+        """After ``done.json``: wait (up to ``timeout`` s) for every worker's report, so that the
+        chief's exit is the job step's last."""
+        assert self.rdv is not None
+        deadline = time.monotonic() + timeout
+        while len(self.rdv.reports()) < self.num_workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ pieces
+    def _train_loader(self) -> Any:
+        """Streamer 0 of 1's training DataLoader (seeded as streamer 0; ``data_dir`` unchanged,
+        ``params["csrun"]["data_files"]`` worker 0's files under a shard plan)."""
+        data_dir, files = None, None
+        if self.role.shard_plan:
+            plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
+            files = list(plan["workers"][0]["files"])
+        p = process_params(self.params, 0, 1, True, data_dir, files)
+        set_facts(StreamerFacts(1, 0, True))
+        seed_process(torch_seed(self.params, 0))
+        return call_data_fn(self.train_data_fn, p, "train_input")
+
+    def _check_workers_loader(self) -> None:
+        """The contract of the training DataLoader as input worker 0 of ``W`` builds it (not
+        iterated), so that a violation is the chief's exit 2 before any worker streams.
+        Raises :class:`ContractError`."""
+        w = 1 if self.role.shard_plan else self.num_workers
+        set_facts(StreamerFacts(w, 0, True))
+        try:
+            call_data_fn(self.train_data_fn, process_params(self.params, 0, w, True), "train_input")
+        finally:
+            set_facts(StreamerFacts(w, 0, False))
+
+    def _model(self) -> tuple[Any, Any]:
+        import torch
+
+        seed = self.rc.get("seed")
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        try:
+            model = self.model_fn(self.params)
+        except Exception as e:  # noqa: BLE001
+            raise ContractError(f"model: model_fn raised {type(e).__name__}: {e}") from None
+        check_module(model)
+        model.to(self.device)
+        return model, build_optimizer(model, self.params)
+
+    def _restore(self, model: Any, opt: Any) -> int:
+        src = self.rc.get("checkpoint_path") or (self.model_dir if self.rc.get("autoload_last_checkpoint") else None)
+        path = checkpoint.latest(src) if src else None
+        if path is None:
+            if self.rc.get("checkpoint_path"):
+                raise checkpoint.CheckpointError(f"runconfig.checkpoint_path {self.rc['checkpoint_path']}: "
+                                                 "no checkpoint there")
+            return 0
+        step = checkpoint.load(path, model, opt, map_location=self.device)
+        log.info("restored %s (global step %d)", path, step)
+        return step
+
+    def _forward_loss(self, model: Any, batch: Any) -> Any:
+        return loss_of(model(batch))
+
+    # ------------------------------------------------------------------ train
+    def _train(self) -> int:
+        model, opt = self._model()
+        start = self._restore(model, opt)
+        target = training_target(start, self.rc)
+        write_params_yaml(self.model_dir, self.params, "train")
+        evaluating = self.mode == "train_and_eval"
+        if start >= target:
+            log.info("global step %d already reached the training target %d; nothing to train", start, target)
+            if evaluating:
+                self._evaluate(model, start)
+            return 0
+        if self.rdv is not None and self.num_workers > 0:
+            self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
+            source: Any = _RemoteSource(self.rdv, self.role, self.rc)
+        else:
+            source = _LocalSource(self._train_loader())
+        keep = int(self.rc["keep_checkpoint_max"])
+        ck_steps, log_steps = int(self.rc["checkpoint_steps"]), int(self.rc["log_steps"])
+        eval_every = self.rc.get("eval_frequency") if evaluating else None
+        writer = EventWriter(self.model_dir)
+        if self.rc.get("save_initial_checkpoint"):
+            checkpoint.save(self.model_dir, start, model, opt, keep)
+        step, last_saved, loss_v = start, None, float("nan")
+        batch_size: int | None = None
+        waits: list[float] = []
+        computes: list[float] = []
+        first_step_time = eval_time = eval_after_first = 0.0
+        t_first = t_first_end = None
+        win_t, win_samples, win_wait = time.monotonic(), 0, 0.0
+        ended, failed = "target reached", None
+        error: Exception | None = None
+        log.info("training from global step %d to %d on %s", start, target, self.device)
+        model.train()
+        first_step_at: float | None = None
+        defer = preemption.deferred()  # SIGINT/SIGTERM and --requeue's signals: recorded, acted on here
+        defer.__enter__()
+        try:
+            while step < target and not preemption.stop_requested():
+                tw = time.monotonic()
+                nest, _who = source.next()
+                if nest is None:
+                    break
+                tc = time.monotonic()
+                if first_step_at is None:
+                    first_step_at = time.time()
+                batch = to_torch(nest, self.device)
+                if batch_size is None:
+                    batch_size = batch_size_of(batch) or 0
+                    log.info("batch_size %d", batch_size)
+                opt.zero_grad(set_to_none=True)
+                loss = self._forward_loss(model, batch)
+                loss.backward()
+                opt.step()
+                loss_v = float(loss.detach())
+                te = time.monotonic()
+                step += 1
+                if t_first is None:
+                    t_first, t_first_end, first_step_time = tw, te, te - tw
+                else:
+                    waits.append(tc - tw)
+                    computes.append(te - tc)
+                    win_wait += tc - tw
+                win_samples += batch_size
+                if not math.isfinite(loss_v):
+                    raise RuntimeError(f"loss is {loss_v} at global step {step}")
+                if step % log_steps == 0 or step == target:
+                    dt = max(1e-9, te - win_t)
+                    rate = win_samples / dt
+                    log.info("global_step = %d, loss = %.6g (%.1f samples/s, input wait %.1f %%)", step, loss_v,
+                             rate, 100.0 * win_wait / dt)
+                    writer.scalars({"loss": loss_v, "samples_per_sec": rate, "input_wait_fraction": win_wait / dt},
+                                   step)
+                    writer.flush()
+                    win_t, win_samples, win_wait = time.monotonic(), 0, 0.0
+                if ck_steps and step % ck_steps == 0 and step < target:
+                    checkpoint.save(self.model_dir, step, model, opt, keep)
+                    last_saved = step
+                if eval_every and step % int(eval_every) == 0 and step < target:
+                    t_e = time.monotonic()
+                    self._evaluate(model, step)
+                    model.train()
+                    d = time.monotonic() - t_e
+                    eval_time += d
+                    eval_after_first += d
+                    win_t += d
+        except Exception as e:
+            error = e
+            failed = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            ended = f"failed: {failed}"
+            if t_first is None:
+                self._source = source
+                writer.close()
+                raise
+        finally:
+            defer.__exit__(None, None, None)
+        stopped_by = preemption.stop_signal()
+        if stopped_by and failed is None:
+            ended = f"stopped by {stopped_by}"
+            log.info("stopped by %s at global step %d: saving a checkpoint", stopped_by, step)
+        t_end = time.monotonic()
+        if step > start and last_saved != step and failed is None:
+            p = checkpoint.save(self.model_dir, step, model, opt, keep)
+            log.info("saved %s", p)
+        writer.close()
+        desc = source.describe()
+        self._source = source  # closed after done.json (run()), so the workers read the chief's status
+        alloc = preemption.Allocation(
+            job_id=self.role.job_id, requeue=preemption.allocation_index(), node=self.role.node or None,
+            start_step=start, end_step=step if failed is None else (last_saved or start), target=target,
+            stopped_by=preemption.stop_signal(), process_start=self.t_proc, first_step_at=first_step_at,
+            signal_at=preemption.stop_time(), ended_at=time.time())
+        desc.update(preemption.record_allocation(self.model_dir, alloc, log=lambda m: log.info("%s", m)))
+        if t_first is not None and t_first_end is not None:
+            self._performance(desc, step - start, start, step, batch_size or 0, t_first, t_first_end, t_end,
+                              first_step_time, computes, waits, eval_time, eval_after_first, ended, loss_v)
+        if error is not None:  # after performance.json: run() says what it was and how to exit
+            raise error
+        if t_first is None:  # stopped before its first step: performance.json says so
+            write_json(self.model_dir / "performance" / "performance.json",
+                       {"ended": ended, "steps": 0, "global_step_start": start, "global_step_end": step,
+                        "framework": "pytorch", "mode": self.mode, **desc})
+        if evaluating and ended == "target reached":
+            self._evaluate(model, step)
+        return preemption.exit_code() if stopped_by else 0
+
+    def _performance(self, desc: dict[str, Any], steps: int, start: int, end: int, batch_size: int, t_first: float,
+                     t_first_end: float, t_end: float, first_step_time: float, computes: list[float],
+                     waits: list[float], eval_time: float, eval_after_first: float, ended: str,
+                     loss_v: float) -> None:
+        """performance.json (the TensorFlow chief's schema), the summary lines and the verdict."""
+        total_time = (t_end - t_first) - eval_time
+        steady_time = (t_end - t_first_end) - eval_after_first
+        rates = worker_rates(desc.get("batches_per_worker") or {}, batch_size, steady_time)
+        programming = max(0.0, time.time() - self.t_proc - (time.monotonic() - t_first))
+        extra = {"global_step_start": start, "global_step_end": end, "framework": "pytorch",
+                 "device": str(self.device), "num_workers": self.num_workers, "mode": self.mode,
+                 "eval_time": round(eval_time, 4), **desc}
+        rec = performance_record(batch_size=batch_size, steps=steps, total_time=total_time,
+                                 first_step_time=first_step_time, compute_times=computes, wait_times=waits,
+                                 loop_time_after_first=steady_time, programming_time=programming, extra=extra)
+        v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steps - 1,
+                    batch_size=batch_size, wait_fraction=rec["input_wait_fraction"], rates=rates,
+                    nodes=desc.get("worker_nodes"), ended=ended)
+        rec.update({"verdict": v, "ended": ended, "steady_steps": steps - 1, "steady_time": round(steady_time, 4),
+                    "steady_samples_per_sec": v["steady_samples_per_sec"], "worker_samples_per_sec": rates,
+                    "stopped_by": preemption.stop_signal()})
+        rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
+        write_json(self.model_dir / "performance" / "performance.json", rec)
+        total_samples = steps * batch_size
+        if self.rdv is not None:
+            per, nodes = desc.get("batches_per_worker", {}), desc.get("worker_nodes", {})
+            log.info("batches received per input worker: %s",
+                     ", ".join(f"{i} ({nodes.get(i)}): {n}" for i, n in per.items()))
+            write_json(self.rdv.dir / "chief.json", {**desc, "steps": steps})
+        log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.", total_samples,
+                 total_time, total_samples / total_time if total_time > 0 else 0.0)
+        log.info("Loss for final step: %.6g.", loss_v)
+        log.info("performance: %s", self.model_dir / "performance" / "performance.json")
+        for line in verdict_lines(v, steps=steps, start_step=start, end_step=end, batch_size=batch_size,
+                                  steady_steps=max(0, steps - 1), steady_time=steady_time,
+                                  compile_time=rec["compile_time"], programming_time=programming,
+                                  compute_samples_per_sec=rec.get("est_samples_per_sec") if computes else None):
+            log.info("%s", line)
+
+    # ------------------------------------------------------------------ eval
+    def _eval_loader(self) -> Any:
+        if self.eval_data_fn is None:
+            raise ContractError("eval_input: run() was given no eval_data_fn")
+        set_facts(StreamerFacts(1, 0, True))
+        seed_process(torch_seed(self.params, 0))
+        return call_data_fn(self.eval_data_fn, process_params(self.params, 0, 1, True), "eval_input")
+
+    def _evaluate(self, model: Any, step: int) -> dict[str, float]:
+        """One pass over the eval DataLoader (``runconfig.eval_steps`` batches at most): the
+        mean loss and the module's ``eval_metrics(batch)`` (means weighted by batch size), to
+        ``eval/results.json`` (with a history), eval events and the log."""
+        import torch
+
+        loader = self._eval_loader()
+        limit = self.rc.get("eval_steps")
+        sums: dict[str, float] = {}
+        samples = batches = 0
+        metrics_fn = getattr(model, "eval_metrics", None)
+        t0 = time.monotonic()
+        model.eval()
+        with torch.no_grad():
+            for batch in loader:
+                if limit and batches >= int(limit):
+                    break
+                b = to_torch(batch, self.device)
+                n = batch_size_of(b) or 1
+                vals = {"loss": float(self._forward_loss(model, b))}
+                if callable(metrics_fn):
+                    vals.update({k: float(v) for k, v in metrics_fn(b).items()})
+                for k, v in vals.items():
+                    sums[k] = sums.get(k, 0.0) + v * n
+                samples += n
+                batches += 1
+        dt = time.monotonic() - t0
+        if samples == 0:
+            raise ContractError("eval_input: the eval DataLoader yielded no batch")
+        res = {k: v / samples for k, v in sums.items()}
+        if self.eval_writer is None:
+            self.eval_writer = EventWriter(self.model_dir / "eval")
+        self.eval_writer.scalars(res, step)
+        self.eval_writer.flush()
+        write_params_yaml(self.model_dir, self.params, "eval")
+        path = self.model_dir / "eval" / "results.json"
+        prev = read_json(path) or {}
+        history = prev.get("history", []) if isinstance(prev, dict) else []
+        rec = {"global_step": step, "metrics": {k: round(v, 6) for k, v in res.items()}, "eval_samples": samples,
+               "eval_batches": batches, "time": round(dt, 4)}
+        history.append(rec)
+        write_json(path, {**rec, "history": history[-100:]})
+        log.info("Eval results at global step %d (%d samples): %s", step, samples,
+                 ", ".join(f"{k} = {v:.6g}" for k, v in res.items()))
+        return res
+
+    def _eval_mode(self) -> int:
+        model, opt = self._model()
+        step = self._restore(model, opt)
+        if step == 0:
+            log.warning("no checkpoint in %s: evaluating the initial model", self.model_dir)
+        self._evaluate(model, step)
+        return 0
+
+    # ------------------------------------------------------------------ validate / compile
+    def _validate_only(self) -> int:
+        """Build the training DataLoader, pull one batch (fixed batch size checked), and the
+        eval DataLoader's first batch when there is an eval_data_fn; ``validate_report.txt``."""
+        lines: list[str] = []
+        loader = self._train_loader()
+        first = next(iter(loader), None)
+        if first is None:
+            raise ContractError("train_input: the DataLoader yielded no batch")
+        lines.append(f"train_input: DataLoader ok: batch_size {batch_size_of(first)}, {len(loader)} batch(es) per "
+                     f"pass, num_workers {loader.num_workers}, drop_last {loader.drop_last}")
+        if self.eval_data_fn is not None and isinstance(self.params.get("eval_input"), dict):
+            ev = next(iter(self._eval_loader()), None)
+            lines.append(f"eval_input: DataLoader ok: batch_size {batch_size_of(ev)}")
+        text = "\n".join(["validate_only: the run.py contract holds (PyTorch)", *lines])
+        (self.model_dir / "validate_report.txt").write_text(text + "\n")
+        for line in text.splitlines():
+            log.info("%s", line)
+        return 0
+
+    def _compile_only(self) -> int:
+        """Instantiate the module and its optimizer, run one forward (the loss checked) and one
+        backward on a real training batch, then ``compile_only_steps`` timed forwards;
+        ``compile_report.txt`` / ``compile_report.json``."""
+        loader = self._train_loader()
+        model, opt = self._model()
+        batch = to_torch(next(iter(loader)), self.device)
+        t0 = time.monotonic()
+        loss = self._forward_loss(model, batch)
+        loss.backward()
+        first = time.monotonic() - t0
+        times = []
+        for _ in range(int(self.rc["compile_only_steps"])):
+            t = time.monotonic()
+            self._forward_loss(model, batch)
+            times.append(time.monotonic() - t)
+        med = statistics.median(times) if times else first
+        n = batch_size_of(batch) or 0
+        params = sum(p.numel() for p in model.parameters())
+        rec = {"framework": "pytorch", "device": str(self.device), "module": type(model).__name__,
+               "parameters": params, "optimizer": type(opt).__name__, "batch_size": n,
+               "first_step_time": round(first, 6), "median_forward_time": round(med, 6),
+               "est_forward_samples_per_sec": round(n / med, 2) if med > 0 else None, "loss": float(loss.detach())}
+        lines = [f"compile_only (PyTorch, no compiler: eager {self.device}): {type(model).__name__} with {params} "
+                 f"parameter(s), optimizer {type(opt).__name__}",
+                 f"  forward + backward on one batch of {n}: {first:.4f} s; median forward {med:.6f} s over "
+                 f"{len(times)} ({rec['est_forward_samples_per_sec']} samples/s); loss {rec['loss']:.6g}"]
+        (self.model_dir / "compile_report.txt").write_text("\n".join(lines) + "\n")
+        write_json(self.model_dir / "compile_report.json", rec)
+        for line in lines:
+            log.info("%s", line)
+        return 0

@@ -1,0 +1,239 @@
+"""The PyTorch run.py contract (docs/CONTRACT.md "PyTorch", docs/PYTORCH.md): checks with their
+messages, the optimizer from ``params["optimizer"]``, seeds, per-process params and batches.
+
+Rules and messages:
+
+1. ``train_data_fn(params)`` / ``eval_data_fn(params)`` return a ``torch.utils.data.DataLoader``
+   -> :data:`MSG_NOT_LOADER`.
+2. Training batches have a fixed size across steps: a training DataLoader with a
+   ``batch_size`` must have ``drop_last=True`` -> :data:`MSG_BATCH` (the fixed-batch-size
+   rule and its first sentence from "Limitations of the CerebrasEstimator", with PyTorch's fix).
+3. ``model_fn(params)`` returns a ``torch.nn.Module`` -> :data:`MSG_NOT_MODULE`, whose
+   ``forward(batch)`` returns the loss: a scalar tensor, or a mapping with a scalar ``"loss"``
+   -> :data:`MSG_LOSS`.
+4. The optimizer is the module's ``configure_optimizer(params)`` when it defines one, else
+   built from ``params["optimizer"]``: ``optimizer_type`` (sgd, momentum, adam, adamw; any
+   case), ``learning_rate`` (a number > 0), optional ``momentum``, ``weight_decay``
+   (``weight_decay_rate`` too), ``betas`` -> :class:`ContractError` naming the key.
+
+Seeds (issue 25, "Limitations of the CerebrasEstimator": "each worker node must shuffle its
+data differently"): what is *split* across streamers uses one job-wide seed, the YAML's
+``train_input.shuffle_seed``, left unchanged in every process's params (``DistributedSampler``
+and ``ShardedSampler`` shuffle all indices with it, then take their share: a per-worker seed
+would make the shares overlap); torch's own RNG (and ``random``, numpy) is seeded with
+:func:`torch_seed` = base + rank before the data function runs, so whatever is shuffled after
+the split, and each DataLoader worker process's seed (torch derives it from that RNG), differs
+per streamer. csrun's facts go into ``params["csrun"]`` and never into ``train_input``
+(whose ``num_workers`` is the DataLoader's process count). torch is imported inside functions.
+"""
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["MSG_NOT_LOADER", "MSG_BATCH", "MSG_NOT_MODULE", "MSG_LOSS", "ContractError", "check_loader",
+           "check_module", "loss_of", "build_optimizer", "torch_seed", "seed_process", "worker_init_fn",
+           "process_params", "to_numpy", "to_torch", "batch_size_of", "call_data_fn"]
+
+MSG_NOT_LOADER = "[Unsupported PyTorch] The data function must return a torch.utils.data.DataLoader"
+MSG_BATCH = ("[Unsupported PyTorch] Inconsistent batch sizes detected. To ensure a fixed batch size across all "
+             "steps, set `drop_last=True` on the DataLoader the data function returns "
+             "(train_input.drop_last: true).")
+MSG_NOT_MODULE = "[Unsupported PyTorch] model_fn(params) must return a torch.nn.Module"
+MSG_LOSS = ("[Unsupported PyTorch] The module's forward(batch) must return the loss: a scalar tensor, "
+            "or a mapping with a scalar tensor under 'loss'")
+
+#: optimizer_type -> torch.optim class name.
+OPTIMIZERS = {"sgd": "SGD", "momentum": "SGD", "adam": "Adam", "adamw": "AdamW"}
+
+
+class ContractError(ValueError):
+    """A violation of the contract; ``str()`` is the one-line message (section named first)."""
+
+
+def call_data_fn(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any], section: str) -> Any:
+    """``fn(params)``, checked to be a DataLoader (:func:`check_loader`).
+
+    Raises:
+        ContractError: ``fn`` raised (its type and message named, e.g. torch's own
+            ``prefetch_factor`` error at ``num_workers: 0``) or broke rule 1/2.
+    """
+    try:
+        loader = fn(params)
+    except Exception as e:  # noqa: BLE001 - any error of the user's data function is reported
+        raise ContractError(f"{section}: the data function raised {type(e).__name__}: {e}") from None
+    check_loader(loader, section)
+    return loader
+
+
+def check_loader(loader: Any, section: str = "train_input") -> None:
+    """Rules 1 and 2 (the fixed batch size only for ``train_input``).
+
+    Raises:
+        ContractError: not a DataLoader, or a training DataLoader with ``drop_last=False``.
+    """
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        raise ContractError(f"{section}: {MSG_NOT_LOADER}, got {type(loader).__name__}")
+    if section == "train_input" and loader.batch_size is not None and not loader.drop_last:
+        raise ContractError(f"{section}: {MSG_BATCH}")
+
+
+def check_module(model: Any) -> None:
+    """Rule 3's first half. Raises :class:`ContractError`."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ContractError(f"model: {MSG_NOT_MODULE}, got {type(model).__name__}")
+
+
+def loss_of(out: Any) -> Any:
+    """The scalar loss tensor of ``forward``'s result (rule 3). Raises :class:`ContractError`."""
+    import torch
+
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ContractError(f"model: {MSG_LOSS}, got {shape}")
+    return out.reshape(())
+
+
+def build_optimizer(model: Any, params: Mapping[str, Any]) -> Any:
+    """Rule 4: the module's ``configure_optimizer(params)`` or the one ``params["optimizer"]``
+    describes. Raises :class:`ContractError` naming ``optimizer.<key>`` and the value."""
+    import torch
+
+    if callable(getattr(model, "configure_optimizer", None)):
+        return model.configure_optimizer(params)
+    spec = params.get("optimizer") or {}
+    kind = str(spec.get("optimizer_type", "sgd")).lower()
+    if kind not in OPTIMIZERS:
+        raise ContractError(f"optimizer.optimizer_type {spec.get('optimizer_type')!r} is not supported "
+                            f"(one of {', '.join(OPTIMIZERS)}; or define configure_optimizer(params) on the module)")
+    lr = spec.get("learning_rate", 0.01)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
+        raise ContractError(f"optimizer.learning_rate must be a number > 0 (schedules: define "
+                            f"configure_optimizer(params) on the module), got {lr!r}")
+    kw: dict[str, Any] = {"lr": float(lr)}
+    wd = spec.get("weight_decay", spec.get("weight_decay_rate"))
+    if wd is not None:
+        kw["weight_decay"] = float(wd)
+    if OPTIMIZERS[kind] == "SGD":
+        kw["momentum"] = float(spec.get("momentum", 0.9 if kind == "momentum" else 0.0))
+    elif spec.get("betas") is not None:
+        kw["betas"] = tuple(float(b) for b in spec["betas"])
+    return getattr(torch.optim, OPTIMIZERS[kind])(model.parameters(), **kw)
+
+
+# --------------------------------------------------------------------------- seeds and params
+def torch_seed(params: Mapping[str, Any], rank: int) -> int | None:
+    """The seed of torch's RNG in streamer ``rank``: ``base + rank``, ``base`` the YAML's
+    ``train_input.shuffle_seed``, else ``runconfig.seed``; None without either (unseeded:
+    every process differs anyway)."""
+    ti = params.get("train_input") or {}
+    base = ti.get("shuffle_seed")
+    if base is None:
+        base = (params.get("runconfig") or {}).get("seed")
+    return None if base is None else int(base) + int(rank)
+
+
+def seed_process(seed: int | None) -> None:
+    """Seed torch, ``random`` and numpy's global RNG with ``seed`` (None: leave them)."""
+    if seed is None:
+        return
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn`` seeding ``random`` and numpy in each DataLoader worker
+    process from torch's per-worker seed (``torch.initial_seed()``: the loader's base seed +
+    ``worker_id``, different per streamer through :func:`seed_process`)."""
+    import numpy as np
+    import torch
+
+    s = torch.initial_seed()
+    random.seed(s)
+    np.random.seed(s % (1 << 32))
+
+
+def process_params(params: Mapping[str, Any], rank: int, num_streamers: int, streamer: bool,
+                   data_dir: Any = None, data_files: list[str] | None = None) -> dict[str, Any]:
+    """The params a data function receives in one process: a deep copy with ``train_input``
+    unchanged (``shuffle_seed`` the job-wide YAML value, ``num_workers`` the DataLoader's) but
+    for ``data_dir`` under a shard plan (the worker's view), and csrun's facts under
+    ``params["csrun"]``: ``streaming_rank``, ``num_streamers``, ``is_streamer``,
+    ``torch_seed`` (:func:`torch_seed`), ``data_files`` (a shard plan's files, else None)."""
+    out = copy.deepcopy(dict(params))
+    if data_dir is not None and isinstance(out.get("train_input"), dict):
+        out["train_input"]["data_dir"] = data_dir
+    out["csrun"] = {"streaming_rank": int(rank), "num_streamers": int(num_streamers), "is_streamer": bool(streamer),
+                    "torch_seed": torch_seed(params, rank), "data_files": data_files}
+    return out
+
+
+# --------------------------------------------------------------------------- batches
+def to_numpy(nest: Any) -> Any:
+    """A batch with every tensor as a numpy array (CPU tensors: views, no copy); dicts, lists
+    and tuples kept; other leaves unchanged (the data plane takes what ``np.asarray`` takes)."""
+    import torch
+
+    if isinstance(nest, torch.Tensor):
+        return nest.detach().cpu().numpy()
+    if isinstance(nest, Mapping):
+        return {k: to_numpy(v) for k, v in nest.items()}
+    if isinstance(nest, tuple):
+        return tuple(to_numpy(v) for v in nest)
+    if isinstance(nest, list):
+        return [to_numpy(v) for v in nest]
+    return nest
+
+
+def to_torch(nest: Any, device: Any = None) -> Any:
+    """A batch with every numpy array as a tensor (``torch.from_numpy``: no copy; arrays over
+    received frames are read-only, and torch's warning about that is silenced) and every
+    tensor moved to ``device`` (CUDA: pinned first, copied with ``non_blocking=True``)."""
+    import numpy as np
+    import torch
+
+    def one(x: Any) -> Any:
+        if isinstance(x, np.ndarray) and x.dtype.kind in "biufc":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                x = torch.from_numpy(x)
+        if isinstance(x, torch.Tensor) and device is not None and x.device != torch.device(device):
+            if torch.device(device).type == "cuda":
+                return x.pin_memory().to(device, non_blocking=True)
+            return x.to(device)
+        return x
+
+    if isinstance(nest, Mapping):
+        return {k: to_torch(v, device) for k, v in nest.items()}
+    if isinstance(nest, tuple):
+        return tuple(to_torch(v, device) for v in nest)
+    if isinstance(nest, list):
+        return [to_torch(v, device) for v in nest]
+    return one(nest)
+
+
+def batch_size_of(nest: Any) -> int | None:
+    """The leading dimension of the batch's first array or tensor leaf (None: none found)."""
+    if isinstance(nest, Mapping):
+        nest = list(nest.values())
+    if isinstance(nest, (list, tuple)):
+        for v in nest:
+            n = batch_size_of(v)
+            if n is not None:
+                return n
+        return None
+    shape = getattr(nest, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) > 0 else None

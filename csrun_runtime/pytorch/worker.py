@@ -1,0 +1,212 @@
+"""The PyTorch input worker: builds its training DataLoader as streamer ``i`` of ``W`` and
+streams its batches (as numpy arrays) to the chief over the data plane until the chief's
+``done.json`` (docs/PYTORCH.md).
+
+Life: tell the supervisor where to record a death (:mod:`csrun_runtime.supervise` replaces a
+killed worker with ``CSRUN_WORKER_ATTEMPT`` one higher); in modes that stream nothing, wait for
+``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
+checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
+chief names it and exits 2), register, and send pass after pass (``sampler.set_epoch``) in bundles of
+about :data:`csrun_runtime.dataplane.BUNDLE_BYTES`. Between sends it looks at ``done.json``, at
+the chief's heartbeat and at a later attempt of its index; it leaves with a report
+(``workers/<i>.report.json``) and exit 0 when the chief is done.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from csrun_common.roles import Role
+
+from ..elastic import ATTEMPT_ENV, tell_supervisor
+from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
+from ..sharding import make_data_dir_view, plan_files
+from .chief import DATAPLANE_FILE, epochs
+from .contract import ContractError, batch_size_of, call_data_fn, process_params, seed_process, to_numpy, torch_seed
+from .streamers import StreamerFacts, set_facts
+
+__all__ = ["InputWorker", "POLL_SECS"]
+
+log = logging.getLogger("csrun.runtime")
+
+#: Seconds between looks at the rendezvous while waiting (and the longest one send may block).
+POLL_SECS = 0.5
+
+
+class _Leave(Exception):
+    def __init__(self, code: int, status: str | None):
+        super().__init__(status)
+        self.code, self.status = code, status
+
+
+class InputWorker:
+    """One PyTorch input-worker task; :meth:`run` returns its exit code (0: the chief is done;
+    1: no chief within ``runconfig.worker_start_timeout_secs`` or its heartbeat older than
+    :data:`csrun_runtime.rendezvous.CHIEF_LOST_SECS`). A contract violation or a bad shard plan
+    is registered for the chief to name (it exits 2) and the worker leaves with 0."""
+
+    def __init__(self, role: Role, resolved: Resolved, train_data_fn: Callable[..., Any]):
+        if role.worker_index is None or role.rendezvous_key is None:
+            raise ValueError(f"{role.describe()} is not an input worker of a Slurm job step")
+        self.role, self.resolved, self.fn = role, resolved, train_data_fn
+        self.index = int(role.worker_index)
+        self.rc = resolved.params["runconfig"]
+        self.rdv = Rendezvous(self.rc["model_dir"], role.rendezvous_key)
+        self.attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
+        self.t0 = time.monotonic()
+        self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
+        self.me: dict[str, Any] = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
+                                   "attempt": self.attempt, "framework": "pytorch"}
+        self.batches = self.samples = 0
+        self.info: dict[str, Any] = {}
+
+    def run(self) -> int:
+        tell_supervisor(str(self.rdv.dir), self.index)
+        try:
+            if self.resolved.mode not in TRAIN_MODES:
+                self.heartbeat.start()
+                log.info("mode %s streams no training input; waiting for the chief", self.resolved.mode)
+                while True:
+                    self._check()
+                    time.sleep(POLL_SECS)
+            endpoint = self._wait_endpoint()
+            self.heartbeat.start()
+            loader = self._build()
+            self._stream(endpoint, loader)
+            raise _Leave(0, None)  # not reached: the stream is endless
+        except _Leave as e:
+            self.heartbeat.stop()
+            if e.status != "superseded":
+                self.rdv.write_report(self.index, {**self.me, **self.info, "served": self.batches > 0,
+                                                   "batches": self.batches, "samples": self.samples,
+                                                   "chief_status": e.status,
+                                                   "seconds": round(time.monotonic() - self.t0, 3)})
+            log.info("sent %d batch(es) (%d samples); chief status %s; leaving", self.batches, self.samples,
+                     e.status)
+            return e.code
+
+    def _check(self) -> None:
+        """Raise :class:`_Leave` when the chief is done or lost, or a later attempt registered."""
+        d = self.rdv.done()
+        if d is not None:
+            raise _Leave(0, d.get("status"))
+        age = self.rdv.age("chief")
+        if age is not None and age > CHIEF_LOST_SECS:
+            log.error("leaving: the chief's heartbeat is %.0f s old", age)
+            raise _Leave(1, None)
+        if age is None and time.monotonic() - self.t0 > float(self.rc["worker_start_timeout_secs"]):
+            log.error("no chief heartbeat in %s after %.0f s", self.rdv.dir,
+                      float(self.rc["worker_start_timeout_secs"]))
+            raise _Leave(1, None)
+        reg = self.rdv.worker(self.index)
+        if reg and int(reg.get("attempt") or 0) > self.attempt:
+            log.warning("leaving: input worker %d was replaced by attempt %s", self.index, reg.get("attempt"))
+            raise _Leave(0, "superseded")
+
+    def _wait_endpoint(self) -> str:
+        while True:
+            rec = self.rdv.dir / DATAPLANE_FILE
+            from csrun_common.atomic import read_json
+
+            d = read_json(rec)
+            if d is not None:
+                return str(d["endpoint"])
+            self._check()
+            time.sleep(0.25)
+
+    def _fail(self, violations: list[str]) -> None:
+        """Register the violations (``status: failed``: the chief names them and exits 2) and
+        leave with 0: a worker's own bad exit would end the job step before the chief could
+        say why (srun ``--kill-on-bad-exit``)."""
+        self.rdv.register_worker(self.index, {**self.me, "status": "failed", "violations": violations})
+        for v in violations:
+            log.error("%s", v)
+        raise _Leave(0, "failed")
+
+    def _build(self) -> Any:
+        """The DataLoader as streamer ``index`` of ``W`` (or 0 of 1 over a shard plan's view)."""
+        w, rank, data_dir, files = self.role.num_workers, self.index, None, None
+        if self.role.shard_plan:
+            try:
+                plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
+            except ParamsError as e:
+                self._fail(e.problems)
+            own, others = plan_files(plan, self.index)
+            files = list(plan["workers"][self.index]["files"])
+            ti = self.resolved.params.get("train_input") or {}
+            if ti.get("data_dir") is not None:
+                view = make_data_dir_view(ti["data_dir"], own, others, self.rdv.dir / "data_views" / str(self.index))
+                data_dir = view.data_dir
+            w, rank = 1, 0
+        params = process_params(self.resolved.params, rank, w, True, data_dir, files)
+        set_facts(StreamerFacts(w, rank, True))
+        seed = torch_seed(self.resolved.params, self.index)
+        seed_process(seed)
+        try:
+            loader = call_data_fn(self.fn, params, "train_input")
+        except ContractError as e:
+            self._fail([str(e)])
+        ti = params.get("train_input") or {}
+        self.info = {"streaming_rank": rank, "num_streamers": w, "torch_seed": seed,
+                     "shuffle_seed": ti.get("shuffle_seed"), "dataloader_workers": loader.num_workers,
+                     "batch_size": loader.batch_size, "data_files": files, "data_dir": data_dir}
+        self.rdv.register_worker(self.index, {**self.me, **self.info, "status": "ok", "registered": time.time()})
+        log.info("streaming the DataLoader to the chief as streamer %d of %d (batch_size %s, DataLoader workers %d, "
+                 "shuffle_seed %s, torch seed %s)", rank, w, loader.batch_size, loader.num_workers,
+                 ti.get("shuffle_seed"), seed)
+        return loader
+
+    def _stream(self, endpoint: str, loader: Any) -> None:
+        from ..dataplane import BUNDLE_BYTES, ReceiverGone, Sender, flatten, unflatten
+
+        sender = Sender(endpoint, self.index, self.attempt)
+        pending: list[list[np.ndarray]] = []
+        key: Any = None
+        tree: Any = None
+        nbytes = 0
+        last_check = time.monotonic()
+
+        def send_pending() -> None:
+            nonlocal pending, nbytes
+            if not pending:
+                return
+            leaves = [np.stack(col) for col in zip(*pending, strict=True)]
+            n = len(pending)
+            while True:  # send_bundle sends nothing when it times out: retry the same bundle
+                try:
+                    sender.send_bundle(unflatten(tree, leaves), n, timeout=POLL_SECS)
+                    break
+                except TimeoutError:
+                    self._check()
+            pending, nbytes = [], 0
+
+        try:
+            for batch in epochs(loader):
+                t, leaves = flatten(to_numpy(batch))
+                k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
+                if pending and k != key:
+                    send_pending()
+                key, tree = k, t
+                pending.append(leaves)
+                nbytes += sum(a.nbytes for a in leaves)
+                self.batches += 1
+                self.samples += batch_size_of(batch) or 0
+                if nbytes >= BUNDLE_BYTES:
+                    send_pending()
+                if time.monotonic() - last_check >= POLL_SECS:
+                    last_check = time.monotonic()
+                    send_pending()  # a slow DataLoader's batches do not wait for a full bundle
+                    self._check()
+        except ReceiverGone:
+            self._check()
+            raise _Leave(0, "chief closed") from None
+        except ContractError as e:
+            self._fail([str(e)])
+        finally:
+            sender.close(timeout=1.0)
