@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import click
 
+from csrun_common import exits
 from csrun_common.errors import CsrunError
 from launcher import slurm
 from launcher.config import SiteConfig, load_config
@@ -43,7 +44,7 @@ from launcher.container import site_container, split_mount_dirs
 
 from . import file_coverage
 from . import report as rp
-from .probe_driver import ProbeLoadError, ProbeRun, Target, run_probes
+from .probe_driver import ProbeLoadError, ProbeRun, Target, disturbed, run_probes
 
 if TYPE_CHECKING:
     from .model import NodeModel
@@ -158,7 +159,7 @@ def run_user_command(cmd: Command, local: bool, mount_dirs: str | None, cwd: str
                                   stdin=subprocess.DEVNULL)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            rc = 124
+            rc = exits.TIMEOUT
         except OSError as exc:
             raise CsrunError(f"cannot run {argv[0]}: {exc.strerror}", 2) from None
     if rc != 0:
@@ -455,6 +456,8 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep = dict(base)
     rep["probes"] = rows
     rep["topology"] = topology
+    # probes only ever measured while other processes were busy: they lead report.txt
+    rep["disturbed"] = disturbed(rows)
     df = pd.DataFrame(rows)
     try:
         model = fit(df, base.get("node_cpus"))

@@ -40,7 +40,7 @@ class AnalyzerGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if (self.default_command and args and args[0] not in self.commands
-                and args[0] not in ("--help", "-h", "--version")):
+                and args[0] not in ("--help", "-h", "--version", "-V")):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 

@@ -150,30 +150,44 @@ def _ok_pipeline(probes: pd.DataFrame) -> pd.DataFrame:
     if "status" in df:
         df = df[df["status"] == "ok"]
     df = df[pd.to_numeric(df["samples_per_sec"], errors="coerce") > 0].copy()
-    if "contended" in df and len(df):
-        # Probes disturbed by other processes on a shared host are dropped where the same
-        # layout also has an undisturbed probe.
-        bad = df["contended"].map(lambda v: str(v).lower() in ("true", "1", "1.0"))
-        key = list(zip(df["tasks"], df["cpus_per_task"], strict=True))
-        clean = {k for k, b in zip(key, bad, strict=True) if not b}
-        keep = [(not b) or (k not in clean) for k, b in zip(key, bad, strict=True)]
-        df = df[keep]
-    return df
+    return _drop_contended(df)
+
+
+def _contended(df: pd.DataFrame) -> pd.Series:
+    """Per row: True where ``contended`` says other processes disturbed the probe (a bool,
+    or ``"True"``/``1`` read back from probes.csv); False where absent or NaN."""
+    if "contended" not in df:
+        return pd.Series(False, index=df.index)
+    return df["contended"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0")).astype(bool)
+
+
+def _drop_contended(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without its probes disturbed by other processes on a shared host where the
+    same layout (``tasks``, ``cpus_per_task``) also has an undisturbed probe."""
+    if "contended" not in df or not len(df):
+        return df
+    bad = _contended(df)
+    key = list(zip(df["tasks"], df["cpus_per_task"], strict=True))
+    clean = {k for k, b in zip(key, bad, strict=True) if not b}
+    keep = [(not b) or (k not in clean) for k, b in zip(key, bad, strict=True)]
+    return df[keep]
 
 
 def aggregate(probes: pd.DataFrame) -> pd.DataFrame:
     """Per-layout summary of the successful pipeline probes.
 
     Returns one row per ``(tasks, cpus_per_task)`` with ``mean``, ``std`` (0 for one probe),
-    ``count``, ``min``, ``max`` of ``samples_per_sec``, and the means of ``cpu_cores_used``,
+    ``count``, ``min``, ``max`` of ``samples_per_sec``, the means of ``cpu_cores_used``,
     ``cpu_util``, ``cpu_seconds_per_sample`` and ``other_cores_busy`` (NaN when not
-    recorded); sorted by tasks, then CPUs.
+    recorded), and ``contended`` (True when every probe behind the mean was disturbed by
+    other processes); sorted by tasks, then CPUs.
     """
     df = _ok_pipeline(probes)
     cols = ["tasks", "cpus_per_task", "mean", "std", "count", "min", "max",
-            "cpu_cores_used", "cpu_util", "cpu_seconds_per_sample", "other_cores_busy"]
+            "cpu_cores_used", "cpu_util", "cpu_seconds_per_sample", "other_cores_busy", "contended"]
     if df.empty:
         return pd.DataFrame(columns=cols)
+    df = df.assign(contended=_contended(df))
     for c in ("cpu_cores_used", "cpu_util", "cpu_seconds_per_sample", "other_cores_busy"):
         if c not in df:
             df[c] = np.nan
@@ -183,7 +197,7 @@ def aggregate(probes: pd.DataFrame) -> pd.DataFrame:
         count=("samples_per_sec", "size"), min=("samples_per_sec", "min"),
         max=("samples_per_sec", "max"), cpu_cores_used=("cpu_cores_used", "mean"),
         cpu_util=("cpu_util", "mean"), cpu_seconds_per_sample=("cpu_seconds_per_sample", "mean"),
-        other_cores_busy=("other_cores_busy", "mean"))
+        other_cores_busy=("other_cores_busy", "mean"), contended=("contended", "all"))
     g["std"] = g["std"].fillna(0.0)
     g[["tasks", "cpus_per_task", "count"]] = g[["tasks", "cpus_per_task", "count"]].astype(int)
     return g.sort_values(["tasks", "cpus_per_task"]).reset_index(drop=True)[cols]
@@ -313,6 +327,10 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
     if probes is None or len(probes) == 0 or "kind" not in probes:
         return out
     ok = probes[probes["status"] == "ok"]
+    # a disturbed ingest or served probe counts only where no undisturbed one of its kind ran
+    bad = _contended(ok)
+    clean_kinds = set(ok.loc[~bad, "kind"])
+    ok = ok[~(bad & ok["kind"].isin(clean_kinds) & ok["kind"].isin(["ingest", "served"]))]
 
     def med(df: pd.DataFrame, col: str) -> float | None:
         if col not in df:
@@ -378,69 +396,109 @@ def _rate(model: NodeModel, agg: pd.DataFrame, t: int, c: int) -> tuple[float, b
     return model.model_rate(t, c), False
 
 
+def _agg_value(agg: pd.DataFrame, t: int, c: int, col: str) -> Any:
+    """Column ``col`` of layout ``t × c`` in :func:`aggregate`'s table; ``None`` when the
+    layout was not probed or the value is NaN."""
+    row = agg[(agg["tasks"] == t) & (agg["cpus_per_task"] == c)]
+    if not len(row) or col not in row or pd.isna(row[col].iloc[0]):
+        return None
+    return row[col].iloc[0]
+
+
+def capped_speedup(speedup: float, added: float, what: str) -> tuple[float, str]:
+    """A speed-up as evidence: ``(min(speedup, added), clause)``.
+
+    ``added``: the factor of resources added between the two layouts compared (``n`` CPUs
+    for ``1×n`` over ``1×1``, ``n`` tasks for ``n×1`` over ``1×1``, ``T/n`` tasks for an
+    oversubscribed ``T×1`` over ``n×1``); ``what``: their name ("CPUs", "tasks"). More
+    resources cannot speed a pipeline up by more than they add: a larger measured ratio means
+    the smaller layout was slowed by other processes (or noise), and is capped at ``added``
+    with ``clause`` saying so (``""`` when not capped; NaN is returned as is)."""
+    if not math.isfinite(speedup) or speedup <= added * (1 + 1e-9):
+        return speedup, ""
+    return added, (f" (capped: ×{speedup:.2f} was measured with ×{added:g} the {what}, a speed-up larger "
+                   f"than the resources added: a disturbed measurement)")
+
+
+def _oversubscribed(agg: pd.DataFrame, n: int, n_one: float) -> tuple[int, float | None, str]:
+    """The most oversubscribed ``T×1`` probe (``T > n``): ``(T, its speed-up over n×1
+    capped at T/n, the cap's clause)``; ``(0, None, "")`` when none was probed."""
+    over = agg[(agg["cpus_per_task"] == 1) & (agg["tasks"] > n)]
+    if not len(over) or not n_one > 0:
+        return 0, None, ""
+    top = over.sort_values("tasks").iloc[-1]
+    t = int(top["tasks"])
+    speedup, clause = capped_speedup(float(top["mean"]) / n_one, t / n, "tasks")
+    return t, speedup, clause
+
+
+def _bottleneck_class(n: int, cpu_speedup: float, task_speedup: float, over_speedup: float | None,
+                      util_all: float | None, idle_all: float | None) -> tuple[str, str]:
+    """The class (:data:`CPU_PARALLEL`, :data:`SERIAL`, :data:`IO_BOUND`) from the capped
+    speed-ups and the ``n×1`` probes' CPU use, and the sentence saying why."""
+    io_like = (over_speedup is not None and over_speedup >= 1.2 and (util_all is None or util_all < 0.7)
+               and (idle_all is None or idle_all > 0.2)) \
+        or (util_all is not None and util_all < 0.45 and idle_all is not None and idle_all > 0.4)
+    ideal = 1.0 + 0.5 * (n - 1)  # half of linear CPU scaling
+    if io_like:
+        return IO_BOUND, ("throughput grows past the core count while the CPUs are not busy: "
+                          "the tasks wait on I/O or latency; more tasks per node (and more nodes) help")
+    if n > 1 and cpu_speedup < ideal and task_speedup >= 1.3 * cpu_speedup:
+        return SERIAL, ("more CPUs per task do not help but more tasks do: a serial stage "
+                        "(a GIL-bound py_function, a sequential source) limits each task; use 1 CPU per task")
+    return CPU_PARALLEL, "throughput scales with CPUs per task: the pipeline's map stages use the cores"
+
+
 def classify(probes: pd.DataFrame, model: NodeModel) -> dict[str, Any]:
     """Bottleneck class of the input pipeline, with its evidence.
 
     Returns ``{"class": one of CPU_PARALLEL | SERIAL | IO_BOUND, "evidence": [str, ...],
     "cpu_speedup", "task_speedup", "oversubscribed_speedup" (None if not probed),
-    "cpu_util_all_tasks", "cpu_util_one_task"}`` where the speedups compare node rates:
-    ``1×n`` over ``1×1`` (more CPUs per task), ``n×1`` over ``1×1`` (more tasks) and the
-    most oversubscribed ``T×1`` (``T > n``) over ``n×1``. Measured values are used where
-    probed, the model elsewhere (the evidence says which).
+    "cpu_util_all_tasks", "cpu_util_one_task", "disturbed"}`` where the speedups compare node
+    rates: ``1×n`` over ``1×1`` (more CPUs per task), ``n×1`` over ``1×1`` (more tasks) and
+    the most oversubscribed ``T×1`` (``T > n``) over ``n×1``, each capped at the resources
+    added (:func:`capped_speedup`). Measured values are used where probed, the model
+    elsewhere (the evidence says which). ``disturbed`` is True when a speed-up was capped or
+    a bracket (``1×1``, ``1×n``, ``n×1``) was measured only while other processes kept the
+    node's CPUs busy (the evidence says so: the class may then be wrong).
     """
     agg = aggregate(probes)
     n = model.node_cpus
     base, base_m = _rate(model, agg, 1, 1)
     one_n, one_n_m = _rate(model, agg, 1, n)
     n_one, n_one_m = _rate(model, agg, n, 1)
-    cpu_speedup = one_n / base if base > 0 else math.nan
-    task_speedup = n_one / base if base > 0 else math.nan
-    over = agg[(agg["cpus_per_task"] == 1) & (agg["tasks"] > n)]
-    over_speedup = None
-    if len(over):
-        top = over.sort_values("tasks").iloc[-1]
-        over_speedup = float(top["mean"]) / n_one if n_one > 0 else None
-    row = agg[(agg["tasks"] == n) & (agg["cpus_per_task"] == 1)]
-    util_all = float(row["cpu_util"].iloc[0]) if len(row) and pd.notna(row["cpu_util"].iloc[0]) else None
+    cpu_speedup, cpu_cap = capped_speedup(one_n / base if base > 0 else math.nan, n, "CPUs")
+    task_speedup, task_cap = capped_speedup(n_one / base if base > 0 else math.nan, n, "tasks")
+    over_tasks, over_speedup, over_cap = _oversubscribed(agg, n, n_one)
+    util_all = _agg_value(agg, n, 1, "cpu_util")
     # Idle share of the host during the n x 1 probes: low use of the CPUs only means
     # I/O or latency when the CPUs were free (not taken by other processes).
-    other = float(row["other_cores_busy"].iloc[0]) if len(row) and "other_cores_busy" in row \
-        and pd.notna(row["other_cores_busy"].iloc[0]) else 0.0
+    other = float(_agg_value(agg, n, 1, "other_cores_busy") or 0.0)
     idle_all = None if util_all is None else max(0.0, 1.0 - util_all - other / max(n, 1))
-    row1 = agg[(agg["tasks"] == 1) & (agg["cpus_per_task"] == n)]
-    util_one = float(row1["cpu_util"].iloc[0]) if len(row1) and pd.notna(row1["cpu_util"].iloc[0]) else None
+    util_one = _agg_value(agg, 1, n, "cpu_util")
 
     src = lambda m: "measured" if m else "model"  # noqa: E731
     ev = [
         f"1 task: {base:.0f} samples/s on 1 CPU ({src(base_m)}), {one_n:.0f} on {n} CPUs "
-        f"({src(one_n_m)}): ×{cpu_speedup:.2f} from more CPUs per task "
+        f"({src(one_n_m)}): ×{cpu_speedup:.2f} from more CPUs per task{cpu_cap} "
         f"(fitted parallel fraction p = {model.p:.2f})",
-        f"{n} tasks × 1 CPU: {n_one:.0f} samples/s ({src(n_one_m)}): ×{task_speedup:.2f} from more tasks",
+        f"{n} tasks × 1 CPU: {n_one:.0f} samples/s ({src(n_one_m)}): ×{task_speedup:.2f} from more tasks"
+        + task_cap,
     ]
     if util_one is not None:
         ev.append(f"1 task × {n} CPUs keeps {util_one * 100:.0f} % of its CPUs busy")
     if util_all is not None:
         ev.append(f"{n} tasks × 1 CPU keep {util_all * 100:.0f} % of the node's CPUs busy")
     if over_speedup is not None:
-        ev.append(f"{int(top['tasks'])} tasks on {n} CPUs (oversubscribed): ×{over_speedup:.2f} over {n} tasks")
-
+        ev.append(f"{over_tasks} tasks on {n} CPUs (oversubscribed): ×{over_speedup:.2f} over {n} tasks{over_cap}")
     if other > 0.2 * n:
         ev.append(f"other processes kept {other:.2f} of the {n} CPUs busy during the {n} × 1 probes")
-    io_like = (over_speedup is not None and over_speedup >= 1.2 and (util_all is None or util_all < 0.7)
-               and (idle_all is None or idle_all > 0.2)) \
-        or (util_all is not None and util_all < 0.45 and idle_all is not None and idle_all > 0.4)
-    ideal = 1.0 + 0.5 * (n - 1)  # half of linear CPU scaling
-    if io_like:
-        cls = IO_BOUND
-        ev.append("throughput grows past the core count while the CPUs are not busy: "
-                  "the tasks wait on I/O or latency; more tasks per node (and more nodes) help")
-    elif n > 1 and cpu_speedup < ideal and task_speedup >= 1.3 * cpu_speedup:
-        cls = SERIAL
-        ev.append("more CPUs per task do not help but more tasks do: a serial stage "
-                  "(a GIL-bound py_function, a sequential source) limits each task; use 1 CPU per task")
-    else:
-        cls = CPU_PARALLEL
-        ev.append("throughput scales with CPUs per task: the pipeline's map stages use the cores")
+    shaky = [f"{t}×{c}" for t, c in dict.fromkeys([(1, 1), (1, n), (n, 1)]) if _agg_value(agg, t, c, "contended")]
+    if shaky:
+        ev.append(f"{', '.join(shaky)} measured only while other processes kept the node's CPUs busy "
+                  "(see the warning at the top): this class may be wrong")
+    cls, why = _bottleneck_class(n, cpu_speedup, task_speedup, over_speedup, util_all, idle_all)
+    ev.append(why)
     return {"class": cls, "evidence": ev, "cpu_speedup": cpu_speedup, "task_speedup": task_speedup,
             "oversubscribed_speedup": over_speedup, "cpu_util_all_tasks": util_all,
-            "cpu_util_one_task": util_one}
+            "cpu_util_one_task": util_one, "disturbed": bool(cpu_cap or task_cap or over_cap or shaky)}

@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from csrun_common import exits
+from csrun_common.env import PROBE_INDEX, PROBE_PARENT
+
 __all__ = ["agent"]
 
 
@@ -48,12 +51,12 @@ def agent(spec_path: str, workers: int) -> int:
                     p.kill()
                 except ProcessLookupError:
                     pass
-        os._exit(143 if signum else 0)
+        os._exit(exits.TERMINATED if signum else exits.OK)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for i in range(workers):
-        env = dict(os.environ, CSRUN_PROBE_INDEX=str(i), CSRUN_PROBE_PARENT=str(os.getpid()))
+        env = {**os.environ, PROBE_INDEX: str(i), PROBE_PARENT: str(os.getpid())}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with open(logs / f"worker_{i}.log", "ab") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "analyzer.probe_worker", spec_path],
@@ -69,7 +72,7 @@ def agent(spec_path: str, workers: int) -> int:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         print("usage: python -m analyzer.probe_agent M SPEC.json", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exits.USAGE)
     code = agent(sys.argv[2], int(sys.argv[1]))
     sys.stdout.flush()
     os._exit(code)

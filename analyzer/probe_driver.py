@@ -16,6 +16,10 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
    chief (``served``, 1 CPU): what serving costs the input workers and the chief per
    sample, each measured in its own process (repeated once after step 4 and once more
    before stopping: the model takes the medians);
+2b. measure once more (once only) a layout, or the ingest probe, whose only measurement was
+   *contended* (other processes kept the node's CPUs busy during its window: see
+   :data:`CONTENDED_CORES`), the brackets first; what stays contended is listed by
+   :func:`disturbed` and leads the report (docs/ANALYZER.md);
 3. repeat the best layout once, so the spread is known early;
 4. if ``n × 1`` left the CPUs idle, oversubscribe (``M × 1`` with ``M > n``) to see
    whether throughput grows past the core count (I/O or latency bound);
@@ -101,10 +105,52 @@ def candidates(n: int, max_tasks: int) -> list[tuple[int, int]]:
     return out
 
 
+def is_contended(value: Any) -> bool:
+    """Whether a probe row's ``contended`` field says *contended*: ``True``, ``"True"``,
+    ``1`` (a CSV read back); ``None``, NaN, ``False`` and ``"False"`` do not."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "1.0")
+    if value is None or is_nan(value):
+        return False
+    return bool(value)
+
+
 def _clean_keys(rows: list[dict]) -> set[tuple[int, int]]:
     """Layouts with at least one successful probe that no other process disturbed."""
     return {(int(r["tasks"]), int(r["cpus_per_task"])) for r in rows
-            if r.get("kind", PROBE_KIND) == PROBE_KIND and r.get("status") == "ok" and not r.get("contended")}
+            if r.get("kind", PROBE_KIND) == PROBE_KIND and r.get("status") == "ok"
+            and not is_contended(r.get("contended"))}
+
+
+def disturbed(rows: list[dict]) -> list[dict[str, Any]]:
+    """The probes whose every successful measurement was *contended*, grouped by kind and
+    layout, in the order first probed.
+
+    ``rows``: probe-table rows (dicts; ``contended`` as written by :func:`summarize` or read
+    back from probes.csv). A group with one undisturbed ``ok`` row is not listed (the model
+    and the ingest figures then drop its contended rows). Returns ``[{"kind", "tasks",
+    "cpus_per_task", "node_cpus", "probes" (contended ok rows: 2 or more means it was measured
+    again), "other_cores_busy_min", "other_cores_busy_max" (cores other processes kept busy,
+    NaN when not recorded), "probe_ids"}]``.
+    """
+    groups: dict[tuple[str, int, int], list[dict]] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        key = (str(r.get("kind") or PROBE_KIND), int(r["tasks"]), int(r["cpus_per_task"]))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (kind, t, c), rs in groups.items():
+        if not all(is_contended(r.get("contended")) for r in rs):
+            continue
+        load = [float(r["other_cores_busy"]) for r in rs if not is_nan(r.get("other_cores_busy"))]
+        out.append({"kind": kind, "tasks": t, "cpus_per_task": c,
+                    "node_cpus": max((int(r["node_cpus"]) for r in rs if not is_nan(r.get("node_cpus"))),
+                                     default=0),
+                    "probes": len(rs), "other_cores_busy_min": min(load, default=math.nan),
+                    "other_cores_busy_max": max(load, default=math.nan),
+                    "probe_ids": [r.get("probe_id") for r in rs]})
+    return out
 
 
 def _stats(rows: list[dict]) -> dict[tuple[int, int], dict[str, float]]:
@@ -114,7 +160,7 @@ def _stats(rows: list[dict]) -> dict[tuple[int, int], dict[str, float]]:
     for r in rows:
         if r.get("kind", PROBE_KIND) != PROBE_KIND or r.get("status") != "ok":
             continue
-        if r.get("contended") and (int(r["tasks"]), int(r["cpus_per_task"])) in clean:
+        if is_contended(r.get("contended")) and (int(r["tasks"]), int(r["cpus_per_task"])) in clean:
             continue
         key = (int(r["tasks"]), int(r["cpus_per_task"]))
         out.setdefault(key, []).append(float(r["samples_per_sec"]))
@@ -163,11 +209,11 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
         return INGEST_KIND, 1, n
     if want_ingest and max_tasks >= 2 and not any(r.get("kind") == SERVED_KIND for r in rows):
         return SERVED_KIND, 2, 1
-    # 2b. a bracket measured only while other processes were busy: measure it again
-    clean = _clean_keys(rows)
-    for key in dict.fromkeys([(1, n), (n, 1), (1, 1)]):
-        if key in st and key not in clean and attempted.get(key, 0) < 2:
-            return PROBE_KIND, key[0], key[1]
+    # 2b. a layout (the brackets first) or the ingest probe measured only while other
+    # processes were busy: measure it once more
+    again = _measure_again(rows, n, cands, st, attempted, want_ingest)
+    if again is not None:
+        return again
     best = max(st, key=lambda k: st[k]["mean"])
     # 3. one repeat of the best
     if all(v["count"] < 2 for v in st.values()) and attempted.get(best, 0) < 3:
@@ -204,6 +250,24 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     if noisy:
         k = max(noisy, key=lambda k: st[k]["cv"])
         return PROBE_KIND, k[0], k[1]
+    return None
+
+
+def _measure_again(rows: list[dict], n: int, cands: list[tuple[int, int]],
+                   st: dict[tuple[int, int], dict[str, float]], attempted: dict[tuple[int, int], int],
+                   want_ingest: bool) -> tuple[str, int, int] | None:
+    """Step 2b of the planner: the first candidate layout (``cands``: those the processes
+    allow) with a successful probe but none undisturbed and a single attempt (the brackets
+    ``1 × n``, ``n × 1``, ``1 × 1`` first), else the ingest probe when its only run was
+    contended; ``None`` when nothing is to be measured again."""
+    clean = _clean_keys(rows)
+    for key in dict.fromkeys([(1, n), (n, 1), (1, 1), *cands]):
+        if key in cands and key in st and key not in clean and attempted.get(key, 0) < 2:
+            return PROBE_KIND, key[0], key[1]
+    ingest = [r for r in rows if r.get("kind") == INGEST_KIND]
+    if want_ingest and len(ingest) == 1 and ingest[0].get("status") == "ok" \
+            and is_contended(ingest[0].get("contended")):
+        return INGEST_KIND, 1, n
     return None
 
 
@@ -838,8 +902,10 @@ def _row_line(row: dict) -> str:
     what = f"{row['kind']} {row['tasks']} task(s) × {row['cpus_per_task']} CPU(s)"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['error']}"
+    busy = (f"; disturbed: other processes kept {row.get('other_cores_busy', math.nan):.2f} cores busy"
+            if is_contended(row.get("contended")) else "")
     return (f"{what}: {row['samples_per_sec']:.0f} samples/s, {row['cpu_cores_used']:.2f} cores busy "
-            f"({row['cpu_util'] * 100:.0f} %)")
+            f"({row['cpu_util'] * 100:.0f} %){busy}")
 
 
 class _Progress:

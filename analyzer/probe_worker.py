@@ -62,7 +62,9 @@ from typing import Any
 
 import psutil
 
+from csrun_common import exits
 from csrun_common.atomic import write_json
+from csrun_common.env import PROBE_INDEX, PROBE_PARENT
 from csrun_runtime import contract, pipeline, rendezvous, service
 from csrun_runtime.capture import load_entry
 
@@ -517,7 +519,7 @@ def _error(exc: BaseException) -> dict:
 
 
 def _index(spec: dict) -> int:
-    for v in (spec.get("index"), os.environ.get("CSRUN_PROBE_INDEX"), os.environ.get("SLURM_PROCID")):
+    for v in (spec.get("index"), os.environ.get(PROBE_INDEX), os.environ.get("SLURM_PROCID")):
         if v is not None and str(v) != "":
             return int(v)
     return 0
@@ -534,7 +536,7 @@ def serve(spec: dict, index: int, entry: ProbedPipeline, allowed: list[int]) -> 
     res_dir = workdir / "res"
     res_dir.mkdir(parents=True, exist_ok=True)
     deadline = float(spec.get("deadline", time.time() + 3600))
-    ppid = int(os.environ.get("CSRUN_PROBE_PARENT") or 0)
+    ppid = int(os.environ.get(PROBE_PARENT) or 0)
     seq = 0
     while time.time() < deadline and _alive(ppid):
         path = cmd_dir / f"{seq}.json"
@@ -564,7 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m analyzer.probe_worker SPEC.json", file=sys.stderr)
-        os._exit(2)
+        os._exit(exits.USAGE)
     spec = json.loads(Path(argv[0]).read_text())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     index = _index(spec)

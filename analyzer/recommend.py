@@ -56,7 +56,10 @@ the layouts within ``tolerance`` (5 %) of the best rate for the available nodes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
+
+from csrun_common.layout import LayoutSpec
 
 from .model import NodeModel
 
@@ -114,8 +117,10 @@ def _chief_costs(ingest: dict) -> tuple[float, float]:
 
 def chief_task_cpus(model: NodeModel, cpus_per_task: int, single_task_nodes: int = 0) -> int:
     """CPUs of the chief's task: ``cpus_per_task`` with no single-task node, else the whole
-    node's (``model.node_cpus``), as :func:`launcher.layout.plan_layout` gives them."""
-    return int(model.node_cpus if single_task_nodes else cpus_per_task)
+    node's (``model.node_cpus``), as :func:`launcher.layout.plan_layout` gives them
+    (:meth:`csrun_common.layout.LayoutSpec.chief_task_cpus`)."""
+    spec = LayoutSpec(1 + single_task_nodes, 1, cpus_per_task, single_task_nodes)
+    return int(spec.chief_task_cpus(model.node_cpus) or 0)
 
 
 def _fraction(load: float, flow: float, outside: float, limit: float, cores: float, k_c: float) -> float | None:
@@ -153,30 +158,147 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     "chief_input_samples_per_sec": samples/s of the chief's input worker (0 without one)}``.
     Raises ``ValueError`` for N < 1, T < 1, C < 1, S outside [0, N), or ``chief_input_cpus``
     below 0 or above the chief task's CPUs.
+
+    The steps: :func:`_check_layout`, the in-process case (:func:`_in_process`), the plan
+    of input workers and CPU domains (:func:`_balance`), their fixed point
+    (:meth:`_Balance.settle`) and the summary (:func:`_prediction`).
     """
     N, T, C, S = int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes)
     L = int(chief_input_cpus)
+    c_task = _check_layout(model, N, T, C, S, L)
+    base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S,
+            "chief_input_cpus": L}
+    if N == 1 and T == 1 and S == 0 and L == 0:
+        return _in_process(model, base, C)
+    bal = _balance(model, N, T, C, S, L, c_task, ingest or {}, topology)
+    bal.settle()
+    return _prediction(model, base, bal, topology)
+
+
+def _check_layout(model: NodeModel, N: int, T: int, C: int, S: int, L: int) -> int:
+    """The chief task's CPUs (:func:`chief_task_cpus`) of a valid layout; raises
+    ``ValueError`` as :func:`predict_layout` says."""
     if N < 1 or T < 1 or C < 1 or not (0 <= S < max(N, 1)) or (S and S >= N):
         raise ValueError(f"bad layout N={N} T={T} C={C} S={S}")
     c_task = chief_task_cpus(model, C, S)
     if not 0 <= L <= c_task:
         raise ValueError(f"chief input CPUs {L}: must be 0 to the chief task's {c_task} CPU(s)")
-    ingest = ingest or {}
+    return c_task
+
+
+def _in_process(model: NodeModel, base: dict[str, Any], C: int) -> dict[str, Any]:
+    """:func:`predict_layout`'s result for ``N = T = 1``, ``S = L = 0``: the pipeline runs
+    inside the chief at the probed ``1 × C`` rate."""
+    rate = model.node_rate(1, C)
+    rel = model.node_rel_spread(1, C)
+    return {**base, "input_workers": 0, "predicted_samples_per_sec": rate,
+            "interval": [rate * max(0.0, 1 - Z * rel), rate * (1 + Z * rel)],
+            "workers_rate": rate, "limited_by": "in-process pipeline", "per_node": [rate],
+            "chief_input_samples_per_sec": 0.0}
+
+
+@dataclass
+class _Balance:
+    """The input workers of a layout and the CPU domains they share, balanced to a fixed
+    point (:meth:`settle`).
+
+    ``plan``: :func:`_nodes` entries (the chief input worker's last, at index ``ci``);
+    ``domains``: ``[(cores, [plan indices])]``; ``raw``: each entry's probed rate
+    (samples/s); ``cost``: its CPU-seconds per delivered sample (pipeline plus serving);
+    ``eff``: its rate within its own CPUs (the pinned chief input worker's ``L``);
+    ``cap``: the chief's measured ingest cap; ``chief_cap``: the chief's stream limit
+    (its CPUs over ``k_c``, lowered when its domain is full); ``scale``: what the domains
+    leave each entry; ``share``: with ``L = C_c``, the chief input worker's share of the
+    CPUs the chief leaves.
+    """
+
+    plan: list[dict[str, Any]]
+    domains: list[tuple[float, list[int]]]
+    raw: list[float]
+    cost: list[float]
+    eff: list[float]
+    ci: int | None
+    pinned: bool
+    cap: float
+    chief_cap: float
+    k_c: float
+    c_task: int
+    scale: list[float] = field(default_factory=list)
+    share: float = 1.0
+
+    def current(self) -> list[float]:
+        """Each plan entry's delivered rate (samples/s) as balanced so far."""
+        out = [r * s for r, s in zip(self.eff, self.scale, strict=True)]
+        if self.ci is not None:
+            out[self.ci] *= self.share
+        return out
+
+    def settle(self, rounds: int = 60) -> None:
+        """Scale the entries down, domain by domain (the chief's last: its fit depends on the
+        rate every other domain delivers), until every domain fits its cores (at most
+        ``rounds`` passes)."""
+        domains = sorted(self.domains, key=lambda d: 0 in d[1])
+        for _ in range(rounds):
+            changed = False
+            for cores, idx in domains:
+                changed = self._fit(cores, idx) or changed
+            if not changed:
+                break
+
+    def _fit(self, cores: float, idx: list[int]) -> bool:
+        """Fit one domain of ``cores`` holding plan entries ``idx``; True when anything
+        changed."""
+        changed = False
+        rates = self.current()
+        total = sum(rates)
+        chief_here = 0 in idx and self.k_c > 0
+        if chief_here and self.ci is not None and not self.pinned and self._share_chief_task(rates, total):
+            changed = True
+            rates = self.current()
+            total = sum(rates)
+        delivered = min(total, self.cap, self.chief_cap)
+        load = sum(rates[i] * self.cost[i] for i in idx)
+        demand = load + (delivered * self.k_c if chief_here else 0.0)
+        if demand <= cores * (1 + 1e-6):
+            return changed
+        if chief_here:
+            flow = sum(rates[i] for i in idx)
+            f = _fraction(load, flow, total - flow, min(self.cap, self.chief_cap), cores, self.k_c)
+            if f is None:  # the chief alone fills its domain: it caps the job, its workers idle
+                self.chief_cap, f = min(self.chief_cap, cores / self.k_c), 0.0
+        else:
+            f = cores / demand
+        for i in idx:
+            self.scale[i] *= f
+        return True
+
+    def _share_chief_task(self, rates: list[float], total: float) -> bool:
+        """``L = C_c``: the chief input worker takes what the chief leaves of its task's CPUs
+        (:func:`_fraction`); True when its share changed."""
+        ci = self.ci
+        assert ci is not None
+        full = self.eff[ci] * self.scale[ci]
+        f_ci = _fraction(full * self.cost[ci], full, total - rates[ci], min(self.cap, self.chief_cap),
+                         self.c_task, self.k_c)
+        f_ci = 0.0 if f_ci is None else f_ci
+        if abs(f_ci - self.share) > 1e-9:
+            self.share = f_ci
+            return True
+        return False
+
+
+def _balance(model: NodeModel, N: int, T: int, C: int, S: int, L: int, c_task: int, ingest: dict,
+             topology: dict | None) -> _Balance:
+    """The unbalanced :class:`_Balance` of a layout with input workers: the per-node plan
+    (:func:`_nodes`) plus the chief input worker (:func:`_chief_input_entry`, in the
+    chief's domain), the CPU domains (:func:`_domains`), the service costs
+    (:func:`_chief_costs`) and caps, and, for a pinned chief input worker (``L < C_c``,
+    :func:`csrun_runtime.chief_input.split_cpus`), the worker on its ``L`` CPUs and the
+    chief on the rest."""
     k_c, h_w = _chief_costs(ingest)
     measured_cap = ingest.get("samples_per_sec") or math.inf
     # A CPU-bound ingest probe measured its node's CPUs, which the chief's domain models.
     cap = math.inf if (ingest.get("cpu_bound") and k_c > 0) else measured_cap
-    base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S,
-            "chief_input_cpus": L}
-
-    if N == 1 and T == 1 and S == 0 and L == 0:
-        rate = model.node_rate(1, C)
-        rel = model.node_rel_spread(1, C)
-        return {**base, "input_workers": 0, "predicted_samples_per_sec": rate,
-                "interval": [rate * max(0.0, 1 - Z * rel), rate * (1 + Z * rel)],
-                "workers_rate": rate, "limited_by": "in-process pipeline", "per_node": [rate],
-                "chief_input_samples_per_sec": 0.0}
-
     plan = _nodes(model, N, T, C, S)
     domains = _domains(plan, model.node_cpus, topology)
     ci: int | None = None  # the chief input worker's plan index
@@ -193,70 +315,35 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
         eff[ci] = min(raw[ci], L / cost[ci]) if cost[ci] > 0 else raw[ci]
         if k_c > 0:
             chief_cap = (c_task - L) / k_c
-    scale = [1.0] * len(plan)  # what the CPU domains leave each entry
-    share = 1.0  # L = C_c: the chief input worker's share of the CPUs the chief leaves
-    # The chief's domain last: its fit depends on the rate every other domain delivers.
-    domains = sorted(domains, key=lambda d: 0 in d[1])
+    return _Balance(plan=plan, domains=domains, raw=raw, cost=cost, eff=eff, ci=ci, pinned=pinned, cap=cap,
+                    chief_cap=chief_cap, k_c=k_c, c_task=c_task, scale=[1.0] * len(plan))
 
-    def current() -> list[float]:
-        out = [r * s for r, s in zip(eff, scale, strict=True)]
-        if ci is not None:
-            out[ci] *= share
-        return out
 
-    for _ in range(60):
-        changed = False
-        for cores, idx in domains:
-            rates = current()
-            total = sum(rates)
-            delivered = min(total, cap, chief_cap)
-            chief_here = 0 in idx and k_c > 0
-            if chief_here and ci is not None and not pinned:  # the worker takes what the chief leaves
-                full = eff[ci] * scale[ci]
-                f_ci = _fraction(full * cost[ci], full, total - rates[ci], min(cap, chief_cap), c_task, k_c)
-                f_ci = 0.0 if f_ci is None else f_ci
-                if abs(f_ci - share) > 1e-9:
-                    share, changed = f_ci, True
-                    rates = current()
-                    total = sum(rates)
-                    delivered = min(total, cap, chief_cap)
-            load = sum(rates[i] * cost[i] for i in idx)
-            demand = load + (delivered * k_c if chief_here else 0.0)
-            if demand <= cores * (1 + 1e-6):
-                continue
-            if chief_here:
-                flow = sum(rates[i] for i in idx)
-                f = _fraction(load, flow, total - flow, min(cap, chief_cap), cores, k_c)
-                if f is None:  # the chief alone fills its domain: it caps the job, its workers idle
-                    chief_cap, f = min(chief_cap, cores / k_c), 0.0
-            else:
-                f = cores / demand
-            for i in idx:
-                scale[i] *= f
-            changed = True
-        if not changed:
-            break
-    rates = current()
+def _prediction(model: NodeModel, base: dict[str, Any], bal: _Balance, topology: dict | None) -> dict[str, Any]:
+    """:func:`predict_layout`'s result from the settled :class:`_Balance`: the delivered
+    rate, what limits it, its interval and the per-node rates."""
+    rates = bal.current()
     wrate = sum(rates)
-    pred = min(wrate, cap, chief_cap)
-    if min(cap, chief_cap) < wrate * (1 - 1e-6):
+    pred = min(wrate, bal.cap, bal.chief_cap)
+    if min(bal.cap, bal.chief_cap) < wrate * (1 - 1e-6):
         limited = "chief ingest"
-    elif any(s < 0.999 for s in scale):
+    elif any(s < 0.999 for s in bal.scale):
         limited = "shared host CPUs" if topology else "node CPUs (pipeline and serving)"
     else:
         limited = "input workers"
     # Relative spread of a sum of independent nodes: rate-weighted RMS (kept conservative:
     # no 1/sqrt(N) shrink).
-    rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, plan, strict=True)) /
+    rel = math.sqrt(sum((r * p["rel"]) ** 2 for r, p in zip(rates, bal.plan, strict=True)) /
                     max(sum(r * r for r in rates), 1e-12)) if wrate > 0 else model.rel_spread
     rel = max(rel, model.rel_spread)
+    ci = bal.ci
     per_node = rates[:len(rates) - (1 if ci is not None else 0)]
     ci_rate = rates[ci] if ci is not None else 0.0
     per_node[0] += ci_rate
-    workers = sum(p["workers"] for p in plan)
+    workers = sum(p["workers"] for p in bal.plan)
     return {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
             "interval": [pred * max(0.0, 1 - Z * rel), pred * (1 + Z * rel)],
-            "workers_rate": sum(raw), "limited_by": limited, "per_node": per_node,
+            "workers_rate": sum(bal.raw), "limited_by": limited, "per_node": per_node,
             "chief_input_samples_per_sec": ci_rate}
 
 

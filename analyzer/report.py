@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from csrun_common import atomic
+from csrun_common.layout import LayoutSpec
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
 
@@ -70,13 +71,8 @@ def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: s
                       shard_plan: str | None = None) -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
     (``--chief-input-cpus L`` when the recommendation gives the chief's task an input worker
-    of ``L`` CPUs)."""
-    words = ["csrun_wse", "--total-nodes", str(rec["nodes"]), "--tasks-per-node", str(rec["tasks_per_node"]),
-             "--cpus-per-task", str(rec["cpus_per_task"])]
-    if rec.get("single_task_nodes"):
-        words += ["--single-task-nodes", str(rec["single_task_nodes"])]
-    if rec.get("chief_input_cpus"):
-        words += ["--chief-input-cpus", str(rec["chief_input_cpus"])]
+    of ``L`` CPUs). The layout's flags: :meth:`csrun_common.layout.LayoutSpec.to_flags`."""
+    words = ["csrun_wse", *LayoutSpec.from_record(rec).to_flags()]
     if mount_dirs:
         words += ["--mount-dirs", mount_dirs]
     if shard_plan:
@@ -95,11 +91,13 @@ def _fmt_rate(x: Any) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    """The text report of a ``report.json`` dict: the header, the recommendation with the
-    target's verdict, the bottleneck's evidence, the fitted model, the probe table, the next
-    best layouts, the notes and the ``csrun_wse`` command to run."""
+    """The text report of a ``report.json`` dict: a warning naming the disturbed probes first
+    (:func:`warning_lines`), the header, the recommendation with the target's verdict, the
+    bottleneck's evidence, the fitted model, the probe table, the next best layouts, the
+    notes and the ``csrun_wse`` command to run."""
     rec = report.get("recommendation") or {}
-    lines = ["cs_input_analyzer report", "========================", ""] + _header_lines(report) + [""]
+    lines = warning_lines(report) + ["cs_input_analyzer report", "========================", ""]
+    lines += _header_lines(report) + [""]
     if not rec:
         lines.append("No recommendation: " + (report.get("error") or "no successful probe"))
         return "\n".join(lines + _notes(report)) + "\n"
@@ -112,6 +110,42 @@ def render_text(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def warning_lines(report: dict[str, Any]) -> list[str]:
+    """The lines that lead the text report when probes stayed disturbed (``report["disturbed"]``:
+    :func:`analyzer.probe_driver.disturbed`): one per probe kind and ``T×C`` with the cores
+    other processes kept busy and whether it was measured again (the planner does so once,
+    budget permitting; docs/ANALYZER.md), then a blank line. ``[]`` when none was."""
+    dist = report.get("disturbed") or []
+    if not dist:
+        return []
+    lines = ["WARNING: disturbed measurements: other processes kept the probe node's CPUs busy while these",
+             "  probes ran, and no undisturbed measurement of them was made:"]
+    for d in dist:
+        lines.append(f"  - {d.get('kind', 'pipeline')} {d['tasks']}×{d['cpus_per_task']}: {_load_clause(d)}; "
+                     + _again_clause(d, report.get("stopped")))
+    lines += ["  The rates, the bottleneck and the recommendation below rest on these figures: rerun on a quiet",
+              "  node (nothing else running on it) before relying on them.", ""]
+    return lines
+
+
+def _load_clause(d: dict[str, Any]) -> str:
+    lo, hi, n = d.get("other_cores_busy_min"), d.get("other_cores_busy_max"), d.get("node_cpus")
+    of = f" of the {n} CPUs" if n else " CPUs"
+    if not _finite(lo) or not _finite(hi):
+        return "other processes kept CPUs busy"
+    lo, hi = float(lo), float(hi)  # type: ignore[arg-type]  # _finite: numbers
+    load = f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}–{hi:.2f}"
+    return f"other processes kept {load}{of} busy"
+
+
+def _again_clause(d: dict[str, Any], stopped: Any) -> str:
+    if int(d.get("probes") or 1) >= 2:
+        return f"measured {d['probes']} times, disturbed every time"
+    if stopped == "budget":
+        return "not measured again: the time budget ran out (a larger --time-budget measures it again)"
+    return "not measured again"
+
+
 def _header_lines(report: dict[str, Any]) -> list[str]:
     where = report.get("probed_on") or {}
     probes = report.get("probes", [])
@@ -119,7 +153,14 @@ def _header_lines(report: dict[str, Any]) -> list[str]:
             f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
             f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
             f"{sum(1 for p in probes if p.get('status') == 'ok')} probe(s) ok, "
-            f"{sum(1 for p in probes if p.get('status') != 'ok')} failed"]
+            f"{sum(1 for p in probes if p.get('status') != 'ok')} failed"
+            + (f", {busy} disturbed by other processes" if (busy := sum(1 for p in probes if p.get("status") == "ok"
+                                                                        and _contended(p))) else "")]
+
+
+def _contended(probe: dict[str, Any]) -> bool:
+    """The probe row's ``contended`` flag (a bool, or a string read back from probes.csv)."""
+    return str(probe.get("contended")).strip().lower() in ("true", "1", "1.0")
 
 
 def _recommendation_lines(rec: dict[str, Any]) -> list[str]:

@@ -31,8 +31,10 @@ from typing import Any
 
 import click
 
+from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
@@ -85,17 +87,13 @@ def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single
                           rep.get("topology"), chief_input_cpus)
 
 
-def drain_command(rep: dict[str, Any], out_dir: Path, layout: dict[str, int], seconds: float, warmup: float,
-                  mount_dirs: str | None) -> list[str]:
-    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout``
-    (``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``,
-    the last two optional)."""
-    argv = [console_script("csrun_wse"), "--total-nodes", str(layout["nodes"]), "--tasks-per-node",
-            str(layout["tasks_per_node"]), "--cpus-per-task", str(layout["cpus_per_task"])]
-    if layout.get("single_task_nodes"):
-        argv += ["--single-task-nodes", str(layout["single_task_nodes"])]
-    if layout.get("chief_input_cpus"):
-        argv += ["--chief-input-cpus", str(layout["chief_input_cpus"])]
+def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] | LayoutSpec, seconds: float,
+                  warmup: float, mount_dirs: str | None) -> list[str]:
+    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout`` (a
+    :class:`~csrun_common.layout.LayoutSpec`, or its record ``{"nodes", "tasks_per_node",
+    "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``, the last two optional); its
+    flags: :meth:`~csrun_common.layout.LayoutSpec.to_flags`."""
+    argv = [console_script("csrun_wse"), *LayoutSpec.from_record(layout).to_flags()]
     md = mount_dirs or rep.get("mount_dirs")
     if md:
         argv += ["--mount-dirs", md]
@@ -120,22 +118,15 @@ def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None,
     (``None``: not given). Overriding nodes, tasks or CPUs starts a layout without
     single-task nodes and without the chief's input worker unless ``chief_input_cpus`` is
     given. Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-    "chief_input_cpus"}``. Raises :class:`CsrunError` for more CPUs than a node's
-    ``node_cpus`` or ``chief_input_cpus`` above the chief task's CPUs."""
+    "chief_input_cpus"}`` (:meth:`csrun_common.layout.LayoutSpec.record`). Raises
+    :class:`CsrunError` naming the flag for more CPUs than a node's ``node_cpus`` or
+    ``chief_input_cpus`` above the chief task's CPUs (:meth:`LayoutSpec.check_node`)."""
     override = bool(nodes or tasks or cpus)
-    layout = {"nodes": nodes or rec["nodes"], "tasks_per_node": tasks or rec["tasks_per_node"],
-              "cpus_per_task": cpus or rec["cpus_per_task"],
-              "single_task_nodes": 0 if override else rec.get("single_task_nodes", 0),
-              "chief_input_cpus": chief_input_cpus if chief_input_cpus is not None
-              else (0 if override else rec.get("chief_input_cpus") or 0)}
-    if layout["tasks_per_node"] * layout["cpus_per_task"] > node_cpus:
-        raise CsrunError(f"--tasks-per-node {layout['tasks_per_node']} × --cpus-per-task "
-                         f"{layout['cpus_per_task']}: more than the {node_cpus} CPUs of a node")
-    chief = node_cpus if layout["single_task_nodes"] else layout["cpus_per_task"]
-    if layout["chief_input_cpus"] > chief:
-        raise CsrunError(f"--chief-input-cpus {layout['chief_input_cpus']}: more than the chief task's "
-                         f"{chief} CPU(s)")
-    return layout
+    spec = LayoutSpec(nodes or rec["nodes"], tasks or rec["tasks_per_node"], cpus or rec["cpus_per_task"],
+                      0 if override else rec.get("single_task_nodes", 0),
+                      chief_input_cpus if chief_input_cpus is not None
+                      else (0 if override else rec.get("chief_input_cpus") or 0))
+    return spec.check_node(node_cpus).record()
 
 
 def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
@@ -181,7 +172,8 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
         tail = log_path.read_text(errors="replace").strip().splitlines()[-8:] if log_path.exists() else []
         rec_out.update({"measured_samples_per_sec": None, "error_pct": None, "within_interval": None,
                         "error": drain_res.get("error") or (f"csrun_wse exited {rc}" + (
-                            " (timeout)" if rc == 124 else "")) + ("; log: " + " | ".join(tail) if tail else "")})
+                            " (timeout)" if rc == exits.TIMEOUT else ""))
+                        + ("; log: " + " | ".join(tail) if tail else "")})
     write_json(d / "verify.json", rec_out)
     with open(d / "verify_history.jsonl", "a") as f:
         f.write(json.dumps(rec_out, default=str) + "\n")
@@ -238,7 +230,7 @@ def launch_drain(argv: Sequence[str], cwd: str, log_path: Path, result_path: Pat
             timed_out = now > t0 + timeout_s
             if timed_out or (t_result is not None and now - t_result > grace_s):
                 stop_process_group(proc, grace=15.0)
-                rc = 124 if timed_out else (proc.returncode if proc.returncode is not None else 0)
+                rc = exits.TIMEOUT if timed_out else (proc.returncode if proc.returncode is not None else 0)
                 return DrainLaunch(rc, time.monotonic() - t0, t_result is not None)
 
 

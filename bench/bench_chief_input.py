@@ -8,7 +8,7 @@ process produces at one core's pace whatever its threads) trains a small model o
   input worker, the best csrun layout on one node before the chief could produce;
 * ``chief_input`` — the same with ``--chief-input-cpus 1``: input worker 0 runs in the chief's
   task at nice 10 beside training (the test cluster does not bind tasks to CPUs, so it shares
-  them; README "The chief's node feeds input"), worker 1 in the other task;
+  them; docs/CHIEF-INPUT.md), worker 1 in the other task;
 * ``producers`` — the reference: two processes on the host iterating ``input_fn`` as input
   workers 0 and 1 of 2 (each held to 1 thread), no Slurm, no training; their summed rate is
   what two producer processes give.

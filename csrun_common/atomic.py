@@ -2,6 +2,10 @@
 
 The one helper for write-to-a-temporary-file-then-rename in csrun (model_dir artifacts,
 rendezvous files, probe results, reports, shard plans, benchmark results).
+
+Files are created with the mode ``open()`` would give them (``0o666`` less the process's
+umask: 0644 under the usual 022), as checkpoints and TensorBoard events are, so teammates
+on a shared cluster can read them; ``tempfile.mkstemp`` alone would leave them 0600.
 """
 from __future__ import annotations
 
@@ -13,19 +17,36 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "write_json", "write_text", "read_json"]
+__all__ = ["atomic_open", "write_json", "write_text", "read_json", "current_umask"]
+
+
+def current_umask() -> int:
+    """The process's umask (e.g. ``0o022``): the ``Umask:`` line of ``/proc/self/status``
+    (Linux >= 4.7, read without changing anything), else set and restored with ``os.umask``."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path`` for writing; on a clean exit of the ``with``
     block it is renamed over ``path`` (``os.replace``: atomic on POSIX); on an exception
-    it is removed and ``path`` is left as it was. Creates the parent directory.
+    it is removed and ``path`` is left as it was. Creates the parent directory. The file
+    gets ``0o666 & ~umask`` (:func:`current_umask`), as a plain ``open()`` would give it.
     ``mode`` is ``"w"`` (text, UTF-8) or ``"wb"``."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, p)

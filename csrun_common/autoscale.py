@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .env import AUTOSCALE
+
 __all__ = ["AutoscaleSpec", "ENV", "POLICIES", "parse_env", "plan_autoscale"]
 
-#: The task environment variable that carries the setting.
-ENV = "CSRUN_AUTOSCALE"
+#: The task environment variable that carries the setting (declared in csrun_common.env).
+ENV = AUTOSCALE
 #: ``rate``: grow to the tf.data service AutoScaler's estimate at once
 #: (``ceil(consumer rate / mean worker throughput)``); ``step``: ±1 worker per window (Cachew).
 POLICIES = ("rate", "step")

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from .exits import INTERRUPTED, USAGE
+
 __all__ = ["one_line_main", "OneLineErrors"]
 
 
@@ -23,10 +25,10 @@ def one_line_main(super_main: Callable[..., Any], prog: str, args: Sequence[str]
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.Abort:
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
     except click.UsageError as exc:
         click.echo(f"{prog}: error: {exc.format_message()}", err=True)
-        sys.exit(2)
+        sys.exit(USAGE)
     except click.ClickException as exc:
         click.echo(f"{prog}: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

@@ -6,6 +6,8 @@ Every CLI (``csrun_wse``, ``csrun_cpu``, ``cs_input_analyzer``) prints a
 """
 from __future__ import annotations
 
+from .exits import USAGE
+
 
 class CsrunError(Exception):
     """Bad input or an unusable environment, reported as one line.
@@ -15,9 +17,9 @@ class CsrunError(Exception):
     nothing has been submitted) unless the raiser says otherwise (1: a run that failed).
     """
 
-    exit_code = 2
+    exit_code = USAGE
 
-    def __init__(self, message: str, exit_code: int = 2):
+    def __init__(self, message: str, exit_code: int = USAGE):
         super().__init__(message)
         self.exit_code = exit_code
 

@@ -22,6 +22,10 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from . import env as codec
+from .env import ADVERTISE_HOST, RENDEZVOUS_KEY, SHARD_PLAN, WORKER_INDEX, WORKER_JOB, EnvError, TaskEnv
 
 __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
            "RENDEZVOUS_ENV", "ADOPT_ENV", "WORKER_JOB_ENV"]
@@ -29,24 +33,26 @@ __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CH
 #: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
 CHIEF_INPUT = "chief-input"
 #: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md; ``chief-input``
-#: is set by the chief for its own input worker, not by csrun_wse).
-COMPONENTS = ("chief", "single-task", "worker", CHIEF_INPUT)
+#: is set by the chief for its own input worker, not by csrun_wse): :data:`csrun_common.env.ROLE_VALUES`.
+COMPONENTS = codec.ROLE_VALUES
+# The variables below are declared in csrun_common.env (docs/ENV.md); these names are kept
+# for the modules that import them from here.
 #: The chief's component: CPUs of its task that run input worker 0 (``--chief-input-cpus``).
-CHIEF_INPUT_ENV = "CSRUN_CHIEF_INPUT_CPUS"
+CHIEF_INPUT_ENV = codec.CHIEF_INPUT_CPUS
 #: The rendezvous key shared by the chief's job and the input workers' own job
 #: (``csrun_wse --survive-node-loss``: two Slurm jobs, so no job id names it for both).
-RENDEZVOUS_ENV = "CSRUN_RENDEZVOUS_KEY"
+RENDEZVOUS_ENV = RENDEZVOUS_KEY
 #: The input-worker index a worker task's supervisor gives a process it starts for a worker
 #: lost with its node (``--survive-node-loss``; :mod:`csrun_runtime.supervise`): it replaces the
 #: index of the task's own position.
-ADOPT_ENV = "CSRUN_WORKER_INDEX"
+ADOPT_ENV = WORKER_INDEX
 #: Set (``1``) by csrun_wse on every task of a ``--survive-node-loss`` run: the chief orders
 #: adoptions of workers lost with their node, and the supervisors of the input workers' job
 #: carry them out (csrun_runtime.elastic, csrun_runtime.supervise).
-WORKER_JOB_ENV = "CSRUN_WORKER_JOB"
+WORKER_JOB_ENV = WORKER_JOB
 
 
-class RoleError(ValueError):
+class RoleError(EnvError):
     """The environment does not describe a valid task (names the offending variable)."""
 
 
@@ -136,18 +142,17 @@ class Role:
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or str(raw).strip() == "":
-        if default is None:
-            raise RoleError(f"{name} is required when CSRUN_ROLE is set (docs/CONTRACT.md)")
-        return default
     try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise RoleError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise RoleError(f"{name}={value} must be >= {minimum}")
-    return value
+        return codec.read_int(env, name, default, minimum)
+    except EnvError as exc:
+        raise RoleError(str(exc)) from None
+
+
+def _decode(env: Mapping[str, str]) -> TaskEnv:
+    try:
+        return TaskEnv.decode(env)
+    except EnvError as exc:
+        raise RoleError(str(exc)) from None
 
 
 def resolve_role(env: Mapping[str, str] | None = None) -> Role:
@@ -165,65 +170,47 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
             workers), a value is not an integer, or the resulting worker index is outside
             ``[0, CSRUN_NUM_WORKERS)``. The message names the variable.
 
-    Rules: docs/CONTRACT.md ("Role of a task").
+    Rules: docs/CONTRACT.md ("Role of a task"); the variables: :class:`csrun_common.env.TaskEnv`.
     """
     env = os.environ if env is None else env
-    node = env.get("SLURMD_NODENAME") or socket.gethostname()
-    host = env.get("CSRUN_ADVERTISE_HOST") or socket.gethostname()
-    cpus_raw = (env.get("CSRUN_CPUS_PER_TASK") or "").strip()
-    try:
-        cpus = int(cpus_raw) if cpus_raw else None
-    except ValueError:
-        raise RoleError(f"CSRUN_CPUS_PER_TASK={cpus_raw!r} is not an integer") from None
-    if cpus is not None and cpus < 1:
-        raise RoleError(f"CSRUN_CPUS_PER_TASK={cpus} must be >= 1")
-    shard_plan = env.get("CSRUN_SHARD_PLAN") or None
-    execution_mode = env.get("CSRUN_EXECUTION_MODE") or None
-
-    component = env.get("CSRUN_ROLE")
-    if component is None or component.strip() == "":
-        return Role(kind="chief", worker_index=None, num_workers=0, node=node, host=host,
-                    cpus_per_task=cpus, shard_plan=shard_plan, execution_mode=execution_mode,
-                    job_id=env.get("SLURM_JOB_ID") or None,
-                    step_id=(env.get("SLURM_STEP_ID") or "0") if env.get("SLURM_JOB_ID") else None)
-    component = component.strip()
-    if component not in COMPONENTS:
-        raise RoleError(f"CSRUN_ROLE={component!r} is not one of {', '.join(COMPONENTS)}")
-
+    task = _decode(env)
+    where: dict[str, Any] = {"node": env.get("SLURMD_NODENAME") or socket.gethostname(),
+             "host": ADVERTISE_HOST.text(env) or socket.gethostname(), "cpus_per_task": task.cpus_per_task,
+             "shard_plan": SHARD_PLAN.text(env), "execution_mode": task.execution_mode}
+    if task.role is None:
+        return Role(kind="chief", worker_index=None, num_workers=0, job_id=env.get("SLURM_JOB_ID") or None,
+                    step_id=(env.get("SLURM_STEP_ID") or "0") if env.get("SLURM_JOB_ID") else None, **where)
     procid = _int(env, "SLURM_PROCID")
-    num_workers = _int(env, "CSRUN_NUM_WORKERS")
-    task_offset = _int(env, "CSRUN_TASK_OFFSET", default=0)
-    worker_offset = _int(env, "CSRUN_WORKER_OFFSET", default=0)
-    het_group = _int(env, "CSRUN_HET_GROUP", default=0)
-    local = procid - task_offset
-    if local < 0:
-        raise RoleError(f"SLURM_PROCID={procid} is below CSRUN_TASK_OFFSET={task_offset}")
-
-    if component == "chief":
-        if local == 0:
-            kind, index = "chief", None
-        else:
-            kind, index = "worker", worker_offset + local - 1
-    elif component in ("single-task", CHIEF_INPUT):
-        if local != 0:
-            raise RoleError(f"a {component} component has one task, but SLURM_PROCID={procid} "
-                            f"- CSRUN_TASK_OFFSET={task_offset} = {local}")
-        kind, index = "worker", worker_offset
-    else:
-        kind, index = "worker", worker_offset + local
-    if env.get(ADOPT_ENV) and kind == "worker":
-        index = _int(env, ADOPT_ENV)
-    if index is not None and not 0 <= index < num_workers:
-        raise RoleError(f"input-worker index {index} (from SLURM_PROCID={procid}, "
-                        f"CSRUN_TASK_OFFSET={task_offset}, CSRUN_WORKER_OFFSET={worker_offset}) "
-                        f"is outside [0, CSRUN_NUM_WORKERS={num_workers})")
+    kind, index = _task_index(env, task, procid)
     job_id = env.get("SLURM_JOB_ID") or None
-    if job_id is None and num_workers > 0:
+    if job_id is None and task.num_workers > 0:
         raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0 "
                         "(it names the rendezvous directory)")
-    return Role(kind=kind, worker_index=index, num_workers=num_workers, component=component,
-                het_group=het_group, procid=procid, job_id=job_id,
+    return Role(kind=kind, worker_index=index, num_workers=task.num_workers, component=task.role,
+                het_group=task.het_group, procid=procid, job_id=job_id,
                 step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
-                node=node, host=host, cpus_per_task=cpus, shard_plan=shard_plan,
-                execution_mode=execution_mode, restart=_int(env, "SLURM_RESTART_COUNT", default=0),
-                rendezvous=(env.get(RENDEZVOUS_ENV) or "").strip() or None)
+                restart=_int(env, "SLURM_RESTART_COUNT", default=0), rendezvous=RENDEZVOUS_KEY.text(env), **where)
+
+
+def _task_index(env: Mapping[str, str], task: TaskEnv, procid: int) -> tuple[str, int | None]:
+    """``(kind, input-worker index)`` of task ``procid`` (``SLURM_PROCID``) of ``task``'s
+    component (rules: the module docstring). Raises :class:`RoleError`."""
+    local = procid - task.task_offset
+    if local < 0:
+        raise RoleError(f"SLURM_PROCID={procid} is below CSRUN_TASK_OFFSET={task.task_offset}")
+    kind: str = "worker"
+    index: int | None = task.worker_offset + local
+    if task.role == "chief":
+        kind, index = ("chief", None) if local == 0 else ("worker", task.worker_offset + local - 1)
+    elif task.role in ("single-task", CHIEF_INPUT):
+        if local != 0:
+            raise RoleError(f"a {task.role} component has one task, but SLURM_PROCID={procid} "
+                            f"- CSRUN_TASK_OFFSET={task.task_offset} = {local}")
+        index = task.worker_offset
+    if env.get(WORKER_INDEX) and kind == "worker":
+        index = _int(env, WORKER_INDEX)
+    if index is not None and not 0 <= index < task.num_workers:
+        raise RoleError(f"input-worker index {index} (from SLURM_PROCID={procid}, "
+                        f"CSRUN_TASK_OFFSET={task.task_offset}, CSRUN_WORKER_OFFSET={task.worker_offset}) "
+                        f"is outside [0, CSRUN_NUM_WORKERS={task.num_workers})")
+    return kind, index

@@ -42,6 +42,8 @@ import json
 import os
 from typing import Any, TypeGuard
 
+from .layout import LayoutSpec
+
 SCHEMA = "csrun.shard_plan"
 VERSION = 1
 MODES = ("shard", "replicate")
@@ -73,13 +75,10 @@ def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int =
                              ("--single-task-nodes", single_task_nodes, 0)):
         if not _is_int(value) or value < low:
             raise ValueError(f"{flag} {value!r}: must be an integer >= {low}")
-    extra = 1 if chief_input else 0
-    if single_task_nodes == 0:
-        return nodes * tasks_per_node - 1 + extra
-    if single_task_nodes >= nodes:
+    if single_task_nodes and single_task_nodes >= nodes:
         raise ValueError(f"--single-task-nodes {single_task_nodes}: must be less than "
                          f"--total-nodes {nodes}")
-    return single_task_nodes - 1 + (nodes - single_task_nodes) * tasks_per_node + extra
+    return LayoutSpec(nodes, tasks_per_node, None, single_task_nodes, 1 if chief_input else 0).num_workers
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -28,11 +28,19 @@ import yaml
 from csrun_common.atomic import atomic_open, read_json, write_json
 
 __all__ = ["write_json", "read_json", "write_params_yaml", "performance_record",
-           "INPUT_BOTTLENECK_THRESHOLD"]
+           "INPUT_BOTTLENECK_THRESHOLD", "SHORT_RUN_SECS", "SHORT_RUN_CALLS", "verdict", "verdict_lines",
+           "worker_rates", "PERFORMANCE_FIELDS"]
 
-#: ``suspected_input_bottleneck`` is true when the chief spent more than this share of the
-#: training loop's wall time (after the first step) waiting for the next batch.
+#: The run is *input-bound* (``suspected_input_bottleneck``, the verdict) when the chief spent
+#: more than this share of the steady-state loop time (after the first step) waiting for the
+#: next batch. Why 10 %: removing a wait fraction ``w`` entirely speeds training up by at most
+#: ``1 / (1 - w)``; below 10 % that is under 11 %, about the spread of one run's rate against
+#: the next on a shared cluster, so more input workers would not show; above it they would.
 INPUT_BOTTLENECK_THRESHOLD = 0.10
+#: The verdict calls its figures rough when the steady state (steps 2..N) lasted less than
+#: this many seconds or this many train calls: a few chunks say little about a rate.
+SHORT_RUN_SECS = 2.0
+SHORT_RUN_CALLS = 3
 
 
 def write_params_yaml(model_dir: str | os.PathLike, params: Mapping[str, Any], kind: str) -> Path:
@@ -55,6 +63,131 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
+
+
+#: What every key of ``performance/performance.json`` measures (written into the file as its
+#: ``fields`` key; docs/VERDICT.md gives the same table). All times are wall seconds on the chief.
+PERFORMANCE_FIELDS: dict[str, str] = {
+    "verdict": "input-bound / compute-bound / unknown, with the sentence the run printed (docs/VERDICT.md)",
+    "ended": "how training ended: 'target reached', 'stopped by SIG...', 'failed: ...'",
+    "stopped_by": "the signal that stopped training (SIGINT, SIGTERM, --requeue's SIGUSR2), null when none did",
+    "steps": "global steps trained in this allocation",
+    "batch_size": "samples per step (the input_fn contract)",
+    "total_samples": "steps x batch_size",
+    "total_time": "first step's start to the last step's end, evaluation excluded; includes the first "
+                  "step's trace and compile, input waits and checkpoint saves",
+    "samples_per_sec": "total_samples / total_time (the Model Zoo figure; low for short runs because the "
+                       "compile is in it)",
+    "steady_steps": "steps 2..N: the steps after the first (trace and compile) step",
+    "steady_time": "wall time of steps 2..N, evaluation excluded; includes input waits and checkpoint saves",
+    "steady_samples_per_sec": "steady_steps x batch_size / steady_time: the training rate once compiled",
+    "est_samples_per_sec": "compute-only rate: batch_size / median compute seconds per step over steps 2..N "
+                           "(each call's time / its steps), no input wait, no checkpoint: what the train step "
+                           "could take if input were free (cs_input_analyzer's target)",
+    "compile_time": "the first step's time minus the median later step: trace and XLA compile",
+    "programming_time": "process start to the start of the first step (imports, contract checks, "
+                        "waiting for the input workers)",
+    "input_wait_fraction": "share of steady_time the chief waited for the next batch",
+    "input_wait_time": "seconds the chief waited for batches over steps 2..N",
+    "compute_time": "seconds inside train calls, the first step included",
+    "median_step_time": "median seconds per step inside train calls, steps 2..N",
+    "suspected_input_bottleneck": "input_wait_fraction > input_bottleneck_threshold",
+    "input_bottleneck_threshold": "the wait share above which the run is called input-bound",
+    "worker_samples_per_sec": "samples per second each input worker delivered to training "
+                              "(its batches handed to training x batch_size / steady_time)",
+}
+
+
+def worker_rates(batches_per_worker: Mapping[str, int], batch_size: int, seconds: float) -> dict[str, float]:
+    """Samples/s each input worker delivered: ``batches x batch_size / seconds`` per key of
+    ``batches_per_worker`` (a worker index as a string, or ``"in-process"``); ``{}`` when
+    ``seconds <= 0``."""
+    if seconds <= 0:
+        return {}
+    return {str(k): round(int(n) * int(batch_size) / seconds, 2) for k, n in batches_per_worker.items()}
+
+
+def _pct(fraction: float) -> str:
+    return f"{100.0 * fraction:.1f} %"
+
+
+def verdict(*, steps: int, steady_steps: int, steady_time: float, steady_calls: int, batch_size: int,
+            wait_fraction: float,
+            rates: Mapping[str, float] | None = None, nodes: Mapping[str, Any] | None = None,
+            ended: str = "target reached", analyzer_command: str | None = None,
+            threshold: float = INPUT_BOTTLENECK_THRESHOLD) -> dict[str, Any]:
+    """Whether training waited on input (pure: figures in, facts and a plain sentence out).
+
+    Args:
+        steps: global steps trained; ``steady_steps``, ``steady_time`` (s), ``steady_calls``:
+            steps 2..N, their wall time (evaluation excluded) and the train calls they took.
+        wait_fraction: share of ``steady_time`` spent waiting for the next batch (0..1).
+        rates: samples/s each input worker delivered (:func:`worker_rates`), by worker index
+            (``"in-process"`` for the chief's own pipeline); ``nodes``: their nodes.
+        ended: how training ended (``"target reached"``, ``"stopped by SIGINT"``, ``"failed: ..."``).
+        analyzer_command: the ``cs_input_analyzer`` command an input-bound verdict suggests.
+        threshold: :data:`INPUT_BOTTLENECK_THRESHOLD`.
+
+    Returns:
+        ``{"bound": "input" | "compute" | "unknown", "sentence", "ended",
+        "steady_samples_per_sec", "input_wait_fraction", "short_run", "slowest_input_worker"}``;
+        ``bound`` is ``"input"`` when ``wait_fraction > threshold``, ``"unknown"`` without a
+        steady-state step (only the first, compiling step ran).
+    """
+    steady_rate = steady_steps * batch_size / steady_time if steady_time > 0 and steady_steps > 0 else None
+    wait = min(1.0, max(0.0, float(wait_fraction)))
+    active = {k: v for k, v in (rates or {}).items() if v > 0}
+    slowest = None
+    if active:
+        k = min(active, key=lambda key: active[key])
+        slowest = {"worker": k, "node": (nodes or {}).get(k), "samples_per_sec": active[k]}
+    short = steady_steps > 0 and (steady_time < SHORT_RUN_SECS or steady_calls < SHORT_RUN_CALLS)
+    if steady_rate is None:
+        bound = "unknown"
+        sentence = ("no verdict: only the first step (trace and compile) ran, so there is no steady state "
+                    "to measure input waits on")
+    elif wait > threshold:
+        bound = "input"
+        sentence = f"input-bound: training waited for input {_pct(wait)} of the time"
+        if slowest is not None:
+            who = ("the in-process input pipeline" if slowest["worker"] == "in-process" else
+                   f"the slowest input worker ({slowest['worker']}"
+                   + (f" on {slowest['node']}" if slowest["node"] else "") + ")")
+            sentence += f"; {who} delivered {slowest['samples_per_sec']:.1f} samples/s"
+        if analyzer_command:
+            sentence += f"; run `{analyzer_command}` to size the input workers"
+    else:
+        bound = "compute"
+        sentence = (f"compute-bound: input waited {_pct(wait)} of the time (input-bound above "
+                    f"{_pct(threshold)}); more input workers would not speed training up")
+    if short:
+        sentence += (f" (short run: {steady_time:.2f} s of steady state in {steady_calls} call(s), "
+                     f"the figures are rough)")
+    return {"bound": bound, "sentence": sentence, "ended": ended,
+            "steady_samples_per_sec": None if steady_rate is None else round(steady_rate, 2),
+            "input_wait_fraction": round(wait, 4), "short_run": bool(short), "slowest_input_worker": slowest}
+
+
+def verdict_lines(v: Mapping[str, Any], *, steps: int, start_step: int, end_step: int, batch_size: int,
+                  steady_steps: int, steady_time: float, compile_time: float, programming_time: float,
+                  compute_samples_per_sec: float | None = None) -> list[str]:
+    """The verdict block the chief prints at the end of training (pure): a header with how
+    training ended, then steps, the steady-state rate with compile and programming time
+    apart, the input-wait share and :func:`verdict`'s sentence, one clause a line (srun splits
+    output lines longer than about 250 characters)."""
+    rate = v.get("steady_samples_per_sec")
+    clauses = str(v.get("sentence")).split("; ")
+    return [
+        f"verdict ({v.get('ended')}): {steps} step(s) trained, global step {start_step} -> {end_step}, "
+        f"batch_size {batch_size}",
+        "  steady state: " + (f"{rate:.1f} samples/s over steps 2..N ({steady_steps} steps in {steady_time:.3f} s)"
+                              if rate is not None else "none (only the first step ran)")
+        + (f"; train step alone {compute_samples_per_sec:.1f} samples/s" if compute_samples_per_sec else ""),
+        f"  apart: first step's trace and compile {compile_time:.3f} s, process start to first step "
+        f"{programming_time:.3f} s",
+        f"  input wait: {_pct(float(v.get('input_wait_fraction') or 0.0))} of the steady-state time",
+        *[f"  {c}" + (";" if i < len(clauses) - 1 else "") for i, c in enumerate(clauses)],
+    ]
 
 
 def performance_record(*, batch_size: int, steps: int, total_time: float, first_step_time: float,
@@ -104,4 +237,5 @@ def performance_record(*, batch_size: int, steps: int, total_time: float, first_
     }
     if extra:
         rec.update(extra)
+    rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
     return rec

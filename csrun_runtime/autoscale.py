@@ -1,5 +1,5 @@
 """Autoscale (``csrun_wse --autoscale``): the chief grows and shrinks the set of input workers
-it reads from, within the slots Slurm placed (README "Autoscale").
+it reads from, within the slots Slurm placed (docs/AUTOSCALE.md).
 
 Every input-worker task of the allocation is a slot: it builds its dataset and registers it
 with its own dispatcher as always (:mod:`csrun_runtime.worker`). A tf.data service worker

@@ -24,7 +24,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
-from . import chief_input, preemption
+from . import chief_input, dataplane_source, preemption
 from .artifacts import write_params_yaml
 from .contract import (
     build_eval_input,
@@ -49,7 +49,7 @@ from .service import (
     start_dispatchers,
 )
 from .steps import TrainSteps
-from .training import TrainingLoop, write_scalar
+from .training import LoopContext, TrainingLoop, write_scalar
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import keras
@@ -93,14 +93,16 @@ class Chief:
         self._eval_ds: Any = None
         self._eval_info: dict[str, Any] = {}
         self._eval_writer: Any = None
+        self._last_eval: dict[str, Any] | None = None  # the last evaluation's results.json record
         self._servers: list[Any] = []  # the dispatchers, referenced for the job's life
+        self._receiver: Any = None  # runconfig.transport: dataplane (csrun_runtime/dataplane_source.py)
         #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
         #: bytes, batches per element by worker), ``workers_registered_secs``.
         self.ingest_info: dict[str, Any] = {}
         self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
         self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
         self._shards = False  # the training pipeline shards by the input-worker count
-        #: ``csrun_wse --autoscale`` (README "Autoscale"); every slot's dispatcher address and
+        #: ``csrun_wse --autoscale`` (docs/AUTOSCALE.md); every slot's dispatcher address and
         #: registration are kept for the autoscaler (:mod:`csrun_runtime.autoscale`)
         self.autoscale: AutoscaleSpec | None = None  # set by _run_mode from CSRUN_AUTOSCALE
         self.addresses: list[str] = []
@@ -135,15 +137,19 @@ class Chief:
             else:
                 log.exception("run failed: %s", e)
             code, reason = 1, f"{type(e).__name__}: {e}"
+        except preemption.Interrupted as e:  # SIGINT/SIGTERM before training (preemption.py)
+            log.info("stopped by %s outside the training loop: no step trained since, nothing more saved",
+                     e.signal)
+            code, reason = e.code, f"stopped by {e.signal}"
         finally:
             if self.rdv is not None:
-                status = {0: "ok", preemption.REQUEUE_EXIT: "stopped"}.get(code, "failed")
+                stopped = code == preemption.REQUEUE_EXIT or preemption.stop_requested()
+                status = "ok" if code == 0 else "stopped" if stopped else "failed"
                 self.rdv.mark_done(status, reason[:2000])
                 if code != 0:  # exit after the workers: the step's status is then ours, not a
                     # killed worker's 143 (srun --kill-on-bad-exit ends them when we fail first);
                     # a worker still importing TensorFlow needs more than the stop's 10 s
-                    preemption.wait_workers_left(self.rdv.reports, self.num_workers,
-                                                 10.0 if code == preemption.REQUEUE_EXIT else 30.0)
+                    preemption.wait_workers_left(self.rdv.reports, self.num_workers, 10.0 if stopped else 30.0)
             if self.chief_input is not None:  # it leaves on done.json, after its report
                 self.chief_input.stop()
             if self._view_root is not None:
@@ -387,7 +393,20 @@ class Chief:
                "eval_batches": batches, "time": round(dt, 4)}
         history.append(rec)
         write_json(path, {**rec, "history": history[-100:]})
+        self._last_eval = rec
         return res
+
+    def _eval_verdict(self) -> None:
+        """The verdict block of an ``eval`` run (docs/VERDICT.md): what was evaluated and how
+        fast; an eval run trains nothing, so there is no input wait to judge."""
+        rec = self._last_eval or {}
+        t = float(rec.get("time") or 0.0)
+        n = int(rec.get("eval_samples") or 0)
+        log.info("verdict (eval done): evaluated the checkpoint at global step %s: %d samples in %d batches "
+                 "in %.3f s (%.1f samples/s)", rec.get("global_step"), n, int(rec.get("eval_batches") or 0), t,
+                 n / t if t > 0 else 0.0)
+        log.info("  no training in mode eval: input waits are judged on train runs; results in %s",
+                 self.model_dir / "eval" / "results.json")
 
     # ------------------------------------------------------------------ modes
     def _validate_only(self) -> int:
@@ -488,12 +507,23 @@ class Chief:
                                   f"and no runconfig.checkpoint_path / --checkpoint_path")
             write_params_yaml(self.model_dir, self.params, "eval")
             self.evaluate(model, int(step_var.numpy()))
+            self._eval_verdict()
             return 0
         write_params_yaml(self.model_dir, self.params, "train")
         source = self._training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
-        TrainingLoop(self, model, step_var, mgr, source, batch_size, evaluating).run()
-        return preemption.exit_code()  # 75 after a stop signal (csrun_wse --requeue), else 0
+        TrainingLoop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
+        return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
+
+    def loop_context(self) -> LoopContext:
+        """What :class:`csrun_runtime.training.TrainingLoop` takes from the chief: values, and
+        :meth:`save`, :meth:`evaluate`, :meth:`train_steps` and the XLA note as callables."""
+        return LoopContext(
+            rc=self.rc, model_dir=self.model_dir, mode=self.mode, t_proc=self.t_proc, node=self.role.node,
+            num_workers=self.num_workers, params_path=self.resolved.params_path, save=self.save,
+            evaluate=self.evaluate, train_steps=self.train_steps, jit_note=lambda: self.jit_note,
+            ingest_info=self.ingest_info, rdv=self.rdv, autoscale=self.autoscale, addresses=self.addresses,
+            registry=self.registry)
 
     def _training_source(self, ds: Any, addresses: list[str]) -> BatchSource:
         """Where training batches come from: the merged streams of the input workers (each
@@ -519,7 +549,11 @@ class Chief:
                 log.info("autoscale (%s policy, %g s windows): reading input workers 0..%d of %d slot(s), "
                          "between %d and %d at a time", self.autoscale.policy, self.autoscale.window_s, n - 1,
                          len(addresses), self.autoscale.min_workers, self.autoscale.max_workers)
+                if self._receiver is not None:
+                    return dataplane_source.chief_source(self.rendezvous, self._receiver, registry, n)
                 return ServiceSource(self.rendezvous, addresses[:n], registry, queue_size=2)  # a short buffer
+            if self._receiver is not None:
+                return dataplane_source.chief_source(self.rendezvous, self._receiver, registry)
             return ServiceSource(self.rendezvous, addresses, registry)
         plan = plan_bundle(ds.element_spec, setting)
         log.info("input bundling (in-process pipeline): %s", plan.reason)
@@ -537,7 +571,15 @@ class Chief:
 
     def _start_dispatchers(self) -> list[str]:
         """One tf.data service dispatcher per input worker, published in the rendezvous;
-        returns their ``host:port`` addresses (dispatcher ``i`` serves worker ``i``)."""
+        returns their ``host:port`` addresses (dispatcher ``i`` serves worker ``i``). With
+        ``runconfig.transport: dataplane``: one data-plane receiver instead, its endpoint
+        published for every worker (:func:`csrun_runtime.dataplane_source.start_for_chief`)."""
+        if self.rc.get("transport") == dataplane_source.TRANSPORT:
+            self._receiver, addresses = dataplane_source.start_for_chief(
+                self.rendezvous, self.role.host, self.num_workers, {
+                    "num_workers": self.num_workers, "mode": self.mode,
+                    "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})
+            return addresses
         self._servers, ports = start_dispatchers(self.num_workers)
         addresses = [f"{self.role.host}:{p}" for p in ports]
         self.rendezvous.publish_dispatchers(addresses, {

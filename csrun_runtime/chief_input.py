@@ -1,5 +1,4 @@
-"""The chief's own input worker: ``csrun_wse --chief-input-cpus N`` (README "The chief's node
-feeds input").
+"""The chief's own input worker: ``csrun_wse --chief-input-cpus N`` (docs/CHIEF-INPUT.md).
 
 The accelerator host's CPUs sit mostly idle while the chief only consumes (Pecan, USENIX ATC'24,
 "AutoPlacement": place input workers on the accelerator host's idle CPUs beside remote ones).
@@ -35,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from csrun_common import env as codec
 from csrun_common.roles import CHIEF_INPUT, CHIEF_INPUT_ENV, Role
 
 __all__ = ["NICE", "PIN_ENV", "NICE_ENV", "CpuSplit", "requested", "split_cpus", "pin_threads",
@@ -44,9 +44,9 @@ log = logging.getLogger("csrun.runtime")
 
 #: Set for the chief's input worker: the CPUs (comma-separated) its supervisor pins itself to
 #: before it starts the worker (the worker's threads inherit them).
-PIN_ENV = "CSRUN_PIN_CPUS"
+PIN_ENV = codec.PIN_CPUS
 #: Set for the chief's input worker: the niceness its supervisor adds before starting it.
-NICE_ENV = "CSRUN_NICE"
+NICE_ENV = codec.NICE
 #: The niceness of the chief's input worker: below the training step on a shared CPU
 #: (setpriority(2): a process at nice 10 gets about a tenth of the CPU time of one at 0 under CFS).
 NICE = 10
@@ -159,8 +159,8 @@ def worker_env(env: Mapping[str, str], role: Role, split: CpuSplit) -> dict[str,
     """The environment of the chief's input worker: the chief's, as input worker 0 of the
     ``chief-input`` component (docs/CONTRACT.md), with its CPUs, pinning and niceness."""
     out = {k: v for k, v in env.items() if k != CHIEF_INPUT_ENV}
-    out.update({"CSRUN_ROLE": CHIEF_INPUT, "CSRUN_TASK_OFFSET": str(role.procid or 0),
-                "CSRUN_WORKER_OFFSET": "0", "CSRUN_CPUS_PER_TASK": str(split.threads),
+    out.update({codec.ROLE: CHIEF_INPUT, codec.TASK_OFFSET: str(role.procid or 0),
+                codec.WORKER_OFFSET: "0", codec.CPUS_PER_TASK: str(split.threads),
                 NICE_ENV: str(NICE)})
     if split.pinned:
         out[PIN_ENV] = _ids(split.input)

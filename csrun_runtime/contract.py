@@ -27,6 +27,7 @@ a warning is logged. TensorFlow is imported inside the functions.
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .coverage import check_file_coverage, coverage_report
-from .pipeline import build_worker_input, call_input_fn, input_environment
+from .pipeline import build_worker_input, call_input_fn, input_environment, listed_input_files
 from .sharding import tf_config
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
@@ -44,7 +45,7 @@ __all__ = [
     "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
     "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
     "shuffle_seeds", "check_shuffle_seeds", "check_workers", "check_model", "synthetic_batch",
-    "validate", "build_eval_input",
+    "validate", "build_eval_input", "check_input_files",
 ]
 
 MSG_SINGLE_PARAM = ("[Unsupported TensorFlow] The input function only takes a single "
@@ -318,6 +319,69 @@ def check_workers(input_fn: Callable[..., Any], params: Mapping[str, Any],
     return rep
 
 
+def _open_error(name: str) -> str | None:
+    """Why the file ``name`` cannot be opened and read (``None`` when it can): Python's
+    ``open`` for local paths, ``tf.io.gfile`` for URLs (``gs://``, ``hdfs://`` ...)."""
+    if "://" in name:
+        import tensorflow as tf
+
+        try:
+            with tf.io.gfile.GFile(name, "rb") as f:
+                f.read(1)
+        except Exception as e:  # noqa: BLE001 - whatever the file system raises
+            return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        return None
+    try:
+        with open(name, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
+def _look_like_files(names: list[str]) -> bool:
+    """Strings given to ``interleave``/``flat_map``/``map`` are taken for file names when
+    one of them is an existing file, or all of them are paths (hold a ``/``)."""
+    if not names:
+        return False
+    return any(os.path.isfile(n) for n in names[:100]) or all("/" in n or "://" in n for n in names)
+
+
+def check_input_files(ds: tf.data.Dataset, section: str = "train_input", shown: int = 3) -> Report:
+    """Open (and read one byte of) every input file the built dataset lists
+    (:func:`csrun_runtime.pipeline.listed_input_files`): a missing or unreadable one is a
+    violation naming it (the first ``shown`` of them, and how many more), so that a wrong
+    ``data_dir`` fails ``validate_only`` instead of the run's first read (issue 24). Names
+    given to ``interleave``/``flat_map``/``map`` count only when they look like files
+    (:func:`_look_like_files`). ``info[f"{section}_files"]`` holds ``{"listed", "unreadable"}``.
+    Files a pipeline opens in Python (``from_generator``) are not seen."""
+    rep = Report()
+    try:
+        lists = listed_input_files(ds)
+    except Exception as e:  # noqa: BLE001 - reported, not fatal: the other checks ran
+        rep.warnings.append(f"{section}: could not read the file names the pipeline lists: {type(e).__name__}: {e}")
+        return rep
+    bad: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for listed in lists:
+        if not listed.certain and not _look_like_files(listed.names):
+            continue
+        for name in listed.names:
+            if name in seen:
+                continue
+            seen.add(name)
+            why = _open_error(name)
+            if why is not None:
+                bad.append((name, why, listed.reader))
+    rep.info[f"{section}_files"] = {"listed": len(seen), "unreadable": len(bad)}
+    if bad:
+        first = "; ".join(f"{name!r} ({why})" for name, why, _ in bad[:shown])
+        more = f"; and {len(bad) - shown} more" if len(bad) > shown else ""
+        rep.violations.append(f"{section}: {len(bad)} of the {len(seen)} input file(s) the pipeline lists cannot be "
+                              f"opened: {first}{more} (read by {bad[0][2]}; check data_dir / data_files)")
+    return rep
+
+
 def synthetic_batch(spec: tf.TypeSpec | tuple[tf.TypeSpec, ...], kind: str = "zeros") -> tuple[Any, Any]:
     """A ``(features, labels)`` batch matching ``spec`` (static shapes required).
 
@@ -406,8 +470,9 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
              plan: Mapping[str, Any] | None = None, num_workers: int = 1,
              build_model: bool = True, strict: bool = False) -> Report:
     """Every check of ``--mode validate_only``: rules 1-7 on the training input (if
-    ``train_input`` exists) and 1-4 on the eval input (if ``eval_input`` exists), then a model
-    build and one step on a zero batch.
+    ``train_input`` exists) and 1-4 on the eval input (if ``eval_input`` exists), every input
+    file each lists opened (:func:`check_input_files`), then a model build and one step on a
+    zero batch.
 
     Args:
         params: resolved params.
@@ -438,6 +503,8 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         sub = check_dataset(ds, purpose, section, eval_steps=rc.get("eval_steps"),
                             batch_size=params[section].get("batch_size"))
         rep.extend(sub)
+        if section in sub.info:  # a Dataset: open every input file it lists
+            rep.extend(check_input_files(ds, section))
         if sub.ok and spec is None:
             spec = ds.element_spec
         if purpose == "train" and sub.ok:

@@ -1,4 +1,4 @@
-"""The chief's side of lost and replaced input workers (README "Lost input workers").
+"""The chief's side of lost and replaced input workers (docs/RESILIENCE.md "Lost input workers").
 
 An input worker's task keeps a replacement running after the worker's process dies
 (:mod:`csrun_runtime.supervise`: same command, same environment, so the same worker index,
@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from csrun_common import env as codec
 from csrun_common.atomic import write_json
 from csrun_common.roles import WORKER_JOB_ENV
 
@@ -47,10 +48,10 @@ MAX_DEATHS = 3
 ADOPT_TIMEOUT_SECS = 60.0
 #: Environment variable of an input worker's process under :mod:`csrun_runtime.supervise`: how
 #: many times this worker died before (0, then 1, 2 for its replacements).
-ATTEMPT_ENV = "CSRUN_WORKER_ATTEMPT"
+ATTEMPT_ENV = codec.WORKER_ATTEMPT
 #: Environment variable of that process: a file where the worker writes its rendezvous
 #: directory and index (:func:`tell_supervisor`), so that the supervisor records a death there.
-STATE_ENV = "CSRUN_SUPERVISOR_STATE"
+STATE_ENV = codec.SUPERVISOR_STATE
 
 
 def tell_supervisor(rendezvous_dir: str, index: int, env: Mapping[str, str] | None = None) -> None:

@@ -133,6 +133,13 @@ def _auto_or_int(v):
     raise ValueError("must be auto or an integer >= 1")
 
 
+def _transport(v):
+    """service or dataplane"""
+    if v in ("service", "dataplane"):
+        return v
+    raise ValueError("must be service (tf.data service) or dataplane (csrun's zmq data plane, docs/DATAPLANE.md)")
+
+
 def _logging(v):
     """DEBUG, INFO, WARNING or ERROR"""
     if isinstance(v, str) and v.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -190,6 +197,9 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                          "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
     "steps_per_execution": _Key(_auto_or_int, "auto",
                                 "most training steps per call (auto: every batch of a received element)"),
+    "transport": _Key(_transport, "service",
+                      "how input workers' batches reach the chief: service (tf.data service) or "
+                      "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
 }
 
 #: Model Zoo / TF Estimator runconfig keys that are accepted but not implemented (warned about).
@@ -208,7 +218,9 @@ IGNORED_MODELZOO_KEYS = frozenset({
 # --------------------------------------------------------------------------- command line
 def build_arg_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The Model Zoo command line of a run.py (see the module docstring)."""
-    p = argparse.ArgumentParser(prog=prog, description="Train/evaluate a model with csrun's runtime.")
+    # allow_abbrev=False: an unambiguous prefix (--max_step) is an error, not silently --max_steps (issue 24)
+    p = argparse.ArgumentParser(prog=prog, description="Train/evaluate a model with csrun's runtime.",
+                                allow_abbrev=False)
     p.add_argument("--mode", choices=MODES, default=None,
                    help="train, eval, train_and_eval, validate_only or compile_only "
                         "(default: runconfig.mode, else train)")

@@ -39,7 +39,7 @@ from .params import worker_params
 from .sharding import TF_CONFIG_VAR, DataDirView, make_data_dir_view, plan_files, tf_config_for
 
 __all__ = ["WorkerInput", "build_worker_input", "call_input_fn", "input_environment", "pipeline_files",
-           "shard_counts", "MAX_FILE_NAMES"]
+           "shard_counts", "MAX_FILE_NAMES", "ListedFiles", "listed_input_files"]
 
 #: at most this many file names are read from one file-name dataset.
 MAX_FILE_NAMES = 100_000
@@ -303,6 +303,71 @@ def pipeline_files(ds: Any) -> list[str] | None:
                 for n in names:
                     found.setdefault(os.path.realpath(n), None)
     return list(found) if any_list else None
+
+
+#: tf.data file readers: every name given to one of them is a file it will open.
+_READERS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset", "CsvDataset")
+
+
+@dataclass(frozen=True)
+class ListedFiles:
+    """The names a built dataset lists to one of its file consumers.
+
+    Attributes:
+        reader: the consumer's class name (``TFRecordDatasetV2``, ``_InterleaveDataset`` ...).
+        names: the distinct names, as listed (not resolved), in first-seen order.
+        certain: the consumer is a file reader (:data:`_READERS`), so every name is a file it
+            will open; ``False`` for ``interleave``/``flat_map``/``map``, whose strings may be
+            something else than file names.
+    """
+
+    reader: str
+    names: list[str]
+    certain: bool
+
+
+def _listed_names(value: Any) -> list[str] | None:
+    """Names held by a reader's ``_filenames``: a name-list dataset (TFRecordDataset,
+    TextLineDataset) or a constant string tensor (CsvDataset); ``None`` otherwise."""
+    import tensorflow as tf
+
+    if isinstance(value, tf.data.Dataset):
+        return _names(value) if _is_name_list(value) else None
+    if isinstance(value, tf.Tensor) and value.dtype == tf.string:
+        try:
+            flat = tf.reshape(value, [-1]).numpy().tolist()
+        except Exception:  # noqa: BLE001 - not an eager constant
+            return None
+        return list(dict.fromkeys(v.decode("utf-8", "surrogateescape") for v in flat))
+    return None
+
+
+def listed_input_files(ds: Any) -> list[ListedFiles]:
+    """Every list of names ``ds``'s input chain gives a file consumer, whether the files
+    exist or not (unlike :func:`pipeline_files`, which keeps existing files only): the
+    ``_filenames`` of the file readers (``TFRecordDataset``, ``TextLineDataset``,
+    ``FixedLengthRecordDataset``, ``CsvDataset``: certain) and the name-list datasets
+    feeding ``interleave``, ``flat_map`` and ``map`` (not certain). No file is opened; the
+    same caveat as :func:`pipeline_files` on seeded shuffles applies. Lazy pipelines are why
+    it exists: a reader given a wrong ``data_dir`` builds fine and fails at its first read."""
+    out: list[ListedFiles] = []
+    for d in _walk(ds):
+        cls = type(d).__name__
+        if any(r in cls for r in _READERS):
+            names = _listed_names(getattr(d, "_filenames", None))
+            if names is not None:
+                out.append(ListedFiles(cls, names, True))
+                continue
+        if not any(c in cls for c in _CONSUMERS):
+            continue
+        try:
+            inputs = d._inputs()
+        except Exception:  # noqa: BLE001 - a dataset class without inputs
+            continue
+        for src in inputs:
+            if _is_name_list(src):
+                out.append(ListedFiles(cls, _names(src), False))
+    return out
 
 
 def _call(input_fn: Callable[..., Any], params: dict[str, Any], tf_config: Mapping[str, Any],

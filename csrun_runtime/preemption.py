@@ -1,5 +1,4 @@
-"""Checkpoint and stop on a signal, for ``csrun_wse --requeue`` (README "Time limits,
-preemption and requeue").
+"""Checkpoint and stop on a signal, for ``csrun_wse --requeue`` (docs/REQUEUE.md).
 
 Slurm warns a job before its time limit with the signal of sbatch(1) ``--signal`` (csrun's
 default SIGUSR2, 90 s ahead) and ends a preempted or ``scontrol requeue``-d job with
@@ -18,6 +17,19 @@ The handler only records the signal (:func:`stop_requested`); every task keeps r
 - an input worker keeps no state: it keeps serving until the chief's ``done.json`` and
   leaves with status 0 (it must not die of the signal before the chief has saved).
 
+Ctrl-C and SIGTERM (:func:`install_interrupts`, every task ``run()`` starts): SIGINT and
+SIGTERM stop a run cleanly whether or not ``--requeue`` asked for it. Inside a
+:func:`deferred` block (the chief's training loop, an input worker's serving) the handler only
+records the signal, as above: the loop saves a checkpoint at the step it reached, writes the
+verdict and ``performance.json`` (``stopped_by``) and the chief exits ``128 + signal`` (130,
+143) -- or :data:`REQUEUE_EXIT` when the signal is one of ``CSRUN_STOP_SIGNALS``. A signal
+landing during a checkpoint save is therefore acted on after the save (and
+``tf.train.CheckpointManager`` writes the ``checkpoint`` file naming the newest checkpoint only
+after its data and index files are complete, so a SIGKILL mid-save leaves the previous one
+the newest). Outside such a block (importing, validating, waiting for workers) the handler
+raises :class:`Interrupted`, which :func:`csrun_runtime.runner.main` turns into one log
+line and that exit status: no Python traceback either way.
+
 The job is then requeued (by csrun's batch script, by Slurm itself on preemption or
 ``scontrol requeue``) and the next allocation restores the newest checkpoint
 (``runconfig.autoload_last_checkpoint``), so the global steps of the allocations follow each
@@ -31,43 +43,68 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from csrun_common.atomic import read_json, write_json
 
+# REQUEUE_EXIT: the exit status of a chief that saved a checkpoint and stopped on a signal
+# (EX_TEMPFAIL); STOP_SIGNALS_ENV: the signals to turn into "checkpoint and stop" (names without
+# SIG, ":"-separated); REQUEUE_COUNT_ENV: relaunches by csrun_wse on the srun path. Declared
+# once in csrun_common for both sides (docs/ENV.md).
+from csrun_common.env import REQUEUE_COUNT as REQUEUE_COUNT_ENV
+from csrun_common.env import STOP_SIGNALS as STOP_SIGNALS_ENV
+from csrun_common.exits import REQUEUE as REQUEUE_EXIT
+
 __all__ = ["REQUEUE_EXIT", "STOP_SIGNALS_ENV", "REQUEUE_COUNT_ENV", "install", "install_from_env", "set_label",
            "stop_requested", "stop_signal", "stop_time", "exit_code", "Allocation", "record_allocation",
-           "run_allocations", "wait_workers_left", "reset"]
+           "run_allocations", "wait_workers_left", "reset", "install_interrupts", "deferred", "Interrupted",
+           "INTERRUPT_SIGNALS", "requeue_requested", "waiting_for_input"]
 
-#: Exit status of a chief that saved a checkpoint and stopped on a signal: EX_TEMPFAIL of
-#: sysexits.h (the same value as ``launcher.requeue.REQUEUE_EXIT``; the task side imports
-#: nothing of the launcher).
-REQUEUE_EXIT = 75
-#: The signals to turn into "checkpoint and stop" (names without ``SIG``, ``:``-separated).
-STOP_SIGNALS_ENV = "CSRUN_STOP_SIGNALS"
-#: Relaunches by csrun_wse on the srun path (the batch path has ``SLURM_RESTART_COUNT``).
-REQUEUE_COUNT_ENV = "CSRUN_REQUEUE_COUNT"
 #: Under ``<model_dir>/performance/``: the allocations of every run in this model_dir.
 ALLOCATIONS_FILE = "allocations.json"
+
+
+#: Signals that stop a run cleanly in every task ``run()`` starts (:func:`install_interrupts`).
+INTERRUPT_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM outside a :func:`deferred` block: the task stops where it is (a
+    ``BaseException``, like ``KeyboardInterrupt``, so ``except Exception`` lets it through).
+    ``signal``: the signal's name (``"SIGINT"``); ``code``: ``128 + signal number``."""
+
+    def __init__(self, name: str, signum: int):
+        super().__init__(name)
+        self.signal, self.code = name, 128 + int(signum)
 
 
 @dataclass
 class _StopRequest:
     signal: str | None = None
     at: float | None = None  # wall clock (time.time()) of the first signal
+    signum: int = 0
+    requeue: bool = False  # the first signal is one of CSRUN_STOP_SIGNALS (--requeue)
 
 
 _request = _StopRequest()
 _label = {"text": "INFO:csrun:", "role": "task"}
+_requeue_signals: set[str] = set()  # installed from CSRUN_STOP_SIGNALS
+_defer = {"depth": 0, "waiting": False}
 
 
 def reset() -> None:
-    """Forget a recorded signal (tests; a process normally stops once)."""
+    """Forget a recorded signal and which signals are ``--requeue``'s (tests; a process
+    normally stops once)."""
+    _requeue_signals.clear()
     _request.signal = None
     _request.at = None
+    _request.signum = 0
+    _request.requeue = False
+    _label.update(text="INFO:csrun:", role="task")
 
 
 def set_label(prefix: str, is_chief: bool) -> None:
@@ -77,17 +114,26 @@ def set_label(prefix: str, is_chief: bool) -> None:
 
 
 def _handler(signum: int, _frame: Any) -> None:
-    """Record the first signal; nothing else (the training loop acts between two steps).
-    Writes one line with ``os.write``: no lock is taken inside a signal handler."""
+    """Record the first signal; the training loop acts between two calls. Raises
+    :class:`Interrupted` for SIGINT/SIGTERM outside a :func:`deferred` block and for any stop
+    signal inside :func:`waiting_for_input`. Writes one line with ``os.write``: no lock is
+    taken inside a signal handler."""
     name = signal.Signals(signum).name
-    if _request.signal is None:
+    first = _request.signal is None
+    if first:
         _request.signal, _request.at = name, time.time()
-    what = ("saves a checkpoint at its next step and stops" if _label["role"] == "chief"
+        _request.signum, _request.requeue = int(signum), name in _requeue_signals
+    if first and name not in _requeue_signals and _defer["depth"] == 0:  # later ones: recorded
+        raise Interrupted(name, signum)
+    waiting, _defer["waiting"] = _defer["waiting"], False
+    what = ("saves a checkpoint at the step it reached and stops" if _label["role"] == "chief"
             else "keeps serving until the chief has saved")
     try:
         os.write(2, f"{_label['text']}received {name}: the {_label['role']} {what}\n".encode())
     except OSError:
         pass
+    if waiting:  # blocked on the next batch: stop waiting (waiting_for_input)
+        raise Interrupted(name, signum)
 
 
 def install(names: Iterable[str]) -> list[str]:
@@ -105,8 +151,56 @@ def install(names: Iterable[str]) -> list[str]:
         if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         signal.signal(sig, _handler)
+        _requeue_signals.add(sig.name)
         done.append(sig.name)
     return done
+
+
+def install_interrupts() -> list[str]:
+    """Catch SIGINT and SIGTERM (Ctrl-C; ``scancel``; srun ending a step) with the recording
+    handler, in addition to ``--requeue``'s signals; returns those newly installed. Inside a
+    :func:`deferred` block the signal is recorded and the loop stops at its next step
+    boundary; outside, the handler raises :class:`Interrupted`. Main thread only (nothing
+    is installed elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return []
+    done = []
+    for name in INTERRUPT_SIGNALS:
+        if name in _requeue_signals:
+            continue
+        signal.signal(getattr(signal, name), _handler)
+        done.append(name)
+    return done
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A block in which SIGINT/SIGTERM are only recorded (:func:`stop_requested`), never
+    raised: the code inside checks between steps, finishes a checkpoint save it started and
+    stops. A signal that arrived before the block is raised as :class:`Interrupted` on entry."""
+    if _request.signal is not None and not _request.requeue:
+        raise Interrupted(_request.signal, _request.signum)
+    _defer["depth"] += 1
+    try:
+        yield
+    finally:
+        _defer["depth"] -= 1
+
+
+@contextmanager
+def waiting_for_input() -> Iterator[None]:
+    """Inside a :func:`deferred` block, a wait for input that a stop signal ends: the signal
+    (any stop signal, ``--requeue``'s too) raises :class:`Interrupted` out of the wait, so an
+    input-bound loop stops at the step it reached instead of after its next batch (which
+    may take seconds; Slurm's KillWait does not wait). Raises at once when a stop signal
+    arrived already."""
+    if _request.signal is not None:
+        raise Interrupted(_request.signal, _request.signum)
+    _defer["waiting"] = True
+    try:
+        yield
+    finally:
+        _defer["waiting"] = False
 
 
 def install_from_env(env: Mapping[str, str] | None = None) -> list[str]:
@@ -132,9 +226,19 @@ def stop_time() -> float | None:
     return _request.at
 
 
+def requeue_requested() -> bool:
+    """The stop signal is one of ``--requeue``'s (``CSRUN_STOP_SIGNALS``): the run asks to
+    be launched again."""
+    return _request.signal is not None and _request.requeue
+
+
 def exit_code() -> int:
-    """:data:`REQUEUE_EXIT` after a stop signal, else 0 (the training reached its target)."""
-    return REQUEUE_EXIT if stop_requested() else 0
+    """:data:`REQUEUE_EXIT` after one of ``--requeue``'s signals, ``128 + N`` after an
+    interrupt signal N (130 for SIGINT, 143 for SIGTERM: as a shell reports a command that
+    signal ended), else 0 (the training reached its target)."""
+    if _request.signal is None:
+        return 0
+    return REQUEUE_EXIT if _request.requeue else 128 + _request.signum
 
 
 def allocation_index(env: Mapping[str, str] | None = None) -> int:

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 
+from csrun_common.env import ROLE, VERBOSE
+
 __all__ = ["NOISE", "is_noise", "wanted", "import_tensorflow"]
 
 #: The start-up lines dropped (substrings of the whole line).
@@ -43,9 +45,9 @@ def wanted(environ: Mapping[str, str], argv0: str) -> bool:
     (``CSRUN_ROLE`` set) running a script (``argv0`` a file, not ``-m`` or ``-c``: the input
     worker's supervisor, ``python -m csrun_runtime...``, needs no TensorFlow), neither
     ``CSRUN_VERBOSE=1`` nor ``TF_CPP_MIN_LOG_LEVEL=0``, and TensorFlow not imported yet."""
-    if not environ.get("CSRUN_ROLE") or argv0 in ("", "-m", "-c"):
+    if not environ.get(ROLE) or argv0 in ("", "-m", "-c"):
         return False
-    if environ.get("CSRUN_VERBOSE", "").lower() in ("1", "true", "yes"):
+    if VERBOSE.flag(environ):
         return False
     if environ.get("TF_CPP_MIN_LOG_LEVEL", "1").strip() == "0":
         return False

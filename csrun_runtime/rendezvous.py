@@ -34,7 +34,7 @@ HEARTBEAT_SECS = 1.0
 #: a worker heartbeat older than this (seconds) marks the worker as stopped. Last touched up to
 #: HEARTBEAT_SECS before the loss and looked at every HEARTBEAT_SECS (and within the chief's
 #: 0.5 s queue wait), a silent worker is noticed 7 to 9.5 s after it fell silent: inside the
-#: 10 s the README promises for a lost node ("A lost node").
+#: 10 s docs/RESILIENCE.md promises for a lost node ("A lost node").
 STALE_SECS = 8.0
 #: a worker exits 1 when the chief's heartbeat is older than this (seconds).
 CHIEF_LOST_SECS = 90.0

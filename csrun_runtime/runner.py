@@ -122,6 +122,18 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
     prefix = "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
     setup_logging(prefix)
     preemption.set_label(prefix, role.is_chief)
+    preemption.install_interrupts()  # Ctrl-C / SIGTERM: a clean stop, no traceback (preemption.py)
+    try:
+        return _main(role, input_fn, model_fn, eval_input_fn, argv, run_py, prefix, t_proc)
+    except preemption.Interrupted as e:  # outside training and serving: stop where it is
+        log.info("stopped by %s %s", e.signal, "outside the training loop: no step trained since, nothing more saved"
+                 if role.is_chief else "before serving")
+        return e.code if role.is_chief else 0
+
+
+def _main(role: Any, input_fn: Callable[..., Any], model_fn: Callable[..., Any],
+          eval_input_fn: Callable[..., Any] | None, argv: list[str], run_py: str | None, prefix: str,
+          t_proc: float) -> int:
     try:
         resolved = resolve_params(argv, run_py=run_py)
     except ParamsError as e:
@@ -133,8 +145,9 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         for w in resolved.warnings:
             log.warning("%s", w)
     if role.kind == "worker":
-        try:
-            return run_worker(role, resolved, input_fn)
+        try:  # a signal is only recorded: the worker serves until the chief's done.json
+            with preemption.deferred():
+                return run_worker(role, resolved, input_fn)
         except Exception:  # noqa: BLE001
             log.exception("input worker failed")
             return 1

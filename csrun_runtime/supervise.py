@@ -24,7 +24,7 @@ keep ``--kill-on-bad-exit`` apart per component (measured on the test cluster wi
 ended the whole step in 4 of 7 runs, killing the chief left the workers running in 2 of 3),
 so an input worker's task must never exit abnormally for the job to survive its loss; and the
 task's CPUs stay allocated to it, so the replacement needs no new allocation.
-README "Lost input workers" states what this covers (a killed process); README "A lost node"
+docs/RESILIENCE.md "Lost input workers" states what this covers (a killed process); docs/RESILIENCE.md "A lost node"
 what covers a lost node (below).
 
 The input worker a chief starts in its own task (``csrun_wse --chief-input-cpus``,
@@ -73,7 +73,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from csrun_common import exits
 from csrun_common.atomic import read_json
+from csrun_common.env import ROLE
 from csrun_common.roles import ADOPT_ENV, WORKER_JOB_ENV
 
 from .chief_input import apply_placement
@@ -132,7 +134,7 @@ def is_input_worker(env: Mapping[str, str]) -> bool:
     csrun_wse and for an environment that does not resolve (the command then reports it)."""
     from csrun_common.roles import RoleError, resolve_role  # light: no TensorFlow
 
-    if not env.get("CSRUN_ROLE"):
+    if not env.get(ROLE):
         return False
     try:
         return resolve_role(env).kind == "worker"
@@ -314,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         _say("usage: python -m csrun_runtime.supervise CMD [ARG...]")
-        return 2
+        return exits.USAGE
     env = dict(os.environ)
     try:
         if not is_input_worker(env):
@@ -323,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return supervise(args, env)
     except OSError as exc:
         _say(f"cannot execute {args[0]!r}: {exc.strerror}")
-        return 127
+        return exits.EXEC_FAILED
 
 
 if __name__ == "__main__":

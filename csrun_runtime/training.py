@@ -13,7 +13,11 @@ a stop between calls (:meth:`TrainingLoop.run`'s loop) lands between two chunks.
 Log lines (the Cerebras document "Weight Streaming Quickstart" shows their form):
 ``global_step = N, loss = X``, ``Saving checkpoint at global step N``,
 ``Training finished with N samples in T seconds, S samples/second.``,
-``Loss for final step: X.``
+``Loss for final step: X.``; then the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`,
+docs/VERDICT.md): steps, the steady-state rate with compile and programming time apart, the
+input-wait share and whether training was input-bound -- also when a signal stopped it or it
+failed after its first step. At each logged step that ends a call a live line gives the rate
+and input-wait share of the current rate window (see :class:`LoopClock`).
 
 TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
 """
@@ -22,24 +26,36 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
+from csrun_common.autoscale import AutoscaleSpec
 
 from . import preemption
-from .artifacts import performance_record
+from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from .autoscale import Autoscaler
 from .params import training_target
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
 if TYPE_CHECKING:
-    from .chief import Chief
+    from .rendezvous import Rendezvous
 
-__all__ = ["TrainingLoop", "write_scalar"]
+__all__ = ["TrainingLoop", "LoopContext", "write_scalar", "WINDOW_MIN_CALLS", "WINDOW_MIN_SECS", "WINDOW_MAX_SECS"]
 
 log = logging.getLogger("csrun.runtime")
+
+#: A rate window (the live line's and TensorBoard's ``samples_per_sec`` and
+#: ``input_wait_fraction``) closes at a logged step once it holds at least WINDOW_MIN_CALLS
+#: train calls and WINDOW_MIN_SECS seconds, or WINDOW_MAX_SECS seconds whatever its calls:
+#: one call of many steps takes milliseconds while the wait for the next element falls in
+#: another window, so windows of one call swung from 692 to 332,079 samples/s (issue 24).
+WINDOW_MIN_CALLS = 4
+WINDOW_MIN_SECS = 2.0
+WINDOW_MAX_SECS = 10.0
 
 
 def write_scalar(tag: str, value: float, step: int) -> None:
@@ -57,11 +73,51 @@ def write_scalar(tag: str, value: float, step: int) -> None:
 
 
 @dataclass
+class LoopContext:
+    """What the training loop takes from the chief (:meth:`csrun_runtime.chief.Chief.loop_context`):
+    values, and the chief's operations as callables, so that this module does not depend on
+    :mod:`csrun_runtime.chief`.
+
+    Attributes:
+        rc: the resolved ``runconfig``; ``model_dir``: where checkpoints, events and
+            ``performance/`` go; ``mode``: ``runconfig.mode``.
+        t_proc: the chief's process start (``time.time()`` seconds); ``node``: its node.
+        num_workers: input workers of the job (0: in-process pipeline).
+        params_path: the params YAML the run read (for the verdict's cs_input_analyzer command).
+        save: ``save(mgr, step)`` writes a checkpoint; ``evaluate(model, step)`` evaluates.
+        train_steps: ``train_steps(model, step_var) -> TrainSteps``, with the first-step XLA fallback.
+        jit_note: ``jit_note()``: the XLA note as it stands (the fallback may set it).
+        ingest_info: what performance.json reports of the input path.
+        rdv: the rendezvous (with input workers), for ``chief.json``.
+        autoscale, addresses, registry: ``--autoscale``'s spec, every dispatcher address and
+            the workers' registrations (:class:`csrun_runtime.autoscale.Autoscaler`).
+    """
+
+    rc: Mapping[str, Any]
+    model_dir: Path
+    mode: str
+    t_proc: float
+    node: str | None
+    num_workers: int
+    params_path: str | None
+    save: Callable[[Any, int], None]
+    evaluate: Callable[[Any, int], Any]
+    train_steps: Callable[[Any, Any], TrainSteps]
+    jit_note: Callable[[], str]
+    ingest_info: Mapping[str, Any] = field(default_factory=dict)
+    rdv: Rendezvous | None = None
+    autoscale: AutoscaleSpec | None = None
+    addresses: list[str] = field(default_factory=list)
+    registry: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
 class LoopClock:
     """What the loop measures (monotonic seconds). The first step (trace and compile) is kept
     apart: ``waits``/``computes`` hold steps 2..N (a chunk's wait and compute time spread
-    evenly over its steps); the TensorBoard window restarts at every logged step;
-    ``chunk_steps`` counts the calls by chunk size."""
+    evenly over its steps); the rate window (``win_*``: since ``win_t``, from global step
+    ``win_step``) closes as :data:`WINDOW_MIN_CALLS` says; ``chunk_steps`` counts the calls
+    by chunk size."""
 
     waits: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
@@ -75,15 +131,18 @@ class LoopClock:
     win_t: float = 0.0
     win_samples: int = 0
     win_wait: float = 0.0
+    win_calls: int = 0
+    win_step: int = 0
+    windows_written: int = 0  # rate points written to TensorBoard
     chunk_steps: dict[int, int] = field(default_factory=dict)
 
 
 class TrainingLoop:
-    """Train ``chief``'s model from the restored global step to the target.
+    """Train the chief's model from the restored global step to the target.
 
     Args:
-        chief: the :class:`csrun_runtime.chief.Chief` (runconfig, model_dir, first-step XLA
-            fallback, checkpoint saving, evaluation).
+        chief: what the loop takes from the chief (:class:`LoopContext`: runconfig,
+            model_dir, first-step XLA fallback, checkpoint saving, evaluation).
         model: the compiled ``keras.Model``.
         step_var: the ``tf.Variable`` global step (int64) saved in checkpoints.
         mgr: the ``tf.train.CheckpointManager``.
@@ -96,7 +155,7 @@ class TrainingLoop:
     at (see the module docstring).
     """
 
-    def __init__(self, chief: Chief, model: Any, step_var: Any, mgr: Any, source: BatchSource,
+    def __init__(self, chief: LoopContext, model: Any, step_var: Any, mgr: Any, source: BatchSource,
                  batch_size: int, evaluating: bool):
         self.chief, self.model, self.step_var, self.mgr = chief, model, step_var, mgr
         self.source, self.batch_size, self.evaluating = source, batch_size, evaluating
@@ -121,8 +180,16 @@ class TrainingLoop:
             self.autoscaler = Autoscaler(chief.autoscale, source, chief.addresses, chief.registry, batch_size)
 
     def run(self) -> None:
-        """Train to the target, save the final checkpoint, write performance.json, and
-        evaluate at the end when evaluating."""
+        """Train to the target, save the final checkpoint, write performance.json and the
+        verdict, and evaluate at the end when evaluating. SIGINT/SIGTERM (and ``--requeue``'s
+        signals) are only recorded meanwhile (:func:`csrun_runtime.preemption.deferred`): the
+        loop stops between two calls, saves and writes all of that with ``stopped_by``. An
+        exception after the first step still writes performance.json and the verdict
+        (``ended: failed: ...``), then propagates."""
+        with preemption.deferred():
+            self._run()
+
+    def _run(self) -> None:
         import tensorflow as tf
 
         if self.start >= self.target:
@@ -137,13 +204,39 @@ class TrainingLoop:
         self.writer = tf.summary.create_file_writer(str(self.chief.model_dir))
         log.info("training from global step %d to %d (batch_size %d)", self.start, self.target,
                  self.batch_size)
-        while self.step < self.target and not preemption.stop_requested():  # csrun_wse --requeue
-            self._one_chunk()
+        try:
+            while self.step < self.target and not preemption.stop_requested():  # a signal: stop here
+                self._one_chunk()
+        except Exception as e:
+            if self.clock.t_first_end is not None:  # a step was trained: say what it measured
+                try:
+                    first_line = (str(e).strip().splitlines() or [""])[0]
+                    self._finish(time.monotonic(), failed=f"{type(e).__name__}: {first_line[:120]}")
+                except Exception:  # noqa: BLE001  (the original error is the one to report)
+                    log.debug("writing the verdict of a failed run failed", exc_info=True)
+            raise
         if self.step == self.start:  # stopped before the first step: nothing new to save
             self.source.close()
-            self._record_allocation()
+            extra = self._record_allocation()
+            v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=self.batch_size,
+                        wait_fraction=0.0, ended=self._ended())
+            self._say(v, 0, 0.0, 0.0, None)
+            write_json(self.chief.model_dir / "performance" / "performance.json",
+                       {"verdict": v, "ended": v["ended"], "steps": 0, "global_step_start": self.start,
+                        "global_step_end": self.step, "mode": self.chief.mode, **extra})
             return
         self._finish(time.monotonic())
+
+    @staticmethod
+    def _fields(rec: dict[str, Any]) -> dict[str, str]:
+        return {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
+
+    @staticmethod
+    def _ended(failed: str | None = None) -> str:
+        if failed:
+            return f"failed: {failed}"
+        stopped = preemption.stop_signal()
+        return f"stopped by {stopped}" if stopped else "target reached"
 
     def _record_allocation(self) -> dict[str, Any]:
         """This allocation's steps in ``performance/allocations.json`` (:mod:`.preemption`);
@@ -152,11 +245,12 @@ class TrainingLoop:
         first = c.t_proc + self.clock.programming_time if self.clock.t_first is not None else None
         stopped = preemption.stop_signal()
         if stopped:
-            log.info("stopped by %s at global step %d: %s; exit status %d asks for a requeue", stopped, self.step,
-                     "checkpoint saved" if self.step > self.start else "no step trained, the restored state stands",
-                     preemption.REQUEUE_EXIT)
+            log.info("stopped by %s at global step %d: %s; exit status %d%s", stopped, self.step,
+                     f"checkpoint model-ckpt-{self.step} saved" if self.step > self.start
+                     else "no step trained, the restored state stands", preemption.exit_code(),
+                     " asks for a requeue" if preemption.requeue_requested() else "")
         alloc = preemption.Allocation(
-            job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.role.node,
+            job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.node,
             start_step=self.start, end_step=self.step, target=self.target, stopped_by=stopped,
             process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
         return preemption.record_allocation(c.model_dir, alloc, log.info)
@@ -167,7 +261,11 @@ class TrainingLoop:
         variable), log every step of it that logs, then checkpoint / evaluate when the chunk
         ended on such a step."""
         t0 = time.monotonic()
-        chunk = self._next_chunk(self._chunk_limit())
+        try:
+            with preemption.waiting_for_input():  # a stop signal ends the wait: stop at this step
+                chunk = self._next_chunk(self._chunk_limit())
+        except preemption.Interrupted:
+            return
         t1 = time.monotonic()
         logs, losses = self._train_on(chunk)
         t2 = time.monotonic()
@@ -219,16 +317,18 @@ class TrainingLoop:
         if c.t_first_end is None:
             c.t_first_end = t2
             c.first_step_time = t2 - t1
-            c.win_t = t2
+            c.win_t, c.win_step = t2, self.step + 1
             return
         c.waits.extend([(t1 - t0) / steps] * steps)
         c.computes.extend([(t2 - t1) / steps] * steps)
         c.win_samples += self.batch_size * steps
         c.win_wait += t1 - t0
+        c.win_calls += 1
 
     def _log_step(self, step: int, loss: float, last: bool) -> None:
         """The log line and the ``loss`` scalar of ``step``; at the ``last`` logged step of a
-        chunk also the rate scalars of the window since the previous one."""
+        chunk also the live line of the open rate window, whose ``samples_per_sec`` and
+        ``input_wait_fraction`` scalars are written when it closes (:data:`WINDOW_MIN_CALLS`)."""
         c = self.clock
         log.info("global_step = %d, loss = %.6g", step, loss)
         with self.writer.as_default():
@@ -236,10 +336,17 @@ class TrainingLoop:
             if not last:
                 return
             now = time.monotonic()
-            if c.win_samples and now > c.win_t:
-                write_scalar("samples_per_sec", c.win_samples / (now - c.win_t), step)
-                write_scalar("input_wait_fraction", c.win_wait / (now - c.win_t), step)
-            c.win_t, c.win_samples, c.win_wait = now, 0, 0.0
+            dt = now - c.win_t
+            if not c.win_samples or dt <= 0:
+                return
+            rate, wait = c.win_samples / dt, min(1.0, c.win_wait / dt)
+            log.info("rate over global steps %d..%d (%.2f s, %d call(s)): %.1f samples/s, input wait %.1f %%",
+                     c.win_step, step, dt, c.win_calls, rate, 100.0 * wait)
+            if (c.win_calls >= WINDOW_MIN_CALLS and dt >= WINDOW_MIN_SECS) or dt >= WINDOW_MAX_SECS:
+                write_scalar("samples_per_sec", rate, step)
+                write_scalar("input_wait_fraction", wait, step)
+                c.windows_written += 1
+                c.win_t, c.win_samples, c.win_wait, c.win_calls, c.win_step = now, 0, 0.0, 0, step + 1
 
     def _evaluate_during_training(self) -> None:
         te = time.monotonic()
@@ -248,18 +355,22 @@ class TrainingLoop:
         self.clock.eval_time += dt
         if self.step > self.start + 1:
             self.clock.eval_time_after_first += dt
-        self.clock.win_t = time.monotonic()
+        self.clock.win_t += dt  # the rate window leaves the evaluation out
 
     # ------------------------------------------------------------------ the end
-    def _finish(self, t_end: float) -> None:
+    def _finish(self, t_end: float, failed: str | None = None) -> None:
+        """The end of training (target reached, stopped by a signal, or ``failed`` after its
+        first step): the final checkpoint (not after a failure), performance.json, the log's
+        summary and the verdict block."""
         c = self.clock
         assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
         c.t_end = t_end
         steps = self.step - self.start
         total_time = (t_end - c.t_first) - c.eval_time
         total_samples = steps * self.batch_size
-        if self.last_saved != self.step:
+        if self.last_saved != self.step and failed is None:
             self.chief.save(self.mgr, self.step)
+            self.last_saved = self.step
         self.writer.flush()
         desc = self.source.describe()
         if self.autoscaler is not None:
@@ -267,7 +378,7 @@ class TrainingLoop:
         self.source.close()
         extra = {
             "global_step_start": self.start, "global_step_end": self.step,
-            "xla": bool(self.model.jit_compile), "xla_note": self.chief.jit_note,
+            "xla": bool(self.model.jit_compile), "xla_note": self.chief.jit_note(),
             "num_workers": self.chief.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
             "mode": self.chief.mode, "eval_time": round(c.eval_time, 4),
             **self.chief.ingest_info,
@@ -278,15 +389,55 @@ class TrainingLoop:
                 "calls_by_steps": {str(k): v for k, v in sorted(c.chunk_steps.items())}},
         }
         extra.update(self._record_allocation())
+        steady_time = (t_end - c.t_first_end) - c.eval_time_after_first
+        rates = worker_rates(desc.get("batches_per_worker") or {}, self.batch_size, steady_time)
         rec = performance_record(
             batch_size=self.batch_size, steps=steps, total_time=total_time,
             first_step_time=c.first_step_time, compute_times=c.computes, wait_times=c.waits,
-            loop_time_after_first=(t_end - c.t_first_end) - c.eval_time_after_first,
-            programming_time=c.programming_time, extra=extra)
+            loop_time_after_first=steady_time, programming_time=c.programming_time, extra=extra)
+        steady_calls = sum(c.chunk_steps.values()) - 1
+        v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steady_calls,
+                    batch_size=self.batch_size, wait_fraction=rec["input_wait_fraction"],
+                    rates=rates, nodes=desc.get("worker_nodes"), ended=self._ended(failed),
+                    analyzer_command=self._analyzer_command(rec.get("est_samples_per_sec")))
+        rec.update({"verdict": v, "ended": v["ended"], "steady_steps": steps - 1,
+                    "steady_time": round(steady_time, 4), "steady_samples_per_sec": v["steady_samples_per_sec"],
+                    "worker_samples_per_sec": rates, "stopped_by": preemption.stop_signal()})
+        rec["fields"] = self._fields(rec)
+        if not c.windows_written and self.writer is not None and v["steady_samples_per_sec"] is not None:
+            with self.writer.as_default():  # a run shorter than one rate window: its steady state
+                write_scalar("samples_per_sec", v["steady_samples_per_sec"], self.step)
+                write_scalar("input_wait_fraction", v["input_wait_fraction"], self.step)
+            self.writer.flush()
         write_json(self.chief.model_dir / "performance" / "performance.json", rec)
-        self._log_summary(desc, steps, total_samples, total_time)
-        if self.evaluating and not preemption.stop_requested():
+        if failed is None:
+            self._log_summary(desc, steps, total_samples, total_time)
+        self._say(v, steps, steady_time, rec["compile_time"], rec.get("est_samples_per_sec") if c.computes else None,
+                  programming_time=c.programming_time)
+        if self.evaluating and failed is None and not preemption.stop_requested():
             self.chief.evaluate(self.model, self.step)
+
+    def _analyzer_command(self, target: float | None) -> str:
+        """The cs_input_analyzer command an input-bound verdict suggests (README "cs_input_analyzer")."""
+        import shlex
+        import sys
+
+        cmd = ["cs_input_analyzer"]
+        if target:
+            cmd += ["--target-samples-per-sec", f"{target:.0f}"]
+        cmd += ["python", sys.argv[0] if sys.argv and sys.argv[0] else "run.py"]
+        if self.chief.params_path:
+            cmd += ["--params", self.chief.params_path]
+        return shlex.join([*cmd, "--mode", "validate_only"])
+
+    def _say(self, v: dict[str, Any], steps: int, steady_time: float, compile_time: float,
+             compute_rate: float | None, programming_time: float = 0.0) -> None:
+        """Log the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`)."""
+        for line in verdict_lines(v, steps=steps, start_step=self.start, end_step=self.step,
+                                  batch_size=self.batch_size, steady_steps=max(0, steps - 1),
+                                  steady_time=steady_time, compile_time=compile_time,
+                                  programming_time=programming_time, compute_samples_per_sec=compute_rate):
+            (log.warning if v.get("bound") == "input" and line.startswith("  input-bound") else log.info)("%s", line)
 
     def _log_summary(self, desc: dict[str, Any], steps: int, total_samples: int, total_time: float) -> None:
         chief = self.chief

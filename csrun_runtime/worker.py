@@ -52,7 +52,7 @@ POLL_SECS = 0.5
 #: The status of a worker that left because a later attempt of its index registered.
 SUPERSEDED = "superseded"
 #: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
-#: service element (README "Autoscale").
+#: service element (docs/AUTOSCALE.md).
 AUTOSCALE_MAX_BUNDLE = 16
 
 
@@ -106,6 +106,10 @@ class InputWorker:
                 return 1
             self._left_unserved(done.get("status"))
             return 0
+        if (self.rdv.dispatchers() or {}).get("transport") == "dataplane":  # runconfig.transport
+            from .dataplane_serve import serve  # the chief's receiver instead of a dispatcher
+
+            return serve(self, address)
         # Build and register before the server starts: a replacement's server is handed the
         # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
         # tf.py_function callbacks up by name in this process; they must exist by then (measured:
@@ -287,7 +291,7 @@ class InputWorker:
         heartbeat is older than :data:`csrun_runtime.rendezvous.STALE_SECS`; a worker that was
         only hung (a stalled node that came back) finds the replacement's ``workers/<i>.json``
         here within :data:`POLL_SECS` and leaves, so that dispatcher ``i`` is served by one
-        process (README "A lost node")."""
+        process (docs/RESILIENCE.md "A lost node")."""
         reg = self.rdv.worker(self.index)
         if reg and int(reg.get("attempt") or 0) > self.attempt:
             return reg

@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+from csrun_common.exits import EXEC_FAILED
+
 
 def main() -> None:
     """Exec ``json.loads(sys.argv[1])``; exit 127 when the program cannot be executed."""
@@ -16,7 +18,7 @@ def main() -> None:
         os.execvp(argv[0], argv)
     except OSError as exc:
         print(f"csrun: cannot execute {argv[0]!r}: {exc.strerror}", file=sys.stderr)
-        os._exit(127)
+        os._exit(EXEC_FAILED)
 
 
 if __name__ == "__main__":

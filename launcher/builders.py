@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.autoscale import AutoscaleSpec
-from csrun_common.roles import CHIEF_INPUT_ENV, RENDEZVOUS_ENV, WORKER_JOB_ENV
+from csrun_common.env import LOG_DIR, SHARD_PLAN, TaskEnv
+from csrun_common.roles import RENDEZVOUS_ENV
 
 from .container import Container
 from .layout import CHIEF, WORKER, Component, JobLayout
 from .policy import SitePolicy
-from .requeue import REQUEUE_EXIT, STOP_SIGNALS_ENV, RequeueSpec
+from .requeue import REQUEUE_EXIT, RequeueSpec
+from .tasklog import STATUS_LINE, TaskGroup, TaskOutput, encode_groups
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -33,6 +34,14 @@ SUPERVISE = "csrun_runtime.supervise"
 #: ended, to end by itself (its workers leave on the chief's ``done.json``) before it is
 #: cancelled: by csrun_wse on the srun path, by the batch script on the sbatch path.
 WORKER_JOB_GRACE_S = 60
+
+#: srun options of every csrun_wse launch on the srun path: each line of a task labelled with
+#: its task id, and srun's lines naming the job and each task's node (read by
+#: :mod:`launcher.tasklog`, which keeps srun's verbose lines in the task log). Such a launch
+#: leaves out ``--unbuffered``: with it, srun labels each write of a task as a line of its own
+#: (``ValueError`` / ``: `` / ``boom``, measured with Slurm 22.05); without it, slurmstepd
+#: forwards whole lines, as soon as each is written (tasks run with ``PYTHONUNBUFFERED=1``).
+OUTPUT_OPTIONS = ("--label", "--verbose")
 
 #: python-ws / python-pt as the first word of a command: the execution mode exported.
 EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
@@ -127,7 +136,7 @@ class WseRequest:
     (``CSRUN_RENDEZVOUS_KEY``). Why: slurmctld ends every component of a het job when any
     node of it fails (a component of one node cannot lose it), whereas a job of two or more
     nodes submitted with ``--no-kill`` keeps running on the others (sbatch(1)/srun(1)
-    ``--no-kill``; measured on the test cluster, README "A lost node").
+    ``--no-kill``; measured on the test cluster, docs/RESILIENCE.md "A lost node").
     """
 
     layout: JobLayout
@@ -158,42 +167,31 @@ class WseRequest:
     def task_command(self) -> list[str]:
         """The argv each task executes (container-wrapped, ``:``-safe), through
         :data:`SUPERVISE`: the chief's task execs the command, an input worker's task keeps
-        a replacement running after the worker's process is killed (README "Lost input
-        workers")."""
+        a replacement running after the worker's process is killed (docs/RESILIENCE.md
+        "Lost input workers")."""
         return self.container.wrap([self.python, "-m", SUPERVISE,
                                     *protect_argv(self.command, self.python)])
 
     def job_env(self) -> list[tuple[str, str]]:
         """Variables csrun_wse sets in its own environment before srun (``--export=ALL``)."""
-        env = [("CSRUN_SHARD_PLAN", self.shard_plan)] if self.shard_plan else []
+        env = [(SHARD_PLAN.name, self.shard_plan)] if self.shard_plan else []
         if self.worker_job:
             env.append((RENDEZVOUS_ENV, self.rendezvous_key))
         return env
 
     def component_env(self, comp: Component) -> list[tuple[str, str]]:
-        """The role contract of ``docs/CONTRACT.md`` for one component."""
+        """The role contract of ``docs/CONTRACT.md`` for one component: its
+        :class:`csrun_common.env.TaskEnv`, encoded, then :attr:`task_env`."""
         own_job = comp is self.worker_job_component()  # its SLURM_PROCID starts at 0
-        env = [
-            ("CSRUN_ROLE", comp.role),
-            ("CSRUN_HET_GROUP", str(comp.het_group)),
-            ("CSRUN_TASK_OFFSET", "0" if own_job else str(comp.task_offset)),
-            ("CSRUN_WORKER_OFFSET", str(comp.worker_offset)),
-            ("CSRUN_NUM_WORKERS", str(self.layout.num_workers)),
-            ("CSRUN_NUM_TASKS", str(self.layout.num_tasks)),
-            ("CSRUN_CPUS_PER_TASK", str(comp.cpus_per_task or "")),
-            ("PYTHONUNBUFFERED", "1"),
-        ]
-        if self.execution_mode:
-            env.append(("CSRUN_EXECUTION_MODE", self.execution_mode))
-        if self.requeue is not None:
-            env.append((STOP_SIGNALS_ENV, self.requeue.stop_signals()))
-        if self.autoscale is not None:
-            env.append((AUTOSCALE_ENV, self.autoscale.to_env()))
-        if self.layout.chief_input_cpus and comp.role == CHIEF:
-            env.append((CHIEF_INPUT_ENV, str(self.layout.chief_input_cpus)))
-        if self.worker_job:
-            env.append((WORKER_JOB_ENV, "1"))
-        return env + list(self.task_env)
+        task = TaskEnv(
+            comp.role, comp.het_group, 0 if own_job else comp.task_offset, comp.worker_offset,
+            self.layout.num_workers, self.layout.num_tasks, comp.cpus_per_task,
+            execution_mode=self.execution_mode,
+            stop_signals=self.requeue.stop_signals() if self.requeue is not None else None,
+            autoscale=self.autoscale.to_env() if self.autoscale is not None else None,
+            chief_input_cpus=self.layout.chief_input_cpus if comp.role == CHIEF else 0,
+            worker_job=self.worker_job)
+        return task.encode() + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:
         """Resource options of one component (shared by srun and ``#SBATCH``): name, site
@@ -220,15 +218,30 @@ class WseRequest:
                 f"--export={_export(self.component_env(comp))}", *self.container.srun_options()]
 
     def materialize_srun(self) -> list[str]:
-        """The full srun argv of the chief's job: ``srun <comp 0 options> CMD : <comp 1
-        options> CMD ...`` (without the ``worker`` component with ``worker_job``)."""
-        argv = ["srun"]
+        """The full srun argv of the chief's job: ``srun --label --verbose <comp 0 options> CMD :
+        <comp 1 options> CMD ...`` (without the ``worker`` component with ``worker_job``).
+        ``--label`` and ``--verbose`` (:data:`OUTPUT_OPTIONS`) let csrun_wse tell the tasks'
+        lines apart and the node of each (:mod:`launcher.tasklog`)."""
+        argv = ["srun", *OUTPUT_OPTIONS]
         cmd = self.task_command()
         for i, comp in enumerate(self.chief_components()):
             if i:
                 argv.append(":")
-            argv += self.allocation_options(comp) + self.step_options(comp) + cmd
+            step = [o for o in self.step_options(comp) if o != "--unbuffered"]  # see OUTPUT_OPTIONS
+            argv += self.allocation_options(comp) + step + cmd
         return argv
+
+    def task_output(self) -> TaskOutput:
+        """A fresh :class:`~launcher.tasklog.TaskOutput` for one launch of
+        :meth:`materialize_srun`: its het components (global task ids as ``--label`` numbers
+        them) and the statuses that are no failure (0, and :data:`REQUEUE_EXIT` with
+        ``requeue``)."""
+        groups, first = [], 0
+        for comp in self.chief_components():
+            groups.append(TaskGroup(comp.het_group, comp.role, first, comp.ntasks))
+            first += comp.ntasks
+        ok = {0, REQUEUE_EXIT} if self.requeue is not None else {0}
+        return TaskOutput(groups=tuple(groups), ok_statuses=frozenset(ok))
 
     def worker_srun_options(self) -> list[str] | None:
         """The srun options of the input workers' own job (``worker_job``), else ``None``: the
@@ -271,7 +284,9 @@ class WseRequest:
         srun it gets :data:`WORKER_JOB_GRACE_S` seconds to end, and the script's ``EXIT`` trap
         cancels it by that name (``scancel --name``), which also covers a cancelled or
         requeued chief's job. Each allocation has its own rendezvous key,
-        ``<rendezvous_key>.r<SLURM_RESTART_COUNT>``."""
+        ``<rendezvous_key>.r<SLURM_RESTART_COUNT>``. The chief's srun runs with
+        :data:`OUTPUT_OPTIONS` and its output passes through :meth:`output_filter`, as on the srun
+        path; the script exits with srun's status."""
         comps = []
         chief_comps = self.chief_components()
         for comp in chief_comps:
@@ -286,7 +301,7 @@ class WseRequest:
             # directives to start application on any available hetjob components").
             group = [f"--het-group={comp.het_group}"] if len(chief_comps) > 1 else []
             srun = group + _step_resources(self.allocation_options(comp), self.slurm_version) \
-                + self.step_options(comp)
+                + [o for o in self.step_options(comp) if o != "--unbuffered"]  # see OUTPUT_OPTIONS
             comps.append({**comp.__dict__, "sbatch_options": sbatch, "srun_options": srun})
         wcomp, workers = self.worker_job_component(), self.worker_srun_options() or []
         worker_job = None if wcomp is None else {
@@ -304,7 +319,20 @@ class WseRequest:
             requeue_exit=REQUEUE_EXIT,
             worker_job=worker_job,
             rendezvous_env=RENDEZVOUS_ENV,
+            log_dir_env=LOG_DIR,
+            output_options=OUTPUT_OPTIONS,
+            output_filter=self.output_filter(),
+            status_line=STATUS_LINE,
         )
+
+    def output_filter(self) -> list[str]:
+        """The batch script's filter of its srun's output (``python -m launcher.tasklog``, in the
+        container when there is one; :func:`launcher.tasklog.main`): the job's output file then
+        reads as csrun_wse's terminal does. Its ``--log`` is added by the script."""
+        out = self.task_output()
+        ok = ",".join(str(s) for s in sorted(out.ok_statuses))
+        return self.container.wrap([self.python, "-m", "launcher.tasklog", "--groups", encode_groups(out.groups),
+                                    "--ok", ok])
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Light at start-up: no TensorFlow, no jinja2 until an sbatch script is rendered.
 Every bad input ends in one line ``<prog>: error: <message naming the flag/key and value>``
 with exit status 2, before anything is submitted. Shell completion is click's
-(``eval "$(_CSRUN_WSE_COMPLETE=bash_source csrun_wse)"``, README "Shell completion").
+(``eval "$(_CSRUN_WSE_COMPLETE=bash_source csrun_wse)"``, docs/SLURM.md "Shell completion").
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from click.shell_completion import CompletionItem
 
 from csrun_common.autoscale import AutoscaleSpec, plan_autoscale
 from csrun_common.cli import OneLineErrors
+from csrun_common.env import NO_PATH_CHECKS
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec
 from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
@@ -27,12 +29,12 @@ from . import preflight, slurm
 from .builders import CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .layout import JobLayout, plan_layout, resolve_counts
+from .flags import CommonFlags, CpuFlags, WseFlags
+from .layout import JobLayout, plan, resolve_counts
 from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
 from .resolve import (
     ClusterView,
-    PolicyFlags,
     check_site_names,
     cluster_view,
     offline_node_cpus,
@@ -63,6 +65,62 @@ def _emit_launch(line: str, dry_run: bool) -> None:
 
 def _note(prog: str, message: str) -> None:
     click.echo(f"{prog}: note: {message}", err=True)
+
+
+def _presubmit(prog: str, req: WseRequest | CpuRequest, flags: CommonFlags) -> None:
+    """The file checks of every launch (:func:`launcher.preflight.presubmit`): a failure is
+    one error line (exit 2, nothing submitted); for a ``--dry-run`` a note per failure (the
+    printed line is still printed); nothing with ``--no-path-checks``."""
+    if flags.no_path_checks:
+        return
+    if not flags.dry_run:
+        preflight.presubmit(req)
+        return
+    for c in preflight.presubmit_checks(req):
+        if not c.ok:
+            _note(prog, f"{c.message()}: a launch would refuse this ({preflight.SKIP_HINT})")
+
+
+def _warn_options_after_command(prog: str, command: tuple[str, ...]) -> None:
+    """One warning line when the command's arguments (after its first word) hold an option
+    name this CLI declares (``--total-nodes``): everything from the command's first word on
+    is the command's own argv, so it was not taken as a csrun option. Not an error: the
+    user's script may have an option of the same name. ``-h``/``--help`` and ``-V``/``--version``,
+    which most programs take too, are not flagged."""
+    names: set[str] = set()
+    for param in click.get_current_context().command.params:
+        if isinstance(param, click.Option):
+            names.update(param.opts)
+            names.update(param.secondary_opts)
+    names -= {"-h", "--help", "-V", "--version"}
+    found = []
+    for word in command[1:]:
+        name = word.split("=", 1)[0] if word.startswith("--") else word
+        if name in names and name not in found:
+            found.append(name)
+    if found:
+        listed = ", ".join(found)
+        click.echo(f"{prog}: warning: {listed} after the command {preflight.show(command[0])}: passed to the "
+                   f"command, not to {prog}; {prog}'s options go before the command "
+                   f"({prog} [OPTIONS] COMMAND [ARGS]...)", err=True)
+
+
+class _CommandCli(OneLineErrors):
+    """csrun_wse/csrun_cpu: a missing COMMAND points to ``--help``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:  # noqa: D102
+        try:
+            return super().parse_args(ctx, args)
+        except click.MissingParameter as exc:
+            if exc.param is not None and exc.param.name == "command":
+                raise _missing_command(ctx.info_name or self.name or "csrun") from None
+            raise
+
+
+def _missing_command(prog: str) -> click.UsageError:
+    return click.UsageError(f"Missing argument 'COMMAND...': the program to run and its arguments, after "
+                            f"{prog}'s options ({prog} [OPTIONS] COMMAND [ARGS]...); see '{prog} --help' for "
+                            "the options and examples")
 
 
 def _check_names_or_note(prog: str, view: ClusterView, policy: SitePolicy, sources: Mapping[str, str]) -> None:
@@ -96,7 +154,7 @@ def _partitions() -> list[str]:
 
 # --------------------------------------------------------------------------- shared options
 def policy_options(fn: F) -> F:
-    """The site-policy, preflight and logging flags both CLIs take (README "Site policies")."""
+    """The site-policy, preflight and logging flags both CLIs take (docs/SLURM.md "Site policies")."""
     options = [
         click.option("--partition", default=None, shell_complete=_complete(_partitions),
                      help="Slurm partition [default: slurm.partition]."),
@@ -117,6 +175,11 @@ def policy_options(fn: F) -> F:
         click.option("--check", is_flag=True,
                      help="Ask Slurm whether the job could run (--test-only) and check its files; "
                           "submit nothing. Exit 0 or 2."),
+        click.option("--no-path-checks", is_flag=True, envvar=NO_PATH_CHECKS.name,
+                     help="Skip the checks every launch makes of the script, --params, the data paths the "
+                          "params name, the model_dir's parent and a shard plan's files (for clusters whose "
+                          "login node does not see the compute nodes' paths; also CSRUN_NO_PATH_CHECKS=1; "
+                          "docs/CHECKS.md)."),
         click.option("--verbose", is_flag=True,
                      help="Let the tasks print every TensorFlow C++ log line (also CSRUN_VERBOSE=1); by "
                           "default INFO lines are hidden, warnings and errors kept."),
@@ -124,12 +187,6 @@ def policy_options(fn: F) -> F:
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def _policy_flags(kw: dict[str, Any]) -> PolicyFlags:
-    return PolicyFlags(partition=kw["partition"], account=kw["account"], qos=kw["qos"],
-                       reservation=kw["reservation"], constraint=kw["constraint"], time=kw["time_limit"],
-                       slurm_args=tuple(kw["slurm_args"]))
 
 
 WSE_EPILOG = """\b
@@ -150,7 +207,7 @@ Examples:
 """
 
 
-@click.command("csrun_wse", cls=OneLineErrors, context_settings=COMMAND_SETTINGS, epilog=WSE_EPILOG)
+@click.command("csrun_wse", cls=_CommandCli, context_settings=COMMAND_SETTINGS, epilog=WSE_EPILOG)
 @click.option("--total-nodes", type=POSITIVE, default=None,
               help="Nodes in the job, the chief's included [default: defaults.nodes].")
 @click.option("--tasks-per-node", type=POSITIVE, default=None,
@@ -175,14 +232,14 @@ Examples:
 @click.option("--chief-input-cpus", type=int, default=0, show_default=True, metavar="N",
               help="Run input worker 0 inside the chief's task on N of its CPUs, beside training: pinned "
                    "apart when Slurm binds the task and N is fewer than its CPUs, else sharing them at "
-                   "lower priority (README \"The chief's node feeds input\").")
+                   "lower priority (docs/CHIEF-INPUT.md).")
 @click.option("--survive-node-loss", is_flag=True,
               help="Run the input-worker nodes as a job of their own (--no-kill), so that losing one "
                    "of them does not end the run: its workers start again on the surviving nodes "
-                   "(README \"A lost node\").")
+                   "(docs/RESILIENCE.md).")
 @click.option("--autoscale", is_flag=True,
               help="Grow and shrink the streaming input workers while training, within the layout's "
-                   "input-worker tasks (README \"Autoscale\").")
+                   "input-worker tasks (docs/AUTOSCALE.md).")
 @click.option("--min-workers", type=int, default=None,
               help="With --autoscale: never fewer streaming input workers [1].")
 @click.option("--max-workers", type=int, default=None,
@@ -201,7 +258,7 @@ Examples:
                    "Works without slurmctld when nothing it must answer is unknown.")
 @version_option("csrun_wse")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
+def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values, typed at once as WseFlags
     """Launch COMMAND as one heterogeneous Slurm job: the chief on the accelerator (GRES)
     node and input-worker tasks on CPU nodes.
 
@@ -210,38 +267,42 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:
     `csrun_wse python-ws run.py ...` works verbatim. Each task learns its role
     (chief / single-task / worker) from CSRUN_* variables (docs/CONTRACT.md).
     """
+    _warn_options_after_command("csrun_wse", command)
+    flags = WseFlags.from_click(kw)
     cfg = load_config()
-    _refuse_check_with_dry_run(kw)
-    policy, sources = site_policy(_policy_flags(kw), cfg)
-    requeue = requeue_spec(kw["requeue"], kw["requeue_signal"], kw["max_requeues"], cfg, policy,
-                           sources["time"])
-    container = site_container(cfg, kw["mount_dirs"])
+    if not cfg.path_checks:  # site key checks.paths = false: as --no-path-checks
+        flags = flags.without_path_checks()
+    _refuse_check_with_dry_run(flags)
+    policy, sources = site_policy(flags.policy(), cfg)
+    requeue = requeue_spec(flags.requeue, flags.requeue_signal, flags.max_requeues, cfg, policy, sources["time"])
+    container = site_container(cfg, flags.mount_dirs)
     cmd, mode = expand_python_word(command, cfg.python)
-    view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
-    layout = _wse_layout(kw, cfg, view)
+    view = cluster_view(policy.partition, sources["partition"], cfg, flags.dry_run, exclude=cfg.gres_node)
+    layout = _wse_layout(flags, cfg, view)
     _check_names_or_note("csrun_wse", view, policy, sources)
-    worker_job = _worker_job(kw, layout)
+    worker_job = _worker_job(flags, layout)
     req = WseRequest(layout=layout, command=tuple(cmd), python=cfg.python, container=container,
                      execution_mode=mode, policy=policy, exclude_node=cfg.gres_node,
-                     shard_plan=_shard_plan(kw["shard_plan"], layout), requeue=requeue,
-                     task_env=task_env(kw["verbose"]), slurm_version=_slurm_major_minor(),
-                     autoscale=_autoscale(kw, layout), worker_job=worker_job,
+                     shard_plan=_shard_plan(flags.shard_plan, layout), requeue=requeue,
+                     task_env=task_env(flags.verbose), slurm_version=_slurm_major_minor(),
+                     autoscale=_autoscale(flags, layout), worker_job=worker_job,
                      rendezvous_key=f"wse-{uuid.uuid4().hex[:12]}" if worker_job else "")
-    if kw["check"]:
-        return _check("csrun_wse", req, kw["use_sbatch"])
-    return _launch(req, kw["use_sbatch"], kw["dry_run"])
+    if flags.check:
+        return _check("csrun_wse", req, flags.use_sbatch, not flags.no_path_checks)
+    _presubmit("csrun_wse", req, flags)
+    return _launch(req, flags.use_sbatch, flags.dry_run)
 
 
-def _refuse_check_with_dry_run(kw: dict[str, Any]) -> None:
-    if kw["check"] and kw["dry_run"]:
+def _refuse_check_with_dry_run(flags: CommonFlags) -> None:
+    if flags.check and flags.dry_run:
         raise CsrunError("--check with --dry-run: choose one (--check asks Slurm, --dry-run prints the job)")
 
 
-def _wse_layout(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> JobLayout:
+def _wse_layout(flags: WseFlags, cfg: SiteConfig, view: ClusterView) -> JobLayout:
     """Plan the het layout from the flags, the defaults and the cluster (named steps: node
     count and GRES against the partition, tasks × CPUs against a node)."""
-    n = kw["total_nodes"] if kw["total_nodes"] is not None else cfg.nodes
-    n_flag = "--total-nodes" if kw["total_nodes"] is not None else "defaults.nodes"
+    n = flags.total_nodes if flags.total_nodes is not None else cfg.nodes
+    n_flag = "--total-nodes" if flags.total_nodes is not None else "defaults.nodes"
     if view.online:
         node_cpus = view.node_cpus or 1
         if n > len(view.nodes):
@@ -252,39 +313,40 @@ def _wse_layout(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> JobLa
                 raise CsrunError(f"gres.resource = {cfg.gres_resource!r}: no node in the partition has GRES "
                                  f"{gres_name!r}")
     else:
-        node_cpus = offline_node_cpus(view, kw["tasks_per_node"], kw["cpus_per_task"], kw["single_task_nodes"])
-    t, c = resolve_counts(kw["tasks_per_node"], kw["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
+        node_cpus = offline_node_cpus(view, flags.tasks_per_node, flags.cpus_per_task, flags.single_task_nodes)
+    t, c = resolve_counts(flags.tasks_per_node, flags.cpus_per_task, cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
-    return plan_layout(n, t, c, kw["single_task_nodes"], kw["cyclic"], cfg.gres_resource, node_cpus,
-                       kw["chief_input_cpus"])
+    spec = LayoutSpec(n, t, c, flags.single_task_nodes, flags.chief_input_cpus, flags.cyclic)
+    return plan(spec, cfg.gres_resource, node_cpus)
 
 
-def _autoscale(kw: dict[str, Any], layout: JobLayout) -> AutoscaleSpec | None:
+def _autoscale(flags: WseFlags, layout: JobLayout) -> AutoscaleSpec | None:
     """``--autoscale`` and its bounds against the layout's input-worker tasks; a bound given
     without ``--autoscale`` is refused (it would be silently ignored)."""
-    if not kw["autoscale"]:
+    if not flags.autoscale:
         for flag in ("min_workers", "max_workers", "initial_workers"):
-            if kw[flag] is not None:
-                raise CsrunError(f"--{flag.replace('_', '-')} {kw[flag]}: needs --autoscale")
+            value = getattr(flags, flag)
+            if value is not None:
+                raise CsrunError(f"--{flag.replace('_', '-')} {value}: needs --autoscale")
         return None
     try:
-        return plan_autoscale(layout.num_workers, kw["initial_workers"], kw["min_workers"], kw["max_workers"],
-                              kw["autoscale_policy"], kw["autoscale_window"])
+        return plan_autoscale(layout.num_workers, flags.initial_workers, flags.min_workers, flags.max_workers,
+                              flags.autoscale_policy, flags.autoscale_window)
     except ValueError as exc:
         raise CsrunError(str(exc)) from None
 
 
-def _worker_job(kw: dict[str, Any], layout: JobLayout) -> bool:
-    """``--survive-node-loss`` against the layout and the launch path (README "A lost node").
+def _worker_job(flags: WseFlags, layout: JobLayout) -> bool:
+    """``--survive-node-loss`` against the layout and the launch path (docs/RESILIENCE.md "A lost node").
 
     Raises :class:`CsrunError` with single-task nodes (het components of the chief's job,
     which Slurm ends whole when one of its nodes fails), and when the input workers' job would
     have fewer than 2 nodes (slurmctld keeps a job running on its other nodes only when it has
     more than one: ``kill_running_job_by_node_name``)."""
-    if not kw["survive_node_loss"]:
+    if not flags.survive_node_loss:
         return False
-    if kw["single_task_nodes"]:
-        raise CsrunError(f"--survive-node-loss with --single-task-nodes {kw['single_task_nodes']}: single-task "
+    if flags.single_task_nodes:
+        raise CsrunError(f"--survive-node-loss with --single-task-nodes {flags.single_task_nodes}: single-task "
                          "nodes belong to the chief's het job, which Slurm ends whole when one of its nodes fails")
     workers = layout.worker_component
     nodes = workers.nodes if workers else 0
@@ -310,10 +372,10 @@ def _slurm_major_minor() -> tuple[int, int] | None:
     return (rel[0], rel[1]) if rel else None
 
 
-def _check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool) -> int:
+def _check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool, path_checks: bool = True) -> int:
     """``--check``: print the report; exit 0, or 2 with one error line after the report."""
     try:
-        report, code = preflight.run_check(prog, req, use_sbatch)
+        report, code = preflight.run_check(prog, req, use_sbatch, path_checks=path_checks)
     except preflight.PreflightFailed as exc:
         click.echo(exc.report)
         raise
@@ -344,11 +406,12 @@ def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> in
 
 def _run_wse(req: WseRequest, env: dict[str, str]) -> int:
     """One srun launch of csrun_wse: the chief's job, with the input workers' own job beside it
-    under ``--survive-node-loss``."""
+    under ``--survive-node-loss``. The tasks' output passes through :mod:`launcher.tasklog`
+    (docs/ERRORS.md)."""
     workers = req.materialize_worker_srun()
     if workers is None:
-        return slurm.run_foreground(req.materialize_srun(), env=env)
-    return slurm.run_with_worker_job(req.materialize_srun(), workers, env=env)
+        return slurm.run_foreground(req.materialize_srun(), env=env, output=req.task_output())
+    return slurm.run_with_worker_job(req.materialize_srun(), workers, env=env, output=req.task_output())
 
 
 def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) -> int:
@@ -385,7 +448,7 @@ Examples:
 """
 
 
-@click.command("csrun_cpu", cls=OneLineErrors, context_settings=COMMAND_SETTINGS, epilog=CPU_EPILOG)
+@click.command("csrun_cpu", cls=_CommandCli, context_settings=COMMAND_SETTINGS, epilog=CPU_EPILOG)
 @click.option("--alloc-node/--no-alloc-node", default=True, show_default=True,
               help="Reserve the whole CPU node (srun --nodes=1 --exclusive, all its CPUs); "
                    "with --no-alloc-node ask for defaults.cpus_per_task CPUs.")
@@ -397,48 +460,53 @@ Examples:
 @click.option("--show-config", is_flag=True, help="Print every resolved site-config value and its source, then exit.")
 @version_option("csrun_cpu")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:
+def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values, typed at once as CpuFlags
     """Run COMMAND on one CPU node of the cluster (never the accelerator node),
     inside the configured container: validate, compile, prepare data, or a shell.
 
     `python-ws`/`python-pt` as the first word run the configured Python, as in csrun_wse.
     """
+    flags = CpuFlags.from_click(kw)
     cfg = load_config()
-    if kw["show_config"]:
+    if not cfg.path_checks:  # site key checks.paths = false: as --no-path-checks
+        flags = flags.without_path_checks()
+    if flags.show_config:
         click.echo(format_config(cfg))
         return 0
     if not command:
-        raise click.UsageError("Missing argument 'COMMAND...'.")
-    _refuse_check_with_dry_run(kw)
-    policy, sources = site_policy(_policy_flags(kw), cfg)
-    container = site_container(cfg, kw["mount_dirs"])
+        raise _missing_command("csrun_cpu")
+    _warn_options_after_command("csrun_cpu", command)
+    _refuse_check_with_dry_run(flags)
+    policy, sources = site_policy(flags.policy(), cfg)
+    container = site_container(cfg, flags.mount_dirs)
     cmd, _mode = expand_python_word(command, cfg.python)
-    view = cluster_view(policy.partition, sources["partition"], cfg, kw["dry_run"], exclude=cfg.gres_node)
-    node_cpus = _cpu_node_cpus(kw, cfg, view)
+    view = cluster_view(policy.partition, sources["partition"], cfg, flags.dry_run, exclude=cfg.gres_node)
+    node_cpus = _cpu_node_cpus(flags, cfg, view)
     _check_names_or_note("csrun_cpu", view, policy, sources)
-    pty = sys.stdin.isatty() and sys.stdout.isatty() and not kw["use_sbatch"]
-    req = CpuRequest(command=tuple(cmd), python=cfg.python, alloc_node=kw["alloc_node"], node_cpus=node_cpus,
+    pty = sys.stdin.isatty() and sys.stdout.isatty() and not flags.use_sbatch
+    req = CpuRequest(command=tuple(cmd), python=cfg.python, alloc_node=flags.alloc_node, node_cpus=node_cpus,
                      cpus_per_task=cfg.cpus_per_task, container=container, policy=policy,
-                     exclude_node=cfg.gres_node, pty=pty, task_env=task_env(kw["verbose"]),
+                     exclude_node=cfg.gres_node, pty=pty, task_env=task_env(flags.verbose),
                      slurm_version=_slurm_major_minor())
-    if kw["check"]:
-        return _check("csrun_cpu", req, kw["use_sbatch"])
-    return _launch(req, kw["use_sbatch"], kw["dry_run"])
+    if flags.check:
+        return _check("csrun_cpu", req, flags.use_sbatch, not flags.no_path_checks)
+    _presubmit("csrun_cpu", req, flags)
+    return _launch(req, flags.use_sbatch, flags.dry_run)
 
 
-def _cpu_node_cpus(kw: dict[str, Any], cfg: SiteConfig, view: ClusterView) -> int:
+def _cpu_node_cpus(flags: CpuFlags, cfg: SiteConfig, view: ClusterView) -> int:
     """CPUs of the CPU node csrun_cpu asks for (all of them with ``--alloc-node``)."""
     if not view.online:
         if view.node_cpus:
             return view.node_cpus
-        if not kw["alloc_node"]:
+        if not flags.alloc_node:
             return cfg.cpus_per_task
         raise CsrunError("--dry-run: slurmctld does not answer and --alloc-node needs the CPUs of a node: set "
                          "defaults.node_cpus in the site config, or use --no-alloc-node")
     if cfg.gres_node and all(node.name == cfg.gres_node for node in view.nodes):
         raise CsrunError(f"gres.node = {cfg.gres_node!r} is the only node in the partition; csrun_cpu excludes it")
     node_cpus = view.node_cpus or 1
-    if not kw["alloc_node"] and cfg.cpus_per_task > node_cpus:
+    if not flags.alloc_node and cfg.cpus_per_task > node_cpus:
         raise CsrunError(f"defaults.cpus_per_task {cfg.cpus_per_task}: more than the {node_cpus} CPUs of a node")
     return node_cpus
 

@@ -28,6 +28,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from csrun_common.env import CONFIG
 from csrun_common.errors import ConfigError, CsrunError
 
 from .policy import check_slurm_arg, parse_time
@@ -36,45 +37,75 @@ from .requeue import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, parse_signal_spec
 RUNTIMES = ("none", "singularity", "apptainer", "pyxis")
 EMBEDDED = "embedded default"
 
-# section -> key -> (type, default). The embedded default fits the test cluster:
-# node1 carries gpu:1, node2..node5 are CPU nodes with 2 CPUs each.
-SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {
-    "defaults": {
-        "nodes": (int, 2),           # DEF_NODES
-        "tasks_per_node": (int, 2),  # DEF_TASKS_PER_NODE
-        "cpus_per_task": (int, 1),   # DEF_CPUS_PER_TASK
-        "node_cpus": (int, 0),       # CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)
-    },
-    "gres": {
-        "resource": (str, "gpu:1"),  # GRES_RESOURCE: --gres of the chief's component
-        "node": (str, "node1"),      # GRES_NODE: excluded from csrun_cpu jobs
-    },
-    "container": {
-        "runtime": (str, "none"),    # none | singularity | apptainer | pyxis
-        "image": (str, ""),          # SINGULARITY_IMAGE (or the Pyxis image)
-        "mount_dirs": (list, []),    # MOUNT_DIRS
-    },
-    "slurm": {
-        "partition": (str, ""),
-        "account": (str, ""),
-        "qos": (str, ""),
-        "reservation": (str, ""),
-        "constraint": (str, ""),
-        "time": (str, ""),           # Slurm time format (sbatch(1) --time); "" = the partition's default
-        "extra_args": (list, []),    # verbatim options for every het component, e.g. ["--mem=0"]
-    },
-    "requeue": {
-        "enabled": (bool, False),    # csrun_wse --requeue by default
-        "signal": (str, DEFAULT_SIGNAL),          # SIGNAL@SECONDS before the time limit
-        "max_requeues": (int, DEFAULT_MAX_REQUEUES),
-    },
-    "python": {
-        "executable": (str, ""),     # interpreter of python-ws/python-pt; "" = the one running csrun
-    },
-}
+
+@dataclass(frozen=True)
+class Key:
+    """One site-config key, declared once: its TOML place, the :class:`SiteConfig` attribute it
+    fills, its type and embedded default, the one-line help that ``templates/config.toml``
+    and the README paraphrase, and the flag that wins over it (``""`` when none does).
+    ``tests/unit/test_options.py`` fails when the dataclass, the template or the CLI drift
+    from this table."""
+
+    section: str
+    name: str
+    attr: str
+    type: type
+    default: Any
+    help: str
+    flag: str = ""
+    zero_allowed: bool = False  # an int key for which 0 is valid (the others must be positive)
+
+    @property
+    def dotted(self) -> str:
+        """``section.name``, as ``--show-config`` and the error messages write it."""
+        return f"{self.section}.{self.name}"
+
+
+#: Every site-config key, in ``--show-config`` order. The embedded defaults fit the test
+#: cluster: node1 carries gpu:1, node2..node5 are CPU nodes with 2 CPUs each.
+KEYS: tuple[Key, ...] = (
+    Key("defaults", "nodes", "nodes", int, 2, "DEF_NODES: csrun_wse --total-nodes when not given",
+        "--total-nodes"),
+    Key("defaults", "tasks_per_node", "tasks_per_node", int, 2,
+        "DEF_TASKS_PER_NODE: csrun_wse --tasks-per-node when not given", "--tasks-per-node"),
+    Key("defaults", "cpus_per_task", "cpus_per_task", int, 1,
+        "DEF_CPUS_PER_TASK: csrun_wse --cpus-per-task when not given", "--cpus-per-task"),
+    Key("defaults", "node_cpus", "node_cpus", int, 0,
+        "CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)", zero_allowed=True),
+    Key("gres", "resource", "gres_resource", str, "gpu:1", "GRES_RESOURCE: --gres of the chief's component"),
+    Key("gres", "node", "gres_node", str, "node1", "GRES_NODE: excluded from csrun_cpu and input-worker jobs"),
+    Key("container", "runtime", "container_runtime", str, "none", "none | singularity | apptainer | pyxis"),
+    Key("container", "image", "container_image", str, "", "SINGULARITY_IMAGE (or the Pyxis image)"),
+    Key("container", "mount_dirs", "mount_dirs", list, [], "MOUNT_DIRS: always bind-mounted", "--mount-dirs"),
+    Key("slurm", "partition", "partition", str, "", "partition of every job", "--partition"),
+    Key("slurm", "account", "account", str, "", "account of every job", "--account"),
+    Key("slurm", "qos", "qos", str, "", "QOS of every job", "--qos"),
+    Key("slurm", "reservation", "reservation", str, "", "reservation of every job", "--reservation"),
+    Key("slurm", "constraint", "constraint", str, "", "node features every job requires", "--constraint"),
+    Key("slurm", "time", "time", str, "", "time limit in Slurm's format (sbatch(1) --time)", "--time"),
+    Key("slurm", "extra_args", "extra_args", list, [], "verbatim options for every het component",
+        "--slurm-arg"),
+    Key("requeue", "enabled", "requeue", bool, False, "csrun_wse --requeue by default", "--requeue"),
+    Key("requeue", "signal", "requeue_signal", str, DEFAULT_SIGNAL, "SIGNAL@SECONDS before the time limit",
+        "--requeue-signal"),
+    Key("requeue", "max_requeues", "max_requeues", int, DEFAULT_MAX_REQUEUES,
+        "requeues allowed before the job is left failed", "--max-requeues", zero_allowed=True),
+    Key("checks", "paths", "path_checks", bool, True,
+        "check the script, --params, data paths, model_dir and shard plan before every launch",
+        "--no-path-checks"),
+    Key("python", "executable", "python_executable", str, "",
+        "interpreter of python-ws/python-pt; \"\" = the one running csrun"),
+)
+
+_BY_DOTTED: dict[str, Key] = {k.dotted: k for k in KEYS}
+
+#: section -> key -> (type, default), derived from :data:`KEYS`.
+SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {}
+for _k in KEYS:
+    SCHEMA.setdefault(_k.section, {})[_k.name] = (_k.type, _k.default)
 
 #: Integer keys for which 0 is a valid value (the others must be positive).
-ZERO_ALLOWED = {("defaults", "node_cpus"), ("requeue", "max_requeues")}
+ZERO_ALLOWED = {(k.section, k.name) for k in KEYS if k.zero_allowed}
 
 _GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.\-]+)*$")
 
@@ -87,8 +118,8 @@ def candidate_paths(env: Mapping[str, str] | None = None) -> list[tuple[Path, bo
     """
     env = os.environ if env is None else env
     out: list[tuple[Path, bool]] = []
-    if env.get("CSRUN_CONFIG"):
-        out.append((Path(env["CSRUN_CONFIG"]), True))
+    if env.get(CONFIG):
+        out.append((Path(env[CONFIG]), True))
     home = env.get("HOME") or str(Path.home())
     out.append((Path(home) / ".config" / "csrun" / "config.toml", False))
     out.append((Path("/etc/csrun/config.toml"), False))
@@ -123,33 +154,17 @@ class SiteConfig:
     requeue: bool = False
     requeue_signal: str = DEFAULT_SIGNAL
     max_requeues: int = DEFAULT_MAX_REQUEUES
+    path_checks: bool = True
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:
         """Every key as ``(section.key, value, source)`` in schema order."""
-        values = {
-            "defaults.nodes": self.nodes,
-            "defaults.tasks_per_node": self.tasks_per_node,
-            "defaults.cpus_per_task": self.cpus_per_task,
-            "defaults.node_cpus": self.node_cpus,
-            "gres.resource": self.gres_resource,
-            "gres.node": self.gres_node,
-            "container.runtime": self.container_runtime,
-            "container.image": self.container_image,
-            "container.mount_dirs": list(self.mount_dirs),
-            "slurm.partition": self.partition,
-            "slurm.account": self.account,
-            "slurm.qos": self.qos,
-            "slurm.reservation": self.reservation,
-            "slurm.constraint": self.constraint,
-            "slurm.time": self.time,
-            "slurm.extra_args": list(self.extra_args),
-            "requeue.enabled": self.requeue,
-            "requeue.signal": self.requeue_signal,
-            "requeue.max_requeues": self.max_requeues,
-            "python.executable": self.python_executable,
-        }
-        return [(k, v, self.sources.get(k, EMBEDDED)) for k, v in values.items()]
+        out = []
+        for key in KEYS:
+            value = getattr(self, key.attr)
+            out.append((key.dotted, list(value) if key.type is list else value,
+                        self.sources.get(key.dotted, EMBEDDED)))
+        return out
 
     @property
     def python(self) -> str:
@@ -158,7 +173,7 @@ class SiteConfig:
 
 
 def _check(path: str, section: str, key: str, value: Any) -> Any:
-    typ, _ = SCHEMA[section][key]
+    typ = _BY_DOTTED[f"{section}.{key}"].type
     where = f"{path}: {section}.{key}"
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -227,7 +242,7 @@ def load_config(env: Mapping[str, str] | None = None) -> SiteConfig:
     Raises :class:`ConfigError` for an unreadable or malformed file, an explicit
     ``$CSRUN_CONFIG`` that does not exist, an unknown key or a wrong type.
     """
-    values: dict[str, Any] = {f"{s}.{k}": d for s, keys in SCHEMA.items() for k, (_, d) in keys.items()}
+    values: dict[str, Any] = {k.dotted: k.default for k in KEYS}
     sources = {k: EMBEDDED for k in values}
     for path, explicit in candidate_paths(env):
         if not path.exists():
@@ -244,29 +259,9 @@ def load_config(env: Mapping[str, str] | None = None) -> SiteConfig:
             values[key] = value
             sources[key] = str(path)
         break
-    return SiteConfig(
-        nodes=values["defaults.nodes"],
-        tasks_per_node=values["defaults.tasks_per_node"],
-        cpus_per_task=values["defaults.cpus_per_task"],
-        node_cpus=values["defaults.node_cpus"],
-        gres_resource=values["gres.resource"],
-        gres_node=values["gres.node"],
-        container_runtime=values["container.runtime"],
-        container_image=values["container.image"],
-        mount_dirs=tuple(values["container.mount_dirs"]),
-        partition=values["slurm.partition"],
-        account=values["slurm.account"],
-        qos=values["slurm.qos"],
-        reservation=values["slurm.reservation"],
-        constraint=values["slurm.constraint"],
-        time=values["slurm.time"],
-        extra_args=tuple(values["slurm.extra_args"]),
-        requeue=values["requeue.enabled"],
-        requeue_signal=values["requeue.signal"],
-        max_requeues=values["requeue.max_requeues"],
-        python_executable=values["python.executable"],
-        sources=sources,
-    )
+    fields: dict[str, Any] = {k.attr: tuple(values[k.dotted]) if k.type is list else values[k.dotted]
+                              for k in KEYS}
+    return SiteConfig(**fields, sources=sources)
 
 
 def format_config(cfg: SiteConfig) -> str:

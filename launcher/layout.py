@@ -12,14 +12,15 @@ tasks with ``cpus_per_task`` CPUs. The shapes are the original ``csrun_wse``'s:
 
 Task roles (see ``docs/CONTRACT.md``): task 0 of het group 0 is the chief; every other
 task is an input worker. With ``--chief-input-cpus N`` the chief's task also runs input
-worker 0 as a process of its own on N of its CPUs (README "The chief's node feeds input"):
+worker 0 as a process of its own on N of its CPUs (docs/CHIEF-INPUT.md):
 the tasks' input-worker indices then start at 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec
 
 CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
 
@@ -61,10 +62,15 @@ class JobLayout:
 
     ``chief_input_cpus``: CPUs of the chief's task given to input worker 0, a process the
     chief starts beside its training step (0: none, the tasks' workers start at index 0).
+    ``spec``: the :class:`~csrun_common.layout.LayoutSpec` it was planned from (its
+    ``to_flags()`` gives the csrun_wse flags of this job).
     """
 
     components: tuple[Component, ...]
     chief_input_cpus: int = 0
+    #: The layout the components were planned from (:func:`plan`); ``None`` for components
+    #: built by hand.
+    spec: LayoutSpec | None = field(default=None, compare=False)
 
     @property
     def total_nodes(self) -> int:
@@ -139,30 +145,27 @@ def plan_layout(
     node_cpus: int = 1,
     chief_input_cpus: int = 0,
 ) -> JobLayout:
-    """Build the het components for ``N = total_nodes``, ``T``, ``C``, ``S``.
+    """:func:`plan` of the :class:`~csrun_common.layout.LayoutSpec` of ``N = total_nodes``,
+    ``T``, ``C``, ``S``, ``--cyclic`` and ``--chief-input-cpus`` (the flags' values, ``T``
+    and ``C`` resolved by :func:`resolve_counts`). Raises :class:`CsrunError` as :func:`plan`."""
+    spec = LayoutSpec(total_nodes, tasks_per_node, cpus_per_task, single_task_nodes, chief_input_cpus, cyclic)
+    return plan(spec, gres, node_cpus)
 
-    ``node_cpus`` is given to single-task components (one task owns the node).
-    ``chief_input_cpus`` (``--chief-input-cpus``): CPUs of the chief's task that run input
-    worker 0 beside the training step; every task's input-worker index is then one higher.
-    Raises :class:`CsrunError` for N < 1, T < 1, C < 1, S < 0, S ≥ N, a negative
-    ``chief_input_cpus``, or one above the chief's CPUs or with CPUs Slurm chooses.
+
+def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
+    """Build the het components of the layout ``spec`` (shapes: the module docstring).
+
+    ``gres`` goes to the chief's component; ``node_cpus`` is given to single-task components
+    (one task owns the node). ``spec.chief_input_cpus`` (``--chief-input-cpus``): CPUs of the
+    chief's task that run input worker 0 beside the training step; every task's input-worker
+    index is then one higher. Raises :class:`CsrunError` naming the flag for N < 1, T < 1,
+    C < 1, S < 0, S ≥ N, a negative ``chief_input_cpus``, or one above the chief's CPUs or
+    with CPUs Slurm chooses (:meth:`LayoutSpec.check`, :meth:`LayoutSpec.check_chief_input`).
     """
-    if total_nodes < 1:
-        raise CsrunError(f"--total-nodes {total_nodes}: must be a positive integer")
-    if tasks_per_node < 1:
-        raise CsrunError(f"--tasks-per-node {tasks_per_node}: must be a positive integer")
-    if cpus_per_task is not None and cpus_per_task < 1:
-        raise CsrunError(f"--cpus-per-task {cpus_per_task}: must be a positive integer")
-    if single_task_nodes < 0:
-        raise CsrunError(f"--single-task-nodes {single_task_nodes}: must be 0 or more")
-    if single_task_nodes and single_task_nodes >= total_nodes:
-        raise CsrunError(
-            f"--single-task-nodes {single_task_nodes}: must be less than --total-nodes {total_nodes}")
-    if chief_input_cpus < 0:
-        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: must be 0 or more")
-    dist = "cyclic" if cyclic else "block"
+    spec.check()
+    dist = "cyclic" if spec.cyclic else "block"
     comps: list[Component] = []
-    task_off, worker_off = 0, (1 if chief_input_cpus else 0)
+    task_off, worker_off = 0, (1 if spec.chief_input_cpus else 0)
 
     def add(role: str, nodes: int, t: int, c: int | None, g: str, distribution: str) -> None:
         nonlocal task_off, worker_off
@@ -171,19 +174,15 @@ def plan_layout(
         task_off += comp.ntasks
         worker_off += comp.num_workers
 
-    if single_task_nodes == 0:
-        add(CHIEF, 1, tasks_per_node, cpus_per_task, gres, "block")
-        if total_nodes > 1:
-            add(WORKER, total_nodes - 1, tasks_per_node, cpus_per_task, "", dist)
+    n, t, c, s = spec.nodes, spec.tasks_per_node, spec.cpus_per_task, spec.single_task_nodes
+    if s == 0:
+        add(CHIEF, 1, t, c, gres, "block")
+        if n > 1:
+            add(WORKER, n - 1, t, c, "", dist)
     else:
         add(CHIEF, 1, 1, node_cpus, gres, "block")
-        for _ in range(single_task_nodes - 1):
+        for _ in range(s - 1):
             add(SINGLE_TASK, 1, 1, node_cpus, "", "block")
-        add(WORKER, total_nodes - single_task_nodes, tasks_per_node, cpus_per_task, "", dist)
-    chief = comps[0].cpus_per_task
-    if chief_input_cpus and chief is None:
-        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: the chief's CPUs are left to Slurm; "
-                         f"give --cpus-per-task")
-    if chief is not None and chief_input_cpus > chief:
-        raise CsrunError(f"--chief-input-cpus {chief_input_cpus}: more than the chief task's {chief} CPU(s)")
-    return JobLayout(tuple(comps), chief_input_cpus)
+        add(WORKER, n - s, t, c, "", dist)
+    spec.check_chief_input(node_cpus)
+    return JobLayout(tuple(comps), spec.chief_input_cpus, spec)

@@ -1,7 +1,7 @@
 """``csrun_wse --requeue``: the warning signal, its lead time and the retry budget, as pure
 data (the batch script renders it; :mod:`csrun_runtime.preemption` acts on it in the tasks).
 
-How a requeue works (README "Time limits, preemption and requeue"):
+How a requeue works (docs/REQUEUE.md):
 
 1. Slurm signals the job's steps ``lead`` seconds before the time limit: sbatch(1)
    ``--signal=<sig>@<lead>`` ("When a job is within sig_time seconds of its end time, send
@@ -31,24 +31,25 @@ import re
 import signal
 from dataclasses import dataclass
 
+from csrun_common import env as env_codec
+from csrun_common import exits
 from csrun_common.errors import CsrunError
 
 __all__ = ["RequeueSpec", "parse_signal_spec", "REQUEUE_EXIT", "DEFAULT_SIGNAL", "DEFAULT_MAX_REQUEUES",
            "STOP_SIGNALS_ENV", "REQUEUE_COUNT_ENV"]
 
-#: Exit status of a chief that saved a checkpoint and stopped so that the job be requeued:
-#: EX_TEMPFAIL of sysexits.h ("temporary failure, indicating something that is not really
-#: an error ... the user is invited to retry the operation later"). Kept equal to
-#: ``csrun_runtime.preemption.REQUEUE_EXIT`` (the two sides share no import).
-REQUEUE_EXIT = 75
+#: Exit status of a chief that saved a checkpoint and stopped so that the job be requeued
+#: (EX_TEMPFAIL), and the variables of ``--requeue``: declared in :mod:`csrun_common.exits` and
+#: :mod:`csrun_common.env` (shared with ``csrun_runtime.preemption``; docs/ENV.md).
+REQUEUE_EXIT = exits.REQUEUE
 DEFAULT_SIGNAL = "USR2@90"
 DEFAULT_MAX_REQUEUES = 3
 #: Environment variable csrun_wse exports with ``--requeue``: the signals the tasks'
 #: runtime turns into "checkpoint and stop" (docs/CONTRACT.md).
-STOP_SIGNALS_ENV = "CSRUN_STOP_SIGNALS"
+STOP_SIGNALS_ENV = env_codec.STOP_SIGNALS
 #: Environment variable csrun_wse exports on the srun path: how many times it relaunched
 #: (the batch path has Slurm's ``SLURM_RESTART_COUNT``).
-REQUEUE_COUNT_ENV = "CSRUN_REQUEUE_COUNT"
+REQUEUE_COUNT_ENV = env_codec.REQUEUE_COUNT
 
 _SPEC_RE = re.compile(r"^(?:SIG)?(?P<sig>[A-Z0-9]+)(?:@(?P<lead>\d+))?$")
 

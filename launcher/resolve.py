@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from csrun_common.env import VERBOSE
 from csrun_common.errors import CsrunError, SlurmUnavailable
 
 from . import slurm
@@ -113,8 +114,16 @@ def cluster_view(partition: str, partition_source: str, cfg: SiteConfig, dry_run
     """Ask Slurm for the partition's nodes and a CPU node's CPUs; raises
     :class:`CsrunError` for an unknown partition and :class:`SlurmUnavailable` when
     slurmctld does not answer — except for a ``--dry-run``, which then goes on with
-    ``defaults.node_cpus`` (when set) and says what it could not check."""
+    ``defaults.node_cpus`` (when set) and says what it could not check.
+
+    Slurm is pinged first (:func:`launcher.slurm.ping`, one connection attempt): a controller
+    that says it is down ends a launch at once, and a dry run goes on without it after at most
+    :data:`launcher.slurm.PING_TIMEOUT_S` instead of waiting out ``sinfo``'s query timeout
+    (issue 24: 5.2 s measured before)."""
     try:
+        state, message = slurm.ping()
+        if state == "down" or (dry_run and state == "timeout"):
+            raise SlurmUnavailable(message)
         nodes = slurm.list_nodes(partition, partition_source)
     except SlurmUnavailable as exc:
         if not dry_run:
@@ -180,6 +189,6 @@ def task_env(verbose: bool, environ: Mapping[str, str] | None = None) -> tuple[t
     ``--verbose`` or ``CSRUN_VERBOSE=1``; a variable the user's environment already sets is
     left to it (``--export=ALL`` carries it)."""
     env = os.environ if environ is None else environ
-    loud = verbose or env.get("CSRUN_VERBOSE", "").lower() in ("1", "true", "yes")
+    loud = verbose or VERBOSE.flag(env)
     chosen = VERBOSE_ENV if loud else QUIET_ENV
     return tuple((k, v) for k, v in chosen if k not in env)

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from csrun_common.env import LOG_DIR
 from csrun_common.errors import CsrunError, SlurmUnavailable
 
 from .builders import WORKER_JOB_GRACE_S
+from .tasklog import TaskOutput
 
 if TYPE_CHECKING:
     import submitit
@@ -116,6 +119,37 @@ def list_nodes(partition: str = "", flag: str = "--partition") -> list[NodeInfo]
     return nodes
 
 
+#: Seconds ``scontrol ping`` may take before a ``--dry-run`` takes slurmctld for absent: a
+#: controller that answers nothing in that time would make every query wait out
+#: :data:`QUERY_TIMEOUT_S`.
+PING_TIMEOUT_S = 1.0
+
+
+def parse_ping(stdout: str) -> str:
+    """``scontrol ping``'s answer: ``"up"`` when a controller (primary or backup) says
+    ``UP``, ``"down"`` when every one says ``DOWN``, else ``"unknown"``."""
+    states = re.findall(r"\bis (UP|DOWN)\b", stdout)
+    if "UP" in states:
+        return "up"
+    return "down" if states else "unknown"
+
+
+def ping(timeout: float = PING_TIMEOUT_S, env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """Whether slurmctld answers, asked with ``scontrol ping`` (one connection attempt per
+    controller: 0.04 s when the controller is down here, where ``sinfo`` retries for
+    MessageTimeout, ~19 s). Returns ``(state, message)``: ``state`` is ``"up"``, ``"down"``
+    (its message says why), ``"timeout"`` (no answer within ``timeout`` seconds) or
+    ``"unknown"`` (no Slurm client, no configuration, an answer not understood: the caller
+    asks its real question and gets the real error). Never raises."""
+    try:
+        proc = _run(["scontrol", "ping"], env, timeout=timeout)
+    except SlurmUnavailable as exc:
+        return ("timeout" if "did not answer" in str(exc) else "unknown"), str(exc)
+    state = parse_ping(proc.stdout)
+    first = (proc.stdout.strip().splitlines() or [""])[0]
+    return state, f"slurmctld does not answer (scontrol ping: {first})" if state == "down" else first
+
+
 def cpu_node_cpus(nodes: Sequence[NodeInfo], exclude: str = "") -> int:
     """CPUs of one CPU node: the smallest CPU count over ``nodes`` other than ``exclude``
     (the GRES node), so that a per-node layout fits on any of them. Falls back to all
@@ -124,9 +158,21 @@ def cpu_node_cpus(nodes: Sequence[NodeInfo], exclude: str = "") -> int:
     return min(cpus)
 
 
-#: Seconds after the double SIGINT at which a still-running srun gets SIGTERM: srun's own
-#: termination sequence after two SIGINTs took 2.5 s to empty the queue here, SIGTERM 0.2 s.
-INTERRUPT_GRACE_S = 0.5
+#: Seconds the tasks get to stop by themselves after csrun passed them a SIGINT (the runtime's
+#: chief saves a checkpoint and writes its verdict, README "Ctrl-C"); a still-running srun then
+#: gets SIGTERM, on which srun SIGKILLs its tasks (srun's signal handling: SIGTERM and SIGHUP
+#: "force job termination"). A task that dies of SIGINT (``sleep``) ends the step at once.
+INTERRUPT_GRACE_S = 30.0
+#: srun's input variable for ``-X, --disable-status`` (srun(1)): a single SIGINT is passed on
+#: to the tasks at once and the step goes on, instead of srun's "one more within 1 sec to
+#: abort", whose second SIGINT SIGKILLs the tasks ~50 ms after their SIGINT (measured here:
+#: no time to save a checkpoint).
+DISABLE_STATUS_ENV = "SLURM_DISABLE_STATUS"
+#: Seconds csrun waits before passing a SIGINT on to srun: a terminal's Ctrl-C reaches srun
+#: itself too, and two SIGINTs within srun's one-second window (counted in whole seconds)
+#: make srun SIGKILL the tasks even with --disable-status (measured); 2 s apart they are two
+#: Ctrl-Cs the tasks see.
+FORWARD_DELAY_S = 2.1
 
 
 def _terminate_if_running(proc: subprocess.Popen) -> None:
@@ -137,27 +183,44 @@ def _terminate_if_running(proc: subprocess.Popen) -> None:
             pass
 
 
+def _interrupt_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+
 def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict:
-    """Forward SIGINT/SIGTERM to ``proc`` and note each in ``received``. srun needs two
-    SIGINTs within a second to cancel a step (srun(1), "SIGNALS AND ESCAPE SEQUENCES"), so
-    one SIGINT to csrun is sent on as two (the tasks see SIGINT first), and srun gets SIGTERM
-    :data:`INTERRUPT_GRACE_S` later if it still runs; SIGTERM is sent on as is."""
+    """Forward SIGINT/SIGTERM to ``proc`` (an srun started with :data:`DISABLE_STATUS_ENV`)
+    and note each in ``received``. The first of either is sent on as one SIGINT,
+    :data:`FORWARD_DELAY_S` later, which srun passes to every task at once without ending the
+    step (SIGTERM is not sent on as is: srun answers it by SIGKILLing its tasks), so that the
+    tasks stop cleanly; srun gets SIGTERM :data:`INTERRUPT_GRACE_S` later if it still runs, or
+    at once on a second signal to csrun a second or more after the first."""
     old = {}
+    first: list[float] = []
 
     def handler(signum, _frame):
         received.append(signum)
         if proc.poll() is not None:
             return
         try:
-            if signum == signal.SIGINT:
-                proc.send_signal(signal.SIGINT)
-                time.sleep(0.2)
-                proc.send_signal(signal.SIGINT)
+            if not first:
+                first.append(time.monotonic())
+                later = threading.Timer(FORWARD_DELAY_S, _interrupt_if_running, (proc,))
+                later.daemon = True
+                later.start()
                 timer = threading.Timer(INTERRUPT_GRACE_S, _terminate_if_running, (proc,))
                 timer.daemon = True
                 timer.start()
-            else:
-                proc.send_signal(signum)
+                try:
+                    os.write(2, f"csrun: {signal.Signals(signum).name}: the tasks got SIGINT and stop cleanly "
+                                f"(up to {INTERRUPT_GRACE_S:.0f} s); send it again to end them now\n".encode())
+                except OSError:
+                    pass
+            elif time.monotonic() - first[0] >= 1.0:
+                _terminate_if_running(proc)
         except ProcessLookupError:
             pass
 
@@ -177,14 +240,51 @@ def exit_status(returncode: int, received: Sequence[int]) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_foreground(argv: Sequence[str], env: dict | None = None) -> int:
+def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOutput | None = None,
+                   log: TaskLogFile | None = None) -> int:
     """Run ``argv`` (an srun line) as a child, forwarding SIGINT/SIGTERM; returns the exit
-    status of :func:`exit_status` (130 / 143 when the user interrupted or terminated csrun)."""
+    status of :func:`exit_status` (130 / 143 when the user interrupted or terminated csrun).
+
+    With ``output`` (a csrun_wse launch: srun with ``--label --verbose``), srun's stdout and
+    stderr pass through it (:mod:`launcher.tasklog`): the chief's lines reach this process's
+    stdout/stderr live, every line goes to ``log`` (default: a new :func:`task_log`, closed at
+    the end), and a failed job ends on its first failing task's first error, once, and the exit
+    status. The status is the same either way."""
     _check_conf()
+    env = {**(os.environ if env is None else env), DISABLE_STATUS_ENV: "1"}  # see _forward_signals
+    if output is None:
+        try:
+            proc = subprocess.Popen([_require(argv[0]), *argv[1:]], env=env)
+        except OSError as exc:
+            raise CsrunError(f"cannot start {argv[0]}: {exc.strerror}") from None
+        return _wait_forwarding(proc)[0]
+    own_log = log is None
+    log = log or task_log()
     try:
-        proc = subprocess.Popen([_require(argv[0]), *argv[1:]], env=env)
+        proc = subprocess.Popen([_require(argv[0]), *argv[1:]], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     except OSError as exc:
+        if own_log:
+            log.close()
         raise CsrunError(f"cannot start {argv[0]}: {exc.strerror}") from None
+    lock = threading.Lock()
+    pumps = [threading.Thread(target=_pump, args=(pipe, name, output, log, lock), daemon=True)
+             for pipe, name in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    for t in pumps:
+        t.start()
+    try:
+        status, received = _wait_forwarding(proc)
+        for t in pumps:
+            t.join(timeout=10)
+        with lock:
+            _show(output.finish(status, log.shown_path(), interrupted=bool(received)))
+    finally:
+        if own_log:
+            log.close()
+    return status
+
+
+def _wait_forwarding(proc: subprocess.Popen) -> tuple[int, list[int]]:
     received: list[int] = []
     old = _forward_signals(proc, received)
     try:
@@ -192,30 +292,120 @@ def run_foreground(argv: Sequence[str], env: dict | None = None) -> int:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-    return exit_status(rc, received)
+    return exit_status(rc, received), received
+
+
+class TaskLogFile:
+    """The log of one csrun_wse launch (srun path): every line its srun printed, as srun printed
+    it (each task's lines under srun's ``--label``), and the input workers' own job's lines
+    under ``[workers' job]``. Written to ``<dir>/csrun_wse-<pid>.log`` from the start, renamed
+    ``csrun_wse-<job id>.log`` once srun names the job. Thread-safe."""
+
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"csrun_wse-{os.getpid()}-{int(time.time())}.log"
+        self._file = open(self.path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def write(self, line: str, job_id: str | None = None) -> None:
+        """Append one line; with ``job_id`` (the job is known), rename the file after it once."""
+        with self._lock:
+            if self._file.closed:  # the input workers' job may outlive the launch by a line
+                return
+            self._file.write(line + "\n")
+            self._file.flush()
+            if job_id and not self.path.name.startswith(f"csrun_wse-{job_id}."):
+                target = self.path.with_name(f"csrun_wse-{job_id}.log")
+                if not target.exists():
+                    os.replace(self.path, target)
+                    self.path = target
+
+    def shown_path(self) -> str:
+        """The log's path as shown to the user (relative to the working directory when under it)."""
+        try:
+            return str(self.path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(self.path)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            self._file.close()
+
+
+#: Where csrun_wse writes its task logs: ``$CSRUN_LOG_DIR``, else ``csrun_logs`` in the working
+#: directory (beside where ``--use-sbatch`` writes the job's output file).
+LOG_DIR_ENV = LOG_DIR
+
+
+def task_log() -> TaskLogFile:
+    """A new :class:`TaskLogFile` in ``$CSRUN_LOG_DIR`` or ``./csrun_logs``; in the temporary
+    directory when that cannot be created."""
+    directory = Path(os.environ.get(LOG_DIR_ENV) or "csrun_logs")
+    try:
+        return TaskLogFile(directory)
+    except OSError:
+        return TaskLogFile(Path(tempfile.gettempdir()) / f"csrun_logs-{os.getuid()}")
+
+
+def _pump(pipe: io.BufferedReader, stream: str, output: TaskOutput, log: TaskLogFile,
+          lock: threading.Lock) -> None:
+    """Read one of srun's pipes to its end: each line to the log and through ``output``."""
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        with lock:
+            shown = output.line(stream, line)
+            log.write(line, output.job_id)
+            _show(shown)
+    pipe.close()
+
+
+def _show(lines: Sequence[tuple[str, str]]) -> None:
+    for stream, text in lines:
+        out = sys.stdout if stream == "out" else sys.stderr
+        try:
+            out.write(text + "\n")
+            out.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def _pump_plain(pipe: io.BufferedReader, log: TaskLogFile, prefix: str) -> None:
+    for raw in iter(pipe.readline, b""):
+        log.write(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"))
+    pipe.close()
 
 
 def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], env: dict | None = None,
-                        grace: float = WORKER_JOB_GRACE_S) -> int:
+                        grace: float = WORKER_JOB_GRACE_S, output: TaskOutput | None = None) -> int:
     """Run the chief's job (``chief_argv``, an srun line) in the foreground, as
     :func:`run_foreground` does, and the input workers' own job (``worker_argv``) beside it in a
     session of its own. Once the chief's srun has ended, the workers' srun gets ``grace``
     seconds to end by itself, then is stopped (:func:`stop_process_group`: a step still
     pending or running is cancelled). Returns the chief's status (:func:`exit_status`): the
-    chief decides the job; a worker job that ended early is reported on stderr."""
+    chief decides the job; a worker job that ended early is reported on stderr. With
+    ``output``, the workers' job's lines go to the chief's job's task log only."""
     _check_conf()
+    log = task_log() if output is not None else None
     try:
         workers = subprocess.Popen([_require(worker_argv[0]), *worker_argv[1:]], env=env,
-                                   start_new_session=True)
+                                   start_new_session=True, stdout=subprocess.PIPE if log else None,
+                                   stderr=subprocess.STDOUT if log else None)
     except OSError as exc:
+        if log:
+            log.close()
         raise CsrunError(f"cannot start {worker_argv[0]}: {exc.strerror}") from None
+    if log and workers.stdout:
+        threading.Thread(target=_pump_plain, args=(workers.stdout, log, "[workers' job] "), daemon=True).start()
     try:
-        rc = run_foreground(chief_argv, env=env)
+        rc = run_foreground(chief_argv, env=env, output=output, log=log)
     finally:
         try:
             workers.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             stop_process_group(workers)
+        if log:
+            log.close()
     if workers.returncode not in (0, None) and rc == 0:
         print(f"csrun_wse: the input workers' job ended with status {workers.returncode}", file=sys.stderr)
     return rc

@@ -17,7 +17,7 @@ __all__ = ["csrun_version", "version_text", "version_option", "TESTED_SLURM"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Slurm releases csrun was tested on (README "Versions").
+#: Slurm releases csrun was tested on (docs/SLURM.md "Versions").
 TESTED_SLURM = ("22.05",)
 
 
@@ -53,5 +53,5 @@ def version_option(prog: str) -> Callable[[F], F]:
         click.echo(version_text(prog))
         ctx.exit(0)
 
-    return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=callback,
+    return click.option("--version", "-V", is_flag=True, expose_value=False, is_eager=True, callback=callback,
                         help="Print csrun's version and the Slurm client's, then exit.")

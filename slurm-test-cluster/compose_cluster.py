@@ -7,7 +7,7 @@ MariaDB), node1 with the GRES gpu:1, node2-node5 -- as one container each, on a 
 Called by ``slurm-test-cluster/cluster`` for ``--engine podman|docker`` (or
 ``CSRUN_TEST_ENGINE``): ``up``, ``down``, ``status``, ``env``, ``exec [--node NAME] CMD...``.
 
-Where things run, and why (README, "The compose test cluster"): the csrun tools and Slurm's
+Where things run, and why (docs/TESTING.md, "The compose test cluster"): the csrun tools and Slurm's
 commands run on the host, like a login node outside the compute nodes: the host reaches every
 container by its IP on the cluster's bridge and runs its own munged with the cluster's key, so
 ``srun``, ``sbatch``, ``sacct`` and the integration tests run there unchanged (Ctrl-C reaches

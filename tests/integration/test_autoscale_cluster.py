@@ -1,4 +1,4 @@
-"""``csrun_wse --autoscale`` on the test cluster (README "Autoscale").
+"""``csrun_wse --autoscale`` on the test cluster (docs/AUTOSCALE.md).
 
 A pipeline bound by latency (tests/fixtures/paced/run.py: each input worker sleeps 40 ms per
 batch, so its rate does not depend on how busy the shared host cores are) feeds a training

@@ -1,4 +1,4 @@
-"""``csrun_wse --chief-input-cpus`` on the test cluster (README "The chief's node feeds input").
+"""``csrun_wse --chief-input-cpus`` on the test cluster (docs/CHIEF-INPUT.md).
 
 One run through csrun_wse: 2 nodes × 2 tasks × 1 CPU (the chief and input worker 1 on the GRES
 node, workers 2 and 3 on the other) plus input worker 0 in the chief's own task, under
@@ -10,7 +10,7 @@ node, workers 2 and 3 on the other) plus input worker 0 in the chief's own task,
   read disjoint files that cover the training set, each with its planned seed;
 * autoscale streams worker 0 first, adds the tasks' workers after it, and every stream delivers;
 * worker 0, killed with SIGKILL during training (its pid from the rendezvous), is replaced in
-  the chief's task and streams again, as a task's worker is (README "Lost input workers");
+  the chief's task and streams again, as a task's worker is (docs/RESILIENCE.md "Lost input workers");
 * training reaches max_steps, exit 0, and performance.json records the CPU split.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Job accounting on the Slurm test cluster: slurmdbd with MariaDB, started by
 ``slurm-test-cluster/cluster up``.
 
-What the cluster promises (README, "The Slurm test cluster"): ``sacct`` reports a finished
+What the cluster promises (docs/TESTING.md, "The Slurm test cluster"): ``sacct`` reports a finished
 job's state and exit code; Slurm itself refuses an unknown account or QOS
 (``AccountingStorageEnforce=associations,limits,qos``); the accounts ``csrun`` (root's
 default) and ``research`` and the QOS ``normal`` (root's default) and ``debug`` (at most

@@ -1,4 +1,4 @@
-"""A lost input worker under csrun_wse on the test cluster (README "Lost input workers").
+"""A lost input worker under csrun_wse on the test cluster (docs/RESILIENCE.md "Lost input workers").
 
 The digits main job with its input paced (tests/fixtures/paced/run.py, 20 ms per batch) runs
 as 1 chief + 2 input workers on 3 nodes; input worker 1's process is killed with SIGKILL
@@ -125,7 +125,7 @@ def test_a_failing_chief_gives_csrun_wse_its_own_exit_status(cli_env, paced):
     """The chief fails (exit 2: ``--checkpoint_path`` names no checkpoint) after publishing its
     dispatchers, while its input workers start and serve: it marks the job done and exits after
     them, so that srun, and csrun_wse, exit with the chief's status and not the 143 of workers
-    srun would otherwise kill (README "Lost input workers")."""
+    srun would otherwise kill (docs/RESILIENCE.md "Lost input workers")."""
     md = paced["root"] / "md_failing_chief"
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "1",
             "python-ws", PACED, "--params", str(paced["params"]), "--mode", "train",

@@ -1,4 +1,4 @@
-"""A lost node under ``csrun_wse --survive-node-loss`` on the test cluster (README "A lost node").
+"""A lost node under ``csrun_wse --survive-node-loss`` on the test cluster (docs/RESILIENCE.md "A lost node").
 
 The digits main job with its input paced (tests/fixtures/paced/run.py, 40 ms per batch) runs
 as the chief on node1 and 2 input workers, one on each of two CPU nodes, in the input

@@ -114,7 +114,8 @@ def test_requeue_by_time_limit_reaches_max_steps(cli_env, paced):
     allocs = check_run(model_dir, output, max_steps)
     assert len(allocs) >= 2, output[-3000:]
     assert allocs[0]["stopped_by"] == "SIGUSR2" and [a["requeue"] for a in allocs] == list(range(len(allocs)))
-    assert "received SIGUSR2: the input worker keeps serving" in output
+    task_log = (paced["root"] / "csrun_logs" / f"csrun_wse-{job}.log").read_text()  # input workers' lines
+    assert "received SIGUSR2: the input worker keeps serving" in task_log
 
 
 @pytest.mark.tf

@@ -53,8 +53,10 @@ def test_every_component_spells_out_its_options():
     assert len(comps) == 3
     for comp in comps:
         for opt in ("--job-name=", "--nodes=", "--ntasks=", "--ntasks-per-node=", "--cpus-per-task=", "--exclusive",
-                    "--distribution=", "--kill-on-bad-exit=1", "--unbuffered", "--export=ALL,CSRUN_ROLE="):
+                    "--distribution=", "--kill-on-bad-exit=1", "--export=ALL,CSRUN_ROLE="):
             assert opt in comp, (opt, comp)
+        assert "--unbuffered" not in comp  # with --label, srun would label each write as a line
+    assert argv[:3] == ["srun", "--label", "--verbose"]  # read by launcher.tasklog
     assert "--gres=gpu:1" in comps[0] and "--gres" not in comps[1] + comps[2]
     assert "--exclude=node1" not in comps[0] and all("--exclude=node1" in c for c in comps[1:])
 
@@ -69,7 +71,7 @@ def test_hostile_argv_round_trips_through_the_srun_line():
 
 def test_hostile_argv_round_trips_through_the_sbatch_script():
     script = wse(command=("run.py",) + HOSTILE).materialize_sbatch()
-    srun = script[script.index("exec srun"):].replace("\\\n", " ")
+    srun = script[script.index("{ srun"):script.index("  csrun_srun_rc=$?")].replace("\\\n", " ")
     words = shlex.split(srun)
     groups, cur = [], []
     for w in words[2:]:

@@ -76,7 +76,7 @@ def test_one_component_batch_job_has_no_het_group():
 def test_cpus_per_task_on_the_batch_step_depends_on_the_slurm_version(version, repeats):
     assert srun_needs_cpus_per_task(version) is repeats
     script = wse(slurm_version=version).materialize_sbatch()
-    step = script[script.index("exec srun"):]
+    step = script[script.index("{ srun"):]
     assert ("--cpus-per-task=" in step) is repeats
     assert all(f"#SBATCH --cpus-per-task={c}" in script for c in (2, 1))  # the allocation always has it
 

@@ -1,6 +1,6 @@
-"""``csrun_wse --chief-input-cpus``: input worker 0 in the chief's own task (README "The chief's
-node feeds input"): the layout's worker indices, the chief's variable, the role of the process
-the chief starts, the CPU split, and the placement its supervisor really applies."""
+"""``csrun_wse --chief-input-cpus``: input worker 0 in the chief's own task (docs/CHIEF-INPUT.md):
+the layout's worker indices, the chief's variable, the role of the process the chief starts,
+the CPU split, and the placement its supervisor really applies."""
 from __future__ import annotations
 
 import json

@@ -22,6 +22,8 @@ NODES = [slurm.NodeInfo("node1", 2, "gpu:1", "idle", "batch")] + \
 def cluster(monkeypatch, tmp_path):
     """Canned Slurm: five 2-CPU nodes, node1 with gpu:1, no accounting, Slurm 22.05.8."""
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")  # every launch checks its script (launcher.preflight.presubmit)
     monkeypatch.delenv("CSRUN_CONFIG", raising=False)
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     monkeypatch.delenv("CSRUN_VERBOSE", raising=False)
@@ -129,7 +131,7 @@ def test_dry_run_without_a_controller_uses_defaults_node_cpus(cluster, tmp_path)
 def test_srun_path_requeue_relaunches_within_the_budget(cluster):
     calls = []
 
-    def fake_run(argv, env=None):
+    def fake_run(argv, env=None, **_output):
         calls.append(env["CSRUN_REQUEUE_COUNT"])
         return REQUEUE_EXIT
 
@@ -139,9 +141,9 @@ def test_srun_path_requeue_relaunches_within_the_budget(cluster):
     assert err.count("Launching: srun ") == 3 and "retry budget spent (2 requeue(s), --max-requeues 2)" in err
     results = iter([REQUEUE_EXIT, 0])
     calls.clear()
-    cluster.setattr(slurm, "run_foreground", lambda argv, env=None: calls.append(1) or next(results))
+    cluster.setattr(slurm, "run_foreground", lambda argv, env=None, **_: calls.append(1) or next(results))
     assert invoke(cli.csrun_wse, ["--requeue", "python", "x.py"])[0] == 0 and len(calls) == 2
-    cluster.setattr(slurm, "run_foreground", lambda argv, env=None: 130)  # Ctrl-C ends the loop
+    cluster.setattr(slurm, "run_foreground", lambda argv, env=None, **_: 130)  # Ctrl-C ends the loop
     assert invoke(cli.csrun_wse, ["--requeue", "python", "x.py"])[0] == 130
 
 

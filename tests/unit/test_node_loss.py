@@ -1,5 +1,5 @@
 """``csrun_wse --survive-node-loss``: the two srun lines, the refusals, the role of an adopted
-worker and the one-winner claim of an adoption order (README "A lost node")."""
+worker and the one-winner claim of an adoption order (docs/RESILIENCE.md "A lost node")."""
 from __future__ import annotations
 
 import shlex
@@ -70,7 +70,8 @@ def test_the_batch_script_starts_the_workers_job_outside_its_own(tmp_path):
     assert_golden("wse_3nodes_survive.sbatch", script)
     sbatch = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
     assert "#SBATCH --nodes=1" in sbatch and "#SBATCH hetjob" not in sbatch and "--het-group" not in script
-    assert "exec srun" in script and "\nsrun \\\n" in script  # the workers' srun execs, the chief's is waited for
+    # the workers' srun execs, the chief's is waited for
+    assert "exec srun" in script and "\n{ srun --label --verbose \\\n" in script
     assert 'export CSRUN_RENDEZVOUS_KEY=wse-abc.r"${SLURM_RESTART_COUNT:-0}"' in script
     path = tmp_path / "job.sh"
     path.write_text(script)
@@ -108,10 +109,11 @@ def test_dry_run_of_the_batch_path_prints_the_script(monkeypatch):
 def test_single_task_nodes_are_refused():
     from csrun_common.errors import CsrunError
     from launcher.cli import _worker_job
+    from launcher.flags import WseFlags
 
     layout = plan_layout(4, 1, 1, single_task_nodes=1, gres="gpu:1", node_cpus=2)
     with pytest.raises(CsrunError, match="--survive-node-loss with --single-task-nodes 1: single-task nodes"):
-        _worker_job({"survive_node_loss": True, "use_sbatch": False, "single_task_nodes": 1}, layout)
+        _worker_job(WseFlags(survive_node_loss=True, use_sbatch=False, single_task_nodes=1), layout)
 
 
 def test_an_adopted_worker_takes_the_lost_index_and_the_shared_key():
@@ -185,7 +187,7 @@ def test_with_requeue_the_budget_is_checked_before_the_workers_job_starts(tmp_pa
 
 def test_a_replaced_worker_that_comes_back_sees_its_successor(tmp_path):
     """A worker the chief took for lost (stale heartbeat) but that lives on finds the later
-    attempt's registration and leaves (README "A lost node"); its own or an earlier one does not."""
+    attempt's registration and leaves (docs/RESILIENCE.md "A lost node"); its own or an earlier one does not."""
     from types import SimpleNamespace
 
     from csrun_runtime.worker import InputWorker

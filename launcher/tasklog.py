@@ -1,0 +1,436 @@
+"""One error, once: the output of a csrun_wse job's tasks, read as srun prints it, into what the
+person at the terminal sees and what goes to the job's task log.
+
+csrun_wse runs srun with ``--label`` (srun(1): "Prepend task number to lines of stdout/err";
+in a het step the number is the task's id in the whole step, ``SLURM_PROCID``) and
+``--verbose`` (its ``jobid J: nodes(N):`...'`` and ``launching StepId=J.S on host NODE, N tasks:
+0-1`` lines say which node runs which task; srun's own error lines count tasks from 0 in each
+het component). :class:`TaskOutput` takes those lines one by one and says which to print now:
+the chief's (task 0) lines, live, except that from an error-looking line on they are held
+until the chief goes on (a log record below ERROR, or :data:`HOLD_LINES` lines) or the job
+ends; another task's ``WARNING`` records, once per text, naming the task;
+srun's allocation messages (queued, allocated, refused) before the tasks start. Every line
+goes to the log. When the job has failed, :meth:`TaskOutput.finish` gives the first failing
+task's first error, once, under a line naming the task (het group, role, task id) and its
+node, then the exit status and the log's path.
+
+Pure: no process, no file; :mod:`launcher.slurm` runs srun and writes the log. The one
+exception is :func:`main`, the batch script's filter (``python -m launcher.tasklog``), which
+reads stdin and writes the log itself.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["TaskGroup", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
+           "is_error_start", "summarise"]
+
+#: srun's ``--label`` prefix: the task id, right-aligned to the width of the largest (``" 3: "``).
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.DOTALL)
+_JOBID = re.compile(r"^srun: jobid (\d+): nodes\(")
+_LAUNCH = re.compile(r"^srun: launching StepId=(\d+)\.\S+ on host (\S+), \d+ tasks?: (\S+)")
+_FAILED = re.compile(r"^srun: error: (\S+): tasks? (\S+): (.+)$")
+_EXIT = re.compile(r"Exited with exit code (\d+)")
+_QUEUE = re.compile(r"^srun: (error|fatal|warning|Warning|Job \d+|job \d+|Requested|Required|Force Terminated)")
+_STEPD_NOTICE = re.compile(r"^slurmstepd(-\S+)?: error: \*\*\* .*\*\*\*$")
+
+#: The first line of an error a task prints: a Python traceback, the interpreter refusing a
+#: script or module, argparse's usage + ``error:``, an ``ERROR``/``CRITICAL`` log record
+#: (``logging``'s default format and csrun's ``ERROR:csrun:``), an absl/TensorFlow C++ log
+#: line of severity F (fatal; its E lines are mostly start-up noise such as a failed
+#: ``cuInit`` on a CPU node, and a real failure follows them), a bare ``...Error: message``
+#: line, a fatal signal.
+_ERROR_START = re.compile(
+    r"^(Traceback \(most recent call last\):"
+    r"|\S+: can't open file "
+    r"|\S+: (No module named |Error while finding module)"
+    r"|usage: "
+    r"|(\S+: )?error: "
+    r"|(ERROR|CRITICAL|FATAL)[:\s]"
+    r"|F\d{4} \d"
+    r"|[\w.]*(Error|Exception): "
+    r"|Fatal Python error"
+    r"|Segmentation fault)")
+#: A line that starts a new log record: it ends an error block that is not a traceback.
+_RECORD = re.compile(r"^((DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]|[IWEF]\d{4} \d|Traceback \(most)")
+#: A log record of a level below ERROR: when the chief prints one after an error, it went on
+#: working, and its held lines are shown.
+_PROGRESS = re.compile(r"^((DEBUG|INFO|WARNING)[:\s]|[IW]\d{4} \d)")
+#: A warning log record of Python's ``logging`` (default format, and csrun's ``WARNING:csrun:``).
+_WARNING = re.compile(r"^WARNING[:\s]")
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+#: Lines a task's error may have: each task's lines are kept from its first error on (the rest
+#: is in the log), at most this many.
+KEPT_LINES = 400
+#: Lines of the chief held after an error-looking line, at most: past them it went on working.
+HOLD_LINES = 200
+#: Lines of an error shown at most: the first :data:`HEAD` and the last :data:`TAIL`.
+HEAD, TAIL = 8, 30
+
+
+def is_error_start(text: str) -> bool:
+    """Whether one line of a task (label removed) starts an error (see :data:`_ERROR_START`)."""
+    return bool(_ERROR_START.match(text))
+
+
+def parse_label(line: str) -> tuple[int | None, str]:
+    """``" 3: text"`` → ``(3, "text")``; a line without srun's label (srun's or slurmstepd's
+    own) → ``(None, line)``."""
+    m = _LABEL.match(line)
+    return (int(m.group(1)), m.group(2)) if m else (None, line)
+
+
+def parse_ranges(text: str) -> list[int]:
+    """srun's task list: ``"0"``, ``"0-1"``, ``"[0-1,4]"``, ``"2,5-6"`` → the ids, in order.
+    Raises ValueError on anything else."""
+    ids: list[int] = []
+    for part in text.strip("[]").split(","):
+        lo, _, hi = part.partition("-")
+        ids += range(int(lo), int(hi or lo) + 1)
+    return ids
+
+
+def _block_end(lines: Sequence[str], start: int) -> int:
+    """Index after the error block starting at ``lines[start]``: a traceback runs through its
+    indented frames, chained tracebacks and the exception's (possibly several) lines, up to the
+    next log record; argparse's usage through its ``error:`` line; any other error through its
+    indented continuation lines."""
+    first = lines[start]
+    i = start + 1
+    if first.startswith("usage: "):
+        while i < len(lines) and not re.match(r"^\S+: error: ", lines[i]):
+            i += 1
+        return min(i + 1, len(lines))
+    if first.startswith("Traceback (most recent call last):"):
+        while i < len(lines):
+            text = lines[i]
+            if text.startswith(_CHAINED) or text.startswith("Traceback (most"):
+                i += 1
+                continue
+            if _RECORD.match(text) or (not text.strip() and not _chain_follows(lines, i)):
+                break
+            i += 1
+        return i
+    while i < len(lines) and lines[i].startswith((" ", "\t")):
+        i += 1
+    return i
+
+
+def _chain_follows(lines: Sequence[str], i: int) -> bool:
+    """Whether the blank line ``lines[i]`` sits inside a chain of tracebacks."""
+    rest = [t for t in lines[i + 1:i + 3] if t.strip()]
+    return bool(rest) and rest[0].startswith((*_CHAINED, "Traceback (most"))
+
+
+def first_error(lines: Sequence[str]) -> tuple[int, int] | None:
+    """``(start, end)`` of the first error block in one task's lines (label removed), or
+    ``None`` when none looks like an error."""
+    for i, text in enumerate(lines):
+        if is_error_start(text):
+            return i, _block_end(lines, i)
+    return None
+
+
+def _error_of(lines: Sequence[str]) -> list[str]:
+    """The lines of the first error block of ``lines`` (:func:`first_error`), or ``[]``."""
+    span = first_error(lines)
+    return list(lines[span[0]:span[1]]) if span else []
+
+
+def _contains(lines: Sequence[str], block: Sequence[str]) -> bool:
+    n = len(block)
+    return any(list(lines[i:i + n]) == list(block) for i in range(len(lines) - n + 1))
+
+
+def _clip(block: Sequence[str]) -> list[str]:
+    if len(block) <= HEAD + TAIL + 1:
+        return list(block)
+    return [*block[:HEAD], f"... ({len(block) - HEAD - TAIL} lines: the whole error is in the log)",
+            *block[-TAIL:]]
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """One het component of a csrun_wse launch as srun numbers its tasks: het group, the role of
+    its tasks (``chief``, ``single-task``, ``worker``; the chief's component's other tasks are
+    input workers), the ``--label`` id of its first task and its task count."""
+
+    het_group: int
+    role: str
+    first_task: int
+    ntasks: int
+
+    def role_of(self, task: int) -> str:
+        """The role of global task ``task`` of this group."""
+        if self.role == "chief" and task != self.first_task:
+            return "worker"
+        return self.role
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A task srun reported failed (``srun: error: node2: task 0: Exited with exit code 2``):
+    its global task id (``None`` when the node is not known), node, srun's status words."""
+
+    task: int | None
+    node: str
+    status: str
+    line: str
+
+
+@dataclass
+class TaskOutput:
+    """What csrun_wse shows of its srun's output, line by line (see the module docstring).
+
+    ``groups``: the launch's het components in order (empty: one group of unknown shape, every
+    task shown as ``task N``). ``ok_statuses``: srun exit statuses that are not failures (0, and
+    75 with ``--requeue``). Feed lines with :meth:`line`; it returns the lines to print now, as
+    ``(stream, text)`` with stream ``"out"`` or ``"err"``. After srun ended, :meth:`finish`
+    returns the rest.
+    """
+
+    groups: Sequence[TaskGroup] = ()
+    ok_statuses: frozenset[int] = frozenset({0})
+    job_id: str | None = None
+    started: bool = False
+    #: Each task's lines from its first error on (:data:`KEPT_LINES`), in the order the tasks
+    #: printed their first error.
+    lines: dict[int, list[str]] = field(default_factory=dict)
+    held: list[tuple[str, str]] = field(default_factory=list)
+    holding: bool = False
+    nodes: dict[int, str] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    _step_jobs: list[int] = field(default_factory=list)
+    _launches: list[tuple[int, str, str]] = field(default_factory=list)
+    _node_offset: dict[str, int] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set)
+
+    # ------------------------------------------------------------------ feeding
+    def line(self, stream: str, raw: str) -> list[tuple[str, str]]:
+        """Take one line of srun's ``stream`` (``"out"``/``"err"``, no newline); returns the
+        lines to show now."""
+        task, text = parse_label(raw)
+        if task is None or text.startswith("slurmstepd"):  # slurmstepd's notices come labelled too
+            return self._srun_line(stream, text)
+        self.started = True
+        kept = self.lines.get(task)
+        if kept is None and is_error_start(text):
+            kept = self.lines[task] = []
+        if kept is not None and len(kept) < KEPT_LINES:
+            kept.append(text)
+        if task != 0:
+            return self._other_task_line(stream, task, text)
+        if self.holding and (_PROGRESS.match(text) or len(self.held) >= HOLD_LINES):  # it went on
+            shown, self.held, self.holding = [*self.held, (stream, text)], [], False
+            return shown
+        if not self.holding and is_error_start(text):
+            self.holding = True
+        if self.holding:
+            self.held.append((stream, text))
+            return []
+        return [(stream, text)]
+
+    def _other_task_line(self, stream: str, task: int, text: str) -> list[tuple[str, str]]:
+        """A line of a task other than the chief: shown only when it is a ``WARNING`` log record
+        no task has shown yet (numbers aside: six input workers' one warning is shown once),
+        prefixed with the task (:meth:`describe`)."""
+        if not _WARNING.match(text):
+            return []
+        key = re.sub(r"\d+", "#", text)
+        if key in self._warned:
+            return []
+        self._warned.add(key)
+        return [(stream, f"{self.describe(task)}: {text}")]
+
+    def _srun_line(self, stream: str, raw: str) -> list[tuple[str, str]]:
+        m = _JOBID.match(raw)
+        if m:
+            self._step_jobs.append(int(m.group(1)))
+            self.job_id = self.job_id or m.group(1)
+            return []
+        m = _LAUNCH.match(raw)
+        if m:
+            self.started = True
+            self._launches.append((int(m.group(1)), m.group(2), m.group(3)))
+            self._map_nodes()
+            return []
+        m = _FAILED.match(raw)
+        if m:
+            self.failures.append(self._failure(m.group(1), m.group(2), m.group(3), raw))
+            return []
+        if _STEPD_NOTICE.match(raw) and " DUE TO " in raw:  # time limit, preemption, node failure
+            self.notices.append(raw)
+            return []
+        if not self.started and _QUEUE.match(raw):
+            return [(stream, raw)]
+        return []
+
+    def _map_nodes(self) -> None:
+        """Node of every task from the ``launching StepId=J.S on host NODE, N tasks: R`` lines:
+        het component k is the k-th smallest job id J, its tasks R count from 0."""
+        order = sorted({j for j, _, _ in self._launches} | set(self._step_jobs))
+        for job, node, ranges in self._launches:
+            k = order.index(job)
+            offset = self.groups[k].first_task if k < len(self.groups) else 0
+            self._node_offset[node] = offset
+            try:
+                for t in parse_ranges(ranges):
+                    self.nodes[offset + t] = node
+            except ValueError:
+                continue
+
+    def _failure(self, node: str, ranges: str, status: str, raw: str) -> Failure:
+        """The first task of ``ranges`` (component-relative) on ``node``, as a global id when the
+        node's component is known."""
+        try:
+            rel = parse_ranges(ranges)
+        except ValueError:
+            rel = []
+        if rel and node in self._node_offset:
+            return Failure(self._node_offset[node] + rel[0], node, status, raw)
+        return Failure(None, node, status, raw)
+
+    def _group_of(self, task: int) -> TaskGroup | None:
+        for g in self.groups:
+            if g.first_task <= task < g.first_task + g.ntasks:
+                return g
+        return None
+
+    # ------------------------------------------------------------------ the end
+    def describe(self, task: int) -> str:
+        """``task 2 (het group 1, worker) on node2``."""
+        g = self._group_of(task)
+        who = f"het group {g.het_group}, {g.role_of(task)}" if g else ""
+        node = self.nodes.get(task)
+        return f"task {task}" + (f" ({who})" if who else "") + (f" on {node}" if node else "")
+
+    def failing_task(self) -> int | None:
+        """The task that failed first: the first srun reported failed (its status not an
+        ``ok_statuses`` exit code) whose id is known, else the first task that printed an
+        error, else ``None``."""
+        for f in self.failures:
+            m = _EXIT.search(f.status)
+            if f.task is not None and not (m and int(m.group(1)) in self.ok_statuses):
+                return f.task
+        return next(iter(self.lines), None)
+
+    def finish(self, status: int, log_path: str, interrupted: bool = False) -> list[tuple[str, str]]:
+        """The lines to show once srun has ended with csrun_wse's exit ``status``: the chief's
+        held lines, and when the job failed (``status`` not in ``ok_statuses``, not
+        ``interrupted`` by the user) the first failing task's first error once under a line
+        naming it, then a line with the exit status and ``log_path``."""
+        if interrupted or status in self.ok_statuses:
+            out = list(self.held)
+            if interrupted:
+                out.append(("err", f"csrun_wse: every task's output and srun's messages: {log_path}"))
+            return out
+        task = self.failing_task()
+        block = _error_of(self.lines.get(task, [])) if task is not None else []
+        if task not in (None, 0) and block and _contains(self.lines.get(0, []), block):
+            task = 0  # the chief printed the same error: its copy is the one shown
+        above = False
+        if task == 0:  # its first error not shown yet (one it went on after is above already)
+            block = _error_of([t for _, t in self.held])
+            above = not block and bool(_error_of(self.lines.get(0, [])))
+        out = self._chief_lines(task, block)
+        out += self._failure_lines(task, block, above)
+        out.append(("err", f"csrun_wse: exit status {status}; every task's output and srun's messages: {log_path}"))
+        return out
+
+    def _chief_lines(self, task: int | None, block: Sequence[str]) -> list[tuple[str, str]]:
+        """The chief's held lines, without the copy of ``block`` the failing task's header will
+        show (the same error printed by the chief too, or the chief's own first error)."""
+        held = list(self.held)
+        texts = [t for _, t in held]
+        n = len(block)
+        if n:
+            for i in range(len(texts) - n + 1):
+                if texts[i:i + n] == list(block):
+                    return held[:i] + held[i + n:]
+        return held
+
+    def _failure_lines(self, task: int | None, block: Sequence[str], above: bool) -> list[tuple[str, str]]:
+        if task is None:
+            first = self.failures[0].line if self.failures else "srun: the job step failed"
+            return [("err", f"csrun_wse: the job failed: {first}"), *(("err", n) for n in self.notices[:1])]
+        reported = next((f for f in self.failures if f.task == task), None)
+        status = f": {reported.status}" if reported else ""
+        tail = ", with this error:" if block else " (its error is above)" if above else ""
+        out = [("err", f"csrun_wse: {self.describe(task)} failed first{status}{tail}")]
+        out += [("err", f"  {t}") for t in _clip(block)]
+        if not block and not above and reported:
+            out.append(("err", f"  {reported.line} (no error output)"))
+        out += [("err", n) for n in self.notices[:1]]
+        return out
+
+
+def summarise(lines: Iterable[str], groups: Sequence[TaskGroup], status: int, log_path: str) -> list[str]:
+    """The whole filter over recorded srun output (``--label --verbose``, stdout and stderr
+    merged, as in an sbatch job's output file): the lines shown, in order, then
+    :meth:`TaskOutput.finish`. For tests and the batch script's filter."""
+    out = TaskOutput(groups=groups)
+    shown = [text for raw in lines for _, text in out.line("err", raw.rstrip("\n"))]
+    return shown + [text for _, text in out.finish(status, log_path)]
+
+
+# --------------------------------------------------------------------------- the batch script's filter
+#: The line the batch script writes after srun's output, with srun's exit status (never shown).
+STATUS_LINE = "csrun_wse-srun-exit-status: "
+
+
+def encode_groups(groups: Sequence[TaskGroup]) -> str:
+    """``groups`` as the filter's ``--groups`` value: ``het_group:role:first_task:ntasks,...``."""
+    return ",".join(f"{g.het_group}:{g.role}:{g.first_task}:{g.ntasks}" for g in groups)
+
+
+def decode_groups(text: str) -> tuple[TaskGroup, ...]:
+    """The inverse of :func:`encode_groups`. Raises ValueError on a malformed value."""
+    out = []
+    for item in filter(None, text.split(",")):
+        het, role, first, n = item.split(":")
+        out.append(TaskGroup(int(het), role, int(first), int(n)))
+    return tuple(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m launcher.tasklog --groups G --ok 0,75 --log PATH``: the sbatch path's filter.
+    Reads srun's merged output (``--label --verbose``) on stdin, then :data:`STATUS_LINE`; writes
+    every line to ``PATH`` and what csrun_wse would show to stdout (the job's output file).
+    Ignores SIGINT/SIGTERM (a cancelled job's last lines still arrive), exits 0."""
+    import argparse
+    import io
+    import os
+    import signal
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m launcher.tasklog")
+    ap.add_argument("--groups", default="")
+    ap.add_argument("--ok", default="0")
+    ap.add_argument("--log", required=True)
+    args = ap.parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    out = TaskOutput(groups=decode_groups(args.groups), ok_statuses=frozenset(int(s) for s in args.ok.split(",")))
+    os.makedirs(os.path.dirname(args.log) or ".", exist_ok=True)
+    status: int | None = None
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    with open(args.log, "a", encoding="utf-8", errors="replace") as log:
+        for raw in iter(stdin.readline, ""):
+            line = raw.rstrip("\r\n")
+            if line.startswith(STATUS_LINE):
+                status = int(line[len(STATUS_LINE):])
+                continue
+            log.write(line + "\n")
+            log.flush()
+            for _, text in out.line("err", line):
+                print(text, flush=True)
+    for _, text in out.finish(status if status is not None else 0, args.log, interrupted=status is None):
+        print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Issue 24's "mistakes found late", through the real csrun_wse / csrun_cpu on the test cluster.
+
+Each mistake used to cost a queued job (and 12-26 s, exit 143, one error per task); now it is
+refused before anything is submitted, with exit 2 and one line naming the path and the flag or
+params field, and the queue is unchanged: ``--params nope.yaml``, a misspelled script, a wrong
+``train_input.data_dir``, on the srun and the sbatch path. A csrun option after the command is
+not refused (the user's script may take the same name) but warned about once. And
+``--mode validate_only`` opens every input file a lazy pipeline lists.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.runtime import helpers
+
+pytestmark = pytest.mark.cluster
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+DIGITS_RUN = str(REPO / "examples" / "digits" / "run.py")
+REPORT = str(REPO / "tests" / "fixtures" / "report_task.py")
+
+
+def csrun(cli, args, env, cwd, timeout=120):
+    return subprocess.run([str(BIN / cli), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def mine(env, cwd: Path) -> set[str]:
+    """Jobs submitted from ``cwd`` (the test's own directory)."""
+    out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i|%Z"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    return {line.split("|")[0] for line in out.splitlines() if line.partition("|")[2] == str(cwd)}
+
+
+@pytest.fixture()
+def wrong_data_params(tmp_path) -> Path:
+    p = yaml.safe_load((REPO / "examples" / "digits" / "configs" / "params.yaml").read_text())
+    p["train_input"]["data_dir"] = str(tmp_path / "no_such_data")
+    p["eval_input"]["data_dir"] = str(tmp_path / "no_such_data")
+    p["runconfig"]["model_dir"] = str(tmp_path / "model_dir")
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(p))
+    return path
+
+
+@pytest.mark.parametrize("use_sbatch", [False, True])
+@pytest.mark.parametrize("mistake", ["params", "script", "data_dir"])
+def test_late_mistakes_are_refused_before_submitting(cli_env, tmp_path, wrong_data_params, mistake, use_sbatch):
+    args, expect = {
+        "params": (["python-ws", DIGITS_RUN, "--params", "nope.yaml", "--mode", "train"],
+                   f"csrun_wse: error: --params nope.yaml: {tmp_path / 'nope.yaml'}: no such file ("),
+        "script": (["python-ws", "examples/digits/rn.py", "--params", str(wrong_data_params), "--mode", "train"],
+                   "csrun_wse: error: script examples/digits/rn.py: "),
+        "data_dir": (["python-ws", DIGITS_RUN, "--params", str(wrong_data_params), "--mode", "train"],
+                     f"csrun_wse: error: train_input.data_dir (--params {wrong_data_params}): "
+                     f"{tmp_path / 'no_such_data'}: no such file or directory ("),
+    }[mistake]
+    t0 = time.monotonic()
+    proc = csrun("csrun_wse", ["--total-nodes", "2", *(["--use-sbatch"] if use_sbatch else []), *args], cli_env,
+                 tmp_path)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1 and proc.stderr.startswith(expect), proc.stderr
+    assert "--no-path-checks" in proc.stderr and "Traceback" not in proc.stderr
+    assert elapsed < 10, elapsed  # ~0.2 s measured; refused without waiting for any job
+    assert mine(cli_env, tmp_path) == set()  # other sessions' jobs may come and go: ours only
+    assert not (tmp_path / "model_dir").exists()
+
+
+def test_a_csrun_option_after_the_command_is_warned_about(cli_env, tmp_path):
+    """Not refused (the command may take an option of the same name) but said once, on stderr;
+    the command gets its argv unchanged."""
+    dry = csrun("csrun_wse", ["--dry-run", "python", REPORT, str(tmp_path), "--total-nodes", "4"], cli_env, tmp_path)
+    assert dry.returncode == 0 and dry.stdout.startswith("srun ")
+    (line,) = dry.stderr.splitlines()
+    assert line.startswith("csrun_wse: warning: --total-nodes after the command python: passed to the command, "
+                           "not to csrun_wse; csrun_wse's options go before the command")
+    assert mine(cli_env, tmp_path) == set()
+    run = csrun("csrun_wse", ["--total-nodes", "2", "--tasks-per-node", "1", "python", REPORT, str(tmp_path),
+                              "--total-nodes", "4"], cli_env, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("csrun_wse: warning: --total-nodes after the command") == 1
+    argvs = [yaml.safe_load(p.read_text())["argv"] for p in tmp_path.glob("task-*.json")]
+    assert len(argvs) == 2 and all(a == ["--total-nodes", "4"] for a in argvs)  # 2 nodes: the flag went nowhere else
+
+
+def test_no_path_checks_lets_the_job_through(cli_env, tmp_path):
+    """The escape hatch for clusters whose login node does not see the compute nodes' paths:
+    the job is submitted (and here fails on the node, as it would have before)."""
+    proc = csrun("csrun_wse", ["--no-path-checks", "--use-sbatch", "--total-nodes", "2", "python", "rn.py"], cli_env,
+                 tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().isdigit(), proc.stderr
+    job = proc.stdout.strip()
+    subprocess.run(["scancel", job], env=cli_env, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def digits_data(tmp_path_factory) -> Path:
+    return helpers.prepare_digits(tmp_path_factory.mktemp("digits") / "data")
+
+
+def test_validate_only_opens_every_file_a_lazy_pipeline_lists(cli_env, tmp_path, digits_data):
+    """The digits pipeline takes ``train_input.data_files`` as given (lazily: a missing file
+    fails at the first read, after the launch). validate_only now opens each one."""
+    real = sorted(digits_data.glob("train-*.tfrecord"))[0]
+    missing = tmp_path / "it's gone.tfrecord"
+    params = helpers.digits_params(tmp_path, digits_data, train_input={"data_files": [str(real), str(missing)]},
+                                   model_dir=str(tmp_path / "model_dir"))
+    args = ["python", DIGITS_RUN, "--params", str(params), "--mode", "validate_only"]
+    refused = csrun("csrun_cpu", args, cli_env, tmp_path)  # the launcher sees it first
+    assert refused.returncode == 2 and refused.stderr.startswith(
+        f"csrun_cpu: error: train_input.data_files (--params {params}): {str(missing)!r}: no such file or directory")
+    proc = csrun("csrun_cpu", ["--no-path-checks", *args], cli_env, tmp_path, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    report = (tmp_path / "model_dir" / "validate_report.txt").read_text()
+    (line,) = [ln for ln in report.splitlines() if "input file(s)" in ln]
+    assert line.startswith("ERROR: train_input: 1 of the 2 input file(s) the pipeline lists cannot be opened: ")
+    assert f"{str(missing)!r} (No such file or directory)" in line and str(real) not in line
+    params = helpers.digits_params(tmp_path, digits_data, model_dir=str(tmp_path / "model_dir"))
+    ok = csrun("csrun_cpu", args, cli_env, tmp_path, timeout=300)
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]

@@ -1,0 +1,205 @@
+"""One codec for csrun's environment variables and exit statuses (csrun_common.env, .exits).
+
+Fails when a second writer/definition appears: a module of the four packages spelling a
+``CSRUN_*`` name as a string of its own (instead of importing it from csrun_common.env), a
+``CSRUN_*`` name anywhere in the tree that csrun_common.env does not declare, an exit status
+of csrun_common.exits written as a number outside it, or docs/ENV.md out of date.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from csrun_common import env as codec
+from csrun_common import exits
+from csrun_common.env import EnvError, TaskEnv
+from csrun_common.roles import RoleError, resolve_role
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("launcher", "analyzer", "csrun_runtime", "csrun_common")
+CODEC = {ROOT / "csrun_common" / "env.py", ROOT / "csrun_common" / "exits.py"}
+NAME = re.compile(r"(?<![A-Za-z0-9_])CSRUN_[A-Z0-9_]*[A-Z0-9]")
+#: Numbers that are exit statuses wherever they appear as an int in the packages' code (2 and
+#: 1 are too common: they are checked only as the argument of an exit call).
+STATUS_NUMBERS = {exits.REQUEUE, exits.TIMEOUT, exits.EXEC_FAILED, exits.INTERRUPTED, exits.TERMINATED}
+EXIT_CALLS = {"exit", "_exit", "SystemExit"}
+
+
+def package_sources() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py") if p not in CODEC)
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of the Constant nodes that are docstrings (any bare string expression statement)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.add(id(node.value))
+    return out
+
+
+def name_literals(tree: ast.AST) -> list[str]:
+    """``CSRUN_*`` names a module spells itself: a string that is a whole name
+    (``"CSRUN_ROLE"``), a plain string that assigns one (``"CSRUN_ROLE=worker"``), a keyword
+    argument named like one (``dict(env, CSRUN_ROLE=...)``). Docstrings and names inside
+    formatted messages (``f"CSRUN_NUM_WORKERS={n} must be ..."``) are not."""
+    skip = docstring_nodes(tree)
+    formatted = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            if NAME.fullmatch(node.value) or (id(node) not in formatted
+                                              and re.match(r"CSRUN_[A-Z0-9_]+=", node.value)):
+                found.append(f"{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.keyword) and node.arg and NAME.fullmatch(node.arg):
+            found.append(f"{node.value.lineno}: {node.arg}=")
+    return found
+
+
+def test_the_name_check_catches_spellings():
+    src = ('"""Reads CSRUN_ROLE."""\nimport os\nos.environ.get("CSRUN_ROLE")\nenv = dict(os.environ, CSRUN_NICE="1")\n'
+           'line = "CSRUN_ROLE=worker"\nmsg = f"CSRUN_NUM_WORKERS={n} must be >= 0"\n')
+    assert sorted(name_literals(ast.parse(src))) == ["3: 'CSRUN_ROLE'", "4: CSRUN_NICE=", "5: 'CSRUN_ROLE=worker'"]
+
+
+def test_no_module_spells_a_variable_name_outside_the_codec():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in package_sources()
+             for hit in name_literals(ast.parse(path.read_text(), str(path)))]
+    for path in sorted((ROOT / "launcher" / "templates").glob("*.j2")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.lstrip().startswith("#") and NAME.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "import these names from csrun_common.env:\n" + "\n".join(found)
+
+
+def test_the_task_contract_has_one_writer():
+    """The benchmarks that start tasks by hand write their contract with TaskEnv.encode too."""
+    task_vars = {v for v in codec.VARIABLES.values() if v.scope == "task"}
+    found = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in task_vars and id(node) not in docstring_nodes(tree):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, "write the task contract with csrun_common.env.TaskEnv(...).encode():\n" + "\n".join(found)
+
+
+def test_every_variable_named_in_the_tree_is_declared():
+    where: dict[str, str] = {}
+    dirs = (*PACKAGES, "tests", "bench", "scripts", "slurm-test-cluster", "docs", "examples", "templates")
+    files = [ROOT / "README.md"] + [p for d in dirs if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*")
+                                    if p.is_file() and p.suffix in (".py", ".md", ".sh", ".j2", ".toml", ".yaml", "")
+                                    and "run" not in p.relative_to(ROOT).parts[1:2]]
+    for path in files:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for name in NAME.findall(text):
+            where.setdefault(name, str(path.relative_to(ROOT)))
+    undeclared = {n: w for n, w in where.items() if n not in codec.VARIABLES}
+    assert not undeclared, f"declare these in csrun_common/env.py (docs/ENV.md): {undeclared}"
+
+
+def _ints(node: ast.AST) -> list[int]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and type(n.value) is int]
+
+
+def _status_like(target: ast.AST) -> bool:
+    name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", "")
+    return bool(re.search(r"(^rc$|_rc$|code|status|exit)", name))
+
+
+def status_literals(tree: ast.AST) -> list[str]:
+    """75 (the requeue status) anywhere; 124, 127, 130, 143 where a status is made or tested
+    (a ``return``, a comparison, an assignment to ``rc`` / ``*code*`` / ``*status*``); any
+    status but 0 and 1 written as the argument of an exit call."""
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value == exits.REQUEUE:
+            found.append(f"{line}: {node.value}")
+        made = (isinstance(node, (ast.Return, ast.Compare))
+                or (isinstance(node, ast.Assign) and any(_status_like(t) for t in node.targets)))
+        if made:
+            found += [f"{line}: {v}" for v in _ints(node) if v in STATUS_NUMBERS - {exits.REQUEUE}]
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], (ast.Constant, ast.IfExp)):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in EXIT_CALLS:
+                found += [f"{line}: {name}({v})" for v in _ints(node.args[0]) if v not in (exits.OK, exits.FAILED)]
+    return found
+
+
+def test_the_status_check_catches_literals():
+    src = ("import os, sys\nsys.exit(75)\nos._exit(2)\nraise SystemExit(143 if x else 0)\n"
+           "def f(rc):\n    return 124 if rc == 130 else 0\nrc = 127\nmask = 0x7F\nraise SystemExit(128 + s)\n")
+    hits = {f.split(": ", 1)[1] for f in status_literals(ast.parse(src))}
+    assert hits == {"exit(75)", "75", "_exit(2)", "SystemExit(143)", "124", "130", "127"}  # not 0x7F, 128 + s
+
+
+def test_no_module_writes_an_exit_status_as_a_number():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in package_sources()
+             for hit in status_literals(ast.parse(path.read_text(), str(path)))]
+    assert not found, "use csrun_common.exits:\n" + "\n".join(found)
+
+
+def test_env_md_is_generated_from_the_codec():
+    doc = ROOT / "docs" / "ENV.md"
+    assert doc.read_text() == codec.render_markdown(), "regenerate: python -m csrun_common.env > docs/ENV.md"
+
+
+def test_every_declaration_is_complete():
+    for var in codec.VARIABLES.values():
+        assert var.name.startswith("CSRUN_") and var.kind and var.writer and var.reader and var.meaning, var
+    codes = [s.code for s in exits.STATUSES]
+    assert len(set(codes)) == len(codes)
+    assert all(getattr(exits, s.name) == s.code for s in exits.STATUSES)
+
+
+def test_var_is_its_name_everywhere():
+    env = {codec.ROLE: "worker"}
+    assert env["CSRUN_ROLE"] == "worker" and f"{codec.ROLE}" == "CSRUN_ROLE" and codec.ROLE.name == "CSRUN_ROLE"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(codec.ROLE)) == "CSRUN_ROLE"
+
+
+@pytest.mark.parametrize("task", [
+    TaskEnv("chief", 0, 0, 1, 5, 6, 2, execution_mode="weight_streaming", stop_signals="USR2:TERM",
+            autoscale="1:1:6:rate:10", chief_input_cpus=1, worker_job=True),
+    TaskEnv("worker", 1, 2, 1, 5, 6, None),
+    TaskEnv("single-task", 2, 1, 0, 3, 4, 16),
+])
+def test_task_env_round_trip(task):
+    encoded = task.encode()
+    assert ("PYTHONUNBUFFERED", "1") in encoded
+    assert TaskEnv.decode(dict(encoded)) == task
+
+
+def test_task_env_encode_order_is_the_contract():
+    names = [k for k, _ in TaskEnv("worker", 1, 2, 0, 4, 5, 1, stop_signals="TERM").encode()]
+    assert names == ["CSRUN_ROLE", "CSRUN_HET_GROUP", "CSRUN_TASK_OFFSET", "CSRUN_WORKER_OFFSET",
+                     "CSRUN_NUM_WORKERS", "CSRUN_NUM_TASKS", "CSRUN_CPUS_PER_TASK", "PYTHONUNBUFFERED",
+                     "CSRUN_STOP_SIGNALS"]
+
+
+def test_task_env_decode_errors_name_the_variable():
+    assert TaskEnv.decode({}) == TaskEnv(None)
+    with pytest.raises(EnvError, match="CSRUN_ROLE='boss'"):
+        TaskEnv.decode({"CSRUN_ROLE": "boss"})
+    with pytest.raises(EnvError, match="CSRUN_CHIEF_INPUT_CPUS='x' is not an integer"):
+        TaskEnv.decode({"CSRUN_ROLE": "chief", "CSRUN_NUM_WORKERS": "1", "CSRUN_CHIEF_INPUT_CPUS": "x"})
+    with pytest.raises(EnvError):
+        TaskEnv(None).encode()
+
+
+def test_resolve_role_reads_what_the_encoder_writes():
+    enc = dict(TaskEnv("worker", 1, 2, 3, 8, 9, 2).encode(), SLURM_PROCID="4", SLURM_JOB_ID="7")
+    role = resolve_role(enc)
+    assert (role.kind, role.worker_index, role.num_workers, role.cpus_per_task) == ("worker", 5, 8, 2)
+    with pytest.raises(RoleError):  # a RoleError is an EnvError, naming the variable
+        resolve_role({"CSRUN_ROLE": "worker", "SLURM_PROCID": "0", "CSRUN_NUM_WORKERS": "-1"})

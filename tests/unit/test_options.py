@@ -1,0 +1,77 @@
+"""Each site-config key is declared once (``launcher.config.KEYS``); these tests fail when the
+dataclass, the commented template, ``--show-config``, the CLIs or the README drift from it."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import click
+import pytest
+import tomllib
+
+from launcher.cli import csrun_cpu, csrun_wse
+from launcher.config import KEYS, SiteConfig, format_config, load_config
+from launcher.flags import CpuFlags, WseFlags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _flags(cmd: click.Command) -> set[str]:
+    out: set[str] = set()
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            out.update(p.opts)
+            out.update(p.secondary_opts)
+    return out
+
+
+def test_siteconfig_fields_are_the_declared_keys():
+    fields = {f.name for f in dataclasses.fields(SiteConfig)} - {"sources"}
+    assert fields == {k.attr for k in KEYS}
+
+
+def test_template_holds_every_key_with_its_default():
+    data = tomllib.loads((ROOT / "templates" / "config.toml").read_text())
+    found = {f"{s}.{k}": v for s, body in data.items() for k, v in body.items()}
+    assert found == {k.dotted: k.default for k in KEYS}
+
+
+def test_show_config_lists_every_key_in_declared_order(tmp_path):
+    text = format_config(load_config({"HOME": str(tmp_path)}))
+    keys = [line.split(" = ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert keys == [k.dotted for k in KEYS]
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if k.flag], ids=lambda k: k.dotted)
+def test_the_flag_that_wins_over_a_key_exists(key):
+    assert key.flag in _flags(csrun_wse) | _flags(csrun_cpu)
+
+
+@pytest.mark.parametrize("cmd", [csrun_wse, csrun_cpu], ids=lambda c: c.name)
+def test_every_flag_is_documented(cmd):
+    """Every option of the CLIs appears in the README or a docs/ page the README links."""
+    readme = (ROOT / "README.md").read_text()
+    docs = [ROOT / link for link in re.findall(r"\]\((docs/[A-Za-z0-9_\-]+\.md)", readme)]
+    text = readme + "".join(p.read_text() for p in docs if p.exists())
+    missing = sorted(f for f in _flags(cmd) if f.startswith("--") and f"`{f}" not in text and f" {f}" not in text)
+    assert not missing, f"{cmd.name} options the README and its docs pages do not mention: {missing}"
+
+
+def test_every_key_is_in_the_readme_table():
+    readme = (ROOT / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    missing = [k.dotted for k in KEYS if not any(f"`{k.dotted}`" in row for row in rows)]
+    assert not missing, f"site-config keys missing from the README's table: {missing}"
+
+
+@pytest.mark.parametrize(("cmd", "flags"), [(csrun_wse, WseFlags), (csrun_cpu, CpuFlags)], ids=["wse", "cpu"])
+def test_typed_flags_are_the_click_parameters(cmd, flags):
+    """The typed value the command works on declares exactly the parameters click passes."""
+    passed = {p.name for p in cmd.params if p.expose_value and p.name != "command"}
+    assert {f.name for f in dataclasses.fields(flags)} == passed
+
+
+def test_an_undeclared_parameter_is_refused_naming_it():
+    with pytest.raises(TypeError, match="nodes_total"):
+        WseFlags.from_click({"nodes_total": 3})

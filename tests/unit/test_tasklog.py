@@ -1,0 +1,142 @@
+"""launcher.tasklog: srun's labelled output of a csrun_wse job → what the terminal shows.
+
+The recordings in tests/fixtures/tasklog/ are the real stdout+stderr of the srun line csrun_wse
+runs (``--label --verbose``, Slurm 22.05.8 test cluster, ``--total-nodes 3 --tasks-per-node 2``:
+het group 0 = the chief and an input worker on node1, het group 1 = 4 input workers on two
+nodes), paths rewritten; the golden files hold what csrun_wse shows for each.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.tasklog import TaskGroup, TaskOutput, first_error, parse_label, parse_ranges, summarise
+
+from .golden import assert_golden
+
+RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "tasklog"
+GROUPS = (TaskGroup(0, "chief", 0, 2), TaskGroup(1, "worker", 2, 4))
+LOG = "csrun_logs/csrun_wse-31.log"
+
+
+@pytest.mark.parametrize("name,status", [("misspelled", 2), ("all_fail", 143), ("worker_first", 143),
+                                         ("killed_chief", 143), ("success", 0)])
+def test_recorded_job_golden(name, status):
+    lines = (RECORDED / f"{name}.txt").read_text().splitlines()
+    assert_golden(f"tasklog_{name}.txt", "\n".join(summarise(lines, GROUPS, status, LOG)) + "\n")
+
+
+@pytest.mark.parametrize("name,status", [("misspelled", 2), ("all_fail", 143)])
+def test_the_error_is_shown_once_though_every_task_printed_it(name, status):
+    lines = (RECORDED / f"{name}.txt").read_text().splitlines()
+    marker = {"misspelled": "can't open file", "all_fail": "ValueError: bad data_dir"}[name]
+    assert sum(marker in ln for ln in lines) >= 4  # every task printed it
+    shown = summarise(lines, GROUPS, status, LOG)
+    assert sum(marker in ln for ln in shown) == 1, shown
+    assert not any(ln.startswith("srun: error:") for ln in shown), shown
+    assert shown[-1] == f"csrun_wse: exit status {status}; every task's output and srun's messages: {LOG}"
+
+
+def test_a_failing_worker_is_named_with_its_het_group_role_and_node():
+    lines = (RECORDED / "worker_first.txt").read_text().splitlines()
+    shown = summarise(lines, GROUPS, 143, LOG)
+    header = next(ln for ln in shown if "failed first" in ln)
+    assert header.startswith("csrun_wse: task 2 (het group 1, worker) on node3 failed first: Exited with exit code 1")
+    # the chief's progress lines before the failure are kept, in order
+    assert shown.index("INFO: step 100 progress") < shown.index(header)
+
+
+def test_labels_and_task_ranges():
+    assert parse_label(" 3: text: more") == (3, "text: more")
+    assert parse_label("12: ") == (12, "")
+    assert parse_label("srun: error: node2: task 0: Killed") == (None, "srun: error: node2: task 0: Killed")
+    assert parse_ranges("0") == [0] and parse_ranges("[0-1]") == [0, 1] and parse_ranges("2,5-6") == [2, 5, 6]
+    with pytest.raises(ValueError):
+        parse_ranges("node1")
+
+
+def test_error_blocks():
+    chained = ["INFO: start", "Traceback (most recent call last):", '  File "a.py", line 1, in <module>',
+               "KeyError: 'x'", "", "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):", '  File "a.py", line 3, in <module>', "ValueError: y",
+               "INFO: cleanup"]
+    assert first_error(chained) == (1, 10)
+    usage = ["usage: run.py [-h] --mode MODE", "run.py: error: unrecognized arguments: --total-nodes 2", "x"]
+    assert first_error(usage) == (0, 2)
+    assert first_error(["ERROR:csrun:runconfig.checkpoint_path: no checkpoint at /x", "INFO: done"]) == (0, 1)
+    assert first_error(["F1125 12:00:00.1 123 op.cc:1] Check failed", "  detail", "I1125 next"]) == (0, 2)
+    assert first_error(["E1125 12:00:00.1 123 cuda_driver.cc:1] failed call to cuInit"]) is None  # noise
+    assert first_error(["INFO:csrun:global_step = 100", "WARNING:csrun: slow input"]) is None
+
+
+def test_the_chief_error_is_held_until_the_chief_goes_on_or_the_job_ends():
+    out = TaskOutput(groups=GROUPS)
+    assert out.line("err", "0: INFO: step 1") == [("err", "INFO: step 1")]
+    assert out.line("err", "0: ERROR:csrun:input worker 3 lost") == []  # held from here on
+    assert out.line("err", "1: INFO: a worker") == []  # never shown live
+    assert out.line("out", "0: INFO: step 2") == [("err", "ERROR:csrun:input worker 3 lost"),
+                                                  ("out", "INFO: step 2")]  # it went on: shown
+    assert out.line("err", "0: Traceback (most recent call last):") == []
+    assert out.line("err", "0: RuntimeError: at the end") == []
+    assert out.finish(0, LOG) == [("err", "Traceback (most recent call last):"), ("err", "RuntimeError: at the end")]
+
+
+def test_a_failing_chief_whose_error_is_above_is_named_without_repeating_it():
+    out = TaskOutput(groups=GROUPS)
+    out.line("err", "srun: launching StepId=12.0 on host node1, 2 tasks: [0-1]")
+    out.line("err", "0: ERROR:csrun:runconfig.checkpoint_path: no checkpoint at /x")
+    assert out.line("err", "0: INFO:csrun:verdict: no training") != []
+    out.line("err", "srun: error: node1: task 0: Exited with exit code 2")
+    shown = [t for _, t in out.finish(2, LOG)]
+    assert shown == ["csrun_wse: task 0 (het group 0, chief) on node1 failed first: Exited with exit code 2 "
+                     "(its error is above)",
+                     f"csrun_wse: exit status 2; every task's output and srun's messages: {LOG}"]
+
+
+def test_the_same_error_from_the_chief_and_a_worker_is_the_chiefs():
+    out = TaskOutput(groups=GROUPS)
+    out.line("err", "srun: launching StepId=13.0 on host node2, 2 tasks: [0-1]")
+    out.line("err", "srun: launching StepId=12.0 on host node1, 2 tasks: [0-1]")
+    for task in (2, 0):
+        out.line("err", f"{task}: usage: run.py [-h] --mode MODE")
+        out.line("err", f"{task}: run.py: error: unrecognized arguments: --total-nodes")
+    out.line("err", "srun: error: node2: task 0: Exited with exit code 2")  # the worker is reported first
+    shown = [t for _, t in out.finish(2, LOG)]
+    assert shown[0].startswith("csrun_wse: task 0 (het group 0, chief) on node1 failed first")
+    assert sum("unrecognized arguments" in t for t in shown) == 1, shown
+
+
+def test_an_interrupted_job_shows_the_chief_lines_and_the_log():
+    out = TaskOutput(groups=GROUPS)
+    out.line("err", "0: Traceback (most recent call last):")
+    out.line("err", "0: KeyboardInterrupt")
+    shown = out.finish(130, LOG, interrupted=True)
+    assert shown[:2] == [("err", "Traceback (most recent call last):"), ("err", "KeyboardInterrupt")]
+    assert "failed first" not in "".join(t for _, t in shown) and LOG in shown[-1][1]
+
+
+def test_the_requeue_status_is_no_failure():
+    out = TaskOutput(groups=GROUPS, ok_statuses=frozenset({0, 75}))
+    out.line("err", "srun: error: node1: task 0: Exited with exit code 75")
+    assert out.finish(75, LOG) == []
+
+
+def test_srun_refusing_the_allocation_reaches_the_terminal():
+    out = TaskOutput(groups=GROUPS)
+    assert out.line("err", "srun: defined options") == []
+    msg = "srun: error: Unable to allocate resources: Requested node configuration is not available"
+    assert out.line("err", msg) == [("err", msg)]
+    assert out.finish(1, LOG)[-1][1].startswith("csrun_wse: exit status 1;")
+
+
+def test_another_tasks_warning_is_shown_once_naming_the_task():
+    out = TaskOutput(groups=GROUPS)
+    out.line("err", "srun: launching StepId=13.0 on host node2, 2 tasks: [0-1]")
+    out.line("err", "srun: launching StepId=12.0 on host node1, 2 tasks: [0-1]")
+    warn = "WARNING:csrun:3 shard-plan file(s) of this worker lie outside train_input.data_dir"
+    assert out.line("err", f"2: {warn}") == [("err", f"task 2 (het group 1, worker) on node2: {warn}")]
+    assert out.line("err", "3: WARNING:csrun:5 shard-plan file(s) of this worker lie outside "
+                           "train_input.data_dir") == []  # the same warning, other numbers
+    assert out.line("err", "1: INFO:csrun:serving input_fn") == []
+    assert out.line("err", "1: W1125 12:00:00.1 12 op.cc:1] TensorFlow's own warning") == []
