@@ -14,7 +14,6 @@ verdict), ``train/params_train.yaml`` / ``eval/params_eval.yaml``, ``eval/result
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +43,7 @@ from .contract import (
 )
 from .events import EventWriter
 from .streamers import StreamerFacts, set_facts
+from .trainloop import LoopResult, StepClock, TrainLoop
 
 __all__ = ["Chief", "InputStalled", "DATAPLANE_FILE", "epochs"]
 
@@ -328,6 +328,10 @@ class Chief:
 
     # ------------------------------------------------------------------ train
     def _train(self) -> int:
+        """``train`` / ``train_and_eval``: restore, train to the target in :class:`.trainloop.TrainLoop`,
+        then the checkpoint of the reached step, the allocation record, performance.json and the
+        verdict; returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
+        Raises what the loop raised (after performance.json, once a step was trained)."""
         model, opt = self._model()
         start = self._restore(model, opt)
         target = training_target(start, self.rc)
@@ -344,107 +348,46 @@ class Chief:
         else:
             source = _LocalSource(self._train_loader())
         keep = int(self.rc["keep_checkpoint_max"])
-        ck_steps, log_steps = int(self.rc["checkpoint_steps"]), int(self.rc["log_steps"])
-        eval_every = self.rc.get("eval_frequency") if evaluating else None
-        writer = EventWriter(self.model_dir)
         if self.rc.get("save_initial_checkpoint"):
             checkpoint.save(self.model_dir, start, model, opt, keep)
-        step, last_saved, loss_v = start, None, float("nan")
-        batch_size: int | None = None
-        waits: list[float] = []
-        computes: list[float] = []
-        first_step_time = eval_time = eval_after_first = 0.0
-        t_first = t_first_end = None
-        win_t, win_samples, win_wait = time.monotonic(), 0, 0.0
-        ended, failed = "target reached", None
-        error: Exception | None = None
+        loop = TrainLoop(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
+                         device=self.device, evaluate=self._evaluate if evaluating else None,
+                         forward_loss=self._forward_loss)
         log.info("training from global step %d to %d on %s", start, target, self.device)
-        model.train()
-        first_step_at: float | None = None
-        defer = preemption.deferred()  # SIGINT/SIGTERM and --requeue's signals: recorded, acted on here
-        defer.__enter__()
         try:
-            while step < target and not preemption.stop_requested():
-                tw = time.monotonic()
-                nest, _who = source.next()
-                if nest is None:
-                    break
-                tc = time.monotonic()
-                if first_step_at is None:
-                    first_step_at = time.time()
-                batch = to_torch(nest, self.device)
-                if batch_size is None:
-                    batch_size = batch_size_of(batch) or 0
-                    log.info("batch_size %d", batch_size)
-                opt.zero_grad(set_to_none=True)
-                loss = self._forward_loss(model, batch)
-                loss.backward()
-                opt.step()
-                loss_v = float(loss.detach())
-                te = time.monotonic()
-                step += 1
-                if t_first is None:
-                    t_first, t_first_end, first_step_time = tw, te, te - tw
-                else:
-                    waits.append(tc - tw)
-                    computes.append(te - tc)
-                    win_wait += tc - tw
-                win_samples += batch_size
-                if not math.isfinite(loss_v):
-                    raise RuntimeError(f"loss is {loss_v} at global step {step}")
-                if step % log_steps == 0 or step == target:
-                    dt = max(1e-9, te - win_t)
-                    rate = win_samples / dt
-                    log.info("global_step = %d, loss = %.6g (%.1f samples/s, input wait %.1f %%)", step, loss_v,
-                             rate, 100.0 * win_wait / dt)
-                    writer.scalars({"loss": loss_v, "samples_per_sec": rate, "input_wait_fraction": win_wait / dt},
-                                   step)
-                    writer.flush()
-                    win_t, win_samples, win_wait = time.monotonic(), 0, 0.0
-                if ck_steps and step % ck_steps == 0 and step < target:
-                    checkpoint.save(self.model_dir, step, model, opt, keep)
-                    last_saved = step
-                if eval_every and step % int(eval_every) == 0 and step < target:
-                    t_e = time.monotonic()
-                    self._evaluate(model, step)
-                    model.train()
-                    d = time.monotonic() - t_e
-                    eval_time += d
-                    eval_after_first += d
-                    win_t += d
-        except Exception as e:
-            error = e
-            failed = f"{type(e).__name__}: {str(e).strip()[:300]}"
-            ended = f"failed: {failed}"
-            if t_first is None:
-                self._source = source
-                writer.close()
-                raise
-        finally:
-            defer.__exit__(None, None, None)
+            res = loop.run(start, target)
+        except BaseException:
+            self._source = source
+            raise
+        self._source = source  # closed after done.json (run()), so the workers read the chief's status
+        return self._finish_training(loop, res, model, opt, evaluating)
+
+    def _finish_training(self, loop: TrainLoop, res: LoopResult, model: Any, opt: Any, evaluating: bool) -> int:
+        """After the loop: the stop signal's checkpoint, the allocation record, performance.json
+        (or its stopped-before-the-first-step form) and the final evaluation."""
+        clock, step, start = res.clock, res.step, res.start
         stopped_by = preemption.stop_signal()
-        if stopped_by and failed is None:
+        ended = res.ended
+        if stopped_by and res.failed is None:
             ended = f"stopped by {stopped_by}"
             log.info("stopped by %s at global step %d: saving a checkpoint", stopped_by, step)
         t_end = time.monotonic()
-        if step > start and last_saved != step and failed is None:
-            p = checkpoint.save(self.model_dir, step, model, opt, keep)
+        if step > start and res.last_saved != step and res.failed is None:
+            p = checkpoint.save(self.model_dir, step, model, opt, int(self.rc["keep_checkpoint_max"]))
             log.info("saved %s", p)
-        writer.close()
-        desc = source.describe()
-        self._source = source  # closed after done.json (run()), so the workers read the chief's status
+        loop.writer.close()
+        desc = loop.source.describe()
         alloc = preemption.Allocation(
             job_id=self.role.job_id, requeue=preemption.allocation_index(), node=self.role.node or None,
-            start_step=start, end_step=step if failed is None else (last_saved or start), target=target,
-            stopped_by=preemption.stop_signal(), process_start=self.t_proc, first_step_at=first_step_at,
+            start_step=start, end_step=step if res.failed is None else (res.last_saved or start), target=res.target,
+            stopped_by=preemption.stop_signal(), process_start=self.t_proc, first_step_at=clock.first_step_at,
             signal_at=preemption.stop_time(), ended_at=time.time())
         desc.update(preemption.record_allocation(self.model_dir, alloc, log=lambda m: log.info("%s", m)))
-        if t_first is not None and t_first_end is not None:
-            self._performance(desc, step - start, start, step, batch_size or 0, t_first, t_first_end, t_end,
-                              first_step_time, computes, waits, eval_time, eval_after_first, ended, loss_v)
-        if error is not None:  # after performance.json: run() says what it was and how to exit
-            raise error
-        if t_first is None:  # stopped before its first step: performance.json says so
+        if clock.t_first is not None and clock.t_first_end is not None:
+            self._performance(desc, step - start, start, step, clock, t_end, ended, res.loss)
+        if res.error is not None:  # after performance.json: run() says what it was and how to exit
+            raise res.error
+        if clock.t_first is None:  # stopped before its first step: performance.json says so
             write_json(self.model_dir / "performance" / "performance.json",
                        {"ended": ended, "steps": 0, "global_step_start": start, "global_step_end": step,
                         "framework": "pytorch", "mode": self.mode, **desc})
@@ -452,20 +395,22 @@ class Chief:
             self._evaluate(model, step)
         return preemption.exit_code() if stopped_by else 0
 
-    def _performance(self, desc: dict[str, Any], steps: int, start: int, end: int, batch_size: int, t_first: float,
-                     t_first_end: float, t_end: float, first_step_time: float, computes: list[float],
-                     waits: list[float], eval_time: float, eval_after_first: float, ended: str,
-                     loss_v: float) -> None:
+    def _performance(self, desc: dict[str, Any], steps: int, start: int, end: int, clock: StepClock, t_end: float,
+                     ended: str, loss_v: float) -> None:
         """performance.json (the TensorFlow chief's schema), the summary lines and the verdict."""
+        assert clock.t_first is not None and clock.t_first_end is not None
+        t_first, batch_size, computes = clock.t_first, clock.batch_size or 0, clock.computes
+        eval_time = clock.eval_time
         total_time = (t_end - t_first) - eval_time
-        steady_time = (t_end - t_first_end) - eval_after_first
+        steady_time = (t_end - clock.t_first_end) - clock.eval_after_first
         rates = worker_rates(desc.get("batches_per_worker") or {}, batch_size, steady_time)
         programming = max(0.0, time.time() - self.t_proc - (time.monotonic() - t_first))
         extra = {"global_step_start": start, "global_step_end": end, "framework": "pytorch",
                  "device": str(self.device), "num_workers": self.num_workers, "mode": self.mode,
                  "eval_time": round(eval_time, 4), **desc}
         rec = performance_record(batch_size=batch_size, steps=steps, total_time=total_time,
-                                 first_step_time=first_step_time, compute_times=computes, wait_times=waits,
+                                 first_step_time=clock.first_step_time, compute_times=computes,
+                                 wait_times=clock.waits,
                                  loop_time_after_first=steady_time, programming_time=programming, extra=extra)
         v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steps - 1,
                     batch_size=batch_size, wait_fraction=rec["input_wait_fraction"], rates=rates,
