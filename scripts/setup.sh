@@ -3,8 +3,8 @@
 # slurmdbd + mariadb-server for the test cluster's job accounting; podman, runc and
 # debootstrap for the compose test cluster (its image is built by `cluster up --engine
 # podman` when first needed); a virtual environment .venv with csrun (editable) + TensorFlow
-# + test tools (podman-compose among them); and the native Slurm test cluster started
-# (slurm-test-cluster/cluster up). Idempotent.
+# + test tools (podman-compose among them) + the CPU wheel of PyTorch (the pt extra); and the
+# native Slurm test cluster started (slurm-test-cluster/cluster up). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +42,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing csrun[all,test] into .venv (TensorFlow included; about a minute)"
     .venv/bin/pip install -q --disable-pip-version-check -e '.[all,test]'
     touch "$stamp"
+fi
+# PyTorch for the python-pt tests (the pt extra): the CPU-only wheel, not the default one with
+# several GB of CUDA libraries.
+if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+    echo "setup: installing torch==2.13.0+cpu into .venv (the pt extra, CPU wheel)"
+    .venv/bin/pip install -q --disable-pip-version-check 'torch==2.13.0+cpu'
 fi
 
 slurm-test-cluster/cluster up
