@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from csrun_common.atomic import atomic_open
 
 __all__ = ["FORMAT", "checkpoint_path", "list_checkpoints", "latest", "save", "load", "CheckpointError"]
 
@@ -66,19 +67,10 @@ def save(model_dir: str | os.PathLike, step: int, model: Any, optimizer: Any = N
     final = checkpoint_path(d, step)
     state = {"format": FORMAT, "global_step": int(step), "time": time.time(), "model": model.state_dict(),
              "optimizer": optimizer.state_dict() if optimizer is not None else None}
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(final, "wb") as f:  # a half-written file never becomes the newest; mode 0o666 & ~umask
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     for _step, old in list_checkpoints(d)[:-max(1, int(keep))]:
         try:
             old.unlink()

@@ -178,6 +178,21 @@ def test_checkpoint_round_trip_keeps_the_newest_and_resumes(tmp_path):
     assert checkpoint.latest(tmp_path / "missing") is None
 
 
+def test_checkpoint_file_mode_honours_the_umask(tmp_path):
+    """Teammates on a shared cluster read checkpoints: 0o666 & ~umask, as a plain open() gives."""
+    import os
+
+    m = torch.nn.Linear(2, 1)
+    old = os.umask(0o022)
+    try:
+        p = checkpoint.save(tmp_path, 1, m, None, keep=2)
+        os.umask(0o027)
+        q = checkpoint.save(tmp_path, 2, m, None, keep=2)
+    finally:
+        os.umask(old)
+    assert (p.stat().st_mode & 0o777, q.stat().st_mode & 0o777) == (0o644, 0o640)
+
+
 def test_event_file_is_read_back_with_its_crcs(tmp_path):
     assert crc32c(b"123456789") == 0xE3069283
     w = EventWriter(tmp_path)
