@@ -5,6 +5,7 @@ checkpoints."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -28,12 +29,19 @@ def digits(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(digits):
+    """The TensorFlow path without PyTorch (issue 25: "the TensorFlow path without PyTorch: test
+    both"): the run sees a ``torch`` package that raises ImportError, as where torch is not
+    installed, so every test below also proves that the TensorFlow path does not need it."""
     tmp, data = digits
     params = helpers.digits_params(tmp, data, log_steps=50, checkpoint_steps=150,
                                    eval_frequency=150)
     md = tmp / "md"
+    no_torch = tmp / "no_torch" / "torch"
+    no_torch.mkdir(parents=True)
+    (no_torch / "__init__.py").write_text('raise ImportError("No module named torch (csrun test: PyTorch absent)")\n')
     proc = helpers.run_py(["--params", str(params), "--mode", "train_and_eval",
-                           "--max_steps", "300", "--model_dir", str(md), "--cs_ip", "10.0.0.1"])
+                           "--max_steps", "300", "--model_dir", str(md), "--cs_ip", "10.0.0.1"],
+                          env={"PYTHONPATH": os.pathsep.join([str(no_torch.parent), str(helpers.REPO)])})
     return params, md, proc
 
 
