@@ -150,7 +150,7 @@ def child_chief(spec: dict) -> None:
     dataplane = spec.get("transport") == "dataplane"
     servers: list = []
     receiver = None
-    if dataplane:  # runconfig.transport: dataplane, as Chief._start_dispatchers does it
+    if dataplane:  # runconfig.transport: dataplane, as ChiefStreams.start_dispatchers does it
         receiver, addresses = dataplane_source.start_for_chief(rdv, "localhost", k, {
             "chief_host": socket.gethostname(), "bench": True})
     else:

@@ -30,7 +30,7 @@ import inspect
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ __all__ = [
     "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
     "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
     "shuffle_seeds", "check_shuffle_seeds", "check_workers", "check_model", "synthetic_batch",
-    "validate", "build_eval_input", "check_input_files",
+    "validate", "build_eval_input", "check_input_files", "Refused",
 ]
 
 MSG_SINGLE_PARAM = ("[Unsupported TensorFlow] The input function only takes a single "
@@ -68,6 +68,15 @@ MSG_SHARED_SEED = ("Each worker node must shuffle its data differently, but inpu
 
 _SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
                 "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2")
+
+
+class Refused(Exception):
+    """The run refuses to start: contract violations (exit 2); ``problems`` lists them.
+    Raised by the chief (:mod:`csrun_runtime.chief` and the modules it delegates to)."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 @dataclass

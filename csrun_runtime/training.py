@@ -44,7 +44,8 @@ from .steps import TrainSteps
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
 
-__all__ = ["TrainingLoop", "LoopContext", "write_scalar", "WINDOW_MIN_CALLS", "WINDOW_MIN_SECS", "WINDOW_MAX_SECS"]
+__all__ = ["TrainingLoop", "LoopContext", "LoopClock", "write_scalar", "ended_text", "analyzer_command",
+           "record_allocation", "WINDOW_MIN_CALLS", "WINDOW_MIN_SECS", "WINDOW_MAX_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -136,6 +137,97 @@ class LoopClock:
     windows_written: int = 0  # rate points written to TensorBoard
     chunk_steps: dict[int, int] = field(default_factory=dict)
 
+    def record(self, t0: float, t1: float, t2: float, steps: int, step: int, batch_size: int) -> None:
+        """One call of ``steps`` steps that ended at global ``step``: asked for input at
+        ``t0``, got it at ``t1``, trained until ``t2`` (monotonic s). The first call is the
+        first step (kept apart); later ones go to the waits, computes and the rate window."""
+        self.chunk_steps[steps] = self.chunk_steps.get(steps, 0) + 1
+        if self.t_first_end is None:
+            self.t_first_end = t2
+            self.first_step_time = t2 - t1
+            self.win_t, self.win_step = t2, step + 1
+            return
+        self.waits.extend([(t1 - t0) / steps] * steps)
+        self.computes.extend([(t2 - t1) / steps] * steps)
+        self.win_samples += batch_size * steps
+        self.win_wait += t1 - t0
+        self.win_calls += 1
+
+    def add_eval(self, dt: float, after_first: bool) -> None:
+        """An evaluation of ``dt`` seconds during training (``after_first``: after step 2 or
+        later); the rate window leaves it out."""
+        self.eval_time += dt
+        if after_first:
+            self.eval_time_after_first += dt
+        self.win_t += dt
+
+    def live_window(self, step: int) -> None:
+        """At the last logged ``step`` of a call: the live line of the open rate window; when
+        the window closes (:data:`WINDOW_MIN_CALLS`) its ``samples_per_sec`` and
+        ``input_wait_fraction`` scalars go to the default summary writer and a new one opens."""
+        now = time.monotonic()
+        dt = now - self.win_t
+        if not self.win_samples or dt <= 0:
+            return
+        rate, wait = self.win_samples / dt, min(1.0, self.win_wait / dt)
+        log.info("rate over global steps %d..%d (%.2f s, %d call(s)): %.1f samples/s, input wait %.1f %%",
+                 self.win_step, step, dt, self.win_calls, rate, 100.0 * wait)
+        if (self.win_calls >= WINDOW_MIN_CALLS and dt >= WINDOW_MIN_SECS) or dt >= WINDOW_MAX_SECS:
+            write_scalar("samples_per_sec", rate, step)
+            write_scalar("input_wait_fraction", wait, step)
+            self.windows_written += 1
+            self.win_t, self.win_samples, self.win_wait, self.win_calls, self.win_step = now, 0, 0.0, 0, step + 1
+
+    def calls(self, setting: Any, steps: int) -> dict[str, Any]:
+        """performance.json's ``steps_per_execution`` of a run of ``steps`` steps: the
+        ``setting``, the calls, their mean steps and the calls by steps per call."""
+        return {
+            "setting": setting,
+            "calls": sum(self.chunk_steps.values()),
+            "mean_steps_per_call": round(steps / max(1, sum(self.chunk_steps.values())), 3),
+            "calls_by_steps": {str(k): v for k, v in sorted(self.chunk_steps.items())}}
+
+
+def ended_text(failed: str | None = None) -> str:
+    """performance.json's ``ended``: ``failed: ...``, ``stopped by SIGNAL`` or ``target reached``."""
+    if failed:
+        return f"failed: {failed}"
+    stopped = preemption.stop_signal()
+    return f"stopped by {stopped}" if stopped else "target reached"
+
+
+def analyzer_command(params_path: str | None, target: float | None) -> str:
+    """The cs_input_analyzer command an input-bound verdict suggests (README "cs_input_analyzer"):
+    ``target`` samples/s (the train step's rate) and the run's params YAML."""
+    import shlex
+    import sys
+
+    cmd = ["cs_input_analyzer"]
+    if target:
+        cmd += ["--target-samples-per-sec", f"{target:.0f}"]
+    cmd += ["python", sys.argv[0] if sys.argv and sys.argv[0] else "run.py"]
+    if params_path:
+        cmd += ["--params", params_path]
+    return shlex.join([*cmd, "--mode", "validate_only"])
+
+
+def record_allocation(c: LoopContext, clock: LoopClock, start: int, step: int, target: int) -> dict[str, Any]:
+    """This allocation's steps (``start``..``step`` of ``target``) in
+    ``performance/allocations.json`` (:mod:`.preemption`), with the stop's log line when a
+    signal stopped it; returns the keys performance.json gets."""
+    first = c.t_proc + clock.programming_time if clock.t_first is not None else None
+    stopped = preemption.stop_signal()
+    if stopped:
+        log.info("stopped by %s at global step %d: %s; exit status %d%s", stopped, step,
+                 f"checkpoint model-ckpt-{step} saved" if step > start
+                 else "no step trained, the restored state stands", preemption.exit_code(),
+                 " asks for a requeue" if preemption.requeue_requested() else "")
+    alloc = preemption.Allocation(
+        job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.node,
+        start_step=start, end_step=step, target=target, stopped_by=stopped,
+        process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
+    return preemption.record_allocation(c.model_dir, alloc, log.info)
+
 
 class TrainingLoop:
     """Train the chief's model from the restored global step to the target.
@@ -219,7 +311,7 @@ class TrainingLoop:
             self.source.close()
             extra = self._record_allocation()
             v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=self.batch_size,
-                        wait_fraction=0.0, ended=self._ended())
+                        wait_fraction=0.0, ended=ended_text())
             self._say(v, 0, 0.0, 0.0, None)
             write_json(self.chief.model_dir / "performance" / "performance.json",
                        {"verdict": v, "ended": v["ended"], "steps": 0, "global_step_start": self.start,
@@ -227,33 +319,8 @@ class TrainingLoop:
             return
         self._finish(time.monotonic())
 
-    @staticmethod
-    def _fields(rec: dict[str, Any]) -> dict[str, str]:
-        return {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
-
-    @staticmethod
-    def _ended(failed: str | None = None) -> str:
-        if failed:
-            return f"failed: {failed}"
-        stopped = preemption.stop_signal()
-        return f"stopped by {stopped}" if stopped else "target reached"
-
     def _record_allocation(self) -> dict[str, Any]:
-        """This allocation's steps in ``performance/allocations.json`` (:mod:`.preemption`);
-        returns the keys performance.json gets."""
-        c = self.chief
-        first = c.t_proc + self.clock.programming_time if self.clock.t_first is not None else None
-        stopped = preemption.stop_signal()
-        if stopped:
-            log.info("stopped by %s at global step %d: %s; exit status %d%s", stopped, self.step,
-                     f"checkpoint model-ckpt-{self.step} saved" if self.step > self.start
-                     else "no step trained, the restored state stands", preemption.exit_code(),
-                     " asks for a requeue" if preemption.requeue_requested() else "")
-        alloc = preemption.Allocation(
-            job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.node,
-            start_step=self.start, end_step=self.step, target=self.target, stopped_by=stopped,
-            process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
-        return preemption.record_allocation(c.model_dir, alloc, log.info)
+        return record_allocation(self.chief, self.clock, self.start, self.step, self.target)
 
     # ------------------------------------------------------------------ one chunk
     def _one_chunk(self) -> None:
@@ -270,7 +337,7 @@ class TrainingLoop:
         logs, losses = self._train_on(chunk)
         t2 = time.monotonic()
         before, self.step = self.step, self.step + chunk.steps
-        self._record(t0, t1, t2, chunk.steps)
+        self.clock.record(t0, t1, t2, chunk.steps, self.step, self.batch_size)
         if self.autoscaler is not None and self.clock.t_first_end != t2:  # not the first step
             self.autoscaler.after_chunk(t1 - t0, t2 - t1, chunk.steps)
         self.loss = float(logs.get("loss", next(iter(logs.values()), float("nan"))))
@@ -311,51 +378,20 @@ class TrainingLoop:
             self.steps_fn = self.chief.train_steps(self.model, self.step_var)
         return self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
 
-    def _record(self, t0: float, t1: float, t2: float, steps: int) -> None:
-        c = self.clock
-        c.chunk_steps[steps] = c.chunk_steps.get(steps, 0) + 1
-        if c.t_first_end is None:
-            c.t_first_end = t2
-            c.first_step_time = t2 - t1
-            c.win_t, c.win_step = t2, self.step + 1
-            return
-        c.waits.extend([(t1 - t0) / steps] * steps)
-        c.computes.extend([(t2 - t1) / steps] * steps)
-        c.win_samples += self.batch_size * steps
-        c.win_wait += t1 - t0
-        c.win_calls += 1
-
     def _log_step(self, step: int, loss: float, last: bool) -> None:
         """The log line and the ``loss`` scalar of ``step``; at the ``last`` logged step of a
         chunk also the live line of the open rate window, whose ``samples_per_sec`` and
         ``input_wait_fraction`` scalars are written when it closes (:data:`WINDOW_MIN_CALLS`)."""
-        c = self.clock
         log.info("global_step = %d, loss = %.6g", step, loss)
         with self.writer.as_default():
             write_scalar("loss", loss, step)
-            if not last:
-                return
-            now = time.monotonic()
-            dt = now - c.win_t
-            if not c.win_samples or dt <= 0:
-                return
-            rate, wait = c.win_samples / dt, min(1.0, c.win_wait / dt)
-            log.info("rate over global steps %d..%d (%.2f s, %d call(s)): %.1f samples/s, input wait %.1f %%",
-                     c.win_step, step, dt, c.win_calls, rate, 100.0 * wait)
-            if (c.win_calls >= WINDOW_MIN_CALLS and dt >= WINDOW_MIN_SECS) or dt >= WINDOW_MAX_SECS:
-                write_scalar("samples_per_sec", rate, step)
-                write_scalar("input_wait_fraction", wait, step)
-                c.windows_written += 1
-                c.win_t, c.win_samples, c.win_wait, c.win_calls, c.win_step = now, 0, 0.0, 0, step + 1
+            if last:
+                self.clock.live_window(step)
 
     def _evaluate_during_training(self) -> None:
         te = time.monotonic()
         self.chief.evaluate(self.model, self.step)
-        dt = time.monotonic() - te
-        self.clock.eval_time += dt
-        if self.step > self.start + 1:
-            self.clock.eval_time_after_first += dt
-        self.clock.win_t += dt  # the rate window leaves the evaluation out
+        self.clock.add_eval(time.monotonic() - te, self.step > self.start + 1)
 
     # ------------------------------------------------------------------ the end
     def _finish(self, t_end: float, failed: str | None = None) -> None:
@@ -382,11 +418,7 @@ class TrainingLoop:
             "num_workers": self.chief.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
             "mode": self.chief.mode, "eval_time": round(c.eval_time, 4),
             **self.chief.ingest_info,
-            "steps_per_execution": {
-                "setting": self.chief.rc.get("steps_per_execution", "auto"),
-                "calls": sum(c.chunk_steps.values()),
-                "mean_steps_per_call": round(steps / max(1, sum(c.chunk_steps.values())), 3),
-                "calls_by_steps": {str(k): v for k, v in sorted(c.chunk_steps.items())}},
+            "steps_per_execution": c.calls(self.chief.rc.get("steps_per_execution", "auto"), steps),
         }
         extra.update(self._record_allocation())
         steady_time = (t_end - c.t_first_end) - c.eval_time_after_first
@@ -398,12 +430,12 @@ class TrainingLoop:
         steady_calls = sum(c.chunk_steps.values()) - 1
         v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steady_calls,
                     batch_size=self.batch_size, wait_fraction=rec["input_wait_fraction"],
-                    rates=rates, nodes=desc.get("worker_nodes"), ended=self._ended(failed),
-                    analyzer_command=self._analyzer_command(rec.get("est_samples_per_sec")))
+                    rates=rates, nodes=desc.get("worker_nodes"), ended=ended_text(failed),
+                    analyzer_command=analyzer_command(self.chief.params_path, rec.get("est_samples_per_sec")))
         rec.update({"verdict": v, "ended": v["ended"], "steady_steps": steps - 1,
                     "steady_time": round(steady_time, 4), "steady_samples_per_sec": v["steady_samples_per_sec"],
                     "worker_samples_per_sec": rates, "stopped_by": preemption.stop_signal()})
-        rec["fields"] = self._fields(rec)
+        rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
         if not c.windows_written and self.writer is not None and v["steady_samples_per_sec"] is not None:
             with self.writer.as_default():  # a run shorter than one rate window: its steady state
                 write_scalar("samples_per_sec", v["steady_samples_per_sec"], self.step)
@@ -416,19 +448,6 @@ class TrainingLoop:
                   programming_time=c.programming_time)
         if self.evaluating and failed is None and not preemption.stop_requested():
             self.chief.evaluate(self.model, self.step)
-
-    def _analyzer_command(self, target: float | None) -> str:
-        """The cs_input_analyzer command an input-bound verdict suggests (README "cs_input_analyzer")."""
-        import shlex
-        import sys
-
-        cmd = ["cs_input_analyzer"]
-        if target:
-            cmd += ["--target-samples-per-sec", f"{target:.0f}"]
-        cmd += ["python", sys.argv[0] if sys.argv and sys.argv[0] else "run.py"]
-        if self.chief.params_path:
-            cmd += ["--params", self.chief.params_path]
-        return shlex.join([*cmd, "--mode", "validate_only"])
 
     def _say(self, v: dict[str, Any], steps: int, steady_time: float, compile_time: float,
              compute_rate: float | None, programming_time: float = 0.0) -> None:

@@ -68,6 +68,15 @@ def run_worker(role: Role, resolved: Resolved, input_fn: Callable[..., Any]) -> 
     return InputWorker(role, resolved, input_fn).run()
 
 
+def _identity(role: Role, index: int, attempt: int) -> dict[str, Any]:
+    """What every registration and report of input worker ``index`` (``attempt``: > 0 for a
+    replacement) says of it: node, host, pid, component and the CPUs it may run on."""
+    return {"index": index, "node": role.node, "host": role.host, "pid": os.getpid(),
+            "attempt": attempt,
+            "component": role.component,  # "chief-input": in the chief's task
+            "cpu_affinity": sorted(os.sched_getaffinity(0))}  # the CPUs it may run on
+
+
 class InputWorker:
     """One input-worker task (see the module docstring); :meth:`run` is its life."""
 
@@ -80,10 +89,7 @@ class InputWorker:
         self.rdv = Rendezvous(rc["model_dir"], role.rendezvous_key)
         self.start_timeout = float(rc["worker_start_timeout_secs"])
         self.attempt = int(os.environ.get(ATTEMPT_ENV) or 0)  # > 0: a replacement
-        self.me = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
-                   "attempt": self.attempt,
-                   "component": role.component,  # "chief-input": in the chief's task
-                   "cpu_affinity": sorted(os.sched_getaffinity(0))}  # the CPUs it may run on
+        self.me = _identity(role, self.index, self.attempt)
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.counter = [0]  # service elements produced (bundles of ``self.bundling.bundle`` batches)

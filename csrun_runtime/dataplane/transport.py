@@ -307,6 +307,38 @@ class _Worker:
     last: float | None = None
     connected_at: float = 0.0
 
+    def carry_counts(self, cur: _Worker) -> None:
+        """Go on with ``cur``'s counts and pause (a replacement attempt of the same index, or
+        the same attempt reconnecting)."""
+        self.bundles, self.batches, self.bytes, self.errors, self.stale, self.paused = (
+            cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused)
+
+    def count(self, now: float) -> dict[str, Any]:
+        """:meth:`Receiver.counts`' record of this worker at ``now`` (monotonic s)."""
+        return {"bundles": self.bundles, "batches": self.batches, "bytes": self.bytes, "attempt": self.attempt,
+                "pid": self.pid, "host": self.host, "errors": self.errors, "stale": self.stale, "done": self.done,
+                "paused": self.paused, "last_age_s": None if self.last is None else now - self.last}
+
+
+def _last_bundles(workers: dict[int, _Worker]) -> str:
+    """For a timeout's message: each worker's seconds since its last bundle, paused, ended."""
+    now = time.monotonic()
+    return ", ".join(f"{i}: {'never' if w.last is None else f'{now - w.last:.1f} s ago'}"
+                     f"{' (paused)' if w.paused else ''}{' (ended)' if w.done else ''}"
+                     for i, w in sorted(workers.items())) or "none connected"
+
+
+def _layout(cache: dict[bytes, framing.Layout], raw: bytes) -> framing.Layout:
+    """The parsed data header ``raw`` (:func:`framing.parse_header`), from ``cache`` when seen
+    (at most 257 kept). Raises :class:`FrameError` for a bad header."""
+    layout = cache.get(raw)
+    if layout is None:
+        layout = framing.parse_header(raw)
+        if len(cache) > 256:
+            cache.clear()
+        cache[raw] = layout
+    return layout
+
 
 class Receiver:
     """The chief's end: one ROUTER socket bound once, read by the calling thread.
@@ -388,8 +420,7 @@ class Receiver:
         self._ids[identity] = (index, attempt)
         w = _Worker(index, attempt, identity, h.get("pid"), h.get("host"), connected_at=time.monotonic())
         if cur is not None:  # a replacement (or the same attempt reconnecting): counts go on
-            w.bundles, w.batches, w.bytes, w.errors, w.stale, w.paused = (
-                cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused)
+            w.carry_counts(cur)
         self._workers[index] = w
         self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "paused": w.paused}).encode())
 
@@ -422,13 +453,7 @@ class Receiver:
         try:
             if len(frames) < 3:
                 raise FrameError("data message without a header (truncated?)")
-            raw = frames[2].bytes
-            layout = self._layouts.get(raw)
-            if layout is None:
-                layout = framing.parse_header(raw)
-                if len(self._layouts) > 256:
-                    self._layouts.clear()
-                self._layouts[raw] = layout
+            layout = _layout(self._layouts, frames[2].bytes)
             leaves = framing.decode_leaves(layout, [f.buffer for f in frames[3:]])
             nest = framing.unflatten(layout.tree, leaves)
         except FrameError as e:
@@ -485,11 +510,8 @@ class Receiver:
             if b is not None:
                 return b
             if deadline is not None and time.monotonic() >= deadline:
-                now = time.monotonic()
-                ages = ", ".join(f"{i}: {'never' if w.last is None else f'{now - w.last:.1f} s ago'}"
-                                 f"{' (paused)' if w.paused else ''}{' (ended)' if w.done else ''}"
-                                 for i, w in sorted(self._workers.items())) or "none connected"
-                raise TimeoutError(f"no batch from any input worker for {timeout} s (last bundle per worker: {ages})")
+                raise TimeoutError(f"no batch from any input worker for {timeout} s "
+                                   f"(last bundle per worker: {_last_bundles(self._workers)})")
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
         """The next single batch: ``(worker_index, nest)``, a batch of the current bundle (views
@@ -545,10 +567,7 @@ class Receiver:
         (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
         ``last_age_s`` (seconds since its last bundle; None: none yet)."""
         now = time.monotonic()
-        return {i: {"bundles": w.bundles, "batches": w.batches, "bytes": w.bytes, "attempt": w.attempt,
-                    "pid": w.pid, "host": w.host, "errors": w.errors, "stale": w.stale, "done": w.done,
-                    "paused": w.paused, "last_age_s": None if w.last is None else now - w.last}
-                for i, w in sorted(self._workers.items())}
+        return {i: w.count(now) for i, w in sorted(self._workers.items())}
 
     def errors(self) -> list[str]:
         """The last (up to 100) bad messages dropped, each naming its sender and the fault."""

@@ -14,18 +14,17 @@ verdict), ``train/params_train.yaml`` / ``eval/params_eval.yaml``, ``eval/result
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from csrun_common import exits
-from csrun_common.atomic import read_json, write_json
+from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from .. import preemption
-from ..artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates, write_params_yaml
+from ..artifacts import write_params_yaml
 from ..params import ParamsError, Resolved, load_shard_plan, training_target
 from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
@@ -41,9 +40,10 @@ from .contract import (
     to_torch,
     torch_seed,
 )
-from .events import EventWriter
+from .evaluation import Evaluator
+from .report import compile_report, report_training
 from .streamers import StreamerFacts, set_facts
-from .trainloop import LoopResult, StepClock, TrainLoop
+from .trainloop import LoopResult, TrainLoop
 
 __all__ = ["Chief", "InputStalled", "DATAPLANE_FILE", "epochs"]
 
@@ -217,7 +217,7 @@ class Chief:
         self.rdv: Rendezvous | None = None
         self.heartbeat: Heartbeat | None = None
         self.device = self._device()
-        self.eval_writer: EventWriter | None = None
+        self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
 
     @staticmethod
@@ -384,7 +384,9 @@ class Chief:
             signal_at=preemption.stop_time(), ended_at=time.time())
         desc.update(preemption.record_allocation(self.model_dir, alloc, log=lambda m: log.info("%s", m)))
         if clock.t_first is not None and clock.t_first_end is not None:
-            self._performance(desc, step - start, start, step, clock, t_end, ended, res.loss)
+            report_training(desc, step - start, start, step, clock, t_end, ended, res.loss, model_dir=self.model_dir,
+                            t_proc=self.t_proc, device=self.device, num_workers=self.num_workers, mode=self.mode,
+                            rdv=self.rdv)
         if res.error is not None:  # after performance.json: run() says what it was and how to exit
             raise res.error
         if clock.t_first is None:  # stopped before its first step: performance.json says so
@@ -395,100 +397,13 @@ class Chief:
             self._evaluate(model, step)
         return preemption.exit_code() if stopped_by else 0
 
-    def _performance(self, desc: dict[str, Any], steps: int, start: int, end: int, clock: StepClock, t_end: float,
-                     ended: str, loss_v: float) -> None:
-        """performance.json (the TensorFlow chief's schema), the summary lines and the verdict."""
-        assert clock.t_first is not None and clock.t_first_end is not None
-        t_first, batch_size, computes = clock.t_first, clock.batch_size or 0, clock.computes
-        eval_time = clock.eval_time
-        total_time = (t_end - t_first) - eval_time
-        steady_time = (t_end - clock.t_first_end) - clock.eval_after_first
-        rates = worker_rates(desc.get("batches_per_worker") or {}, batch_size, steady_time)
-        programming = max(0.0, time.time() - self.t_proc - (time.monotonic() - t_first))
-        extra = {"global_step_start": start, "global_step_end": end, "framework": "pytorch",
-                 "device": str(self.device), "num_workers": self.num_workers, "mode": self.mode,
-                 "eval_time": round(eval_time, 4), **desc}
-        rec = performance_record(batch_size=batch_size, steps=steps, total_time=total_time,
-                                 first_step_time=clock.first_step_time, compute_times=computes,
-                                 wait_times=clock.waits,
-                                 loop_time_after_first=steady_time, programming_time=programming, extra=extra)
-        v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steps - 1,
-                    batch_size=batch_size, wait_fraction=rec["input_wait_fraction"], rates=rates,
-                    nodes=desc.get("worker_nodes"), ended=ended)
-        rec.update({"verdict": v, "ended": ended, "steady_steps": steps - 1, "steady_time": round(steady_time, 4),
-                    "steady_samples_per_sec": v["steady_samples_per_sec"], "worker_samples_per_sec": rates,
-                    "stopped_by": preemption.stop_signal()})
-        rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
-        write_json(self.model_dir / "performance" / "performance.json", rec)
-        total_samples = steps * batch_size
-        if self.rdv is not None:
-            per, nodes = desc.get("batches_per_worker", {}), desc.get("worker_nodes", {})
-            log.info("batches received per input worker: %s",
-                     ", ".join(f"{i} ({nodes.get(i)}): {n}" for i, n in per.items()))
-            write_json(self.rdv.dir / "chief.json", {**desc, "steps": steps})
-        log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.", total_samples,
-                 total_time, total_samples / total_time if total_time > 0 else 0.0)
-        log.info("Loss for final step: %.6g.", loss_v)
-        log.info("performance: %s", self.model_dir / "performance" / "performance.json")
-        for line in verdict_lines(v, steps=steps, start_step=start, end_step=end, batch_size=batch_size,
-                                  steady_steps=max(0, steps - 1), steady_time=steady_time,
-                                  compile_time=rec["compile_time"], programming_time=programming,
-                                  compute_samples_per_sec=rec.get("est_samples_per_sec") if computes else None):
-            log.info("%s", line)
-
     # ------------------------------------------------------------------ eval
     def _eval_loader(self) -> Any:
-        if self.eval_data_fn is None:
-            raise ContractError("eval_input: run() was given no eval_data_fn")
-        set_facts(StreamerFacts(1, 0, True))
-        seed_process(torch_seed(self.params, 0))
-        return call_data_fn(self.eval_data_fn, process_params(self.params, 0, 1, True), "eval_input")
+        return self.evaluator.loader()
 
     def _evaluate(self, model: Any, step: int) -> dict[str, float]:
-        """One pass over the eval DataLoader (``runconfig.eval_steps`` batches at most): the
-        mean loss and the module's ``eval_metrics(batch)`` (means weighted by batch size), to
-        ``eval/results.json`` (with a history), eval events and the log."""
-        import torch
-
-        loader = self._eval_loader()
-        limit = self.rc.get("eval_steps")
-        sums: dict[str, float] = {}
-        samples = batches = 0
-        metrics_fn = getattr(model, "eval_metrics", None)
-        t0 = time.monotonic()
-        model.eval()
-        with torch.no_grad():
-            for batch in loader:
-                if limit and batches >= int(limit):
-                    break
-                b = to_torch(batch, self.device)
-                n = batch_size_of(b) or 1
-                vals = {"loss": float(self._forward_loss(model, b))}
-                if callable(metrics_fn):
-                    vals.update({k: float(v) for k, v in metrics_fn(b).items()})
-                for k, v in vals.items():
-                    sums[k] = sums.get(k, 0.0) + v * n
-                samples += n
-                batches += 1
-        dt = time.monotonic() - t0
-        if samples == 0:
-            raise ContractError("eval_input: the eval DataLoader yielded no batch")
-        res = {k: v / samples for k, v in sums.items()}
-        if self.eval_writer is None:
-            self.eval_writer = EventWriter(self.model_dir / "eval")
-        self.eval_writer.scalars(res, step)
-        self.eval_writer.flush()
-        write_params_yaml(self.model_dir, self.params, "eval")
-        path = self.model_dir / "eval" / "results.json"
-        prev = read_json(path) or {}
-        history = prev.get("history", []) if isinstance(prev, dict) else []
-        rec = {"global_step": step, "metrics": {k: round(v, 6) for k, v in res.items()}, "eval_samples": samples,
-               "eval_batches": batches, "time": round(dt, 4)}
-        history.append(rec)
-        write_json(path, {**rec, "history": history[-100:]})
-        log.info("Eval results at global step %d (%d samples): %s", step, samples,
-                 ", ".join(f"{k} = {v:.6g}" for k, v in res.items()))
-        return res
+        """:meth:`csrun_runtime.pytorch.evaluation.Evaluator.evaluate`."""
+        return self.evaluator.evaluate(model, step)
 
     def _eval_mode(self) -> int:
         model, opt = self._model()
@@ -525,28 +440,6 @@ class Chief:
         loader = self._train_loader()
         model, opt = self._model()
         batch = to_torch(next(iter(loader)), self.device)
-        t0 = time.monotonic()
-        loss = self._forward_loss(model, batch)
-        loss.backward()
-        first = time.monotonic() - t0
-        times = []
-        for _ in range(int(self.rc["compile_only_steps"])):
-            t = time.monotonic()
-            self._forward_loss(model, batch)
-            times.append(time.monotonic() - t)
-        med = statistics.median(times) if times else first
-        n = batch_size_of(batch) or 0
-        params = sum(p.numel() for p in model.parameters())
-        rec = {"framework": "pytorch", "device": str(self.device), "module": type(model).__name__,
-               "parameters": params, "optimizer": type(opt).__name__, "batch_size": n,
-               "first_step_time": round(first, 6), "median_forward_time": round(med, 6),
-               "est_forward_samples_per_sec": round(n / med, 2) if med > 0 else None, "loss": float(loss.detach())}
-        lines = [f"compile_only (PyTorch, no compiler: eager {self.device}): {type(model).__name__} with {params} "
-                 f"parameter(s), optimizer {type(opt).__name__}",
-                 f"  forward + backward on one batch of {n}: {first:.4f} s; median forward {med:.6f} s over "
-                 f"{len(times)} ({rec['est_forward_samples_per_sec']} samples/s); loss {rec['loss']:.6g}"]
-        (self.model_dir / "compile_report.txt").write_text("\n".join(lines) + "\n")
-        write_json(self.model_dir / "compile_report.json", rec)
-        for line in lines:
-            log.info("%s", line)
+        compile_report(model, opt, batch, self.device, self._forward_loss, int(self.rc["compile_only_steps"]),
+                       self.model_dir)
         return 0
