@@ -33,7 +33,8 @@ from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from .contract import check_dataset
 from .dataplane_source import STREAM_ERROR, _map
 from .pipeline import pipeline_files
-from .service import bundle_dataset, limit_threads, plan_bundle
+from .rendezvous import SUPERSEDED
+from .service import AUTOSCALE_MAX_BUNDLE, bundle_dataset, limit_threads, plan_bundle
 
 if TYPE_CHECKING:
     from .worker import InputWorker
@@ -102,8 +103,6 @@ def serve(worker: InputWorker, endpoint: str) -> int:
     ``endpoint`` until the chief is done; returns the exit code (as
     :meth:`csrun_runtime.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
     input_fn violates the contract, registered as ``status: failed``)."""
-    from .worker import AUTOSCALE_MAX_BUNDLE, SUPERSEDED
-
     try:
         built = worker._build()
         ds = built.dataset

@@ -38,6 +38,9 @@ HEARTBEAT_SECS = 1.0
 STALE_SECS = 8.0
 #: a worker exits 1 when the chief's heartbeat is older than this (seconds).
 CHIEF_LOST_SECS = 90.0
+#: The status (in its report) of an input worker that left because a later attempt of its
+#: index registered.
+SUPERSEDED = "superseded"
 
 
 class Rendezvous:

@@ -56,6 +56,10 @@ DATASET_ID = "csrun-train"
 BUNDLE_TARGET_BYTES = 1 << 20
 #: ``input_bundle: auto`` never stacks more batches than this into one element.
 MAX_BUNDLE = 256
+#: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
+#: element (docs/AUTOSCALE.md): the autoscaler's windows count batches, and a smaller bundle
+#: keeps what a paused stream still delivers small.
+AUTOSCALE_MAX_BUNDLE = 16
 
 log = logging.getLogger("csrun.runtime")
 

@@ -34,8 +34,15 @@ from .contract import check_dataset
 from .elastic import ATTEMPT_ENV, tell_supervisor
 from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
-from .rendezvous import CHIEF_LOST_SECS, STALE_SECS, Heartbeat, Rendezvous
-from .service import BundlePlan, limit_threads, plan_bundle, register_stream, start_worker_server
+from .rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
+from .service import (
+    AUTOSCALE_MAX_BUNDLE,
+    BundlePlan,
+    limit_threads,
+    plan_bundle,
+    register_stream,
+    start_worker_server,
+)
 from .sharding import TF_CONFIG_VAR
 
 __all__ = ["run_worker", "InputWorker"]
@@ -49,11 +56,6 @@ _KEEP_ALIVE: list[Any] = []
 
 #: seconds between polls of the rendezvous files.
 POLL_SECS = 0.5
-#: The status of a worker that left because a later attempt of its index registered.
-SUPERSEDED = "superseded"
-#: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
-#: service element (docs/AUTOSCALE.md).
-AUTOSCALE_MAX_BUNDLE = 16
 
 
 def run_worker(role: Role, resolved: Resolved, input_fn: Callable[..., Any]) -> int:

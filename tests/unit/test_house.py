@@ -1,0 +1,139 @@
+"""The house rules of issue 22 ("One house for two frameworks"), checked on the source tree:
+no import circle among csrun's packages, no function over 80 lines outside tests and
+benchmarks, no class over 250 lines in the task runtime. Read from the files with ``ast``:
+nothing is imported or run."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("csrun_common", "launcher", "analyzer", "csrun_runtime")
+#: Where the length rules do not apply: the tests, the benchmarks, generated and installed files.
+SKIP = ("tests", "bench", ".venv", "slurm-test-cluster/run", "build")
+MAX_FUNCTION_LINES = 80
+MAX_RUNTIME_CLASS_LINES = 250
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((REPO / pkg).rglob("*.py")):
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = p
+    return out
+
+
+def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs: module level and inside functions, but not the ones
+    under ``if TYPE_CHECKING:`` (they exist for the type checker only)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skipped]
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    targets: set[str] = set()
+    for node in _runtime_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bases = [a.name for a in node.names]
+            names: list[str] = []
+        else:
+            base = ".".join(here[:len(here) - node.level + 1] if node.level else [])
+            mod = node.module or ""
+            bases = [f"{base}.{mod}".strip(".") if node.level else mod]
+            names = [a.name for a in node.names]
+        for b in bases:
+            subs = [f"{b}.{n}" for n in names if f"{b}.{n}" in modules]
+            targets.update(subs or ([b] if b in modules else []))
+    targets.discard(name)
+    return targets
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_among_csruns_modules():
+    modules = _modules()
+    graph = {name: _edges(name, path, modules) for name, path in modules.items()}
+    assert sum(len(v) for v in graph.values()) > 100  # the graph was read, not empty
+    assert _cycles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _sources() -> list[Path]:
+    return [p for p in sorted(REPO.rglob("*.py"))
+            if not str(p.relative_to(REPO)).startswith(SKIP)]
+
+
+def _long(kind: tuple[type, ...], limit: int, paths: list[Path]) -> list[str]:
+    found = []
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, kind) and node.end_lineno - node.lineno + 1 > limit:
+                found.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name} "
+                             f"({node.end_lineno - node.lineno + 1} lines)")
+    return found
+
+
+def test_no_function_over_80_lines_outside_tests_and_benchmarks():
+    paths = _sources()
+    assert any(p.parts[-2:] == ("launcher", "cli.py") for p in paths)
+    assert _long((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES, paths) == []
+
+
+def test_no_class_over_250_lines_in_the_task_runtime():
+    paths = [p for p in _sources() if p.relative_to(REPO).parts[0] == "csrun_runtime"]
+    assert len(paths) > 20
+    assert _long((ast.ClassDef,), MAX_RUNTIME_CLASS_LINES, paths) == []
+
+
+@pytest.mark.parametrize("limit, expected", [(3, 1), (10, 0)])
+def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    a = 1\n    b = 2\n    return a + b\n")
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert len(_long((ast.FunctionDef,), limit, [f])) == expected
