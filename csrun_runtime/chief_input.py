@@ -37,8 +37,8 @@ from typing import Any
 from csrun_common import env as codec
 from csrun_common.roles import CHIEF_INPUT, CHIEF_INPUT_ENV, Role
 
-__all__ = ["NICE", "PIN_ENV", "NICE_ENV", "CpuSplit", "requested", "split_cpus", "pin_threads",
-           "apply_placement", "worker_env", "ChiefInputWorker"]
+__all__ = ["NICE", "PIN_ENV", "NICE_ENV", "CpuSplit", "requested", "split_cpus", "pin_threads", "place",
+           "record", "apply_placement", "worker_env", "ChiefInputWorker"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -141,6 +141,28 @@ def pin_threads(cpus: Sequence[int]) -> int:
         except ProcessLookupError:  # a thread that ended meanwhile
             pass
     return done
+
+
+def place(role: Role, env: Mapping[str, str]) -> CpuSplit | None:
+    """The chief's side of ``--chief-input-cpus``, before its framework sizes its thread pools:
+    with ``CSRUN_CHIEF_INPUT_CPUS=n`` in ``env``, split this task's CPUs between training and
+    input worker 0 (:func:`split_cpus` of ``os.sched_getaffinity(0)`` and the role's
+    ``cpus_per_task``) and, when they are disjoint, pin every thread of this process to the
+    training CPUs now (:func:`pin_threads`). Returns the split, ``None`` without the variable
+    (or with 0). Raises ``ValueError`` naming the variable for a bad value."""
+    n = requested(env)
+    if not n:
+        return None
+    split = split_cpus(sorted(os.sched_getaffinity(0)), role.cpus_per_task, n)
+    if split.pinned:
+        pin_threads(split.training)
+    return split
+
+
+def record(split: CpuSplit) -> dict[str, Any]:
+    """performance.json's ``chief_input`` as the chief records it after :func:`place`: worker 0,
+    the split (:meth:`CpuSplit.describe`) and ``chief_affinity``, the CPUs the chief may run on."""
+    return {"worker": 0, **split.describe(), "chief_affinity": sorted(os.sched_getaffinity(0))}
 
 
 def apply_placement(env: Mapping[str, str]) -> None:

@@ -85,22 +85,16 @@ class ChiefStreams:
     # ------------------------------------------------------------------ the chief's input worker
     def place_chief_input(self) -> None:
         """With ``CSRUN_CHIEF_INPUT_CPUS=n`` (``--chief-input-cpus``), split this task's CPUs
-        between training and input worker 0 (:func:`csrun_runtime.chief_input.split_cpus`)
+        between training and input worker 0 (:func:`csrun_runtime.chief_input.place`)
         and, when they are disjoint, pin the chief's threads now, before TensorFlow sizes its
         thread pools from them; :meth:`start_chief_input` then starts the worker. No-op
         without the variable. Raises :class:`ParamsError` naming the variable for a bad value."""
         try:
-            n = chief_input.requested(os.environ)
+            self.input_split = chief_input.place(self.role, os.environ)
         except ValueError as e:
             raise ParamsError(str(e)) from None
-        if not n:
-            return
-        self.input_split = chief_input.split_cpus(sorted(os.sched_getaffinity(0)),
-                                                  self.role.cpus_per_task, n)
-        if self.input_split.pinned:
-            chief_input.pin_threads(self.input_split.training)
-        self.ingest_info["chief_input"] = {"worker": 0, **self.input_split.describe(),
-                                           "chief_affinity": sorted(os.sched_getaffinity(0))}
+        if self.input_split is not None:
+            self.ingest_info["chief_input"] = chief_input.record(self.input_split)
 
     def start_chief_input(self) -> None:
         """Start input worker 0 in this task (:class:`csrun_runtime.chief_input.ChiefInputWorker`)

@@ -14,6 +14,7 @@ verdict), ``train/params_train.yaml`` / ``eval/params_eval.yaml``, ``eval/result
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,6 @@ from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
 from .contract import (
     ContractError,
-    batch_size_of,
     build_optimizer,
     call_data_fn,
     check_module,
@@ -41,7 +41,8 @@ from .contract import (
     torch_seed,
 )
 from .evaluation import Evaluator
-from .report import compile_report, report_training
+from .own_input import OwnInput
+from .report import compile_report, report_training, validate_report
 from .streamers import StreamerFacts, set_facts
 from .trainloop import LoopResult, TrainLoop
 
@@ -219,6 +220,7 @@ class Chief:
         self.device = self._device()
         self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
+        self.own_input = OwnInput(role, os.environ)  # --chief-input-cpus: input worker 0 in this task
 
     @staticmethod
     def _device() -> Any:
@@ -261,6 +263,7 @@ class Chief:
                 self._source.close()
             if self.rdv is not None:
                 self._wait_workers_left()
+                self.own_input.stop()
                 if self.heartbeat is not None:
                     self.heartbeat.stop()
         return code
@@ -270,7 +273,8 @@ class Chief:
         chief's exit is the job step's last."""
         assert self.rdv is not None
         deadline = time.monotonic() + timeout
-        while len(self.rdv.reports()) < self.num_workers and time.monotonic() < deadline:
+        expected = self.num_workers - self.own_input.missing()
+        while len(self.rdv.reports()) < expected and time.monotonic() < deadline:
             time.sleep(0.1)
 
     # ------------------------------------------------------------------ pieces
@@ -332,6 +336,9 @@ class Chief:
         then the checkpoint of the reached step, the allocation record, performance.json and the
         verdict; returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
         Raises what the loop raised (after performance.json, once a step was trained)."""
+        remote = self.rdv is not None and self.num_workers > 0
+        if remote:
+            self.own_input.place()  # before the model: the training CPUs, when the split pins them
         model, opt = self._model()
         start = self._restore(model, opt)
         target = training_target(start, self.rc)
@@ -342,9 +349,10 @@ class Chief:
             if evaluating:
                 self._evaluate(model, start)
             return 0
-        if self.rdv is not None and self.num_workers > 0:
+        if remote and self.rdv is not None:
             self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
             source: Any = _RemoteSource(self.rdv, self.role, self.rc)
+            self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())
         keep = int(self.rc["keep_checkpoint_max"])
@@ -376,7 +384,7 @@ class Chief:
             p = checkpoint.save(self.model_dir, step, model, opt, int(self.rc["keep_checkpoint_max"]))
             log.info("saved %s", p)
         loop.writer.close()
-        desc = loop.source.describe()
+        desc = {**loop.source.describe(), **self.own_input.describe()}
         alloc = preemption.Allocation(
             job_id=self.role.job_id, requeue=preemption.allocation_index(), node=self.role.node or None,
             start_step=start, end_step=step if res.failed is None else (res.last_saved or start), target=res.target,
@@ -416,21 +424,10 @@ class Chief:
     # ------------------------------------------------------------------ validate / compile
     def _validate_only(self) -> int:
         """Build the training DataLoader, pull one batch (fixed batch size checked), and the
-        eval DataLoader's first batch when there is an eval_data_fn; ``validate_report.txt``."""
-        lines: list[str] = []
-        loader = self._train_loader()
-        first = next(iter(loader), None)
-        if first is None:
-            raise ContractError("train_input: the DataLoader yielded no batch")
-        lines.append(f"train_input: DataLoader ok: batch_size {batch_size_of(first)}, {len(loader)} batch(es) per "
-                     f"pass, num_workers {loader.num_workers}, drop_last {loader.drop_last}")
-        if self.eval_data_fn is not None and isinstance(self.params.get("eval_input"), dict):
-            ev = next(iter(self._eval_loader()), None)
-            lines.append(f"eval_input: DataLoader ok: batch_size {batch_size_of(ev)}")
-        text = "\n".join(["validate_only: the run.py contract holds (PyTorch)", *lines])
-        (self.model_dir / "validate_report.txt").write_text(text + "\n")
-        for line in text.splitlines():
-            log.info("%s", line)
+        eval DataLoader's first batch when there is an eval_data_fn; ``validate_report.txt``
+        (:func:`.report.validate_report`)."""
+        has_eval = self.eval_data_fn is not None and isinstance(self.params.get("eval_input"), dict)
+        validate_report(self._train_loader(), self._eval_loader if has_eval else None, self.model_dir)
         return 0
 
     def _compile_only(self) -> int:

@@ -1,7 +1,7 @@
 """The PyTorch chief's reports: the end of a training run (``performance/performance.json``
 in the TensorFlow chief's schema, :func:`csrun_runtime.artifacts.performance_record`, the
-summary lines and the verdict block, docs/VERDICT.md) and compile_only's
-``compile_report.txt`` / ``compile_report.json``.
+summary lines and the verdict block, docs/VERDICT.md), compile_only's
+``compile_report.txt`` / ``compile_report.json`` and validate_only's ``validate_report.txt``.
 
 The functions get the values they use, not the chief
 (:mod:`csrun_runtime.pytorch.chief` calls it).
@@ -20,10 +20,10 @@ from csrun_common.atomic import write_json
 from .. import preemption
 from ..artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from ..rendezvous import Rendezvous
-from .contract import batch_size_of
+from .contract import ContractError, batch_size_of
 from .trainloop import StepClock
 
-__all__ = ["report_training", "compile_report"]
+__all__ = ["report_training", "compile_report", "validate_report"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -103,4 +103,23 @@ def compile_report(model: Any, opt: Any, batch: Any, device: Any, forward_loss: 
     (model_dir / "compile_report.txt").write_text("\n".join(lines) + "\n")
     write_json(model_dir / "compile_report.json", rec)
     for line in lines:
+        log.info("%s", line)
+
+
+def validate_report(loader: Any, eval_loader: Callable[[], Any] | None, model_dir: Path) -> None:
+    """validate_only's check and report: one batch of the training DataLoader ``loader`` (none is
+    a :class:`.contract.ContractError`) and, when ``eval_loader`` is given, the first batch of
+    the DataLoader it builds; ``validate_report.txt`` in ``model_dir``, and the log."""
+    lines: list[str] = []
+    first = next(iter(loader), None)
+    if first is None:
+        raise ContractError("train_input: the DataLoader yielded no batch")
+    lines.append(f"train_input: DataLoader ok: batch_size {batch_size_of(first)}, {len(loader)} batch(es) per "
+                 f"pass, num_workers {loader.num_workers}, drop_last {loader.drop_last}")
+    if eval_loader is not None:
+        ev = next(iter(eval_loader()), None)
+        lines.append(f"eval_input: DataLoader ok: batch_size {batch_size_of(ev)}")
+    text = "\n".join(["validate_only: the run.py contract holds (PyTorch)", *lines])
+    (model_dir / "validate_report.txt").write_text(text + "\n")
+    for line in text.splitlines():
         log.info("%s", line)

@@ -62,7 +62,9 @@ class InputWorker:
         self.t0 = time.monotonic()
         self.heartbeat = Heartbeat(self.rdv, f"workers/{self.index}")
         self.me: dict[str, Any] = {"index": self.index, "node": role.node, "host": role.host, "pid": os.getpid(),
-                                   "attempt": self.attempt, "framework": "pytorch"}
+                                   "attempt": self.attempt, "framework": "pytorch",
+                                   "component": role.component,  # "chief-input": in the chief's task
+                                   "cpu_affinity": sorted(os.sched_getaffinity(0))}
         self.batches = self.samples = 0
         self.info: dict[str, Any] = {}
 
@@ -148,6 +150,10 @@ class InputWorker:
         set_facts(StreamerFacts(w, rank, True))
         seed = torch_seed(self.resolved.params, self.index)
         seed_process(seed)
+        if self.role.chief_input and self.role.cpus_per_task:  # --chief-input-cpus N: N threads
+            import torch
+
+            torch.set_num_threads(self.role.cpus_per_task)
         try:
             loader = call_data_fn(self.fn, params, "train_input")
         except ContractError as e:
