@@ -26,7 +26,7 @@ from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
 from . import preflight, slurm
-from .builders import CpuRequest, WseRequest, expand_python_word
+from .builders import EXECUTION_MODES, CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
 from .flags import CommonFlags, CpuFlags, WseFlags
@@ -277,6 +277,7 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
     requeue = requeue_spec(flags.requeue, flags.requeue_signal, flags.max_requeues, cfg, policy, sources["time"])
     container = site_container(cfg, flags.mount_dirs)
     cmd, mode = expand_python_word(command, cfg.python)
+    _refuse_not_wired(flags, mode)
     view = cluster_view(policy.partition, sources["partition"], cfg, flags.dry_run, exclude=cfg.gres_node)
     layout = _wse_layout(flags, cfg, view)
     _check_names_or_note("csrun_wse", view, policy, sources)
@@ -291,6 +292,25 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
         return _check("csrun_wse", req, flags.use_sbatch, not flags.no_path_checks)
     _presubmit("csrun_wse", req, flags)
     return _launch(req, flags.use_sbatch, flags.dry_run)
+
+
+#: csrun_wse flags that the PyTorch runtime does not act on yet (docs/PYTORCH.md "Not yet for
+#: PyTorch"; the runtime's csrun_runtime.pytorch.runner.NOT_WIRED names the same): WseFlags
+#: attribute -> flag. Refused with ``python-pt``; a plain ``python run.py`` command gets the
+#: runtime's warning instead (the launcher cannot know its framework).
+NOT_WIRED_FOR_PYTORCH = {"autoscale": "--autoscale", "survive_node_loss": "--survive-node-loss"}
+
+
+def _refuse_not_wired(flags: WseFlags, mode: str | None) -> None:
+    """Raise :class:`CsrunError` (one line naming the flag) when the command's first word is
+    ``python-pt`` (execution ``mode`` ``pytorch``) and a flag of
+    :data:`NOT_WIRED_FOR_PYTORCH` is set: before Slurm is asked anything, nothing submitted."""
+    if mode != EXECUTION_MODES["python-pt"]:
+        return
+    for attr, flag in NOT_WIRED_FOR_PYTORCH.items():
+        if getattr(flags, attr):
+            raise CsrunError(f'{flag} with python-pt: not wired for PyTorch yet '
+                             f'(docs/PYTORCH.md "Not yet for PyTorch")')
 
 
 def _refuse_check_with_dry_run(flags: CommonFlags) -> None:

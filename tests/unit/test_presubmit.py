@@ -373,3 +373,30 @@ def test_validate_only_opens_every_listed_file(tf, tmp_path):
     assert rep.ok and rep.info["eval_input_files"] == {"listed": 1, "unreadable": 0}
     labels = tf.data.Dataset.from_tensor_slices(["cat", "dog"]).map(tf.strings.length)  # strings, not files
     assert check_input_files(labels).ok
+
+
+@pytest.mark.parametrize("flag", ["--survive-node-loss", "--autoscale"])
+def test_python_pt_refuses_a_flag_pytorch_does_not_act_on(cluster, monkeypatch, tmp_path, flag):
+    """docs/PYTORCH.md "Not yet for PyTorch": with ``python-pt`` the flag is refused up front (one
+    line naming it, exit 2, nothing submitted, Slurm not asked: a dry run needs no slurmctld);
+    ``python-ws`` and a plain ``python run.py`` are launched (the latter's runtime warns)."""
+    (tmp_path / "run.py").write_text("")
+    args = ["--no-path-checks", "--total-nodes", "4", "--tasks-per-node", "1", flag]
+    for first in ("python-ws", PY):
+        code, out, err = invoke(cli.csrun_wse, ["--dry-run", *args, first, "run.py", "--mode", "train"])
+        assert code == 0 and " srun " in f" {out}", err
+    monkeypatch.setattr(slurm, "ping", lambda timeout=1.0, env=None: ("down", "slurm_load_ctl_conf error"))
+    monkeypatch.setattr(slurm, "list_nodes", lambda *a, **k: pytest.fail("Slurm asked"))
+    for extra in ([], ["--dry-run"], ["--use-sbatch"]):
+        code, out, err = invoke(cli.csrun_wse, [*extra, *args, "python-pt", "run.py", "--mode", "train"])
+        assert code == 2 and out == "" and cluster == []
+        assert err == (f'csrun_wse: error: {flag} with python-pt: not wired for PyTorch yet '
+                       f'(docs/PYTORCH.md "Not yet for PyTorch")\n')
+
+
+def test_python_pt_takes_chief_input_cpus(cluster, tmp_path):
+    (tmp_path / "run.py").write_text("")
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--no-path-checks", "--total-nodes", "2", "--tasks-per-node",
+                                            "1", "--cpus-per-task", "2", "--chief-input-cpus", "1", "python-pt",
+                                            "run.py", "--mode", "train"])
+    assert code == 0 and "CSRUN_CHIEF_INPUT_CPUS" in out, err

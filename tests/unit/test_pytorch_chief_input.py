@@ -90,3 +90,9 @@ def test_the_chief_runs_input_worker_0_in_its_own_task(tmp_path):
     assert ci["pinned"] == (ci["training_cpus"] != ci["input_cpus"])
     assert set(perf["batches_per_worker"]) == {"0", "1"}
     assert sum(perf["batches_per_worker"].values()) == 300
+
+
+def test_the_launcher_refuses_what_the_runtime_leaves_unwired():
+    from launcher.cli import NOT_WIRED_FOR_PYTORCH
+
+    assert set(NOT_WIRED_FOR_PYTORCH.values()) == set(NOT_WIRED.values())
