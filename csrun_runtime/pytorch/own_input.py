@@ -68,7 +68,7 @@ class OwnInput:
         if self.split is not None and self.worker is None:
             self.worker = chief_input.ChiefInputWorker.start(self.role, self.split)
             assert self.record is not None
-            self.record["pid"] = self.worker.pid
+            self.record.update(pid=self.worker.pid, node=self.role.node)  # the chief's node
 
     def stop(self) -> None:
         """After ``done.json``: wait for input worker 0 to leave (it writes its report first),
@@ -83,5 +83,7 @@ class OwnInput:
         return 1 if self.requested and self.worker is None else 0
 
     def describe(self) -> dict[str, Any]:
-        """performance.json's ``chief_input`` (``{}`` when none was placed)."""
+        """performance.json's ``chief_input`` (``{}`` when none was placed): the TensorFlow
+        chief's record (:func:`csrun_runtime.chief_input.record`) and, once started, the
+        worker's supervisor ``pid`` and the chief's ``node``."""
         return {"chief_input": dict(self.record)} if self.record is not None else {}

@@ -1,7 +1,8 @@
 """``csrun_wse python-pt`` on the Slurm test cluster (docs/PYTORCH.md, issue 25): the PyTorch
 digits example trained by a chief fed by 3 input workers over the data plane, then evaluated;
 and an input worker killed during a paced run, replaced by its task (same index and seed) and
-read again, the job reaching max_steps."""
+read again, the job reaching max_steps; input worker 0 in the chief's own task
+(``--chief-input-cpus``); a flag not wired for PyTorch refused before submitting."""
 from __future__ import annotations
 
 import json
@@ -207,3 +208,38 @@ def test_pytorch_requeue_on_the_srun_path_resumes_without_losing_a_step(digits, 
     assert allocs[1]["end_step"] == max_steps
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["allocations"] == 2 and perf["global_step_end"] == max_steps
+
+
+def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
+    """``--chief-input-cpus 1`` with python-pt (docs/CHIEF-INPUT.md): 2 nodes × 1 task, so the
+    chief, input worker 1 in the other node's task and input worker 0 a supervised process of
+    the chief's own task (W + 1 = 2 streamers); every worker reports, training reaches
+    max_steps with exit 0, and performance.json records the CPU split."""
+    md = digits["root"] / "chief_input_md"
+    proc = csrun_wse(["--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", "1",
+                      "--chief-input-cpus", "1", "python-pt", RUN_PY, "--params", str(digits["params"]),
+                      "--model_dir", str(md), "--mode", "train", "--max_steps", "200"], cli_env, digits["root"])
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "input worker 0 runs in the chief's task (pid " in log and "not wired for PyTorch" not in log
+    assert "data plane: receiving from 2 input worker(s)" in log
+    perf = json.loads((md / "performance" / "performance.json").read_text())
+    assert perf["global_step_end"] == 200 and perf["num_workers"] == 2
+    split = perf["chief_input"]
+    assert split["worker"] == 0 and split["cpus"] == 1 and split["nice"] == 10 and split["reason"]
+    assert sorted(perf["batches_per_worker"]) == ["0", "1"] and sum(perf["batches_per_worker"].values()) == 200
+    rep = reports(md)
+    assert sorted(rep) == [0, 1] and all(r["chief_status"] == "ok" for r in rep.values()), rep
+    assert rep[0]["component"] == "chief-input" and rep[0]["node"] == split["node"]
+    assert rep[1]["component"] == "worker" and rep[1]["node"] != split["node"]
+    assert sorted(r["streaming_rank"] for r in rep.values()) == [0, 1]
+    assert all(r["num_streamers"] == 2 and r["batches"] > 0 for r in rep.values())
+    assert sorted(r["torch_seed"] for r in rep.values()) == [1234, 1235]
+
+
+def test_python_pt_refuses_survive_node_loss_before_submitting(digits, cli_env):
+    proc = csrun_wse(["--total-nodes", "3", "--tasks-per-node", "1", "--survive-node-loss", "python-pt", RUN_PY,
+                      "--params", str(digits["params"]), "--mode", "train"], cli_env, digits["root"], timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == ('csrun_wse: error: --survive-node-loss with python-pt: not wired for '
+                                            'PyTorch yet (docs/PYTORCH.md "Not yet for PyTorch")')

@@ -86,7 +86,7 @@ def test_the_chief_runs_input_worker_0_in_its_own_task(tmp_path):
     assert reports[1]["component"] == "worker" and reports[1]["streaming_rank"] == 1
     perf = json.loads((md / "performance" / "performance.json").read_text())
     ci = perf["chief_input"]
-    assert ci["worker"] == 0 and ci["cpus"] == 1 and ci["nice"] == 10 and ci["pid"] > 0
+    assert ci["worker"] == 0 and ci["cpus"] == 1 and ci["nice"] == 10 and ci["pid"] > 0 and ci["node"] == "node1"
     assert ci["pinned"] == (ci["training_cpus"] != ci["input_cpus"])
     assert set(perf["batches_per_worker"]) == {"0", "1"}
     assert sum(perf["batches_per_worker"].values()) == 300
