@@ -30,7 +30,7 @@ from csrun_common.env import LOG_DIR
 from csrun_common.errors import CsrunError, SlurmUnavailable
 
 from .builders import WORKER_JOB_GRACE_S
-from .tasklog import TaskOutput
+from .tasklog import TaskOutput, is_supervisor_notice, parse_label
 
 if TYPE_CHECKING:
     import submitit
@@ -371,8 +371,15 @@ def _show(lines: Sequence[tuple[str, str]]) -> None:
 
 
 def _pump_plain(pipe: io.BufferedReader, log: TaskLogFile, prefix: str) -> None:
+    """The input workers' own job's lines (``--survive-node-loss``): to the task log, and its
+    supervisors' notices (a worker started again on a surviving node:
+    :func:`launcher.tasklog.is_supervisor_notice`) to the terminal too."""
     for raw in iter(pipe.readline, b""):
-        log.write(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"))
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        log.write(prefix + line)
+        _task, text = parse_label(line)
+        if is_supervisor_notice(text):
+            _show([("err", prefix + text)])
     pipe.close()
 
 

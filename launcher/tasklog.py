@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["TaskGroup", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
-           "is_error_start", "summarise"]
+           "is_error_start", "is_supervisor_notice", "summarise"]
 
 #: srun's ``--label`` prefix: the task id, right-aligned to the width of the largest (``" 3: "``).
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.DOTALL)
@@ -60,6 +60,9 @@ _RECORD = re.compile(r"^((DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]|[IWEF]\d{4} \d
 _PROGRESS = re.compile(r"^((DEBUG|INFO|WARNING)[:\s]|[IW]\d{4} \d)")
 #: A warning log record of Python's ``logging`` (default format, and csrun's ``WARNING:csrun:``).
 _WARNING = re.compile(r"^WARNING[:\s]")
+#: A notice of an input worker's supervisor (csrun_runtime/supervise.py): a worker process died
+#: and is started again, or a worker lost with its node starts again on another node.
+_SUPERVISOR_NOTICE = re.compile(r"^csrun: .*( died of .*; | lost with node .* starts again on )")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 #: Lines a task's error may have: each task's lines are kept from its first error on (the rest
 #: is in the log), at most this many.
@@ -73,6 +76,14 @@ HEAD, TAIL = 8, 30
 def is_error_start(text: str) -> bool:
     """Whether one line of a task (label removed) starts an error (see :data:`_ERROR_START`)."""
     return bool(_ERROR_START.match(text))
+
+
+def is_supervisor_notice(text: str) -> bool:
+    """Whether one line of a task (label removed) is its supervisor's notice that an input worker
+    was started again (``csrun: ... died of SIGKILL ...; starting it again``, ``csrun: input
+    worker 1, lost with node node3, starts again on node2``): shown on the terminal, as the
+    chief's lines are, since they say what happened to the job."""
+    return bool(_SUPERVISOR_NOTICE.match(text))
 
 
 def parse_label(line: str) -> tuple[int | None, str]:
@@ -234,9 +245,12 @@ class TaskOutput:
         return [(stream, text)]
 
     def _other_task_line(self, stream: str, task: int, text: str) -> list[tuple[str, str]]:
-        """A line of a task other than the chief: shown only when it is a ``WARNING`` log record
+        """A line of a task other than the chief: shown when it is a supervisor's notice (a
+        worker replaced: :func:`is_supervisor_notice`, every one) or a ``WARNING`` log record
         no task has shown yet (numbers aside: six input workers' one warning is shown once),
         prefixed with the task (:meth:`describe`)."""
+        if is_supervisor_notice(text):
+            return [(stream, f"{self.describe(task)}: {text}")]
         if not _WARNING.match(text):
             return []
         key = re.sub(r"\d+", "#", text)

@@ -223,14 +223,15 @@ def test_dry_run_with_the_controller_stopped(cli_env, controller_stopped, tmp_pa
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("srun ") and proc.stdout.count("--time=30") == 2 and " : " in proc.stdout
-    assert proc.stderr.startswith("csrun_wse: note: sinfo did not answer in 5 s") or "did not answer" in proc.stderr
-    assert took < 8, f"dry run took {took:.1f} s without a controller"
+    # scontrol ping first (issue 24: a dry run waited out sinfo's 5 s query timeout, 5.2 s measured)
+    assert proc.stderr.startswith("csrun_wse: note: slurmctld does not answer (scontrol ping: "), proc.stderr
+    assert took < 3, f"dry run took {took:.1f} s without a controller"
     missing = csrun("csrun_wse", ["--dry-run", "--total-nodes", "3", "python", REPORT], cli_env, cwd=tmp_path)
     assert missing.returncode == 2 and "defaults.node_cpus" in missing.stderr and missing.stderr.count("\n") == 1
     t0 = time.monotonic()
     launch = csrun("csrun_wse", ["--total-nodes", "3", "python", REPORT, str(tmp_path)], cli_env, cwd=tmp_path)
-    assert launch.returncode == 2 and time.monotonic() - t0 < 8
-    assert launch.stderr.count("\n") == 1 and "did not answer in 5 s" in launch.stderr
+    assert launch.returncode == 2 and time.monotonic() - t0 < 3
+    assert launch.stderr.count("\n") == 1 and "slurmctld does not answer" in launch.stderr, launch.stderr
     assert not list(tmp_path.glob("task-*.json"))
 
 

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.tasklog import TaskGroup, TaskOutput, first_error, parse_label, parse_ranges, summarise
+from launcher.tasklog import (
+    TaskGroup,
+    TaskOutput,
+    first_error,
+    is_supervisor_notice,
+    parse_label,
+    parse_ranges,
+    summarise,
+)
 
 from .golden import assert_golden
 
@@ -140,3 +148,19 @@ def test_another_tasks_warning_is_shown_once_naming_the_task():
                            "train_input.data_dir") == []  # the same warning, other numbers
     assert out.line("err", "1: INFO:csrun:serving input_fn") == []
     assert out.line("err", "1: W1125 12:00:00.1 12 op.cc:1] TensorFlow's own warning") == []
+
+
+def test_a_supervisors_notice_that_a_worker_starts_again_reaches_the_terminal():
+    """Every notice (not once per text: two replacements are two events), naming the task."""
+    out = TaskOutput(groups=GROUPS)
+    out.line("err", "srun: launching StepId=13.0 on host node2, 2 tasks: [0-1]")
+    out.line("err", "srun: launching StepId=12.0 on host node1, 2 tasks: [0-1]")
+    died = "csrun: input worker 1 (pid 4242) died of SIGKILL at 12:00:01; starting its replacement (1 of 2)"
+    assert out.line("err", f"2: {died}") == [("err", f"task 2 (het group 1, worker) on node2: {died}")]
+    again = died.replace("(1 of 2)", "(2 of 2)")
+    assert out.line("err", f"2: {again}") == [("err", f"task 2 (het group 1, worker) on node2: {again}")]
+    adopted = ("csrun: input worker 1, lost with node node3, starts again on node2 (task 2, pid 77, "
+               "replacement 1)")
+    assert is_supervisor_notice(adopted) and out.line("err", f"3: {adopted}")[0][1].endswith(adopted)
+    assert out.line("err", "2: csrun: cannot execute 'x': No such file or directory") == []
+    assert not is_supervisor_notice("INFO:csrun:input worker 1 died")
