@@ -376,7 +376,7 @@ class Receiver:
         self._workers: dict[int, _Worker] = {}
         self._ids: dict[bytes, tuple[int, int]] = {}  # routing id -> (index, attempt)
         self._layouts: dict[bytes, framing.Layout] = {}
-        self._ready: deque[Bundle] = deque()  # read while waiting for hellos (wait_workers)
+        self._ready: deque[tuple[Bundle, bytes]] = deque()  # wait_workers' reads: acked when handed out
         self._current: Bundle | None = None
         self._next_batch = 0
         self._errors: list[str] = []
@@ -389,16 +389,12 @@ class Receiver:
         except zmq.ZMQError:  # the sender is gone (ROUTER_MANDATORY) or not reading
             pass
 
-    def _who(self, identity: bytes) -> str:
-        w = self._ids.get(identity)
-        return f"input worker {w[0]} (attempt {w[1]})" if w else f"unknown sender {identity[:40]!r}"
-
     def _error(self, identity: bytes, err: str) -> None:
-        msg = f"{self._who(identity)}: {err}"
+        w = self._ids.get(identity)
+        msg = f"{f'input worker {w[0]} (attempt {w[1]})' if w else f'unknown sender {identity[:40]!r}'}: {err}"
         log.warning("data plane: %s; message dropped", msg)
         self._errors.append(msg)
         del self._errors[:-100]
-        w = self._ids.get(identity)
         if w and w[0] in self._workers:
             self._workers[w[0]].errors += 1
         if self.strict:
@@ -424,7 +420,7 @@ class Receiver:
         self._workers[index] = w
         self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "paused": w.paused}).encode())
 
-    def _handle(self, frames: list) -> Bundle | None:
+    def _handle(self, frames: list, ack: bool = True) -> Bundle | None:
         identity = frames[0].bytes
         kind = frames[1].bytes if len(frames) > 1 else b""
         if kind == b"H":
@@ -440,8 +436,10 @@ class Receiver:
             w.stale += 1
             return None
         if kind == b"D":
-            self._tell(identity, b"A")  # consumed (or dropped): the sender may send again
-            return self._data(w, frames)
+            b = self._data(w, frames)
+            if ack or b is None:  # handed out now (or dropped): the sender may send again
+                self._tell(identity, b"A")
+            return b
         if kind == b"E":
             w.done = True
             self._tell(identity, b"F")
@@ -499,16 +497,18 @@ class Receiver:
             FrameError: only with ``strict``: a bad message, naming its worker.
         """
         if self._ready:
-            return self._ready.popleft()
+            b, identity = self._ready.popleft()
+            self._tell(identity, b"A")  # handed out: the sender may send again
+            return b
         deadline = _deadline(timeout)
         while True:
             if self._ended():
                 raise EndOfStream(f"all {self.expected} input workers ended their streams")
             # with ``expected``, look at the ends at least every 0.5 s
             step = None if self.expected is None else time.monotonic() + 0.5
-            b = self._read(step if deadline is None else deadline if step is None else min(step, deadline))
-            if b is not None:
-                return b
+            got = self._read(step if deadline is None else deadline if step is None else min(step, deadline))
+            if got is not None:
+                return got
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no batch from any input worker for {timeout} s "
                                    f"(last bundle per worker: {_last_bundles(self._workers)})")
@@ -541,9 +541,9 @@ class Receiver:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                b = self._handle(frames)
+                b = self._handle(frames, ack=False)
                 if b is not None:
-                    self._ready.append(b)
+                    self._ready.append((b, frames[0].bytes))
         return time.monotonic() - t0
 
     def pause(self, i: int) -> None:

@@ -264,6 +264,37 @@ def test_a_slow_consumer_bounds_the_buffered_bytes():
             p.wait()
 
 
+def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded():
+    """While the chief waits for every sender's hello (wait_workers), what an early sender gets
+    out stays within its window: the bundles kept meanwhile are acknowledged only when handed
+    out. (They were acknowledged on receipt: with 256 senders connecting over seconds, the
+    chief kept everything the first ones sent, 21.5 GB, and was killed for memory.)"""
+    window = 1 << 20
+    with Receiver("tcp://127.0.0.1:0", window_bytes=window) as r:
+        p = start_sender(r.endpoint, 0, kib=256)
+        try:
+            last = [0]
+
+            def follow():  # the sender prints its bytes sent after each send
+                for line in p.stdout:
+                    if line.strip().isdigit():
+                        last[0] = int(line)
+
+            threading.Thread(target=follow, daemon=True).start()
+            with pytest.raises(TimeoutError, match="1 of 2 input workers connected"):
+                r.wait_workers(2, timeout=2.0)  # worker 1 never comes: worker 0 streams meanwhile
+            assert 0 < last[0] <= window + (256 << 10), last[0]
+            kept = sum(r.get_bundle(timeout=10).nbytes for _ in range(3))  # handed out: credit again
+            assert kept == 3 * ((256 << 10) + 8)
+            t_end = time.monotonic() + 10
+            while last[0] <= window + (256 << 10) and time.monotonic() < t_end:
+                r.get_bundle(timeout=10)
+            assert last[0] > window + (256 << 10)
+        finally:
+            p.kill()
+            p.wait()
+
+
 def test_a_killed_sender_is_replaced_by_a_higher_attempt():
     with Receiver("tcp://127.0.0.1:0") as r:
         first = start_sender(r.endpoint, 2, attempt=0)
