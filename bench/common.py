@@ -695,6 +695,27 @@ def _rows_chief_input(r: dict) -> list[Row]:
     ]
 
 
+def _rows_fanin(r: dict) -> list[Row]:
+    rows = []
+    for key, cell in (r.get("fanin") or {}).items():
+        dp, pp = cell.get("dataplane") or {}, cell.get("zmq PUSH/PULL") or {}
+        if "mb_per_sec" not in dp:
+            rows.append({"figure": f"data plane fan-in, {key.split('=')[-1]} senders", "value": "error",
+                         "spread": str(dp.get("error"))[:160], "compared": ""})
+            continue
+        rows.append({"figure": f"data plane fan-in, {key.split('=')[-1]} senders: MB/s through one receiver",
+                     "value": fmt(dp["mb_per_sec"], "MB/s"),
+                     "spread": (f"chief {fmt(dp.get('chief_cpu_s_per_mb'))} CPU-s/MB, "
+                                f"RSS {fmt(dp.get('chief_rss_mb'))} MB, "
+                                f"all connected in {fmt(dp.get('connect_s'), 's')}"),
+                     "compared": f"zmq PUSH/PULL {fmt(pp.get('mb_per_sec'), 'MB/s')}"})
+    t = r.get("targets") or {}
+    for name, v in t.items():
+        rows.append({"figure": f"target {name}", "value": "met" if v.get("met") else "not met",
+                     "spread": ", ".join(f"{k} {fmt(x)}" for k, x in v.items() if k != "met"), "compared": ""})
+    return rows
+
+
 def _rows_generic(r: dict) -> list[Row]:
     rows = []
     for k, v in r.items():
@@ -710,11 +731,12 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
+    "fanin": _rows_fanin,
 }
 
 #: Table order (numbers of the issue's list).
 ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
-         "interrupt", "quiet", "autoscale", "chief_input"]
+         "interrupt", "quiet", "autoscale", "chief_input", "fanin"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
