@@ -200,6 +200,7 @@ def test_a_worker_lost_with_its_task_is_adopted_by_the_other_task(tmp_path):
     chief_log, task0_log = logs[0].read_text(), logs[1].read_text()
     assert codes == [0, 0, -signal.SIGKILL], chief_log[-3000:] + task0_log[-3000:]
     assert "input worker 1, lost with node node3, starts again on node2 (task 0, pid " in task0_log
+    assert "not wired for PyTorch" not in chief_log
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["global_step_end"] == 1500
     (lost,) = perf["workers_lost"]
