@@ -106,6 +106,14 @@ class WorkerWatch:
         self._pending: dict[int, float] = {}  # worker index -> time of its loss, not yet replaced
         self._restarting: set[int] = set()  # pending workers whose supervisor starts a replacement
 
+    def known(self, index: int, registration: Mapping[str, Any]) -> None:
+        """A registration of worker ``index``'s current attempt that arrived after the watch
+        began (the PyTorch chief publishes its endpoint before its workers register): its node
+        and pid name the worker in later records. A later attempt's registration is left to
+        :meth:`poll` (a replacement); an unknown index is ignored."""
+        if index in self.attempt and int(registration.get("attempt") or 0) == self.attempt[index]:
+            self.nodes[index], self.pids[index] = registration.get("node"), registration.get("pid")
+
     def poll(self, source: Reopenable) -> None:
         """Record new losses (supervisor's record first, then the source's stopped streams) and
         reopen the stream of every worker whose replacement registered."""

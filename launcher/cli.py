@@ -298,7 +298,7 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
 #: PyTorch"; the runtime's csrun_runtime.pytorch.runner.NOT_WIRED names the same): WseFlags
 #: attribute -> flag. Refused with ``python-pt``; a plain ``python run.py`` command gets the
 #: runtime's warning instead (the launcher cannot know its framework).
-NOT_WIRED_FOR_PYTORCH = {"autoscale": "--autoscale", "survive_node_loss": "--survive-node-loss"}
+NOT_WIRED_FOR_PYTORCH = {"autoscale": "--autoscale"}
 
 
 def _refuse_not_wired(flags: WseFlags, mode: str | None) -> None:

@@ -1,8 +1,9 @@
 """The PyTorch chief: trains, evaluates, validates or compiles a run.py's ``nn.Module``
 (docs/PYTORCH.md), with its training batches from its own DataLoader (no input workers:
 ``python run.py``, or a job without any) or from the input workers over the data plane
-(:mod:`csrun_runtime.dataplane`: one zmq ROUTER whose endpoint is published in the rendezvous
-directory as ``dataplane.json``).
+(:class:`.remote.RemoteSource`: one zmq ROUTER whose endpoint is published in the rendezvous
+directory as ``dataplane.json``; lost and replaced workers, adoptions under ``csrun_wse
+--survive-node-loss``).
 
 model_dir artifacts, as the TensorFlow chief's (csrun_runtime/artifacts.py): checkpoints
 ``model-ckpt-<step>.pt`` (:mod:`.checkpoint`), TensorBoard events (``loss``,
@@ -42,30 +43,14 @@ from .contract import (
 )
 from .evaluation import Evaluator
 from .own_input import OwnInput
+from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed
 from .report import compile_report, report_training, validate_report
 from .streamers import StreamerFacts, set_facts
 from .trainloop import LoopResult, TrainLoop
 
-__all__ = ["Chief", "InputStalled", "DATAPLANE_FILE", "epochs"]
+__all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
 
 log = logging.getLogger("csrun.runtime")
-
-#: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
-DATAPLANE_FILE = "dataplane.json"
-#: Seconds between the chief's looks at the rendezvous while it waits for batches.
-POLL_SECS = 1.0
-
-
-class InputStalled(RuntimeError):
-    """No training batch within the watchdog's time (names the workers and their last batch)."""
-
-
-class WorkerFailed(RuntimeError):
-    """An input worker registered ``status: failed`` (contract violations, listed)."""
-
-    def __init__(self, index: int, violations: list[str]):
-        super().__init__(f"input worker {index} failed: " + "; ".join(violations))
-        self.index, self.violations = index, violations
 
 
 def epochs(loader: Any) -> Iterator[Any]:
@@ -106,96 +91,6 @@ class _LocalSource:
 
     def close(self) -> None:
         pass
-
-
-class _RemoteSource:
-    """Batches from ``W`` input workers through one :class:`csrun_runtime.dataplane.Receiver`."""
-
-    def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any]):
-        from ..dataplane import Receiver
-
-        self.rdv, self.role, self.rc = rdv, role, rc
-        self.w = role.num_workers
-        self.r = Receiver("tcp://0.0.0.0:0")
-        port = self.r.endpoint.rsplit(":", 1)[1]
-        self.endpoint = f"tcp://{role.host}:{port}"
-        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": self.endpoint, "num_workers": self.w,
-                                              "created": time.time()})
-        log.info("data plane: receiving from %d input worker(s) at %s", self.w, self.endpoint)
-        self.handed: dict[int, int] = {}
-        self.nodes: dict[int, str | None] = {}  # Slurm node of each worker (its registration)
-        self.attempts: dict[int, int] = {}
-        self.deaths: dict[int, int] = {}
-        self.lost: list[dict[str, Any]] = []
-        self.replaced: list[dict[str, Any]] = []
-        self.t_first: float | None = None
-        self.t0 = time.monotonic()
-        self._last_poll = 0.0
-
-    def poll(self) -> None:
-        """Failed registrations (raise :class:`WorkerFailed`), deaths and replacements (logged)."""
-        now = time.monotonic()
-        if now - self._last_poll < POLL_SECS:
-            return
-        self._last_poll = now
-        for i in range(self.w):
-            reg = self.rdv.worker(i)
-            if reg:
-                self.nodes[i] = reg.get("node")
-            if reg and reg.get("status") == "failed":
-                raise WorkerFailed(i, list(reg.get("violations") or ["(no reason given)"]))
-            deaths = self.rdv.lost(i)
-            if len(deaths) > self.deaths.get(i, 0):
-                for d in deaths[self.deaths.get(i, 0):]:
-                    rec = {"index": i, "node": d.get("node"), "pid": d.get("pid"), "time": d.get("time"),
-                           "noticed": time.time(), "signal": d.get("signal"), "given_up": bool(d.get("given_up"))}
-                    self.lost.append(rec)
-                    log.warning("input worker %d on %s (pid %s) lost: died of %s; %s", i, d.get("node"), d.get("pid"),
-                                d.get("signal"), "given up" if rec["given_up"] else "its task starts a replacement")
-                self.deaths[i] = len(deaths)
-        for i, c in self.r.counts().items():
-            if c["attempt"] > self.attempts.get(i, 0):
-                node = (self.rdv.worker(i) or {}).get("node") or c["host"]
-                self.replaced.append({"index": i, "attempt": c["attempt"], "node": node, "pid": c["pid"],
-                                      "time": time.time()})
-                log.info("input worker %d: attempt %d on %s (pid %s) streams again", i, c["attempt"], node, c["pid"])
-            self.attempts[i] = c["attempt"]
-
-    def next(self) -> tuple[Any, int]:
-        """The next batch and its worker; ``(None, -1)`` once a stop signal was recorded."""
-        limit = float(self.rc["input_timeout_secs"] if self.t_first is not None
-                      else self.rc["worker_start_timeout_secs"])
-        t0 = time.monotonic()
-        while True:
-            if preemption.stop_requested():  # a stop signal while waiting: the loop stops at this step
-                return None, -1
-            self.poll()
-            try:
-                worker, nest = self.r.get(timeout=min(POLL_SECS, max(0.01, limit - (time.monotonic() - t0))))
-            except TimeoutError as e:
-                if time.monotonic() - t0 >= limit:
-                    key = "input_timeout_secs" if self.t_first else "worker_start_timeout_secs"
-                    raise InputStalled(f"{e} (runconfig.{key} {limit:g})") from None
-                continue
-            if self.t_first is None:
-                self.t_first = time.monotonic()
-                log.info("first batch from input worker %d after %.2f s", worker, self.t_first - self.t0)
-            self.handed[worker] = self.handed.get(worker, 0) + 1
-            return nest, worker
-
-    def describe(self) -> dict[str, Any]:
-        counts = self.r.counts()
-        return {"batches_per_worker": {str(i): self.handed.get(i, 0) for i in range(self.w)},
-                "worker_nodes": {str(i): self.nodes.get(i) or c.get("host") for i, c in counts.items()},
-                "input": "input workers over the data plane (zmq)",
-                "data_plane": {"endpoint": self.endpoint,
-                               "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
-                               "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
-                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())},
-                "workers_lost": self.lost, "workers_replaced": self.replaced}
-
-    def close(self) -> None:
-        self.r.close()
 
 
 class Chief:
@@ -351,7 +246,7 @@ class Chief:
             return 0
         if remote and self.rdv is not None:
             self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
-            source: Any = _RemoteSource(self.rdv, self.role, self.rc)
+            source: Any = RemoteSource(self.rdv, self.role, self.rc)
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())

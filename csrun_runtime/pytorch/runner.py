@@ -58,7 +58,7 @@ def _merge_defaults(defaults: Mapping[str, Any], params: dict[str, Any]) -> dict
 
 #: csrun_wse features whose variables reach a PyTorch task but that its runtime does not act on
 #: yet (docs/PYTORCH.md "Not yet for PyTorch"): variable -> flag.
-NOT_WIRED = {codec.AUTOSCALE: "--autoscale", codec.WORKER_JOB: "--survive-node-loss"}
+NOT_WIRED = {codec.AUTOSCALE: "--autoscale"}
 
 
 def not_wired(environ: Mapping[str, str]) -> list[str]:

@@ -3,7 +3,10 @@ streams its batches (as numpy arrays) to the chief over the data plane until the
 ``done.json`` (docs/PYTORCH.md).
 
 Life: tell the supervisor where to record a death (:mod:`csrun_runtime.supervise` replaces a
-killed worker with ``CSRUN_WORKER_ATTEMPT`` one higher); in modes that stream nothing, wait for
+killed worker with ``CSRUN_WORKER_ATTEMPT`` one higher; under ``csrun_wse --survive-node-loss``
+a supervisor of another node's task adopts a worker lost with its node: ``CSRUN_WORKER_INDEX``
+gives the lost index, read by :func:`csrun_common.roles.resolve_role`, so the same files, seed
+and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that stream nothing, wait for
 ``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
 chief names it and exits 2), register, and send pass after pass (``sampler.set_epoch``) in bundles of

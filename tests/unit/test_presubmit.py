@@ -375,7 +375,7 @@ def test_validate_only_opens_every_listed_file(tf, tmp_path):
     assert check_input_files(labels).ok
 
 
-@pytest.mark.parametrize("flag", ["--survive-node-loss", "--autoscale"])
+@pytest.mark.parametrize("flag", ["--autoscale"])
 def test_python_pt_refuses_a_flag_pytorch_does_not_act_on(cluster, monkeypatch, tmp_path, flag):
     """docs/PYTORCH.md "Not yet for PyTorch": with ``python-pt`` the flag is refused up front (one
     line naming it, exit 2, nothing submitted, Slurm not asked: a dry run needs no slurmctld);
@@ -400,3 +400,13 @@ def test_python_pt_takes_chief_input_cpus(cluster, tmp_path):
                                             "1", "--cpus-per-task", "2", "--chief-input-cpus", "1", "python-pt",
                                             "run.py", "--mode", "train"])
     assert code == 0 and "CSRUN_CHIEF_INPUT_CPUS" in out, err
+
+
+def test_python_pt_takes_survive_node_loss(cluster, tmp_path):
+    """docs/RESILIENCE.md "A lost node": with python-pt the flag gives the two jobs (the chief's
+    and the input workers' own, ``--no-kill``) as with python-ws."""
+    (tmp_path / "run.py").write_text("")
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--no-path-checks", "--total-nodes", "3", "--tasks-per-node",
+                                            "1", "--survive-node-loss", "python-pt", "run.py", "--mode", "train"])
+    assert code == 0 and "not wired" not in err, err
+    assert out.count("srun ") == 2 and "--no-kill" in out and "CSRUN_WORKER_JOB=1" in out, out
