@@ -238,6 +238,20 @@ def test_bad_messages_are_refused_naming_the_worker_while_others_are_served(rx):
     ctx.term()
 
 
+def follow_bytes_sent(p: subprocess.Popen) -> list[int]:
+    """``[bytes]`` the sender process ``p`` reports having sent (it prints the total after each
+    send), kept up to date by a thread."""
+    last = [0]
+
+    def follow():
+        for line in p.stdout:
+            if line.strip().isdigit():
+                last[0] = int(line)
+
+    threading.Thread(target=follow, daemon=True).start()
+    return last
+
+
 def test_a_slow_consumer_bounds_the_buffered_bytes():
     """A sender process streams 256 KiB batches; the chief stops reading for a second: what the
     sender got out stays within one window (plus one bundle) of what the chief took."""
@@ -245,14 +259,7 @@ def test_a_slow_consumer_bounds_the_buffered_bytes():
     with Receiver("tcp://127.0.0.1:0", window_bytes=window) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
-            last = [0]
-
-            def follow():  # the sender prints its bytes sent after each send
-                for line in p.stdout:
-                    if line.strip().isdigit():
-                        last[0] = int(line)
-
-            threading.Thread(target=follow, daemon=True).start()
+            last = follow_bytes_sent(p)
             received = sum(r.get_bundle(timeout=30).nbytes for _ in range(10))
             time.sleep(1.0)  # not reading: the sender must stop
             sent = last[0]
@@ -273,14 +280,7 @@ def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded():
     with Receiver("tcp://127.0.0.1:0", window_bytes=window) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
-            last = [0]
-
-            def follow():  # the sender prints its bytes sent after each send
-                for line in p.stdout:
-                    if line.strip().isdigit():
-                        last[0] = int(line)
-
-            threading.Thread(target=follow, daemon=True).start()
+            last = follow_bytes_sent(p)
             with pytest.raises(TimeoutError, match="1 of 2 input workers connected"):
                 r.wait_workers(2, timeout=2.0)  # worker 1 never comes: worker 0 streams meanwhile
             assert 0 < last[0] <= window + (256 << 10), last[0]
