@@ -695,6 +695,22 @@ def _rows_chief_input(r: dict) -> list[Row]:
     ]
 
 
+def _rows_ingest_dataplane(r: dict) -> list[Row]:
+    rows = []
+    for k, by_k in (r.get("ceiling") or {}).items():
+        for size, cell in (by_k.get("sizes") or {}).items():
+            dp, raw, svc = (cell.get(n) or {} for n in ("data plane (zmq)", "raw TCP", "service"))
+            if "mb_per_sec" not in dp:
+                continue
+            ratio = (cell.get("data plane / raw TCP") or {}).get("median_ratio")
+            rows.append({"figure": f"data plane ingest, {size} batches, {k}", "value": fmt(dp["mb_per_sec"], "MB/s"),
+                         "spread": (f"{fmt(ratio)} of raw TCP (median of pair ratios); chief "
+                                    f"{fmt(dp.get('chief_cpu_s_per_mb'))} CPU-s/MB"),
+                         "compared": (f"raw TCP {fmt(raw.get('mb_per_sec'), 'MB/s')}, "
+                                      f"tf.data service {fmt(svc.get('mb_per_sec'), 'MB/s')}")})
+    return rows
+
+
 def _rows_fanin(r: dict) -> list[Row]:
     rows = []
     for key, cell in (r.get("fanin") or {}).items():
@@ -731,7 +747,7 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
-    "fanin": _rows_fanin,
+    "fanin": _rows_fanin, "ingest_dataplane": _rows_ingest_dataplane,
 }
 
 #: Table order (numbers of the issue's list).
@@ -807,7 +823,7 @@ def machine_line(results: Mapping[str, dict]) -> str:
     seen = []
     for r in results.values():
         m = r.get("meta")
-        if not m:
+        if not m or not m.get("host_cores"):  # a result written without bench/run.py's metadata
             continue
         c = m.get("cluster") or {}
         v = m.get("versions") or {}
