@@ -45,7 +45,8 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import tfrecord
+from csrun_common import tfrecord
+
 from .datafiles import expand_sources
 
 __all__ = ["MultisetDigest", "ReshardResult", "ReshardVerificationError", "reshard", "shard_name",

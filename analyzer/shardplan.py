@@ -42,9 +42,8 @@ from typing import NamedTuple
 import numpy as np
 
 from csrun_common import shardplan_schema as schema
+from csrun_common import tfrecord
 from csrun_common.atomic import atomic_open
-
-from . import tfrecord
 
 __all__ = [
     "FileInfo", "FileTable", "PlanWarning", "ShardPlan", "GatherResult", "PlanOptions", "ShuffleBuffers", "worker_seed",
@@ -260,7 +259,7 @@ def gather_files(paths: Sequence[str], *, count: str = "auto", budget_s: float =
     ``count``: ``"auto"`` counts when the files are TFRecords (a non-TFRecord file stops
     counting, the plan then balances bytes), ``"yes"`` requires it (raises
     ``ValueError`` naming the file otherwise), ``"no"`` skips it. Counting walks the
-    framing only (:func:`analyzer.tfrecord.count_records`), in a fixed pseudo-random
+    framing only (:func:`csrun_common.tfrecord.count_records`), in a fixed pseudo-random
     file order, and stops after ``budget_s`` seconds: the total is then extrapolated
     by bytes and the plan balances bytes. Empty files are dropped (a worker could not
     read anything from them). Raises ``ValueError`` when a file cannot be stat'ed or

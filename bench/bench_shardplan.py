@@ -34,8 +34,8 @@ import numpy as np
 HERE = common.BENCH
 
 from analyzer import shardplan as sp  # noqa: E402
-from analyzer import tfrecord as tfr  # noqa: E402
 from csrun_common import shardplan_schema as schema  # noqa: E402
+from csrun_common import tfrecord as tfr  # noqa: E402
 
 
 def _reference_lpt(sizes: np.ndarray, W: int) -> list[int]:

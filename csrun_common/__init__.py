@@ -6,7 +6,7 @@ three CLIs), :mod:`.atomic` (atomic file writes), :mod:`.roles` (the environment
 between ``csrun_wse`` and its tasks), :mod:`.shardplan_schema` (the shard-plan file),
 :mod:`.layout` (the csrun_wse layout and its one encoder to flags), :mod:`.env` (every
 ``CSRUN_*`` variable, declared once, and the task contract's codec), :mod:`.exits` (csrun's
-exit statuses).
+exit statuses), :mod:`.tfrecord` (TFRecord framing without TensorFlow).
 Pure Python: imports neither TensorFlow nor anything from ``launcher``, ``analyzer`` or
 ``csrun_runtime``.
 """

@@ -6,7 +6,8 @@ protocol buffers (``tensorboard/compat/proto/event.proto``: ``wall_time`` = 1 do
 ``step`` = 2 int64, ``file_version`` = 3 string, ``summary`` = 5 ``Summary``, whose ``value`` = 1
 holds ``tag`` = 1 string and ``simple_value`` = 2 float). The first record carries
 ``file_version: "brain.Event:2"``. TensorBoard and ``tf.compat.v1.train.summary_iterator`` read
-these files; :func:`read_scalars` reads them back here (tests). Pure Python.
+these files; :func:`read_scalars` reads them back here (tests). The TFRecord framing is
+:mod:`csrun_common.tfrecord`'s (the analyzer's sharding uses the same). Pure Python.
 """
 from __future__ import annotations
 
@@ -18,34 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from csrun_common import tfrecord
+from csrun_common.tfrecord import crc32c
+
 __all__ = ["EventWriter", "read_scalars", "crc32c"]
-
-
-def _table() -> list[int]:
-    poly = 0x82F63B78  # CRC-32C (Castagnoli), reflected
-    out = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ poly if c & 1 else c >> 1
-        out.append(c)
-    return out
-
-
-_TABLE = _table()
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C of ``data`` (RFC 3720; ``crc32c(b"123456789") == 0xE3069283``)."""
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def _masked(data: bytes) -> int:
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _varint(n: int) -> bytes:
@@ -92,8 +69,7 @@ class EventWriter:
         self._write(_event(time.time(), 0, version="brain.Event:2"))
 
     def _write(self, data: bytes) -> None:
-        n = struct.pack("<Q", len(data))
-        self._f.write(n + struct.pack("<I", _masked(n)) + data + struct.pack("<I", _masked(data)))
+        self._f.write(tfrecord.frame(data))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         """One event with the scalars ``values`` (tag -> number) at global step ``step``."""
@@ -148,22 +124,12 @@ def read_scalars(path: str | os.PathLike) -> list[tuple[int, str, float]]:
     """Every scalar of an event file as ``(step, tag, value)``, checking each record's CRCs.
 
     Raises:
-        ValueError: a truncated record or a CRC mismatch (naming the byte offset).
+        ValueError: a truncated record or a CRC mismatch (:class:`csrun_common.tfrecord.TFRecordError`,
+            naming the byte offset).
     """
-    data = Path(path).read_bytes()
     out: list[tuple[int, str, float]] = []
-    i = 0
-    while i < len(data):
-        if i + 12 > len(data):
-            raise ValueError(f"{path}: truncated record header at byte {i}")
-        head = data[i:i + 8]
-        (n,) = struct.unpack("<Q", head)
-        if struct.unpack("<I", data[i + 8:i + 12])[0] != _masked(head):
-            raise ValueError(f"{path}: length CRC mismatch at byte {i}")
-        body = data[i + 12:i + 12 + n]
-        if len(body) != n or struct.unpack("<I", data[i + 12 + n:i + 16 + n])[0] != _masked(body):
-            raise ValueError(f"{path}: truncated record or data CRC mismatch at byte {i}")
-        i += 16 + n
+    for frame, _offset in tfrecord.iter_frames(path, verify_crc=True):
+        body = frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES]
         step = 0
         for num, _wt, v in _fields(body):
             if num == 2:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import reshard as rs
-from analyzer import tfrecord as tfr
+from csrun_common import tfrecord as tfr
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer import shardplan as sp
-from analyzer import tfrecord as tfr
 from analyzer.datafiles import expand_sources, read_params
 from csrun_common import shardplan_schema as schema
+from csrun_common import tfrecord as tfr
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

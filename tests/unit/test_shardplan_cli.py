@@ -12,9 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from analyzer import tfrecord as tfr
 from analyzer.cli import AnalyzerGroup, main
 from csrun_common import shardplan_schema as schema
+from csrun_common import tfrecord as tfr
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import tfrecord as tfr
+from csrun_common import tfrecord as tfr
 
 
 def test_crc32c_check_value():
