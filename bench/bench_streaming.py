@@ -1,6 +1,7 @@
 """Benchmark 6: streaming efficiency from ``k`` input workers to the chief, through tf.data
 service and through csrun's data plane (``runconfig.transport: service | dataplane``), side by
-side in the same run.
+side in the same run; and the PyTorch example ``digits_pt`` over the data plane vs its
+DataLoaders in-process (:mod:`bench_streaming_pt`), in the same run.
 
 *Delivered*: the samples/s a chief receives from ``k`` input workers through csrun's
 runtime — exactly its training path, as local processes on this host:
@@ -325,20 +326,48 @@ def measure_standalone(pipeline: str, indices: list[int], k: int, warmup_s: floa
     return [float(r["samples_per_sec"]) for r in res]
 
 
+#: Pipelines that are PyTorch run.py files: measured by :mod:`bench_streaming_pt` (data plane
+#: and standalone; tf.data service cannot carry a DataLoader's batches without TensorFlow).
+PYTORCH = {"digits_pt"}
+
+
+def _pytorch_runs(pipeline: str, k: int, repeats: int, warmup: float, window: float, work: Path) -> dict:
+    """A PyTorch pipeline's row: delivered over the data plane and standalone, the order of
+    the two alternated per repetition; ``efficiency_dataplane`` = median delivered / median
+    standalone sum (the TensorFlow rows' definition)."""
+    import bench_streaming_pt
+
+    kinds = ["dataplane", "standalone"]
+    got: dict[str, list[float]] = {w: [] for w in kinds}
+    try:
+        for r in range(repeats):
+            for what in kinds[r % 2:] + kinds[:r % 2]:
+                got[what].append(bench_streaming_pt.measure(what, pipeline, k, warmup, window, work,
+                                                            f"{pipeline}_k{k}_r{r}_{what}"))
+    except Exception as exc:  # noqa: BLE001 - recorded, the other runs go on
+        return {"pipeline": pipeline, "k": k, "framework": "pytorch",
+                "error": f"{type(exc).__name__}: {str(exc)[:800]}", **{f"{w}_so_far": v for w, v in got.items()}}
+    dp, conc = got["dataplane"], got["standalone"]
+    return {"pipeline": pipeline, "k": k, "framework": "pytorch",
+            "dataplane": common.spread(dp, 2), "standalone_concurrent_sum": common.spread(conc, 2),
+            "efficiency_dataplane": round(common.ratio_of_medians(dp, conc), 4),
+            "paired_dataplane": common.compare(dp, conc)}
+
+
 def run(quick: bool = False, short: bool = False) -> dict:
-    """For each pipeline and ``k`` (quick: digits, k = 1, 2 repetitions, 2 s windows;
-    short: digits and images, k = 1, 2, 3 repetitions, 4 s windows, no each-worker-alone
-    runs; full: digits and images, k = 1, 2, 3 repetitions, 6 s windows, plus each worker
-    alone), the delivered samples/s through tf.data service and through csrun's data plane
-    (``runconfig.transport``), the standalone samples/s, and their ratios (see the module
-    docstring). Each repetition rotates the order of the three measurements."""
+    """For each pipeline and ``k`` (quick: digits and digits_pt, k = 1, 2 repetitions, 2 s windows;
+    short: digits, digits_pt and images, k = 1, 2, 3 repetitions, 4 s windows, no each-worker-alone
+    runs; full: the same, 6 s windows, plus each TensorFlow worker alone), the delivered
+    samples/s through tf.data service and through csrun's data plane (``runconfig.transport``;
+    PyTorch pipelines: the data plane only, :func:`_pytorch_runs`), the standalone samples/s,
+    and their ratios (see the module docstring). Each repetition rotates the order of the three measurements."""
     if quick:
-        plan, repeats, warmup, window, alone = [("digits", 1)], 2, 1.0, 2.0, False
+        plan, repeats, warmup, window, alone = [("digits", 1), ("digits_pt", 1)], 2, 1.0, 2.0, False
     elif short:
-        plan = [("digits", 1), ("digits", 2), ("images", 1), ("images", 2)]
+        plan = [("digits", 1), ("digits", 2), ("digits_pt", 1), ("digits_pt", 2), ("images", 1), ("images", 2)]
         repeats, warmup, window, alone = 3, 2.0, 4.0, False
     else:
-        plan = [("digits", 1), ("digits", 2), ("images", 1), ("images", 2)]
+        plan = [("digits", 1), ("digits", 2), ("digits_pt", 1), ("digits_pt", 2), ("images", 1), ("images", 2)]
         repeats, warmup, window, alone = 3, 2.0, 6.0, True
     kinds = ["service", "dataplane", "standalone"]
     out: dict[str, Any] = {
@@ -356,6 +385,9 @@ def run(quick: bool = False, short: bool = False) -> dict:
             key = f"{pipeline}, k={k}"
             got: dict[str, list[float]] = {w: [] for w in kinds}
             alone_sums: list[float] = []
+            if pipeline in PYTORCH:
+                out["runs"][key] = _pytorch_runs(pipeline, k, repeats, warmup, window, work)
+                continue
             try:
                 for r in range(repeats):
                     for what in kinds[r % 3:] + kinds[:r % 3]:

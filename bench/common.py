@@ -53,6 +53,8 @@ TABLE_END = "<!-- bench:table:end -->"
 PIPELINES: dict[str, tuple[Path, list[str]]] = {
     "digits": (REPO / "examples/digits/run.py", ["--params", str(REPO / "examples/digits/configs/params.yaml")]),
     "images": (REPO / "examples/images/run.py", ["--params", str(REPO / "examples/images/configs/params.yaml")]),
+    "digits_pt": (REPO / "examples/digits_pt/run.py",
+                  ["--params", str(REPO / "examples/digits_pt/configs/params.yaml")]),
     "serial": (BENCH / "pipelines/serial/run.py", ["--params", str(BENCH / "pipelines/serial/configs/params.yaml")]),
 }
 
@@ -233,7 +235,7 @@ def digits_params(root: Path, train_input: Mapping[str, Any] | None = None,
 
 
 #: The examples' prepared data (git-ignored): the files whose presence says it is there.
-EXAMPLE_DATA = {"digits": "manifest.json", "images": "train-*.tfrecord"}
+EXAMPLE_DATA = {"digits": "manifest.json", "images": "train-*.tfrecord", "digits_pt": "digits-*.npz"}
 
 
 def ensure_example_data(names: Iterable[str], env: Mapping[str, str] | None = None) -> None:
@@ -496,13 +498,23 @@ def _rows_streaming(r: dict) -> list[Row]:
             rows.append({"figure": f"streaming efficiency, {key}", "value": "error",
                          "spread": str(s["error"])[:120], "compared": ""})
             continue
-        rows.append({
-            "figure": f"streaming efficiency, {key}",
-            "value": fmt(s.get("efficiency")),
-            "spread": (f"service {fmt(_g(s, 'service', 'median'), 'samples/s')} vs "
-                       f"standalone sum {fmt(_g(s, 'standalone_concurrent_sum', 'median'), 'samples/s')} "
-                       f"(medians of {_g(s, 'service', 'n')})"),
-            "compared": "tf.data service to the chief vs the same workers in-process, concurrently"})
+        if s.get("efficiency") is not None:
+            rows.append({
+                "figure": f"streaming efficiency, {key}",
+                "value": fmt(s.get("efficiency")),
+                "spread": (f"service {fmt(_g(s, 'service', 'median'), 'samples/s')} vs "
+                           f"standalone sum {fmt(_g(s, 'standalone_concurrent_sum', 'median'), 'samples/s')} "
+                           f"(medians of {_g(s, 'service', 'n')})"),
+                "compared": "tf.data service to the chief vs the same workers in-process, concurrently"})
+        if s.get("efficiency_dataplane") is not None:
+            who = "PyTorch DataLoaders" if s.get("framework") == "pytorch" else "the same workers"
+            rows.append({
+                "figure": f"streaming efficiency, data plane, {key}",
+                "value": fmt(s.get("efficiency_dataplane")),
+                "spread": (f"data plane {fmt(_g(s, 'dataplane', 'median'), 'samples/s')} vs "
+                           f"standalone sum {fmt(_g(s, 'standalone_concurrent_sum', 'median'), 'samples/s')} "
+                           f"(medians of {_g(s, 'dataplane', 'n')})"),
+                "compared": f"csrun's data plane to the chief vs {who} in-process, concurrently"})
         if s.get("efficiency_vs_alone") is not None:
             rows.append({"figure": f"streaming vs sum of rates measured alone, {key}",
                          "value": fmt(s.get("efficiency_vs_alone")),
