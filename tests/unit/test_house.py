@@ -137,3 +137,34 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
     f.write_text("def f():\n    a = 1\n    b = 2\n    return a + b\n")
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assert len(_long((ast.FunctionDef,), limit, [f])) == expected
+
+
+#: The task runtime's framework-neutral core (docs/ARCHITECTURE.md "A framework backend"):
+#: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
+CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
+        "chief_input", "coverage", "capture", "dataplane", "dataplane.framing", "dataplane.transport")
+
+
+def _imported_at_import(modules: list[str]) -> set[str]:
+    """Top-level packages that ``import <modules>`` loads, read from ``python -X importtime``."""
+    import subprocess
+    import sys
+
+    code = "; ".join(f"import {m}" for m in modules)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                          cwd=str(REPO), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+
+
+def test_the_runtime_core_imports_neither_framework():
+    loaded = _imported_at_import([f"csrun_runtime.{m}" for m in CORE])
+    assert "csrun_runtime" in loaded  # the check reads the import log at all
+    assert not {"tensorflow", "torch"} & loaded, sorted({"tensorflow", "torch"} & loaded)
+
+
+def test_the_pytorch_runtime_imports_no_tensorflow():
+    mods = sorted(f"csrun_runtime.pytorch.{p.stem}" for p in (REPO / "csrun_runtime" / "pytorch").glob("*.py")
+                  if p.stem != "__init__")
+    loaded = _imported_at_import(["csrun_runtime.pytorch", *mods])
+    assert "tensorflow" not in loaded
