@@ -297,8 +297,9 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
 #: csrun_wse flags that the PyTorch runtime does not act on yet (docs/PYTORCH.md "Not yet for
 #: PyTorch"; the runtime's csrun_runtime.pytorch.runner.NOT_WIRED names the same): WseFlags
 #: attribute -> flag. Refused with ``python-pt``; a plain ``python run.py`` command gets the
-#: runtime's warning instead (the launcher cannot know its framework).
-NOT_WIRED_FOR_PYTORCH = {"autoscale": "--autoscale"}
+#: runtime's warning instead (the launcher cannot know its framework). None at present
+#: (--autoscale and --survive-node-loss are wired); kept so that the next such flag is refused.
+NOT_WIRED_FOR_PYTORCH: dict[str, str] = {}
 
 
 def _refuse_not_wired(flags: WseFlags, mode: str | None) -> None:

@@ -3,7 +3,9 @@
 ``python run.py``, or a job without any) or from the input workers over the data plane
 (:class:`.remote.RemoteSource`: one zmq ROUTER whose endpoint is published in the rendezvous
 directory as ``dataplane.json``; lost and replaced workers, adoptions under ``csrun_wse
---survive-node-loss``).
+--survive-node-loss``; under ``csrun_wse --autoscale`` the training loop's
+:class:`csrun_runtime.autoscale.Autoscaler` opens and pauses the workers' streams,
+docs/AUTOSCALE.md).
 
 model_dir artifacts, as the TensorFlow chief's (csrun_runtime/artifacts.py): checkpoints
 ``model-ckpt-<step>.pt`` (:mod:`.checkpoint`), TensorBoard events (``loss``,
@@ -43,7 +45,7 @@ from .contract import (
 )
 from .evaluation import Evaluator
 from .own_input import OwnInput
-from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed
+from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, report_training, validate_report
 from .streamers import StreamerFacts, set_facts
 from .trainloop import LoopResult, TrainLoop
@@ -244,9 +246,10 @@ class Chief:
             if evaluating:
                 self._evaluate(model, start)
             return 0
+        autoscale = autoscale_spec(os.environ, self.num_workers) if remote else None
         if remote and self.rdv is not None:
             self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
-            source: Any = RemoteSource(self.rdv, self.role, self.rc)
+            source: Any = RemoteSource(self.rdv, self.role, self.rc, streams=autoscale.initial if autoscale else None)
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())
@@ -255,7 +258,7 @@ class Chief:
             checkpoint.save(self.model_dir, start, model, opt, keep)
         loop = TrainLoop(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
                          device=self.device, evaluate=self._evaluate if evaluating else None,
-                         forward_loss=self._forward_loss)
+                         forward_loss=self._forward_loss, autoscale=autoscale)
         log.info("training from global step %d to %d on %s", start, target, self.device)
         try:
             res = loop.run(start, target)
@@ -279,7 +282,7 @@ class Chief:
             p = checkpoint.save(self.model_dir, step, model, opt, int(self.rc["keep_checkpoint_max"]))
             log.info("saved %s", p)
         loop.writer.close()
-        desc = {**loop.source.describe(), **self.own_input.describe()}
+        desc = {**loop.source.describe(), **self.own_input.describe(), **loop.describe_autoscale()}
         alloc = preemption.Allocation(
             job_id=self.role.job_id, requeue=preemption.allocation_index(), node=self.role.node or None,
             start_step=start, end_step=step if res.failed is None else (res.last_saved or start), target=res.target,

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from csrun_common import env as codec
 from csrun_common import exits
 from csrun_common.roles import RoleError, resolve_role
 
@@ -57,8 +56,9 @@ def _merge_defaults(defaults: Mapping[str, Any], params: dict[str, Any]) -> dict
 
 
 #: csrun_wse features whose variables reach a PyTorch task but that its runtime does not act on
-#: yet (docs/PYTORCH.md "Not yet for PyTorch"): variable -> flag.
-NOT_WIRED = {codec.AUTOSCALE: "--autoscale"}
+#: yet (docs/PYTORCH.md "Not yet for PyTorch"): variable -> flag. None at present (--autoscale
+#: and --survive-node-loss are wired); kept so that the next such flag is warned about.
+NOT_WIRED: dict[str, str] = {}
 
 
 def not_wired(environ: Mapping[str, str]) -> list[str]:

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from csrun_common.autoscale import AutoscaleSpec
+
 from .. import preemption
+from ..autoscale import Autoscaler
 from . import checkpoint
 from .contract import batch_size_of, to_torch
 from .events import EventWriter
@@ -99,10 +102,18 @@ class TrainLoop:
     TensorBoard scalars; a checkpoint every ``checkpoint_steps``; ``evaluate(model, step)``
     every ``eval_frequency`` steps when given. SIGINT/SIGTERM and ``--requeue``'s signals are
     deferred (:func:`csrun_runtime.preemption.deferred`) and end the loop before the next step.
+
+    With ``autoscale`` (``csrun_wse --autoscale``; ``source`` a
+    :class:`csrun_runtime.pytorch.remote.RemoteSource` opened on the spec's first ``initial``
+    slots) an :class:`csrun_runtime.autoscale.Autoscaler` over the source is made at the first
+    step (the batch size known) and given every later step's input wait and compute seconds:
+    it decides every ``window`` seconds of training, as after the TensorFlow loop's chunks
+    (evaluations are not counted: they happen outside the steps' timings).
     """
 
     def __init__(self, *, model: Any, opt: Any, source: Any, rc: dict[str, Any], model_dir: Path, device: Any,
-                 evaluate: Callable[[Any, int], Any] | None, forward_loss: Callable[[Any, Any], Any]):
+                 evaluate: Callable[[Any, int], Any] | None, forward_loss: Callable[[Any, Any], Any],
+                 autoscale: AutoscaleSpec | None = None):
         self.model, self.opt, self.source, self.rc = model, opt, source, rc
         self.model_dir, self.device = model_dir, device
         self.evaluate, self.forward_loss = evaluate, forward_loss
@@ -110,6 +121,8 @@ class TrainLoop:
         self.keep = int(rc["keep_checkpoint_max"])
         self.ck_steps, self.log_steps = int(rc["checkpoint_steps"]), int(rc["log_steps"])
         self.eval_every = int(rc["eval_frequency"]) if evaluate and rc.get("eval_frequency") else 0
+        self.autoscale = autoscale
+        self.autoscaler: Autoscaler | None = None
 
     def run(self, start: int, target: int) -> LoopResult:
         """Steps from global step ``start`` to ``target`` (or a stop signal, or the source's
@@ -159,8 +172,26 @@ class TrainLoop:
         clock.record(tw, tc, te)
         if not math.isfinite(res.loss):
             raise RuntimeError(f"loss is {res.loss} at global step {res.step}")
+        if self.autoscale is not None:
+            self._autoscale_step(clock, tc - tw, te - tc)
         self._after_step(res, te)
         return True
+
+    def _autoscale_step(self, clock: StepClock, wait_s: float, compute_s: float) -> None:
+        """The autoscaler's share of a step (``wait_s`` seconds waiting for the batch,
+        ``compute_s`` training on it): made at the first step, whose wait (the workers' start)
+        is not judged; every later step is accounted, and a window's end decides and acts."""
+        assert self.autoscale is not None
+        if self.autoscaler is None:
+            self.autoscaler = Autoscaler(self.autoscale, self.source, self.source.addresses, self.source.registry,
+                                         clock.batch_size or 0)
+            return
+        self.autoscaler.after_chunk(wait_s, compute_s, 1)
+
+    def describe_autoscale(self) -> dict[str, Any]:
+        """performance.json's ``autoscale`` (:meth:`csrun_runtime.autoscale.Autoscaler.describe`)
+        as ``{"autoscale": {...}}``; ``{}`` without ``--autoscale`` or before the first step."""
+        return {} if self.autoscaler is None else {"autoscale": self.autoscaler.describe()}
 
     def _after_step(self, res: LoopResult, te: float) -> None:
         step, clock = res.step, res.clock

@@ -375,11 +375,14 @@ def test_validate_only_opens_every_listed_file(tf, tmp_path):
     assert check_input_files(labels).ok
 
 
-@pytest.mark.parametrize("flag", ["--autoscale"])
-def test_python_pt_refuses_a_flag_pytorch_does_not_act_on(cluster, monkeypatch, tmp_path, flag):
-    """docs/PYTORCH.md "Not yet for PyTorch": with ``python-pt`` the flag is refused up front (one
-    line naming it, exit 2, nothing submitted, Slurm not asked: a dry run needs no slurmctld);
-    ``python-ws`` and a plain ``python run.py`` are launched (the latter's runtime warns)."""
+def test_python_pt_refuses_a_flag_listed_as_not_wired(cluster, monkeypatch, tmp_path):
+    """docs/PYTORCH.md "Not yet for PyTorch": with ``python-pt`` a flag of
+    ``cli.NOT_WIRED_FOR_PYTORCH`` is refused up front (one line naming it, exit 2, nothing
+    submitted, Slurm not asked: a dry run needs no slurmctld); ``python-ws`` and a plain
+    ``python run.py`` are launched (the latter's runtime warns). The table is empty now
+    (every flag is wired): one is listed here to hold the refusal to its word."""
+    flag = "--autoscale"
+    monkeypatch.setattr(cli, "NOT_WIRED_FOR_PYTORCH", {"autoscale": flag})
     (tmp_path / "run.py").write_text("")
     args = ["--no-path-checks", "--total-nodes", "4", "--tasks-per-node", "1", flag]
     for first in ("python-ws", PY):
@@ -392,6 +395,15 @@ def test_python_pt_refuses_a_flag_pytorch_does_not_act_on(cluster, monkeypatch, 
         assert code == 2 and out == "" and cluster == []
         assert err == (f'csrun_wse: error: {flag} with python-pt: not wired for PyTorch yet '
                        f'(docs/PYTORCH.md "Not yet for PyTorch")\n')
+
+
+def test_python_pt_takes_autoscale(cluster, tmp_path):
+    """--autoscale is wired for PyTorch (docs/AUTOSCALE.md): the dry run's tasks get the setting."""
+    (tmp_path / "run.py").write_text("")
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--no-path-checks", "--total-nodes", "4", "--tasks-per-node",
+                                            "1", "--autoscale", "--initial-workers", "1", "python-pt", "run.py",
+                                            "--mode", "train"])
+    assert code == 0 and "CSRUN_AUTOSCALE=1:1:3:rate:10" in out and "not wired" not in err, err
 
 
 def test_python_pt_takes_chief_input_cpus(cluster, tmp_path):

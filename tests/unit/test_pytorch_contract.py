@@ -257,12 +257,16 @@ def test_a_whole_local_run_never_imports_tensorflow(tmp_path):
     assert "Inconsistent batch sizes detected" in proc.stderr
 
 
-def test_features_not_wired_for_pytorch_are_named():
-    from csrun_runtime.pytorch.runner import not_wired
+def test_features_not_wired_for_pytorch_are_named(monkeypatch):
+    """Every csrun_wse feature is wired for PyTorch now (no warning); a variable listed in
+    ``runner.NOT_WIRED`` (one is put there here) is named with its flag and value."""
+    from csrun_runtime.pytorch import runner
 
-    assert not_wired({}) == [] and not_wired({"CSRUN_CHIEF_INPUT_CPUS": "0"}) == []
-    (w,) = not_wired({"CSRUN_AUTOSCALE": "2:1:3:auto:30"})
-    assert w.startswith("csrun_wse --autoscale (CSRUN_AUTOSCALE=2:1:3:auto:30) is not wired for PyTorch yet")
+    assert runner.not_wired({}) == [] and runner.not_wired({"CSRUN_CHIEF_INPUT_CPUS": "0"}) == []
+    assert runner.not_wired({"CSRUN_AUTOSCALE": "2:1:3:rate:30", "CSRUN_WORKER_JOB": "1"}) == []
+    monkeypatch.setattr(runner, "NOT_WIRED", {"CSRUN_AUTOSCALE": "--autoscale"})
+    (w,) = runner.not_wired({"CSRUN_AUTOSCALE": "2:1:3:rate:30"})
+    assert w.startswith("csrun_wse --autoscale (CSRUN_AUTOSCALE=2:1:3:rate:30) is not wired for PyTorch yet")
 
 
 def test_the_example_data_function_shards_with_csruns_facts():
