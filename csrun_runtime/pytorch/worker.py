@@ -10,8 +10,9 @@ and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that str
 ``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
 chief names it and exits 2), register, and send pass after pass (``sampler.set_epoch``) in bundles of
-about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` (under ``csrun_wse --autoscale`` at most
-:data:`csrun_runtime.service.AUTOSCALE_MAX_BUNDLE` batches). Between sends it looks at ``done.json``, at
+about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.service.MAX_BUNDLE`
+batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.service.AUTOSCALE_MAX_BUNDLE`), as the
+TensorFlow workers' bundles. Between sends it looks at ``done.json``, at
 the chief's heartbeat and at a later attempt of its index; it leaves with a report
 (``workers/<i>.report.json``) and exit 0 when the chief is done.
 """
@@ -31,7 +32,7 @@ from csrun_common.roles import Role
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
-from ..service import AUTOSCALE_MAX_BUNDLE
+from ..service import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..sharding import make_data_dir_view, plan_files
 from .chief import DATAPLANE_FILE, epochs
 from .contract import ContractError, batch_size_of, call_data_fn, process_params, seed_process, to_numpy, torch_seed
@@ -178,9 +179,11 @@ class InputWorker:
         from ..dataplane import BUNDLE_BYTES, ReceiverGone, Sender, flatten, unflatten
 
         sender = Sender(endpoint, self.index, self.attempt)
-        # --autoscale: at most AUTOSCALE_MAX_BUNDLE batches a bundle, as the TensorFlow workers'
-        # (the chief's buffers hold whole bundles, and its windows must see a paused worker)
-        cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else None
+        # at most MAX_BUNDLE batches a bundle, as the TensorFlow workers': the chief hands out a
+        # bundle's batches in a row, so tiny batches must not make one worker's bundle thousands
+        # of steps long; --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole
+        # bundles, and its windows must see a paused worker)
+        cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
         pending: list[list[np.ndarray]] = []
         key: Any = None
         tree: Any = None
@@ -212,7 +215,7 @@ class InputWorker:
                 nbytes += sum(a.nbytes for a in leaves)
                 self.batches += 1
                 self.samples += batch_size_of(batch) or 0
-                if nbytes >= BUNDLE_BYTES or (cap is not None and len(pending) >= cap):
+                if nbytes >= BUNDLE_BYTES or len(pending) >= cap:
                     send_pending()
                 if time.monotonic() - last_check >= POLL_SECS:
                     last_check = time.monotonic()
