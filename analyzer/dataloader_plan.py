@@ -3,7 +3,7 @@
 
 A PyTorch pipeline probe row carries ``dataloader_workers`` (the DataLoader's worker processes,
 ``train_input.num_workers``, inside the task's ``C`` CPUs). For each CPUs-per-task ``C`` the
-planner sweeps :func:`candidates` ``(C)`` = 0, 1, 2, 4, .. up to ``C`` at the layout where ``C``
+planner sweeps :func:`candidates` ``(C)`` = 0, 1, 2, 4, .. up to ``2C`` at the layout where ``C``
 was first probed, in that order, stopping early once the two largest counts measured both ran below
 :data:`STOP_BELOW` of the best so far (so up to ``C = 2`` every count is measured: one
 noisy point does not end a sweep); a point whose DataLoader cannot be built (``status``
@@ -35,9 +35,11 @@ INVALID = "invalid"
 
 def candidates(cpus: int) -> list[int]:
     """DataLoader ``num_workers`` to sweep at ``cpus`` CPUs per task: 0, 1, then powers of
-    two up to ``cpus``, and ``cpus`` itself (``[0, 1]`` at 1 CPU)."""
-    out = [0, 1] + [2 ** i for i in range(1, 20) if 2 ** i < cpus] + [max(1, int(cpus))]
-    return list(dict.fromkeys(out))
+    two up to ``2 × cpus``, and ``cpus`` and ``2 × cpus`` themselves (``[0, 1, 2]`` at 1 CPU):
+    more processes than CPUs pay off when each one also waits (a read's latency)."""
+    top = 2 * max(1, int(cpus))
+    out = [0, 1] + [2 ** i for i in range(1, 20) if 2 ** i < top] + [max(1, int(cpus)), top]
+    return sorted(dict.fromkeys(out))
 
 
 def is_pytorch_row(r: dict[str, Any]) -> bool:
@@ -140,7 +142,7 @@ def workers_for(rows: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
     """The DataLoader ``num_workers`` to recommend at ``cpus`` CPUs per task: ``{"num_workers",
     "measured_at_cpus", "how"}``; the best count at ``cpus`` when swept there (``how``
     ``"measured"``), else that of the nearest swept ``C`` scaled by ``cpus / C`` (rounded,
-    within ``[1, cpus]``; 0 stays 0; ``how`` ``"scaled"``). ``{}`` without a PyTorch probe."""
+    within ``[1, 2 × cpus]``; 0 stays 0; ``how`` ``"scaled"``). ``{}`` without a PyTorch probe."""
     best = best_workers(rows)
     if not best:
         return {}
@@ -148,5 +150,5 @@ def workers_for(rows: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
         return {"num_workers": best[cpus], "measured_at_cpus": cpus, "how": "measured"}
     near = min(best, key=lambda c: (abs(math.log(c / cpus)), c))
     k = best[near]
-    scaled = 0 if k == 0 else min(cpus, max(1, round(k * cpus / near)))
+    scaled = 0 if k == 0 else min(2 * cpus, max(1, round(k * cpus / near)))
     return {"num_workers": scaled, "measured_at_cpus": near, "how": "scaled"}

@@ -400,10 +400,15 @@ _KEEP: list[Any] = []
 
 
 def _drop(counter: Any, servers: Any) -> None:
-    """Release a probe's iterator in a daemon thread (tearing a pipeline down can block);
-    service servers and sources are kept until the process leaves."""
+    """Release a probe's iterator in a daemon thread (tearing a tf.data pipeline down can
+    block); service servers and sources are kept until the process leaves; a PyTorch
+    DataLoader is closed here (its worker processes joined: none left to load the next probe)."""
     if servers is not None:
         _KEEP.append((counter, servers))
+        return
+    built = getattr(counter, "built", None)
+    if built is not None and built.info.get("framework") == "pytorch":
+        built.close()  # its DataLoader worker processes end before the next probe starts
         return
     holder = [counter]
 

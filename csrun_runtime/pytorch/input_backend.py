@@ -15,7 +15,7 @@ torch is imported when a DataLoader is built; never TensorFlow.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError
@@ -103,13 +103,14 @@ class TorchInputBackend:
                                 "torch_threads": torch.get_num_threads(), "batch_size": loader.batch_size,
                                 "torch_seed": seed, "dataloader_worker_cpus": []}
         restarts = [0]
-        built = BuiltInput(batches=iter(()), measure=samples_and_bytes, info=info, restarts=restarts)
-        built.batches = self._passes(loader, cpuset, info, restarts)
-        built.close = lambda: _close(built)
-        return built
+        passes = self._passes(loader, cpuset, info, restarts)
+        # close(): the generator's GeneratorExit drops the DataLoader's iterator, whose worker
+        # processes are shut down and joined now, not whenever the garbage collector runs
+        return BuiltInput(batches=passes, measure=samples_and_bytes, info=info, restarts=restarts,
+                          close=passes.close)
 
     @staticmethod
-    def _passes(loader: Any, cpuset: set[int], info: dict[str, Any], restarts: list[int]) -> Iterator[Any]:
+    def _passes(loader: Any, cpuset: set[int], info: dict[str, Any], restarts: list[int]) -> Generator[Any, None, None]:
         """:func:`.chief.epochs` of ``loader``, pinning its worker processes after the first
         batch of each pass (they start with the pass unless persistent)."""
         n, pin_next = 0, True
@@ -131,8 +132,3 @@ def _new_pass(loader: Any, n: int) -> bool:
         return n % len(loader) == 0
     except TypeError:
         return False
-
-
-def _close(built: BuiltInput) -> None:
-    """Drop the iterator (its DataLoader worker processes end with it)."""
-    built.batches = iter(())

@@ -27,10 +27,10 @@ def _plan(rows, n=4, max_tasks=8):
 
 
 def test_candidates_are_zero_one_and_powers_of_two_up_to_c():
-    assert D.candidates(1) == [0, 1]
-    assert D.candidates(2) == [0, 1, 2]
-    assert D.candidates(6) == [0, 1, 2, 4, 6]
-    assert D.candidates(16) == [0, 1, 2, 4, 8, 16]
+    assert D.candidates(1) == [0, 1, 2]
+    assert D.candidates(2) == [0, 1, 2, 4]
+    assert D.candidates(6) == [0, 1, 2, 4, 6, 8, 12]
+    assert D.candidates(16) == [0, 1, 2, 4, 8, 16, 32]
 
 
 def test_sweep_order_then_the_tensorflow_planner_at_the_best_count():
@@ -40,11 +40,13 @@ def test_sweep_order_then_the_tensorflow_planner_at_the_best_count():
     rows += [_row(1, 4, 1, 150.0), _row(1, 4, 2, 300.0)]
     assert _plan(rows) == ("pipeline", 1, 4, 4)
     rows += [_row(1, 4, 4, 390.0)]
+    assert _plan(rows) == ("pipeline", 1, 4, 8)  # up to 2C: a wait per sample scales past the CPUs
+    rows += [_row(1, 4, 8, 380.0)]
     # the sweep at C=4 is done: the n x 1 bracket, starting its own sweep at 0
     assert _plan(rows) == ("pipeline", 4, 1, 0)
     rows += [_row(4, 1, 0, 200.0)]
     assert _plan(rows) == ("pipeline", 4, 1, 1)
-    rows += [_row(4, 1, 1, 320.0), _row(1, 1, 1, 80.0)]
+    rows += [_row(4, 1, 1, 320.0), _row(4, 1, 2, 300.0), _row(1, 1, 1, 80.0)]
     assert D.best_workers(rows) == {1: 1, 4: 4}
     nxt = _plan(rows)
     assert nxt is not None and nxt[3] == D.best_workers(rows).get(nxt[2], 0)
@@ -68,7 +70,7 @@ def test_a_sweep_stops_after_two_slower_counts_and_an_invalid_point_is_skipped()
     assert D.best_workers(rows) == {16: 0}
     bad = [_row(1, 2, 0, 0.0, status="invalid")]
     assert _plan(bad, n=2) == ("pipeline", 1, 2, 1)  # skipped, the sweep goes on
-    bad += [_row(1, 2, 1, 50.0), _row(1, 2, 2, 90.0)]
+    bad += [_row(1, 2, 1, 50.0), _row(1, 2, 2, 90.0), _row(1, 2, 4, 60.0)]
     assert D.best_workers(bad) == {2: 2}
     assert all(r["status"] != "invalid" for r in D.at_best(bad))
 
@@ -77,6 +79,7 @@ def test_workers_for_an_unswept_c_scales_the_nearest_best():
     rows = [_row(1, 2, 0, 10.0), _row(1, 2, 1, 15.0), _row(1, 2, 2, 30.0), _row(2, 1, 0, 10.0), _row(2, 1, 1, 9.0)]
     assert D.workers_for(rows, 2) == {"num_workers": 2, "measured_at_cpus": 2, "how": "measured"}
     assert D.workers_for(rows, 4) == {"num_workers": 4, "measured_at_cpus": 2, "how": "scaled"}
+    assert D.workers_for([_row(1, 1, 0, 1.0), _row(1, 1, 2, 3.0)], 2)["num_workers"] == 4
     assert D.workers_for(rows, 1)["num_workers"] == 0
     assert D.workers_for([_row(1, 2, 0, 1.0) | {"dataloader_workers": None}], 2) == {}
 
