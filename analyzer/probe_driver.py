@@ -28,6 +28,12 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 6. stop when the next probe would not finish inside the time budget, or when every
    layout is measured and the best ones are repeated with under 5 % spread.
 
+For a PyTorch run.py (the workers' hellos say ``framework: pytorch``) the chief's ingest and
+served probes are left out (PyTorch streams over csrun's data plane, not tf.data service) and
+every pipeline probe also has a DataLoader ``num_workers``: :func:`analyzer.dataloader_plan.next_point`
+sweeps it at each CPUs per task and runs the planner above at each one's best count; a probe
+whose DataLoader cannot be built there is ``invalid`` (skipped, not a failure).
+
 Units: samples/s, seconds, bytes.
 """
 from __future__ import annotations

@@ -15,8 +15,12 @@ A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest"|"served", "tas
 by the processes with index ``< T`` (index: ``spec["index"]``, else ``$CSRUN_PROBE_INDEX``,
 else ``$SLURM_PROCID``); each pins all its threads to its own ``C`` CPUs
 (``os.sched_setaffinity`` on every thread; CPUs ``[i·C, (i+1)·C)`` of the allowed set,
-wrapping when the node is oversubscribed), builds ``input_fn(params)`` with
-``threading.private_threadpool_size = C`` and ``max_intra_op_parallelism = 1``, iterates it
+wrapping when the node is oversubscribed), builds worker 0 of 1's input through the
+input-backend interface (:mod:`csrun_runtime.input_backend`, :func:`backend_for`): TensorFlow's
+``input_fn(params)`` with ``threading.private_threadpool_size = C`` and
+``max_intra_op_parallelism = 1``, or PyTorch's DataLoader with the command's
+``"dataloader_workers"`` as ``train_input.num_workers`` and ``torch.set_num_threads(C)`` (a
+DataLoader that cannot be built there: ``"invalid": true`` in the result), iterates it
 for the warm-up, meets the other processes at a file barrier, measures ``measure_s``
 seconds (samples/s, CPU-seconds, bytes read from psutil's I/O counters), keeps iterating
 until every process has measured (so each window sees the full load), and writes
@@ -45,7 +49,8 @@ process leaves with ``os._exit`` (a pipeline with ``tf.py_function`` can hang in
 exit); the driver still enforces a timeout.
 
 TensorFlow is imported inside the functions that run a pipeline (and by :func:`main`
-once run.py is loaded, so that the load time counts it).
+once run.py is loaded, so that the load time counts it); for a PyTorch run.py torch instead,
+and never TensorFlow (the ingest and served kinds are TensorFlow's only).
 """
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ def find_report(report: str | None) -> Path:
 
 
 def load_report(d: Path) -> dict[str, Any]:
-    """``report.json`` of directory ``d``. Raises :class:`CsrunError` when unreadable or
-    without a recommendation."""
+    """``report.json`` of directory ``d``. Raises :class:`CsrunError` when unreadable,
+    without a recommendation, or a PyTorch report (``verify`` is not yet for PyTorch)."""
     try:
         rep = json.loads((d / "report.json").read_text())
     except (OSError, ValueError) as exc:
@@ -65,6 +65,10 @@ def load_report(d: Path) -> dict[str, Any]:
     if not rep.get("recommendation") or not rep.get("model"):
         raise CsrunError(f"--report {d}: the report has no recommendation "
                             f"({rep.get('error') or 'no successful probe'})")
+    if rep.get("framework") == "pytorch":
+        raise CsrunError(f"--report {d}: a PyTorch report (framework pytorch): verify drains tf.data service "
+                         f"streams and is not yet for PyTorch; run the report's csrun_wse python-pt command and "
+                         f"compare performance.json's samples/s with the prediction")
     return rep
 
 

@@ -66,3 +66,12 @@ def test_render():
                      "job_cpu_cores_on_host": 1.8, "host_cpus": 2}}
     text = V.render(res)
     assert "predicted: 1,000 samples/s" in text and "measured:  950" in text and "error:     -5.0 %" in text
+
+
+def test_a_pytorch_report_is_refused_with_what_to_do_instead(tmp_path):
+    d = _report(tmp_path)
+    rep = json.loads((d / "report.json").read_text())
+    (d / "report.json").write_text(json.dumps({**rep, "framework": "pytorch"}))
+    with pytest.raises(A.CsrunError, match=r"a PyTorch report .* not yet for PyTorch; run the report's csrun_wse "
+                                           r"python-pt command"):
+        V.load_report(d)
