@@ -3,7 +3,9 @@ submitit job on a CPU node build train_data_fn's DataLoader through the PyTorch 
 DataLoader num_workers 0, 1, 2; a GIL-bound pipeline (pure-Python work and a wait per sample:
 serial in one process) and a CPU-parallel one (a threaded numpy op with 16 MB batches: one
 process uses the task's CPUs, worker processes pay to ship the batches) get different
-num_workers, and the report's command launches python-pt. Small budgets (20 s of probing each)."""
+num_workers, and the report's command launches python-pt; ``verify`` launches the GIL-bound
+report's count with one input worker streaming over the data plane through ``csrun_wse
+python-pt`` and compares. Small budgets (20 s of probing each, a 3 s drain window)."""
 from __future__ import annotations
 
 import json
@@ -52,3 +54,13 @@ def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_worker
     assert gil["dataloader_workers"][n] >= 1, gil["probes"]
     assert par["dataloader_workers"][n] == 0, par["probes"]
     assert par["recommendation"]["dataloader_workers"] == 0
+
+    v = subprocess.run([str(BIN / "cs_input_analyzer"), "verify", "--report", str(tmp_path / "gil"), "--seconds", "3",
+                        "--warmup", "1", "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", n],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "python-pt -m analyzer.verify_task_pt --dataloader-workers" in v.stderr
+    res = json.loads((tmp_path / "gil" / "verify.json").read_text())
+    assert res["drain"]["framework"] == "pytorch" and res["drain"]["num_workers"] == 1
+    assert res["drain"]["dataloader_workers"] == gil["dataloader_workers"][n]
+    assert res["measured_samples_per_sec"] > 0 and res["error_pct"] is not None
