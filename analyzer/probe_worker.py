@@ -337,8 +337,10 @@ def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
     try:
         built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
                                     prefetch_factor=cmd.get("prefetch_factor"))
-    except InputBuildError as e:
-        raise InvalidPoint(str(e)) from None
+    except InputBuildError as e:  # PyTorch: a DataLoader count it cannot be built at (the planner skips it)
+        if entry.framework == "pytorch":
+            raise InvalidPoint(str(e)) from None
+        raise ContractViolation(str(e)) from None  # TensorFlow: the contract's messages, as before
     return Counter(built), None, 2
 
 
@@ -646,7 +648,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 res = run_probe(entry, cmd, index, allowed, workdir)
             except BaseException as exc:  # noqa: BLE001
-                res = {"index": index, **_error(exc)}
+                res = {"index": index, **_error(exc), "invalid": isinstance(exc, InvalidPoint)}
                 rc = 1
             out = Path(spec.get("out") or workdir / "res" / f"{cmd['seq']}_{index}.json")
             out.parent.mkdir(parents=True, exist_ok=True)
