@@ -95,10 +95,12 @@ def _report(tmp_path: Path, table: str, command=COMMAND) -> dict:
 
 def test_gil_bound_and_cpu_parallel_recordings_get_different_num_workers(tmp_path):
     gil, par = _report(tmp_path, "pt_gil_local.csv"), _report(tmp_path, "pt_parallel_local.csv")
-    assert gil["dataloader_workers"]["2"] == 2  # processes scale the pure-Python work
-    assert par["dataloader_workers"]["2"] == 0  # threads in-process; workers pay to ship 16 MB batches
-    assert gil["recommendation"]["dataloader_workers"] >= 1
-    assert par["recommendation"]["dataloader_workers"] == 0
+    assert gil["dataloader_workers"]["2"] == 4  # processes scale the pure-Python work and the waits (2C)
+    assert gil["dataloader_workers"]["1"] == 2
+    assert par["dataloader_workers"] == {"1": 0, "2": 0}  # threads in-process; workers pay to ship 16 MB
+    g, p = gil["recommendation"], par["recommendation"]
+    assert (g["tasks_per_node"], g["cpus_per_task"], g["dataloader_workers"]) == (2, 1, 2)
+    assert (p["tasks_per_node"], p["cpus_per_task"], p["dataloader_workers"]) == (2, 1, 0)
     for rep in (gil, par):
         assert rep["ingest"] == {}  # no tf.data service figure applies to PyTorch
         assert rep["csrun_wse_command"].split(" python-pt ")[1].startswith("run.py ")

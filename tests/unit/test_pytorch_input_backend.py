@@ -114,3 +114,26 @@ def test_a_point_the_data_function_cannot_build_is_an_input_build_error(tmp_path
         built.close()
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_pytorch_pipeline_probe_never_imports_tensorflow(tmp_path):
+    """The probe process's whole PyTorch path: load run.py, build through the backend, measure."""
+    run_py = _run_py(tmp_path)
+    script = textwrap.dedent(f'''
+        import json, sys
+        from pathlib import Path
+        from analyzer.probe_worker import ProbedPipeline, run_probe
+        entry = ProbedPipeline({str(run_py)!r}, ["--params", {str(tmp_path / "params.yaml")!r}])
+        cmd = {{"seq": 0, "kind": "pipeline", "tasks": 1, "cpus_per_task": 1, "warmup_s": 0.2, "measure_s": 0.3,
+               "dataloader_workers": 1}}
+        res = run_probe(entry, cmd, 0, sorted(__import__("os").sched_getaffinity(0)), Path({str(tmp_path)!r}))
+        print(json.dumps({{"framework": entry.framework, "samples": res["samples"], "input": res["input"],
+                          "tensorflow": "tensorflow" in sys.modules}}))
+    ''')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["framework"] == "pytorch" and got["samples"] > 0
+    assert got["input"]["dataloader_workers"] == 1 and got["input"]["torch_threads"] == 1
+    assert got["tensorflow"] is False
