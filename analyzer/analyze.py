@@ -418,6 +418,7 @@ def _record_run(base: dict[str, Any], run: ProbeRun) -> None:
     base["node_cpus"] = run.node_cpus
     base["probed_on"] = (run.hellos[0] if run.hellos else {})
     base["stopped"] = run.stopped
+    base["framework"] = run.framework
     base["timing"] = vars(run.timing) if run.timing else None
     base["load_s"] = run.load_times
     base["notes"] += run.notes
@@ -431,9 +432,10 @@ def _fit_rows(rows: list[dict[str, Any]], n: int) -> NodeModel:
     import pandas as pd
 
     # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
+    from .dataloader_plan import at_best
     from .model import fit
 
-    return fit(pd.DataFrame(rows), n)
+    return fit(pd.DataFrame(at_best(rows)), n)  # PyTorch: each C at its best DataLoader num_workers
 
 
 def _save_partial(out: Path, base: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -450,6 +452,7 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     import pandas as pd
 
     # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
+    from . import dataloader_plan as dlp
     from . import recommend as rc
     from .model import ModelError, classify, fit, ingest_limits
 
@@ -458,13 +461,16 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep["topology"] = topology
     # probes only ever measured while other processes were busy: they lead report.txt
     rep["disturbed"] = disturbed(rows)
-    df = pd.DataFrame(rows)
+    pytorch = base.get("framework") == "pytorch" or any(dlp.is_pytorch_row(r) for r in rows)
+    # PyTorch: the per-task rate at C CPUs is the best measured over DataLoader num_workers
+    df = pd.DataFrame(dlp.at_best(rows) if pytorch else rows)
     try:
         model = fit(df, base.get("node_cpus"))
     except ModelError as exc:
         rep["error"] = f"{exc}" + (f" (last error: {rows[-1].get('error')})" if rows else "")
         return rep
-    ingest = ingest_limits(df)
+    # PyTorch streams over csrun's data plane: no tf.data service figure applies (left out)
+    ingest = {} if pytorch else ingest_limits(df)
     rep["model"] = model.to_dict()
     rep["ingest"] = ingest
     rep["bottleneck"] = classify(df, model)
@@ -474,7 +480,10 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep["nodes_curve"] = [rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
                                             topology, rec.get("chief_input_cpus") or 0)
                           for n in range(1, int(base.get("available_nodes") or 1) + 1)]
-    rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"))
+    if pytorch:
+        _pytorch_parts(rep, rows, rec)
+    rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"),
+                                                    framework="pytorch" if pytorch else "tensorflow")
     if topology:
         rep["notes"] = list(rep.get("notes") or []) + [
             f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
@@ -491,6 +500,30 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
                                               " (a prior from the element size)")
             + "; give a larger --time-budget to measure it"]
     return rep
+
+
+def _pytorch_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[str, Any]) -> None:
+    """A PyTorch report's own parts: ``framework``, the DataLoader ``num_workers`` of the
+    recommendation and of each alternative (:func:`analyzer.dataloader_plan.workers_for`),
+    the best count measured at each CPUs per task (``dataloader_workers``), and the notes
+    saying the chief's ingest is left out and how to set ``num_workers``."""
+    from . import dataloader_plan as dlp
+
+    rep["framework"] = "pytorch"
+    rep["dataloader_workers"] = {str(c): k for c, k in dlp.best_workers(rows).items()}
+    rec["dataloader"] = dlp.workers_for(rows, int(rec["cpus_per_task"]))
+    rec["dataloader_workers"] = rec["dataloader"].get("num_workers")
+    for alt in rec.get("alternatives") or []:
+        alt["dataloader_workers"] = dlp.workers_for(rows, int(alt["cpus_per_task"])).get("num_workers")
+    invalid = sorted({int(r["dataloader_workers"]) for r in rows
+                      if dlp.is_pytorch_row(r) and r.get("status") == dlp.INVALID})
+    notes = list(rep.get("notes") or [])
+    notes.append("PyTorch: the chief's ingest over csrun's data plane was not measured: the prediction leaves "
+                 "it out (no tf.data service figure applies to a PyTorch run)")
+    if invalid:
+        notes.append(f"DataLoader num_workers {', '.join(map(str, invalid))}: the data function could not build "
+                     f"its DataLoader there (skipped; see the probes' errors)")
+    rep["notes"] = notes
 
 
 def _finish(out: Path, rep: dict[str, Any]) -> int:

@@ -49,7 +49,7 @@ PROBE_COLUMNS = [
     "element_bytes_per_sec", "window_s", "warmup_s", "first_element_s", "elapsed_s",
     "started_at", "other_cores_busy", "contended", "samples_per_element",
     "chief_cpu_seconds_per_sample", "worker_cpu_seconds_per_sample", "worker_local_cpu_seconds_per_sample",
-    "chief_apart",
+    "chief_apart", "dataloader_workers",
 ]
 
 #: Prior cost of the tf.data service hop (both ends, CPU-seconds) when no ingest probe ran:

@@ -28,6 +28,12 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 6. stop when the next probe would not finish inside the time budget, or when every
    layout is measured and the best ones are repeated with under 5 % spread.
 
+For a PyTorch run.py (the workers' hellos say ``framework: pytorch``) the chief's ingest and
+served probes are left out (PyTorch streams over csrun's data plane, not tf.data service) and
+every pipeline probe also has a DataLoader ``num_workers``: :func:`analyzer.dataloader_plan.next_point`
+sweeps it at each CPUs per task and runs the planner above at each one's best count; a probe
+whose DataLoader cannot be built there is ``invalid`` (skipped, not a failure).
+
 Units: samples/s, seconds, bytes.
 """
 from __future__ import annotations
@@ -53,6 +59,7 @@ from launcher import slurm
 from launcher.container import Container
 from launcher.slurm import stop_process_group
 
+from . import dataloader_plan
 from .probe_agent import agent
 
 if TYPE_CHECKING:
@@ -505,8 +512,8 @@ class ProbeSession:
             tick()
             results = self._read(f"res/{seq}_*.json")
             errs = [r for r in results if r.get("error")]
-            if errs:
-                status, error = "failed", errs[0]["error"]
+            if errs:  # invalid: the DataLoader cannot be built at this point (the planner skips it)
+                status, error = ("invalid" if errs[0].get("invalid") else "failed"), errs[0]["error"]
                 break
             if len(results) >= T:
                 status, error = "ok", ""
@@ -516,7 +523,7 @@ class ProbeSession:
                     f": {self._log_tail()}" if self._log_tail() else "")
                 break
             time.sleep(0.1)
-        if status == "failed" and len(results) < T and self.alive():
+        if status in ("failed", "invalid") and len(results) < T and self.alive():
             # Let the other workers finish their share (bounded) so the session stays usable.
             t_wait = time.monotonic() + timing.warmup_s + timing.measure_s + timing.barrier_timeout_s + 5
             while len(self._read(f"res/{seq}_*.json")) < T and time.monotonic() < t_wait:
@@ -674,6 +681,7 @@ class ProbeRun:
     hellos: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stopped: str = ""
+    framework: str = "tensorflow"
     node_cpus: int = 0
     load_s: float = 0.0
     load_times: list[float] = field(default_factory=list)
@@ -751,10 +759,15 @@ class _Driver:
         self.sessions = 0
         self.elapsed_by_key: dict[tuple[str, int, int], float] = {}
         self.failures: list[str] = []
+        self.pytorch = False  # the hellos say; then the grid adds DataLoader num_workers
+        self.dl_workers: int | None = None  # the next PyTorch probe's DataLoader num_workers
 
     def run(self) -> ProbeRun:
         """Probe until done; returns what was found (``stopped`` says why it ended)."""
         self.session = self._new_session(self.base_workers)
+        if any(h.get("framework") == "pytorch" for h in self.out.hellos):
+            # no tf.data service hop to measure: the ingest term is left out (docs/INPUT-ANALYZER.md)
+            self.pytorch, self.want_ingest, self.out.framework = True, False, "pytorch"
         try:
             while self._step():
                 pass
@@ -810,20 +823,30 @@ class _Driver:
         than the session has restarts the session with ``M`` when a reload fits the budget;
         otherwise the planner chooses within the processes there are."""
         predict = self._predict()
-        rows = self.out.rows
-        nxt = next_probe(rows, self.n, self.M, self.want_ingest, predict)
+        nxt = self._plan(self.M, predict)
         have = self.session.workers if self.session is not None else self.base_workers
         remaining = self.deadline - time.monotonic()
         if nxt is not None and nxt[0] == PROBE_KIND and nxt[1] > have:
             est_over = self.out.load_s + self.timing.warmup_s + self.timing.measure_s + 3.0
             if est_over > remaining:
-                nxt = next_probe(rows, self.n, have, self.want_ingest, predict)
+                nxt = self._plan(have, predict)
             else:
                 if self.session is not None:
                     self.session.close()
                 self.session = None
                 have = self.M
         return nxt, have, remaining
+
+    def _plan(self, max_tasks: int, predict: Callable[[int, int], float] | None) -> tuple[str, int, int] | None:
+        """:func:`next_probe`; for PyTorch :func:`analyzer.dataloader_plan.next_point`, its
+        DataLoader ``num_workers`` kept in ``self.dl_workers``."""
+        if not self.pytorch:
+            return next_probe(self.out.rows, self.n, max_tasks, self.want_ingest, predict)
+        got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict)
+        if got is None:
+            return None
+        self.dl_workers = got[3]
+        return got[0], got[1], got[2]
 
     def _predict(self) -> Callable[[int, int], float] | None:
         """The current fit's node rate, once two probes succeeded (None without a fit)."""
@@ -860,6 +883,10 @@ class _Driver:
         if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
             # One CPU cannot hold the input worker and the chief apart: the chief runs here.
             row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick)
+        elif self.pytorch:
+            row = session.probe(kind, T, C, timing, timeout, cache, self._tick,
+                                extra={"dataloader_workers": self.dl_workers})
+            row["dataloader_workers"] = self.dl_workers
         else:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick)
         return row, kind, T, C
@@ -885,6 +912,8 @@ class _Driver:
             self.elapsed_by_key[(kind, T, C)] = row["elapsed_s"]
             self.failures.clear()
             return True
+        if row["status"] == dataloader_plan.INVALID:
+            return True  # a point the DataLoader cannot be built at: skipped, not a failure
         failures = self.failures
         failures.append(row["error"])
         if row["status"] == "timeout" and self.session is not None:
@@ -900,6 +929,8 @@ class _Driver:
 
 def _row_line(row: dict) -> str:
     what = f"{row['kind']} {row['tasks']} task(s) × {row['cpus_per_task']} CPU(s)"
+    if row.get("dataloader_workers") is not None:
+        what += f", DataLoader num_workers {row['dataloader_workers']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['error']}"
     busy = (f"; disturbed: other processes kept {row.get('other_cores_busy', math.nan):.2f} cores busy"

@@ -15,8 +15,12 @@ A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest"|"served", "tas
 by the processes with index ``< T`` (index: ``spec["index"]``, else ``$CSRUN_PROBE_INDEX``,
 else ``$SLURM_PROCID``); each pins all its threads to its own ``C`` CPUs
 (``os.sched_setaffinity`` on every thread; CPUs ``[i·C, (i+1)·C)`` of the allowed set,
-wrapping when the node is oversubscribed), builds ``input_fn(params)`` with
-``threading.private_threadpool_size = C`` and ``max_intra_op_parallelism = 1``, iterates it
+wrapping when the node is oversubscribed), builds worker 0 of 1's input through the
+input-backend interface (:mod:`csrun_runtime.input_backend`, :func:`backend_for`): TensorFlow's
+``input_fn(params)`` with ``threading.private_threadpool_size = C`` and
+``max_intra_op_parallelism = 1``, or PyTorch's DataLoader with the command's
+``"dataloader_workers"`` as ``train_input.num_workers`` and ``torch.set_num_threads(C)`` (a
+DataLoader that cannot be built there: ``"invalid": true`` in the result), iterates it
 for the warm-up, meets the other processes at a file barrier, measures ``measure_s``
 seconds (samples/s, CPU-seconds, bytes read from psutil's I/O counters), keeps iterating
 until every process has measured (so each window sees the full load), and writes
@@ -45,7 +49,8 @@ process leaves with ``os._exit`` (a pipeline with ``tf.py_function`` can hang in
 exit); the driver still enforces a timeout.
 
 TensorFlow is imported inside the functions that run a pipeline (and by :func:`main`
-once run.py is loaded, so that the load time counts it).
+once run.py is loaded, so that the load time counts it); for a PyTorch run.py torch instead,
+and never TensorFlow (the ingest and served kinds are TensorFlow's only).
 """
 from __future__ import annotations
 
@@ -56,7 +61,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +69,20 @@ import psutil
 from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.env import PROBE_INDEX, PROBE_PARENT
-from csrun_runtime import contract, pipeline, rendezvous, service
+from csrun_runtime import contract, rendezvous, service
 from csrun_runtime.capture import load_entry
+from csrun_runtime.input_backend import (
+    BuiltInput,
+    InputBackend,
+    InputBuildError,
+    TFInputBackend,
+    samples_in,
+    tf_passes,
+)
+from csrun_runtime.input_backend import tf_samples_and_bytes as samples_and_bytes
+
+__all__ = ["pin_all_threads", "cpus_for", "probe_cpus", "samples_in", "samples_and_bytes", "ProbedPipeline",
+           "backend_for", "Counter", "run_probe", "serve", "main"]
 
 POLL_S = 0.05
 
@@ -112,30 +128,6 @@ def probe_cpus(kind: str, index: int, tasks: int, cpus_per_task: int, allowed: l
     return list(allowed)
 
 
-def samples_in(flat: list) -> int:
-    """Samples in one dataset element given as its flattened tensors (``tf.nest.flatten``):
-    the leading dimension of the first tensor (1 for a scalar, an unknown dimension or no
-    tensor). Used by the probes and by :mod:`analyzer.verify_task`."""
-    if not flat:
-        return 1
-    shape = flat[0].shape
-    return int(shape[0]) if len(shape) >= 1 and shape[0] is not None else 1
-
-
-def samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
-    """``(samples, bytes)`` of one dataset element: :func:`samples_in` and the summed size
-    of its tensors."""
-    flat = flatten(element)
-    if not flat:
-        return 1, 0
-    samples = samples_in(flat)
-    nbytes = 0
-    for t in flat:
-        ne = t.shape.num_elements()
-        nbytes += (ne or 0) * (t.dtype.size or 1)
-    return samples, nbytes
-
-
 class Marker:
     """The file barrier of one probe: ``<workdir>/bar/<seq>_<phase>_<index>``."""
 
@@ -159,18 +151,42 @@ class ContractViolation(RuntimeError):
     """input_fn broke the runtime's contract (the message is csrun_runtime.contract's)."""
 
 
+class InvalidPoint(RuntimeError):
+    """The input cannot be built at the probe's point (e.g. DataLoader ``num_workers: 0`` with
+    a ``prefetch_factor``): the probe is recorded ``invalid`` and the planner skips it."""
+
+
+def backend_for(entry: Any) -> InputBackend:
+    """The input backend of a captured run.py (:class:`csrun_runtime.capture.CapturedRun`: its
+    ``framework``, ``input_fn`` and ``params``): :class:`csrun_runtime.input_backend.TFInputBackend`
+    or :class:`csrun_runtime.pytorch.input_backend.TorchInputBackend` (torch's side imported only
+    then). Raises ``ValueError`` for another framework."""
+    fw = getattr(entry, "framework", "tensorflow")
+    if fw == "tensorflow":
+        return TFInputBackend(entry.input_fn, entry.params)
+    if fw == "pytorch":
+        from csrun_runtime.pytorch.input_backend import TorchInputBackend
+
+        return TorchInputBackend(entry.input_fn, entry.params)
+    raise ValueError(f"framework {fw!r}: no input backend (tensorflow or pytorch)")
+
+
 class ProbedPipeline:
-    """The captured run.py (:func:`csrun_runtime.capture.load_entry`): ``input_fn`` and the
-    params input worker 0 of 1 receives (the single-process view: every probe process reads
-    all the data, as an unsharded worker would)."""
+    """The captured run.py (:func:`csrun_runtime.capture.load_entry`): ``input_fn`` (PyTorch:
+    ``train_data_fn``), the params input worker 0 of 1 receives (the single-process view:
+    every probe process reads all the data, as an unsharded worker would), ``framework`` and
+    its input backend (:func:`csrun_runtime.input_backend.backend_for`)."""
 
     def __init__(self, run_py: str, argv: list[str]):
         self.captured = load_entry(run_py, list(argv))
+        self.framework = self.captured.framework
         self.input_fn = self.captured.input_fn
         self.params = self.captured.worker_params(0, 1)
-        problems = contract.check_signature(self.input_fn)
-        if problems:
-            raise ContractViolation("train_input: " + "; ".join(problems))
+        self.backend = backend_for(self.captured)
+        if self.framework == "tensorflow":
+            problems = contract.check_signature(self.input_fn)
+            if problems:
+                raise ContractViolation("train_input: " + "; ".join(problems))
 
 
 def build_dataset(entry: ProbedPipeline, cpus_per_task: int) -> Any:
@@ -181,47 +197,66 @@ def build_dataset(entry: ProbedPipeline, cpus_per_task: int) -> Any:
     Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
     """
     # as an input worker builds it: TF_CONFIG of one worker, its seeds (csrun_runtime.pipeline)
-    ds = pipeline.build_worker_input(entry.input_fn, entry.captured.params, 0, 1).dataset
-    rep = contract.check_dataset(ds, "train")
-    if rep.violations:
-        raise ContractViolation("; ".join(rep.violations))
-    return service.limit_threads(ds, cpus_per_task)
+    if not isinstance(entry.backend, TFInputBackend):
+        raise ContractViolation("the chief's ingest probes measure tf.data service: TensorFlow only")
+    try:
+        return entry.backend.dataset(0, 1, cpus_per_task)
+    except InputBuildError as e:
+        raise ContractViolation(str(e)) from None
 
 
 class Counter:
-    """Iterates a dataset, restarting it at its end, counting samples and bytes."""
+    """Iterates a built input (:class:`csrun_runtime.input_backend.BuiltInput`: endless, pass
+    after pass), counting samples, batches and bytes."""
 
-    def __init__(self, ds: Any):
-        import tensorflow as tf  # loaded already: ds is a tf.data.Dataset
+    def __init__(self, built: BuiltInput):
+        self.built = built
+        self.samples = self.batches = self.bytes = 0
 
-        self.ds, self.flatten = ds, tf.nest.flatten
-        self.it = iter(ds)
-        self.samples = self.batches = self.bytes = self.restarts = 0
+    @property
+    def restarts(self) -> int:
+        """Passes begun after the first."""
+        return self.built.restarts[0]
 
     def step(self) -> None:
-        """Take one element (restarting the dataset at its end) and count it."""
-        try:
-            el = next(self.it)
-        except StopIteration:
-            self.restarts += 1
-            if self.restarts > 1000 and self.batches == 0:
-                raise RuntimeError("input_fn's dataset yields no element") from None
-            self.it = iter(self.ds)
-            el = next(self.it)
-        self.count(el)
+        """Take one batch and count it."""
+        self.count(next(self.built.batches))
 
     def count(self, el: Any) -> None:
-        """Add one element's samples and bytes (:func:`samples_and_bytes`)."""
-        s, b = samples_and_bytes(el, self.flatten)
+        """Add one element's samples and bytes (the backend's ``measure``)."""
+        s, b = self.built.measure(el)
         self.samples += s
         self.batches += 1
         self.bytes += b
+
+
+def tf_counter(ds: Any) -> Counter:
+    """A :class:`Counter` over a ``tf.data.Dataset`` (restarted at its end)."""
+    import tensorflow as tf  # loaded already: ds is a tf.data.Dataset
+
+    restarts = [0]
+    return Counter(BuiltInput(batches=tf_passes(ds, restarts), restarts=restarts,
+                              measure=lambda el: samples_and_bytes(el, tf.nest.flatten)))
 
 
 def host_busy_seconds() -> float:
     """CPU-seconds the whole machine has been busy (all processes, all CPUs) so far."""
     t = psutil.cpu_times()
     return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+def _cpu_with_children(proc: psutil.Process) -> float:
+    """CPU-seconds of this process, of its children that ended and were waited for, and of
+    its live children (a PyTorch DataLoader's worker processes)."""
+    t = proc.cpu_times()
+    total = t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    for k in proc.children(recursive=True):
+        try:
+            kt = k.cpu_times()
+            total += kt.user + kt.system
+        except psutil.Error:
+            pass
+    return float(total)
 
 
 def _io(proc: psutil.Process) -> tuple[int, int]:
@@ -272,6 +307,9 @@ def run_probe(entry: ProbedPipeline, cmd: dict[str, Any], index: int, allowed: l
     local = getattr(counter, "local_cpu_seconds_per_sample", None)  # a served probe's input worker
     if local is not None:
         res["local_cpu_seconds_per_sample"] = local
+    built = getattr(counter, "built", None)
+    if built is not None and built.info:
+        res["input"] = dict(built.info)  # PyTorch: the DataLoader's workers, prefetch, torch threads
     _drop(counter, servers)
     return res
 
@@ -296,7 +334,14 @@ def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
                                         local_s=(min(warmup, 2.0), measure / 2.0),
                                         apart=bool(cmd.get("chief_apart")))
         return counter, servers, 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
-    return Counter(build_dataset(entry, C)), None, 2
+    try:
+        built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
+                                    prefetch_factor=cmd.get("prefetch_factor"))
+    except InputBuildError as e:  # PyTorch: a DataLoader count it cannot be built at (the planner skips it)
+        if entry.framework == "pytorch":
+            raise InvalidPoint(str(e)) from None
+        raise ContractViolation(str(e)) from None  # TensorFlow: the contract's messages, as before
+    return Counter(built), None, 2
 
 
 def _warm_up(counter: Counter | IdleCounter, warmup_s: float, min_batches: int) -> float:
@@ -333,7 +378,7 @@ def _measure(counter: Counter | IdleCounter, measure_s: float) -> dict[str, Any]
     whole machine's busy cores meanwhile (``host_busy_cores``)."""
     proc = psutil.Process()
     s0, b0, e0 = counter.samples, counter.batches, counter.bytes
-    ct0 = proc.cpu_times()
+    cpu0 = _cpu_with_children(proc)
     io0 = _io(proc)
     host0 = host_busy_seconds()
     w0 = time.monotonic()
@@ -341,7 +386,7 @@ def _measure(counter: Counter | IdleCounter, measure_s: float) -> dict[str, Any]
     while time.monotonic() < w_end:
         counter.step()
     w1 = time.monotonic()
-    ct1 = proc.cpu_times()
+    cpu1 = _cpu_with_children(proc)
     io1 = _io(proc)
     host1 = host_busy_seconds()
     samples = counter.samples - s0
@@ -349,7 +394,7 @@ def _measure(counter: Counter | IdleCounter, measure_s: float) -> dict[str, Any]
     return {
         "samples": samples, "batches": counter.batches - b0, "window_s": window,
         "samples_per_sec": samples / window if window > 0 else 0.0,
-        "cpu_seconds": (ct1.user - ct0.user) + (ct1.system - ct0.system),
+        "cpu_seconds": cpu1 - cpu0,
         "read_chars": io1[0] - io0[0], "read_bytes": io1[1] - io0[1],
         "element_bytes": counter.bytes - e0, "restarts": counter.restarts,
         "host_busy_cores": (host1 - host0) / window if window > 0 else None,
@@ -362,10 +407,15 @@ _KEEP: list[Any] = []
 
 
 def _drop(counter: Any, servers: Any) -> None:
-    """Release a probe's iterator in a daemon thread (tearing a pipeline down can block);
-    service servers and sources are kept until the process leaves."""
+    """Release a probe's iterator in a daemon thread (tearing a tf.data pipeline down can
+    block); service servers and sources are kept until the process leaves; a PyTorch
+    DataLoader is closed here (its worker processes joined: none left to load the next probe)."""
     if servers is not None:
         _KEEP.append((counter, servers))
+        return
+    built = getattr(counter, "built", None)
+    if built is not None and built.info.get("framework") == "pytorch":
+        built.close()  # its DataLoader worker processes end before the next probe starts
         return
     holder = [counter]
 
@@ -383,8 +433,9 @@ class SourceCounter(Counter):
     def __init__(self, source: service.ServiceSource, timeout_s: float = 60.0):
         import tensorflow as tf  # loaded already: the source reads tf.data service streams
 
-        self.source, self.timeout_s, self.flatten = source, timeout_s, tf.nest.flatten
-        self.samples = self.batches = self.bytes = self.restarts = 0
+        self.source, self.timeout_s = source, timeout_s
+        self.built = BuiltInput(batches=iter(()), measure=lambda el: samples_and_bytes(el, tf.nest.flatten))
+        self.samples = self.batches = self.bytes = 0
 
     def step(self) -> None:
         """Take the next element of the merged stream and count it."""
@@ -467,7 +518,7 @@ def _local_cost(ds: Any, warmup_s: float, measure_s: float) -> tuple[float, Any]
     ``(CPU-seconds per sample, the counter)``. The counter must stay referenced (its
     iterator idles once its prefetch buffers are full; deleting it can block)."""
     proc = psutil.Process()
-    c = Counter(ds)
+    c = tf_counter(ds)
     t_end = time.monotonic() + warmup_s
     c.step()
     while time.monotonic() < t_end:
@@ -554,7 +605,7 @@ def serve(spec: dict, index: int, entry: ProbedPipeline, allowed: list[int]) -> 
         try:
             res = run_probe(entry, cmd, role, allowed, workdir)
         except BaseException as exc:  # noqa: BLE001 - reported to the driver
-            res = {"index": role, **_error(exc)}
+            res = {"index": role, **_error(exc), "invalid": isinstance(exc, InvalidPoint)}
         res["seq"] = cmd["seq"]
         write_json(res_dir / f"{cmd['seq']}_{role}.json", res)
         pin_all_threads(allowed)
@@ -585,7 +636,9 @@ def main(argv: list[str] | None = None) -> None:
         if spec.get("cwd"):
             os.chdir(spec["cwd"])
         entry = ProbedPipeline(spec["run_py"], spec.get("argv", []))
-        import tensorflow  # noqa: F401 - loaded here so that the hello's load time counts it
+        # the framework loaded here so that the hello's load time counts it (never the other one)
+        __import__("torch" if entry.framework == "pytorch" else "tensorflow")
+        hello["framework"] = entry.framework
         hello["load_s"] = time.monotonic() - t0
         hello_path = Path(spec.get("hello") or workdir / f"hello_{index}.json")
         write_json(hello_path, hello)
@@ -595,7 +648,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 res = run_probe(entry, cmd, index, allowed, workdir)
             except BaseException as exc:  # noqa: BLE001
-                res = {"index": index, **_error(exc)}
+                res = {"index": index, **_error(exc), "invalid": isinstance(exc, InvalidPoint)}
                 rc = 1
             out = Path(spec.get("out") or workdir / "res" / f"{cmd['seq']}_{index}.json")
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,15 +31,17 @@ REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "pr
 _MODE_FLAGS = ("--validate_only", "--compile_only")
 
 
-def train_command(command: Sequence[str]) -> list[str]:
+def train_command(command: Sequence[str], framework: str = "tensorflow") -> list[str]:
     """The user's command as a training command for csrun_wse: the first word (``python``,
-    a python path, ``python-ws``) becomes ``python-ws``; ``--mode X`` / ``--mode=X`` becomes
+    a python path, ``python-ws``, ``python-pt``) becomes ``python-ws`` (``python-pt`` for
+    ``framework="pytorch"``); ``--mode X`` / ``--mode=X`` becomes
     ``--mode train`` and ``--validate_only`` / ``--compile_only`` are dropped (``--mode
     train`` is added when no mode was given)."""
     words = list(command)
     if not words:
         return words
-    out = ["python-ws"] if _is_python(words[0]) else [words[0]]
+    launcher = "python-pt" if framework == "pytorch" else "python-ws"
+    out = [launcher] if _is_python(words[0]) else [words[0]]
     rest = words[1:]
     i, has_mode = 0, False
     while i < len(rest):
@@ -68,16 +70,17 @@ def _is_python(word: str) -> bool:
 
 
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
-                      shard_plan: str | None = None) -> str:
+                      shard_plan: str | None = None, framework: str = "tensorflow") -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
     (``--chief-input-cpus L`` when the recommendation gives the chief's task an input worker
-    of ``L`` CPUs). The layout's flags: :meth:`csrun_common.layout.LayoutSpec.to_flags`."""
+    of ``L`` CPUs; ``python-pt`` for ``framework="pytorch"``). The layout's flags:
+    :meth:`csrun_common.layout.LayoutSpec.to_flags`."""
     words = ["csrun_wse", *LayoutSpec.from_record(rec).to_flags()]
     if mount_dirs:
         words += ["--mount-dirs", mount_dirs]
     if shard_plan:
         words += ["--shard-plan", shard_plan]
-    return shlex.join(words + train_command(command))
+    return shlex.join(words + train_command(command, framework))
 
 
 def _fmt_rate(x: Any) -> str:
@@ -107,7 +110,17 @@ def render_text(report: dict[str, Any]) -> str:
     lines += ["", "Files: " + ", ".join([REPORT_JSON, PROBES_CSV, PLOT_PNG, REPORT_TXT])
               + f" in {report.get('output_dir', '.')}", "",
               "Run it with:", f"  {report.get('csrun_wse_command', '')}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _dataloader_how(rec)) + "\n"
+
+
+def _dataloader_how(rec: dict[str, Any]) -> list[str]:
+    """How to set the recommended DataLoader ``num_workers`` (a PyTorch report; else ``[]``):
+    the runtime's params take no override of ``train_input`` on the command line."""
+    k = rec.get("dataloader_workers")
+    if k is None:
+        return []
+    return [f"  with train_input.num_workers: {k} in the params YAML (the DataLoader's worker processes per "
+            f"input worker; the command line has no override for it)"]
 
 
 def warning_lines(report: dict[str, Any]) -> list[str]:
@@ -149,11 +162,14 @@ def _again_clause(d: dict[str, Any], stopped: Any) -> str:
 def _header_lines(report: dict[str, Any]) -> list[str]:
     where = report.get("probed_on") or {}
     probes = report.get("probes", [])
-    return [f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}",
+    fw = " (PyTorch: train_data_fn's DataLoader)" if report.get("framework") == "pytorch" else ""
+    return [f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}{fw}",
             f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
             f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
             f"{sum(1 for p in probes if p.get('status') == 'ok')} probe(s) ok, "
-            f"{sum(1 for p in probes if p.get('status') != 'ok')} failed"
+            f"{sum(1 for p in probes if p.get('status') not in ('ok', 'invalid'))} failed"
+            + (f", {invalid} invalid (a DataLoader num_workers its data function cannot build at)"
+               if (invalid := sum(1 for p in probes if p.get("status") == "invalid")) else "")
             + (f", {busy} disturbed by other processes" if (busy := sum(1 for p in probes if p.get("status") == "ok"
                                                                         and _contended(p))) else "")]
 
@@ -170,11 +186,22 @@ def _recommendation_lines(rec: dict[str, Any]) -> list[str]:
         f"  nodes:          {rec['nodes']}",
         f"  tasks_per_node: {rec['tasks_per_node']}",
         f"  cpus_per_task:  {rec['cpus_per_task']}",
+        *_dataloader_line(rec),
         f"Estimated input throughput: {_fmt_rate(rec['predicted_samples_per_sec'])} samples/s "
         f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)}), {rec.get('input_workers', 0)} input worker(s)"
         + _chief_input_clause(rec) + f", limited by {rec.get('limited_by', '?')}",
         f"Why this layout: {rec.get('reason', '')}",
     ]
+
+
+def _dataloader_line(rec: dict[str, Any]) -> list[str]:
+    """The DataLoader ``num_workers`` line of a PyTorch recommendation (else ``[]``)."""
+    dl = rec.get("dataloader") or {}
+    if rec.get("dataloader_workers") is None:
+        return []
+    how = (f"best measured at {dl.get('measured_at_cpus')} CPU(s) per task" if dl.get("how") == "measured" else
+           f"scaled from the best measured at {dl.get('measured_at_cpus')} CPU(s) per task")
+    return [f"  DataLoader num_workers (train_input.num_workers): {rec['dataloader_workers']} ({how})"]
 
 
 def _chief_input_clause(rec: dict[str, Any]) -> str:
@@ -239,6 +266,9 @@ def _probe_lines(report: dict[str, Any]) -> list[str]:
     for p in report.get("probes", []):
         rd = p.get("read_bytes_per_sec")
         layout = f"{p['tasks']}×{p['cpus_per_task']}"
+        dl = p.get("dataloader_workers")
+        if dl is not None and _finite(dl):
+            layout += f" w{int(dl)}"  # PyTorch: the DataLoader's num_workers
         error = p.get("error")
         lines.append(
             f"  {p.get('probe_id', ''):>3} {p.get('kind', ''):8} {layout:>6} "
@@ -255,6 +285,7 @@ def _alternative_lines(rec: dict[str, Any]) -> list[str]:
     return ["", "Next best layouts:"] + [
         f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s)"
         + (f", chief's input worker on {a['chief_input_cpus']} CPU(s)" if a.get("chief_input_cpus") else "")
+        + (f", DataLoader num_workers {a['dataloader_workers']}" if a.get("dataloader_workers") is not None else "")
         + f": {_fmt_rate(a['predicted_samples_per_sec'])} samples/s" for a in rec["alternatives"]]
 
 
@@ -332,10 +363,13 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
     import pandas as pd
     from matplotlib.ticker import MaxNLocator
 
+    from .dataloader_plan import at_best
+
     # numpy + pandas (the model): when a report is written, not at the CLI's start-up.
     from .model import NodeModel, aggregate
 
-    probes = pd.DataFrame(report.get("probes") or [])
+    # PyTorch: each CPUs per task at its best DataLoader num_workers, as the model was fitted
+    probes = pd.DataFrame(at_best(list(report.get("probes") or [])))
     if probes.empty or report.get("model") is None:
         return None
     model = NodeModel.from_dict(report["model"])

@@ -89,7 +89,8 @@ def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single
 
 def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] | LayoutSpec, seconds: float,
                   warmup: float, mount_dirs: str | None) -> list[str]:
-    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv for ``layout`` (a
+    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv (a PyTorch report:
+    ``python-pt -m analyzer.verify_task_pt --dataloader-workers K``) for ``layout`` (a
     :class:`~csrun_common.layout.LayoutSpec`, or its record ``{"nodes", "tasks_per_node",
     "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``, the last two optional); its
     flags: :meth:`~csrun_common.layout.LayoutSpec.to_flags`."""
@@ -98,10 +99,28 @@ def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] 
     if md:
         argv += ["--mount-dirs", md]
     user = _strip_model_dir(rep.get("argv") or [])
-    argv += ["python-ws", "-m", "analyzer.verify_task", "--seconds", f"{seconds:g}", "--warmup", f"{warmup:g}",
+    if rep.get("framework") == "pytorch":  # the DataLoader count the report gives for the layout's C
+        cpus = LayoutSpec.from_record(layout).record()["cpus_per_task"]
+        argv += ["python-pt", "-m", "analyzer.verify_task_pt", *_dataloader_flag(rep, int(cpus))]
+    else:
+        argv += ["python-ws", "-m", "analyzer.verify_task"]
+    argv += ["--seconds", f"{seconds:g}", "--warmup", f"{warmup:g}",
              "--out", str(out_dir / "drain.json"), rep["run_py"], *user,
              "--model_dir", str(out_dir / "model_dir")]
     return argv
+
+
+def _dataloader_flag(rep: dict[str, Any], cpus: int) -> list[str]:
+    """``["--dataloader-workers", K]``: the PyTorch report's count for ``cpus`` CPUs per task
+    (the recommendation's at its own C, else :func:`analyzer.dataloader_plan.workers_for` of
+    the probes); ``[]`` when the report has none (the params' count is used)."""
+    from .dataloader_plan import workers_for
+
+    rec = rep.get("recommendation") or {}
+    k = rec.get("dataloader_workers") if int(rec.get("cpus_per_task") or 0) == cpus else None
+    if k is None:
+        k = workers_for(list(rep.get("probes") or []), cpus).get("num_workers")
+    return [] if k is None else ["--dataloader-workers", str(int(k))]
 
 
 def _strip_model_dir(argv: list[str]) -> list[str]:

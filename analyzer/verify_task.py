@@ -37,6 +37,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +99,16 @@ def _cpu(procs: list[psutil.Process]) -> float:
     return total
 
 
-def drain(source: service.ServiceSource | service.LocalSource, warmup_s: float, seconds: float,
+def drain(source: Any, warmup_s: float, seconds: float,
           first_timeout: float, timeout: float, t_proc: float,
-          local_pids: list[int] | None = None) -> dict[str, Any]:
-    """Drain ``source`` (``get(timeout) -> (worker, (features, labels))``): the first batch,
+          local_pids: list[int] | None = None, samples_of: Callable[[Any], int] = _samples) -> dict[str, Any]:
+    """Drain ``source`` (``get(timeout) -> (worker, (features, labels))``, e.g.
+    :class:`csrun_runtime.service.ServiceSource`): the first batch,
     ``warmup_s`` seconds, then a ``seconds`` window. Returns the measured figures (see the
     module docstring; rates in samples/s). ``local_pids``: input-worker processes on this
     host; their CPU use is reported (``job_cpu_cores``) with the rest of the host's
-    (``other_cores_busy``: other jobs on a shared host)."""
+    (``other_cores_busy``: other jobs on a shared host). ``samples_of(batch)``: the samples in
+    a batch (default: a tf.data element's leading dimension; PyTorch: :mod:`analyzer.verify_task_pt`)."""
     proc = psutil.Process()
     job = [proc]
     for pid in local_pids or []:
@@ -115,7 +118,7 @@ def drain(source: service.ServiceSource | service.LocalSource, warmup_s: float, 
             pass
     _, batch = source.get(first_timeout)
     startup = time.time() - t_proc
-    batch_size = _samples(batch)
+    batch_size = samples_of(batch)
     t_end = time.monotonic() + warmup_s
     while time.monotonic() < t_end:
         source.get(timeout)
@@ -130,7 +133,7 @@ def drain(source: service.ServiceSource | service.LocalSource, warmup_s: float, 
         if now >= t_end:
             break
         _, batch = source.get(timeout)
-        samples += _samples(batch)
+        samples += samples_of(batch)
         batches += 1
     window = time.monotonic() - t0
     job1, host1 = _cpu(job), host_busy_seconds()

@@ -2,10 +2,13 @@
 
 ``load_entry(run_py, argv)`` executes run.py as ``__main__`` with ``sys.argv = [run_py, *argv]``;
 its call to :func:`csrun_runtime.run` records ``input_fn``, ``model_fn`` (and
-``eval_input_fn``) with the params resolved from ``argv`` and returns without training. The
-analyzer uses it to probe the very input_fn a launch would run, with nothing edited by the user.
+``eval_input_fn``) with the params resolved from ``argv`` and returns without training; a
+PyTorch run.py's call to :func:`csrun_runtime.pytorch.run` records ``train_data_fn`` (as
+``input_fn``), ``model_fn`` and ``eval_data_fn`` with the params its ``default_params_fn``
+completed, and ``framework == "pytorch"``. The analyzer uses it to probe the very input
+function a launch would run, with nothing edited by the user.
 
-Pure Python: TensorFlow is imported only if run.py imports it.
+Pure Python: TensorFlow (or torch) is imported only if run.py imports it.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from typing import Any
 
 from .params import ParamsError, Resolved, resolve_params, worker_params
 
-__all__ = ["CapturedRun", "CaptureError", "load_entry", "active", "record"]
+__all__ = ["CapturedRun", "CaptureError", "load_entry", "active", "record", "FRAMEWORKS"]
+
+#: The runtimes a run.py may call: ``csrun_runtime.run`` and ``csrun_runtime.pytorch.run``.
+FRAMEWORKS = ("tensorflow", "pytorch")
 
 
 class CaptureError(RuntimeError):
@@ -33,10 +39,13 @@ class CapturedRun:
     Attributes:
         run_py: absolute path of run.py.
         argv: its arguments (without the program name).
-        input_fn: ``input_fn(params) -> tf.data.Dataset`` of ``(features, labels)`` (training).
-        model_fn: ``model_fn(params) -> compiled keras.Model``.
-        eval_input_fn: the eval input function or ``None`` (then ``input_fn(params, mode="eval")``).
-        params: resolved params dict (command-line overrides applied, runconfig defaults filled).
+        input_fn: ``input_fn(params) -> tf.data.Dataset`` of ``(features, labels)`` (training);
+            PyTorch: ``train_data_fn(params) -> torch.utils.data.DataLoader``.
+        model_fn: ``model_fn(params) -> compiled keras.Model`` (PyTorch: ``torch.nn.Module``).
+        eval_input_fn: the eval input function or ``None`` (then ``input_fn(params, mode="eval")``);
+            PyTorch: ``eval_data_fn``.
+        params: resolved params dict (command-line overrides applied, runconfig defaults filled;
+            PyTorch: ``default_params_fn`` applied as :func:`csrun_runtime.pytorch.runner.main` does).
         mode: ``params["runconfig"]["mode"]``.
         warnings: params warnings (unknown/ignored keys).
         params_path: the params YAML read, or ``None``.
@@ -51,6 +60,8 @@ class CapturedRun:
     mode: str
     warnings: list[str] = field(default_factory=list)
     params_path: str | None = None
+    #: ``"tensorflow"`` (``csrun_runtime.run``) or ``"pytorch"`` (``csrun_runtime.pytorch.run``).
+    framework: str = "tensorflow"
 
     def worker_params(self, worker_index: int = 0, num_workers: int = 1,
                       plan: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -76,17 +87,24 @@ def active() -> bool:
 
 
 def record(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
-           eval_input_fn: Callable[..., Any] | None = None) -> CapturedRun:
-    """Called by ``run()`` in capture mode: resolve params and store the entry.
+           eval_input_fn: Callable[..., Any] | None = None, *, framework: str = "tensorflow",
+           resolved: Resolved | None = None) -> CapturedRun:
+    """Called by ``run()`` in capture mode: resolve params (unless the runtime passes its
+    ``resolved`` params, as the PyTorch runner does after ``default_params_fn``) and store
+    the entry.
 
     Raises:
         csrun_runtime.params.ParamsError: invalid command line or params.
+        ValueError: ``framework`` not one of :data:`FRAMEWORKS`.
     """
-    resolved: Resolved = resolve_params(list(_STATE.argv), run_py=_STATE.run_py)
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework {framework!r}: one of {', '.join(FRAMEWORKS)}")
+    if resolved is None:
+        resolved = resolve_params(list(_STATE.argv), run_py=_STATE.run_py)
     entry = CapturedRun(run_py=str(_STATE.run_py), argv=list(_STATE.argv), input_fn=input_fn,
                   model_fn=model_fn, eval_input_fn=eval_input_fn, params=resolved.params,
                   mode=resolved.mode, warnings=resolved.warnings,
-                  params_path=resolved.params_path)
+                  params_path=resolved.params_path, framework=framework)
     _STATE.entry = entry
     return entry
 

@@ -15,10 +15,10 @@ from typing import Any
 from csrun_common import exits
 from csrun_common.roles import RoleError, resolve_role
 
-from .. import preemption
-from ..params import ParamsError, resolve_params
+from .. import capture, preemption
+from ..params import ParamsError, Resolved, resolve_params
 
-__all__ = ["run", "main"]
+__all__ = ["run", "main", "resolve"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -92,11 +92,21 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
         exit: leave the process with the exit code (``os._exit`` after flushing, so that
             DataLoader worker processes and zmq threads cannot hold the exit); else return it.
 
+    Capture mode (:func:`csrun_runtime.capture.load_entry`, the analyzer's): records the four
+    functions' results that matter — ``train_data_fn``, ``model_fn``, ``eval_data_fn`` and the
+    params ``default_params_fn`` completed (:func:`resolve`) — with ``framework="pytorch"`` and
+    returns 0 without training, exiting or importing torch.
+
     Returns the exit code with ``exit=False``: 0 success; 1 runtime failure; 2 invalid command
     line, params or environment, or a contract violation; 130 / 143 stopped by SIGINT / SIGTERM,
     75 stopped by one of ``csrun_wse --requeue``'s signals (after saving a checkpoint when it was
     training; :mod:`csrun_runtime.preemption`).
     """
+    if capture.active():
+        args = list(sys.argv[1:] if argv is None else argv)
+        resolved = resolve(args, sys.argv[0] if sys.argv and sys.argv[0] else None, default_params_fn)
+        capture.record(train_data_fn, model_fn, eval_data_fn, framework="pytorch", resolved=resolved)
+        return 0
     code = main(model_fn, train_data_fn, eval_data_fn, default_params_fn, argv=argv)
     if exit:
         for h in log.handlers:
@@ -105,6 +115,23 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def resolve(argv: Sequence[str], run_py: str | None,
+            default_params_fn: Callable[[dict[str, Any]], Any] | None) -> Resolved:
+    """The params of a PyTorch run: :func:`csrun_runtime.params.resolve_params` of ``argv``,
+    then ``default_params_fn(params)`` (it may change them in place or return sections the
+    YAML's values override: :func:`_merge_defaults`).
+
+    Raises:
+        csrun_runtime.params.ParamsError: invalid command line or params.
+    """
+    resolved = resolve_params(list(argv), run_py=run_py)
+    if default_params_fn is not None:
+        got = default_params_fn(resolved.params)
+        if isinstance(got, Mapping):
+            resolved.params = _merge_defaults(got, resolved.params)
+    return resolved
 
 
 def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
@@ -129,11 +156,7 @@ def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
     preemption.set_label(prefix, role.is_chief)
     preemption.install_interrupts()
     try:
-        resolved = resolve_params(argv, run_py=run_py)
-        if default_params_fn is not None:
-            got = default_params_fn(resolved.params)
-            if isinstance(got, Mapping):
-                resolved.params = _merge_defaults(got, resolved.params)
+        resolved = resolve(argv, run_py, default_params_fn)
     except ParamsError as e:
         for p in e.problems:
             log.error("%s", p)

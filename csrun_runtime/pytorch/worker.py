@@ -38,12 +38,37 @@ from .chief import DATAPLANE_FILE, epochs
 from .contract import ContractError, batch_size_of, call_data_fn, process_params, seed_process, to_numpy, torch_seed
 from .streamers import StreamerFacts, set_facts
 
-__all__ = ["InputWorker", "POLL_SECS"]
+__all__ = ["InputWorker", "POLL_SECS", "build_loader"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: Seconds between looks at the rendezvous while waiting (and the longest one send may block).
 POLL_SECS = 0.5
+
+
+def build_loader(fn: Callable[..., Any], params: dict[str, Any], rank: int, num_streamers: int, seed_rank: int,
+                 data_dir: Any = None, files: list[str] | None = None, *,
+                 threads: int | None = None) -> tuple[Any, dict[str, Any], int | None]:
+    """The training DataLoader of streamer ``rank`` of ``num_streamers``, built as an input
+    worker builds it (and the analyzer's probes, :mod:`.input_backend`): the process's params
+    (:func:`.contract.process_params`, ``train_input`` as given: its ``num_workers`` is the
+    DataLoader's), the streamer facts (:func:`.streamers.set_facts`), torch/random/numpy
+    seeded with :func:`.contract.torch_seed` of ``seed_rank`` (the input worker's index), and
+    ``torch.set_num_threads(threads)`` when ``threads`` is given. Returns ``(loader, the
+    params the data function received, the seed)``.
+
+    Raises:
+        ContractError: the data function raised or returned no valid training DataLoader.
+    """
+    p = process_params(params, rank, num_streamers, True, data_dir, files)
+    set_facts(StreamerFacts(num_streamers, rank, True))
+    seed = torch_seed(params, seed_rank)
+    seed_process(seed)
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    return call_data_fn(fn, p, "train_input"), p, seed
 
 
 class _Leave(Exception):
@@ -153,16 +178,10 @@ class InputWorker:
                 view = make_data_dir_view(ti["data_dir"], own, others, self.rdv.dir / "data_views" / str(self.index))
                 data_dir = view.data_dir
             w, rank = 1, 0
-        params = process_params(self.resolved.params, rank, w, True, data_dir, files)
-        set_facts(StreamerFacts(w, rank, True))
-        seed = torch_seed(self.resolved.params, self.index)
-        seed_process(seed)
-        if self.role.chief_input and self.role.cpus_per_task:  # --chief-input-cpus N: N threads
-            import torch
-
-            torch.set_num_threads(self.role.cpus_per_task)
+        threads = self.role.cpus_per_task if self.role.chief_input else None  # --chief-input-cpus N: N threads
         try:
-            loader = call_data_fn(self.fn, params, "train_input")
+            loader, params, seed = build_loader(self.fn, self.resolved.params, rank, w, self.index, data_dir, files,
+                                                threads=threads)
         except ContractError as e:
             self._fail([str(e)])
         ti = params.get("train_input") or {}

@@ -66,3 +66,20 @@ def test_render():
                      "job_cpu_cores_on_host": 1.8, "host_cpus": 2}}
     text = V.render(res)
     assert "predicted: 1,000 samples/s" in text and "measured:  950" in text and "error:     -5.0 %" in text
+
+
+def test_drain_command_for_a_pytorch_report_launches_python_pt_with_the_recommended_dataloader_workers(tmp_path):
+    d = _report(tmp_path)
+    rep = json.loads((d / "report.json").read_text())
+    rep["framework"] = "pytorch"
+    rep["recommendation"]["dataloader_workers"] = 3
+    rep["probes"] = [{"kind": "pipeline", "tasks": 1, "cpus_per_task": 2, "dataloader_workers": w, "status": "ok",
+                      "samples_per_sec": r} for w, r in ((0, 10.0), (1, 12.0), (2, 30.0))]
+    (d / "report.json").write_text(json.dumps(rep))
+    rep = V.load_report(d)
+    argv = V.drain_command(rep, d / "verify", {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1}, 10, 3, None)
+    i = argv.index("python-pt")
+    assert argv[i:i + 5] == ["python-pt", "-m", "analyzer.verify_task_pt", "--dataloader-workers", "3"]
+    other = V.drain_command(rep, d / "verify", {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 2}, 10, 3, None)
+    j = other.index("--dataloader-workers")
+    assert other[j + 1] == "2"  # another C: the best count measured there
