@@ -334,14 +334,15 @@ def _lean_recv(conn: socket.socket, q: Any, i: int) -> None:
 # =========================================================================== ceiling: data plane
 def child_dp_sender(spec: dict) -> None:
     """A data-plane sender (:data:`DATAPLANE`): the batch of :func:`synthetic_dataset`'s shapes
-    as numpy arrays, ``Sender.send`` in a loop (bundled ``auto``) until the receiver closes."""
+    as numpy arrays, ``Sender.send`` in a loop (bundled ``spec["bundle"]``, default ``auto``)
+    until the receiver closes."""
     import numpy as np
 
     from csrun_runtime.dataplane import ReceiverGone, Sender
 
     cols = max(1, (spec["nbytes"] - 4 * ROWS) // (4 * ROWS))
     batch = (np.random.default_rng(spec["index"]).random((ROWS, cols), dtype=np.float32), np.zeros(ROWS, np.int32))
-    s = Sender(spec["endpoint"], spec["index"])
+    s = Sender(spec["endpoint"], spec["index"], bundle=spec.get("bundle", "auto"))
     try:
         while True:
             s.send(batch, timeout=60)
@@ -351,26 +352,32 @@ def child_dp_sender(spec: dict) -> None:
         s.close(timeout=1.0)
 
 
-def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any]
-                      ) -> dict[str, float]:
+def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any],
+                      window_bytes: int | None = None) -> dict[str, float]:
     """Batches/s of ``k`` data-plane senders into one :class:`~csrun_runtime.dataplane.Receiver`
     of this process (``get_bundle``: bundles handed out as arrays on the received frames), and
-    the CPU of both sides."""
-    from csrun_runtime.dataplane import Receiver
+    the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default)."""
+    from csrun_runtime.dataplane import WINDOW_BYTES, Receiver
 
-    rx = Receiver("tcp://127.0.0.1:0")
+    rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES)
     senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
     try:
         rx.wait_workers(k, 120)
         return _window(lambda: rx.get_bundle(60).n, warmup_s, window_s, [p.pid for p in senders])
     finally:
         rx.close()
-        for p in senders:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        reap(senders, 5.0)
+
+
+def reap(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Wait up to ``timeout`` s for each sender to leave by itself (its receiver closed), then
+    kill it."""
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 # =========================================================================== ceiling: the chief

@@ -723,6 +723,24 @@ def _rows_ingest_dataplane(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_ingest_gap(r: dict) -> list[Row]:
+    """bench_ingest_gap.py: per k and element size of its all-variants run, the data plane's
+    share of raw TCP beside zmq bare and the data plane sending pre-stacked bundles."""
+    run = (r.get("runs") or {}).get("all_variants") or r
+    rows = []
+    for k, by_k in (run.get("results") or {}).items():
+        for size, cell in by_k.items():
+            ratio = {v: (cell.get(v) or {}).get("vs_raw_tcp") for v in ("data plane", "zmq bare",
+                                                                         "data plane, pre-stacked")}
+            us = ((run.get("framing_only") or {}).get(size) or {}).get("us_per_bundle")
+            rows.append({"figure": f"data plane gap, {size} batches, {k}: share of raw TCP",
+                         "value": fmt(ratio["data plane"]),
+                         "spread": (f"zmq bare {fmt(ratio['zmq bare'])}, data plane pre-stacked "
+                                    f"{fmt(ratio['data plane, pre-stacked'])}"),
+                         "compared": f"framing only {fmt(us, 'µs')} per bundle"})
+    return rows
+
+
 def _rows_fanin(r: dict) -> list[Row]:
     rows = []
     for key, cell in (r.get("fanin") or {}).items():
@@ -759,7 +777,7 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "verify": _rows_verify, "streaming": _rows_streaming, "shardplan": _rows_shardplan,
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
-    "fanin": _rows_fanin, "ingest_dataplane": _rows_ingest_dataplane,
+    "fanin": _rows_fanin, "ingest_dataplane": _rows_ingest_dataplane, "ingest_gap": _rows_ingest_gap,
 }
 
 #: Table order (numbers of the issue's list).

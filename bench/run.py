@@ -26,6 +26,7 @@ name                  what                                                      
 ``chief_input``       --chief-input-cpus: the chief's node producing vs not; vs 2   12
                       producer processes (GIL-bound pipeline, one 2-CPU node)
 ``fanin``             data plane: 1..256 light senders into one chief endpoint      23
+``ingest_gap``        data plane vs raw TCP, >= 256 KiB: where the gap goes        23
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -65,6 +66,7 @@ BENCHMARKS = {
     "autoscale": "bench_autoscale",
     "chief_input": "bench_chief_input",
     "fanin": "bench_fanin",
+    "ingest_gap": "bench_ingest_gap",
 }
 DEFAULT_RESULTS = HERE / "results"
 

@@ -33,7 +33,8 @@ Rules (:func:`decide`), with ``HIGH_WAIT`` = 0.10 and ``LOW_WAIT`` = 0.02:
   removal was undone at (a removal that made training wait is not tried again).
 - otherwise hold.
 
-Pure Python except the source it drives (a :class:`csrun_runtime.service.ServiceSource`).
+Pure Python except the source it drives (a :class:`csrun_runtime.service.ServiceSource`, or
+on the data plane a :class:`csrun_runtime.dataplane_source.DataplaneSource`).
 """
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def decide(spec: AutoscaleSpec, window: Window, workers: int, floor: int = 0,
 
 
 class Autoscaler:
-    """The chief's autoscaler over a :class:`csrun_runtime.service.ServiceSource`.
+    """The chief's autoscaler over a :class:`csrun_runtime.service.ServiceSource` or a
+    :class:`csrun_runtime.dataplane_source.DataplaneSource` (the same stream API).
 
     Args:
         spec: the ``--autoscale`` bounds and policy.

@@ -3,8 +3,9 @@ dataplane``; docs/DATAPLANE.md "The TensorFlow path").
 
 The input worker (:class:`csrun_runtime.worker.InputWorker`) gets here once the chief's
 ``dispatchers.json`` says ``transport: dataplane`` (its ``dispatchers[i]``: the chief's
-receiver, ``tcp://host:port``). :func:`serve` builds and checks the dataset exactly as the
-service path does (:meth:`InputWorker._build`, the contract, :func:`csrun_runtime.service.plan_bundle`,
+receiver, ``tcp://host:port``). :func:`serve` builds, checks and plans the dataset's
+bundling with the service path's own method (:meth:`InputWorker._build_and_plan`: the
+contract, :func:`csrun_runtime.service.plan_bundle`; then
 :func:`csrun_runtime.service.limit_threads`), stacks ``B`` batches per element with
 ``Dataset.batch(B)`` (the bundle; :data:`PREFETCH` bundles prepared ahead), and sends each
 element from ``as_numpy_iterator()`` to the chief with
@@ -28,13 +29,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
-from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 
-from .contract import check_dataset
 from .dataplane_source import STREAM_ERROR, _map
-from .pipeline import pipeline_files
 from .rendezvous import SUPERSEDED
-from .service import AUTOSCALE_MAX_BUNDLE, bundle_dataset, limit_threads, plan_bundle
+from .service import bundle_dataset, limit_threads
 
 if TYPE_CHECKING:
     from .worker import InputWorker
@@ -103,28 +101,13 @@ def serve(worker: InputWorker, endpoint: str) -> int:
     ``endpoint`` until the chief is done; returns the exit code (as
     :meth:`csrun_runtime.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
     input_fn violates the contract, registered as ``status: failed``)."""
-    try:
-        built = worker._build()
-        ds = built.dataset
-        ti = built.params["train_input"]
-        rep = check_dataset(ds, "train", batch_size=ti.get("batch_size"))
-        violations = rep.violations
-    except Exception as e:  # noqa: BLE001 - any error of the user's input_fn is reported
-        violations = [f"train_input: input_fn raised {type(e).__name__}: {e}"]
-    if violations:
-        worker.rdv.register_worker(worker.index, {**worker.me, "status": "failed", "violations": violations})
-        for v in violations:
-            log.error("%s", v)
+    got = worker._build_and_plan()
+    if got is None:
         worker._left_unserved(None, "failed")
         return 2
-    batch_size = rep.info["train_input"]["batch_size"]
-    worker.files = pipeline_files(ds)
-    rc = worker.resolved.params["runconfig"]
-    steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
-    cap = min(steps) // (4 * max(1, worker.role.num_workers)) if steps else None
-    if os.environ.get(AUTOSCALE_ENV):
-        cap = min(cap, AUTOSCALE_MAX_BUNDLE) if cap is not None else AUTOSCALE_MAX_BUNDLE
-    worker.bundling = plan_bundle(ds.element_spec, rc.get("input_bundle", "auto"), max_batches=cap)
+    batch_size, built = got
+    ds = built.dataset
+    ti = built.params["train_input"]
     # prefetch: the next bundle is stacked on tf.data's threads while the pump sends this one
     served = bundle_dataset(limit_threads(ds, worker.role.cpus_per_task), worker.bundling.bundle).prefetch(PREFETCH)
 

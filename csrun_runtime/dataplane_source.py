@@ -34,7 +34,16 @@ from csrun_common.atomic import read_json
 
 from .elastic import WorkerWatch
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
-from .service import Chunk, InputStalled, _ChunkedSource, _Pending
+from .service import (
+    Chunk,
+    InputStalled,
+    _ChunkedSource,
+    _Pending,
+    announce_stopped,
+    open_slot,
+    raise_if_stalled,
+    stall_report,
+)
 
 __all__ = ["DataplaneSource", "start_receiver", "TRANSPORT", "STREAM_ERROR"]
 
@@ -116,37 +125,23 @@ class DataplaneSource(_ChunkedSource):
         """Read slot ``index`` from now on (autoscale's *add* of a slot never read; a new index
         grows the source, indices in between count as stopped); its held bundles come first.
         ``address`` is the receiver's endpoint (kept for :meth:`describe`)."""
-        if registration is not None:
-            self.registry[index] = dict(registration)
-        for j in range(self.n, index + 1):
-            self.counts.setdefault(j, 0)
-            self.last.setdefault(j, None)
-            if j != index:
-                self.announced.add(j)
-        self.n = max(self.n, index + 1)
+        open_slot(self, index, registration)
         self.opened.add(index)
-        self.failed.pop(index, None)
-        self.announced.discard(index)
         if index in self.paused or index in self._held_paused:
             self._held_paused.discard(index)
             self.resume(index)
 
     def pause(self, i: int) -> None:
         """Stop worker ``i``'s stream (autoscale's *remove*): the receiver tells it to send
-        nothing more; what it had in flight (at most one credit window) is still handed out."""
+        nothing more; what it had in flight (at most one credit window) is still handed out. A
+        worker not connected yet (still building its dataset) starts paused when it connects."""
         self.paused.add(i)
-        try:
-            self.receiver.pause(i)
-        except KeyError:  # never connected: nothing to tell it
-            pass
+        self.receiver.pause(i)  # one not connected yet starts paused when it connects
 
     def resume(self, i: int) -> None:
         """Let paused worker ``i`` send again."""
         self.paused.discard(i)
-        try:
-            self.receiver.resume(i)
-        except KeyError:
-            pass
+        self.receiver.resume(i)
 
     def reopen(self, i: int, registration: Mapping) -> str:
         """Worker ``i``'s replacement registered (:mod:`csrun_runtime.elastic`): it connects to
@@ -202,26 +197,12 @@ class DataplaneSource(_ChunkedSource):
             why = (f"no heartbeat for {age:.0f} s" if age is not None and age > STALE_SECS
                    else self.failed.get(i))
             if why:
-                self.announced.add(i)
-                left = self.n - len(self.announced | set(self.failed))
-                log.warning("%s stopped: %s; %s", self._who(i), why,
-                            f"training continues with the other {left} worker(s)" if left
-                            else "no input worker left")
+                announce_stopped(self, i, f": {why}")
 
     def status_text(self) -> str:
-        """One clause per worker: node, heartbeat age, batches handed out, last bundle age."""
-        now = time.monotonic()
-        parts = []
-        for i in range(self.n):
-            age = self.rdv.age(f"workers/{i}")
-            hb = "no heartbeat file" if age is None else f"heartbeat {age:.0f} s ago"
-            dead = " (stopped)" if i in self.stopped() or age is None or age > STALE_SECS else ""
-            last = self.last.get(i)
-            lb = "no batch yet" if last is None else f"last batch {now - last:.0f} s ago"
-            parts.append(f"{self._who(i)}{dead}{' (paused)' if i in self.paused else ''}: {hb}, "
-                         f"{self.counts.get(i, 0)} batches, {lb}"
-                         + (f", {self.failed[i]}" if i in self.failed else ""))
-        return "; ".join(parts)
+        """One clause per worker: node, heartbeat age, batches handed out, last bundle age
+        (:func:`csrun_runtime.service.stall_report`)."""
+        return stall_report(self, self.stopped())
 
     # ------------------------------------------------------------------ bundles
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
@@ -244,13 +225,7 @@ class DataplaneSource(_ChunkedSource):
             try:
                 b = self.receiver.get_bundle(timeout=0.5)
             except TimeoutError:
-                now = time.monotonic()
-                if len(self.stopped() - self.watch.awaiting()) >= self.n and now - start > 1.0:
-                    raise InputStalled(f"every input worker stopped and no batch is left: "
-                                       f"{self.status_text()}") from None
-                if now - start > timeout:
-                    raise InputStalled(f"no batch from any input worker for {now - start:.0f} s "
-                                       f"({what} = {timeout:g}): {self.status_text()}") from None
+                raise_if_stalled(self, start, timeout, what)
                 continue
             if b.worker not in self.opened:  # held, and the worker paused, until add_stream opens it
                 self._held.setdefault(b.worker, deque()).append(b)
@@ -310,7 +285,7 @@ class DataplaneSource(_ChunkedSource):
             "workers_paused": sorted(self.paused),
             "batches_per_element": {str(i): self._bundles.get(i, 1) for i in range(self.n)},
             "dataplane": {str(i): {k: c.get(k) for k in ("bundles", "batches", "bytes", "attempt", "errors",
-                                                         "stale")} for i, c in rc.items()},
+                                                         "stale", "paused")} for i, c in rc.items()},
             "dataplane_errors": self.receiver.errors()[-10:],
             **self.watch.describe(),
         }

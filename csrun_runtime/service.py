@@ -32,7 +32,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -294,6 +294,70 @@ class _Pending:
     offset: int = 0
 
 
+def open_slot(source: Any, index: int, registration: Mapping | None) -> None:
+    """What ``add_stream`` of :class:`ServiceSource` and
+    :class:`csrun_runtime.dataplane_source.DataplaneSource` share: record worker ``index``'s
+    ``registration`` (if given), grow ``source.n`` to ``index + 1`` (slots in between, never
+    opened, count as stopped) and forget ``index``'s failure and stop."""
+    if registration is not None:
+        source.registry[index] = dict(registration)
+    for j in range(source.n, index + 1):
+        source.counts.setdefault(j, 0)
+        source.last.setdefault(j, None)
+        if j != index:
+            source.announced.add(j)
+    source.n = max(source.n, index + 1)
+    source.failed.pop(index, None)
+    source.announced.discard(index)
+
+
+def announce_stopped(source: Any, i: int, why: str) -> None:
+    """Count input worker ``i`` of ``source`` (as :func:`stall_report`'s) as stopped
+    (``source.announced``) and log it once, as ``<who> stopped<why>; training continues with
+    the other k worker(s)`` (or ``no input worker left``); ``why`` starts with its separator
+    (``": no heartbeat for 9 s"``, ``" streaming (UnavailableError: ...)"``)."""
+    source.announced.add(i)
+    left = source.n - len(source.announced | set(source.failed))
+    log.warning("%s stopped%s; %s", source._who(i), why,
+                f"training continues with the other {left} worker(s)" if left else "no input worker left")
+
+
+def raise_if_stalled(source: Any, start: float, timeout: float, what: str) -> None:
+    """The watchdog's verdict when no batch came (``source`` as :func:`stall_report`'s, with
+    ``stopped()`` and ``watch``): raises :class:`InputStalled` with the stall report when
+    every worker stopped (none awaiting a replacement) and more than 1 s passed since
+    ``start`` (monotonic s), or when more than ``timeout`` s passed (``what`` names the
+    setting); returns otherwise."""
+    now = time.monotonic()
+    if len(source.stopped() - source.watch.awaiting()) >= source.n and now - start > 1.0:
+        raise InputStalled(f"every input worker stopped and no batch is left: {source.status_text()}")
+    if now - start > timeout:
+        raise InputStalled(f"no batch from any input worker for {now - start:.0f} s "
+                           f"({what} = {timeout:g}): {source.status_text()}")
+
+
+def stall_report(source: Any, stopped: Collection[int], failed_prefix: str = "") -> str:
+    """What :class:`InputStalled` says of each input worker of ``source`` (a
+    :class:`ServiceSource` or :class:`csrun_runtime.dataplane_source.DataplaneSource`: its
+    ``rdv``, ``n``, ``counts``, ``last``, ``failed``, ``paused`` and ``_who``), one clause per
+    worker ``0 .. n-1`` joined by ``"; "``: who it is (node, pid), ``(stopped)`` when in
+    ``stopped`` or its heartbeat is missing or older than STALE_SECS, ``(paused)``, its
+    heartbeat's age in s, the batches handed out, the seconds since its last batch, and
+    ``failed_prefix`` + why its stream failed, if it did."""
+    now = time.monotonic()
+    parts = []
+    for i in range(source.n):
+        age = source.rdv.age(f"workers/{i}")
+        hb = "no heartbeat file" if age is None else f"heartbeat {age:.0f} s ago"
+        dead = " (stopped)" if i in stopped or age is None or age > STALE_SECS else ""
+        last = source.last.get(i)
+        lb = "no batch yet" if last is None else f"last batch {now - last:.0f} s ago"
+        parts.append(f"{source._who(i)}{dead}{' (paused)' if i in source.paused else ''}: {hb}, "
+                     f"{source.counts.get(i, 0)} batches, {lb}"
+                     + (f", {failed_prefix}{source.failed[i]}" if i in source.failed else ""))
+    return "; ".join(parts)
+
+
 class _ChunkedSource:
     """Hands out the elements of input streams as chunks or single batches (the bundling's
     other end). Subclasses give ``_next_element(timeout, what) -> (worker, element)`` and
@@ -433,18 +497,9 @@ class ServiceSource(_ChunkedSource):
         worker reported lost (its failure and stop are forgotten; its batch count goes on).
         A reader still running on the old stream of ``index`` is not stopped: it ends when
         that stream fails. Call it from the training loop's thread (between chunks)."""
-        if registration is not None:
-            self.registry[index] = dict(registration)
-        for j in range(self.n, index + 1):
-            self.counts.setdefault(j, 0)
-            self.last.setdefault(j, None)
-            if j != index:
-                self.announced.add(j)
-        self.n = max(self.n, index + 1)
+        open_slot(self, index, registration)
         self.addresses += [""] * (self.n - len(self.addresses))
         self.addresses[index] = dispatcher_address
-        self.failed.pop(index, None)
-        self.announced.discard(index)
         self._start_stream(index, dispatcher_address)
 
     def _start_stream(self, i: int, address: str) -> None:
@@ -537,11 +592,7 @@ class ServiceSource(_ChunkedSource):
         if _is_lost_worker_error(e):
             self.failed[i] = f"{type(e).__name__}: {str(e).strip()[:200]}"
             if i not in self.announced:
-                self.announced.add(i)
-                left = self.n - len(self.announced | set(self.failed))
-                log.warning("%s stopped streaming (%s); %s", self._who(i), self.failed[i],
-                            f"training continues with the other {left} worker(s)" if left
-                            else "no input worker left")
+                announce_stopped(self, i, f"streaming ({self.failed[i]})")
         else:
             self._fatal = (f"{self._who(i)}: its input pipeline failed: {type(e).__name__}: "
                            f"{str(e).strip()[:500]}")
@@ -552,25 +603,12 @@ class ServiceSource(_ChunkedSource):
                 continue
             age = self.rdv.age(f"workers/{i}")
             if age is not None and age > STALE_SECS:
-                self.announced.add(i)
-                left = self.n - len(self.announced | set(self.failed))
-                log.warning("%s stopped: no heartbeat for %.0f s; %s", self._who(i), age,
-                            f"training continues with the other {left} worker(s)" if left
-                            else "no input worker left")
+                announce_stopped(self, i, f": no heartbeat for {age:.0f} s")
 
     def status_text(self) -> str:
-        """One clause per worker: node, heartbeat age, batches delivered, last element age."""
-        now = time.monotonic()
-        parts = []
-        for i in range(self.n):
-            age = self.rdv.age(f"workers/{i}")
-            hb = "no heartbeat file" if age is None else f"heartbeat {age:.0f} s ago"
-            dead = " (stopped)" if age is None or age > STALE_SECS or i in self.failed else ""
-            last = self.last[i]
-            lb = "no batch yet" if last is None else f"last batch {now - last:.0f} s ago"
-            parts.append(f"{self._who(i)}{dead}: {hb}, {self.counts[i]} batches, {lb}"
-                         + (f", error {self.failed[i]}" if i in self.failed else ""))
-        return "; ".join(parts)
+        """One clause per worker: node, heartbeat age, batches delivered, last element age
+        (:func:`stall_report`)."""
+        return stall_report(self, set(self.failed), failed_prefix="error ")
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
         """The next service element of any stream (first come, first served), with the
@@ -591,13 +629,7 @@ class ServiceSource(_ChunkedSource):
             try:
                 i, gen, item = self._q.get(timeout=0.5)
             except queue.Empty:
-                now = time.monotonic()
-                if len(self.stopped() - self.watch.awaiting()) == self.n and now - start > 1.0:
-                    raise InputStalled(f"every input worker stopped and no batch is left: "
-                                       f"{self.status_text()}") from None
-                if now - start > timeout:
-                    raise InputStalled(f"no batch from any input worker for {now - start:.0f} s "
-                                       f"({what} = {timeout:g}): {self.status_text()}") from None
+                raise_if_stalled(self, start, timeout, what)
                 continue
             if isinstance(item, BaseException):
                 if gen == self._generation[i]:  # an error of a stream add_stream replaced is old news

@@ -37,6 +37,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from . import preemption
 from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from .autoscale import Autoscaler
+from .dataplane_source import DataplaneSource
 from .params import training_target
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
@@ -268,7 +269,7 @@ class TrainingLoop:
         self.writer: Any = None
         self.steps_fn: TrainSteps | None = None
         self.autoscaler: Autoscaler | None = None
-        if chief.autoscale is not None and isinstance(source, ServiceSource):
+        if chief.autoscale is not None and isinstance(source, (ServiceSource, DataplaneSource)):
             self.autoscaler = Autoscaler(chief.autoscale, source, chief.addresses, chief.registry, batch_size)
 
     def run(self) -> None:

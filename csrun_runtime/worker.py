@@ -122,10 +122,12 @@ class InputWorker:
         # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
         # tf.py_function callbacks up by name in this process; they must exist by then (measured:
         # "Could not find callback with key=pyfunc_1" when the server started first).
-        served = self._build_and_register(address)
+        served = self._build_and_plan()
         if served is None:
             self._left_unserved(None, "failed")
             return 2
+        register_stream(address, limit_threads(served[1].dataset, self.role.cpus_per_task), self.bundling,
+                        self.counter)
         server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)
@@ -219,11 +221,11 @@ class InputWorker:
                             len(built.view.outside))
         return built
 
-    def _build_and_register(self, address: str) -> tuple[int | None, WorkerInput] | None:
-        """Build the dataset, check the contract, register it with the dispatcher, bundled as
-        ``runconfig.input_bundle`` and the batch's size say
-        (:func:`csrun_runtime.service.plan_bundle`). Returns ``(batch_size, built input)``, or
-        ``None`` after registering the violations as a failure."""
+    def _build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
+        """Build the dataset, check the contract, plan its bundling (``self.bundling``:
+        :func:`csrun_runtime.service.plan_bundle`) and list its files (``self.files``), for
+        either transport. Returns ``(batch_size, built input)``, or ``None`` after registering
+        the violations (an error of the input_fn too) as ``status: failed``."""
         try:
             built = self._build()
             ds = built.dataset
@@ -249,7 +251,6 @@ class InputWorker:
             # must see a removed worker (csrun_runtime.autoscale)
             cap = min(cap, AUTOSCALE_MAX_BUNDLE) if cap is not None else AUTOSCALE_MAX_BUNDLE
         self.bundling = plan_bundle(ds.element_spec, rc.get("input_bundle", "auto"), max_batches=cap)
-        register_stream(address, limit_threads(ds, self.role.cpus_per_task), self.bundling, self.counter)
         return batch_size, built
 
     def _register(self, address: str, server: Any, batch_size: int | None, built: WorkerInput) -> None:

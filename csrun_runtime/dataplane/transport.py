@@ -19,8 +19,8 @@ receiver   ``S``                the receiver is closing
 =========  ===================  ===========================================================
 
 Flow control: a sender keeps at most ``window`` bytes of data messages unacknowledged (one
-message more when it holds none, so a bundle larger than the window still goes; before the
-receiver's welcome the window is 0: one message may go ahead of it); the receiver
+message more when it holds none, so a bundle larger than the window still goes) and sends
+no data before the receiver's welcome, which says whether it starts paused; the receiver
 acknowledges a message when :meth:`Receiver.get_bundle` hands it out. So the chief buffers at
 most about ``window`` bytes per worker (in zmq's pipes and the kernel's socket buffers), and
 a consumer that stops reading stops every sender within one window.
@@ -165,7 +165,8 @@ class Sender:
 
     def _wait_credit(self, deadline: float | None) -> None:
         self._drain(0)
-        while self._paused or (self._inflight and self._inflight_bytes >= (self._window or 0)):
+        # no data before the welcome: it gives the window and says whether to start paused
+        while self._window is None or self._paused or (self._inflight and self._inflight_bytes >= self._window):
             self._check()
             if not self._drain(_ms(deadline)) and deadline is not None and time.monotonic() >= deadline:
                 state = ("not welcomed (receiver unreachable?)" if self._window is None else
@@ -380,6 +381,7 @@ class Receiver:
         self._current: Bundle | None = None
         self._next_batch = 0
         self._errors: list[str] = []
+        self._paused: set[int] = set()  # indices paused (connected or not yet)
         self.t0 = time.monotonic()
 
     # ----------------------------------------------------------------- control
@@ -417,6 +419,7 @@ class Receiver:
         w = _Worker(index, attempt, identity, h.get("pid"), h.get("host"), connected_at=time.monotonic())
         if cur is not None:  # a replacement (or the same attempt reconnecting): counts go on
             w.carry_counts(cur)
+        w.paused = index in self._paused  # also when paused before it ever connected
         self._workers[index] = w
         self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "paused": w.paused}).encode())
 
@@ -547,19 +550,19 @@ class Receiver:
         return time.monotonic() - t0
 
     def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream: it sends nothing after the messages already in flight
-        (at most its window; they are still handed out) until :meth:`resume`; a replacement
-        attempt connecting meanwhile starts paused. Raises :class:`KeyError` for a worker never
-        connected."""
-        w = self._workers[i]
-        w.paused = True
-        self._tell(w.identity, b"P")
+        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
+        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
+        self._pause(i, True)
 
     def resume(self, i: int) -> None:
-        """Let paused worker ``i`` send again. Raises :class:`KeyError` as :meth:`pause`."""
-        w = self._workers[i]
-        w.paused = False
-        self._tell(w.identity, b"R")
+        """Let paused worker ``i`` send again."""
+        self._pause(i, False)
+
+    def _pause(self, i: int, paused: bool) -> None:
+        (self._paused.add if paused else self._paused.discard)(i)
+        if (w := self._workers.get(i)) is not None:
+            w.paused = paused
+            self._tell(w.identity, b"P" if paused else b"R")
 
     def counts(self) -> dict[int, dict[str, Any]]:
         """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),

@@ -7,6 +7,8 @@ input-worker slots (3 nodes × 2 tasks, the chief alone on the GRES node). Start
 worker, autoscale must grow so that training waits on input for at most 10 % of a window
 (i.e. it trains at >= 90 % of the rate it can take) within 2 minutes; started with all 6, it
 must shrink. Both runs reach max_steps and exit 0; performance.json records the decisions.
+The shrinking run also runs on csrun's data plane (``runconfig.transport: dataplane``,
+docs/DATAPLANE.md), where a removed worker is paused at the chief's one receiver.
 """
 from __future__ import annotations
 
@@ -26,16 +28,20 @@ BIN, PACED = helpers.BIN, helpers.PACED
 def latency_bound(tmp_path_factory):
     root = tmp_path_factory.mktemp("autoscale")
     data = helpers.prepare_digits(root / "data")
-    path = helpers.digits_params(root, data, train_input={"pace_ms": 40}, model={"step_pace_ms": 10},
-                                 log_steps=500, checkpoint_steps=0, eval_frequency=None, jit_compile=False)
-    return {"root": root, "params": path}
+    params = {}
+    for transport in ("service", "dataplane"):
+        (root / transport).mkdir()
+        params[transport] = helpers.digits_params(
+            root / transport, data, train_input={"pace_ms": 40}, model={"step_pace_ms": 10}, log_steps=500,
+            checkpoint_steps=0, eval_frequency=None, jit_compile=False, transport=transport)
+    return {"root": root, "params": params}
 
 
-def _run(cli_env, latency_bound, initial: int) -> tuple[subprocess.CompletedProcess, dict]:
-    md = latency_bound["root"] / f"md_{initial}"
+def _run(cli_env, latency_bound, initial: int, transport: str = "service") -> tuple[subprocess.CompletedProcess, dict]:
+    md = latency_bound["root"] / f"md_{initial}_{transport}"
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "2",
             "--cpus-per-task", "1", "--autoscale", "--initial-workers", str(initial), "--autoscale-window", "5",
-            "python-ws", PACED, "--params", str(latency_bound["params"]), "--mode", "train",
+            "python-ws", PACED, "--params", str(latency_bound["params"][transport]), "--mode", "train",
             "--max_steps", "4000", "--model_dir", str(md)]
     res = subprocess.run(argv, env=cli_env, cwd=latency_bound["root"], capture_output=True, text=True, timeout=420)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
@@ -64,8 +70,9 @@ def test_autoscale_grows_from_one_worker_to_the_rate_training_takes(cli_env, lat
     assert "autoscale: add input worker 1" in res.stderr
 
 
-def test_autoscale_shrinks_an_over_provisioned_start(cli_env, latency_bound):
-    res, perf = _run(cli_env, latency_bound, 6)
+@pytest.mark.parametrize("transport", ["service", "dataplane"])
+def test_autoscale_shrinks_an_over_provisioned_start(cli_env, latency_bound, transport):
+    res, perf = _run(cli_env, latency_bound, 6, transport)
     auto = perf["autoscale"]
     assert perf["global_step_end"] == 4000
     removes = [e for e in auto["events"] if e["action"] == "remove"]
@@ -74,3 +81,8 @@ def test_autoscale_shrinks_an_over_provisioned_start(cli_env, latency_bound):
     assert len(perf["workers_paused"]) == 6 - auto["final_workers"] and not perf["workers_stopped"]
     assert "autoscale: remove input worker" in res.stderr
     assert all(n > 0 for n in perf["batches_per_worker"].values())  # all six streamed at first
+    if transport == "dataplane":  # the removed workers paused at the one receiver, the others read
+        assert perf["transport"] == "dataplane" and "data plane: one receiver at tcp://" in res.stderr
+        plane = perf["dataplane"]
+        assert sorted(int(i) for i, c in plane.items() if c["paused"]) == perf["workers_paused"], plane
+        assert all(c["bundles"] > 0 and c["errors"] == 0 for c in plane.values()) and len(plane) == 6

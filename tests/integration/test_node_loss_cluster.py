@@ -9,7 +9,9 @@ SlurmdTimeout (60 s). The run must go on and reach max_steps with exit 0 (csrun_
 srun path, the batch job's on the sbatch path): the chief notices the loss within 10 s, the
 other node's task starts input worker 1 again (same index, files and seed), it streams again
 within 60 s, and Slurm shrinks the workers' job to the surviving node instead of ending it.
-Native cluster only (the compose cluster's nodes are containers).
+Native cluster only (the compose cluster's nodes are containers). The srun path runs on both
+transports (``runconfig.transport``): on the data plane (docs/DATAPLANE.md) the replacement
+connects to the chief's one receiver as attempt 1.
 """
 from __future__ import annotations
 
@@ -36,13 +38,13 @@ def _squeue(env, *args: str) -> str:
     return subprocess.run(["squeue", "--noheader", *args], env=env, capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("path", ["srun", "sbatch"])
-def test_a_lost_node_does_not_end_the_run(slurm_cluster, cli_env, tmp_path, path):
+@pytest.mark.parametrize("path,transport", [("srun", "service"), ("sbatch", "service"), ("srun", "dataplane")])
+def test_a_lost_node_does_not_end_the_run(slurm_cluster, cli_env, tmp_path, path, transport):
     if slurm_cluster["engine"] != "native":
         pytest.skip("powers off a node of the native test cluster")
     data = helpers.prepare_digits(tmp_path / "data")
     params = helpers.digits_params(tmp_path, data, train_input={"pace_ms": 40}, log_steps=50,
-                                   checkpoint_steps=0, eval_frequency=None)
+                                   checkpoint_steps=0, eval_frequency=None, transport=transport)
     md = tmp_path / "md"
     argv = [str(BIN / "csrun_wse"), "--survive-node-loss", *(["--use-sbatch"] if path == "sbatch" else []),
             "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "1", "python-ws", PACED,
@@ -112,6 +114,12 @@ def test_a_lost_node_does_not_end_the_run(slurm_cluster, cli_env, tmp_path, path
     (report,) = [json.loads(p.read_text()) for p in md.glob(".csrun/*/workers/1.report.json")]
     assert report["attempt"] == 1 and report["elements"] > 0
     assert report["shuffle_seed"] == reg["shuffle_seed"] and report["pipeline_files"] == reg["pipeline_files"]
+    if transport == "dataplane":  # the replacement reached the one receiver as attempt 1, both read
+        assert perf["transport"] == "dataplane" and "tf.data service:" not in output
+        assert "data plane: one receiver at tcp://" in output
+        plane = perf["dataplane"]
+        assert plane["1"]["attempt"] == 1 and plane["0"]["bundles"] > 0 and plane["1"]["bundles"] > 0, plane
+        assert plane["0"]["errors"] == 0 and plane["1"]["errors"] == 0 and perf["dataplane_errors"] == []
     helpers.wait_for(lambda: not _squeue(cli_env).strip(), 60, "the queue to empty")
 
 

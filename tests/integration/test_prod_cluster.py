@@ -71,7 +71,11 @@ def paced(tmp_path_factory):
     data = helpers.prepare_digits(root / "data")
     path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=1, checkpoint_steps=0,
                                  eval_frequency=None, keep_checkpoint_max=2)
-    return {"root": root, "params": path}
+    (root / "dataplane").mkdir()
+    dataplane = helpers.digits_params(root / "dataplane", data, train_input={"pace_ms": 20}, log_steps=1,
+                                      checkpoint_steps=0, eval_frequency=None, keep_checkpoint_max=2,
+                                      transport="dataplane")
+    return {"root": root, "params": path, "params_dataplane": dataplane}
 
 
 def logged_steps(text: str) -> list[int]:
@@ -142,14 +146,18 @@ def test_scontrol_requeue_of_a_running_job_resumes(cli_env, paced):
 
 @pytest.mark.tf
 @pytest.mark.slow
-def test_srun_path_requeue_launches_again(cli_env, paced):
+@pytest.mark.parametrize("transport", ["service", "dataplane"])
+def test_srun_path_requeue_launches_again(cli_env, paced, transport):
     """On the srun path (an interactive job cannot be requeued) csrun_wse itself launches the
-    same srun again after the chief stopped on the warning signal (sent here by scancel)."""
+    same srun again after the chief stopped on the warning signal (sent here by scancel). Also
+    on csrun's data plane (``runconfig.transport: dataplane``): each launch's chief binds its
+    own receiver and that launch's input worker sends to it."""
     max_steps = 800
-    model_dir = paced["root"] / "srun_path"
+    model_dir = paced["root"] / f"srun_path_{transport}"
     before = queued(cli_env)
+    params = paced["params_dataplane" if transport == "dataplane" else "params"]
     proc = subprocess.Popen([str(BIN / "csrun_wse"), "--requeue", *SMALL, "python-ws", PACED, "--params",
-                             str(paced["params"]), "--model_dir", str(model_dir), "--mode", "train", "--max_steps",
+                             str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps",
                              str(max_steps)], env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     new: set[str] = set()
@@ -165,6 +173,11 @@ def test_srun_path_requeue_launches_again(cli_env, paced):
     allocs = check_run(model_dir, stdout + stderr, max_steps)
     assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1
     assert allocs[0]["job_id"] != allocs[1]["job_id"]
+    if transport == "dataplane":  # both launches fed by the data plane, no tf.data service
+        assert stderr.count("data plane: one receiver at tcp://") == 2 and "tf.data service:" not in stderr
+        perf = json.loads((model_dir / "performance" / "performance.json").read_text())
+        assert perf["transport"] == "dataplane" and perf["dataplane"]["0"]["bundles"] > 0
+        assert perf["dataplane"]["0"]["errors"] == 0 and perf["dataplane_errors"] == []
 
 
 def test_check_a_job_that_fits_and_ones_that_cannot(cli_env, tmp_path):

@@ -178,6 +178,30 @@ def test_pause_stops_a_worker_within_its_window_and_resume_reads_it_again(plane)
     assert source.counts[1] > held and source.streaming() == {0, 1}
 
 
+def test_a_worker_paused_before_it_connected_sends_nothing_until_resumed(plane):
+    """autoscale may remove a worker still building its dataset: paused before its sender
+    connected, it starts paused (the receiver's welcome says so) and sends no bundle at all
+    until it is resumed."""
+    rdv, receiver, sender, register = plane
+    registry = {0: register(0, pid=sender(0, bundles=-1).pid), 1: register(1, pid=4242)}
+    source = DataplaneSource(rdv, receiver, registry)
+    source.pause(1)
+    assert source.streaming() == {0}
+    registry[1] = register(1, pid=sender(1, bundles=-1).pid)  # connects only now
+    t_end = time.monotonic() + 10
+    while 1 not in receiver.counts() and time.monotonic() < t_end:
+        source.get_chunk(64, 10.0)
+    t_end = time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        assert source.get_chunk(64, 10.0).worker == 0
+    assert receiver.counts()[1]["paused"] and receiver.counts()[1]["bundles"] == 0 and source.counts[1] == 0
+    source.resume(1)
+    t_end = time.monotonic() + 10
+    while source.counts[1] == 0 and time.monotonic() < t_end:
+        source.get_chunk(64, 10.0)
+    assert source.counts[1] > 0 and source.streaming() == {0, 1}
+
+
 def test_a_slot_not_opened_is_held_paused_until_add_stream(plane):
     """autoscale starts with fewer streams than slots: a slot's bundles wait (its worker paused
     at the receiver, so the chief holds at most one window of it) until add_stream opens it."""

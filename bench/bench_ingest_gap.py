@@ -1,0 +1,278 @@
+"""Benchmark: where the data plane's gap to raw loopback TCP goes for elements of 256 KiB and
+more (issue 23; ``bench/results/ingest_dataplane.json`` measured 0.44-0.69 of raw TCP there).
+
+``k`` light sender processes (numpy + pyzmq, no TensorFlow) send the ceiling's batch
+(:data:`bench_ingest.ROWS` rows, float32 features and int32 labels, 256 KiB or 4 MiB) to this
+process on loopback, as fast as each path lets them. Side by side, in rotating order within each
+repetition, each variant peeling one layer off csrun's data plane:
+
+* ``raw TCP``: :func:`bench_ingest.measure_raw` (``k`` receiver threads ``recv_into`` one
+  reused buffer; the sender ``sendall`` s one payload): the host's transport limit;
+* ``zmq bare``: the data plane's socket pattern and messages without csrun: each sender a zmq
+  DEALER sending the data plane's bundle message (``[b"D", header, x, y]``, the bundle stacked
+  once beforehand) with ``copy=False``; the chief one ROUTER, ``recv_multipart(copy=False)``;
+  no credits (``SNDHWM``/``RCVHWM`` 4 messages bound the buffers instead), no acknowledgement,
+  no decoding. What is left to raw TCP here is zmq's own cost: its I/O thread on each end
+  (a second thread per process, on this 2-core host competing with the senders), a fresh
+  buffer per received message, pyzmq's zero-copy bookkeeping;
+* ``data plane, pre-stacked``: :class:`csrun_runtime.dataplane.Sender` ``send_bundle`` of the
+  same pre-stacked bundle into :class:`~csrun_runtime.dataplane.Receiver` ``get_bundle``:
+  zmq bare + csrun's credits, acknowledgements and framing/decoding;
+* ``data plane``: ``Sender.send`` per batch (``bundle="auto"``: a 256 KiB batch is stacked 4 to
+  a bundle, a copy on the sender; a 4 MiB batch goes alone, without a copy), as
+  ``bench_ingest.py --ceiling-only`` measures it;
+* ``data plane, bundle 1``: ``Sender(bundle=1)``: each batch its own message, sent without a
+  copy (no stacking);
+* ``data plane, window 16 MiB``: the same with a 4× larger credit window (4 MiB, the
+  default, is one 4 MiB bundle: each sender waits for each acknowledgement);
+* ``data plane, senders' malloc keeps memory``: ``data plane`` with the senders' glibc told
+  (:data:`MALLOC_ENV`) to serve large buffers from its heap and keep freed memory, instead of
+  an ``mmap`` (fresh pages: a page fault per 4 KiB) and ``munmap`` per stacked bundle.
+
+and, in this process alone, ``framing only``: MB/s of the receiver's per-message Python
+(``Receiver._data``: cached header, ``np.frombuffer`` per leaf, the nest) on frames already
+received, the bound the framing sets by itself.
+
+Statistics: medians over the repetitions of MB/s (10^6 bytes/s) and CPU-s per MB (the chief's,
+the senders' together), and medians of per-repetition ratios to raw TCP.
+
+Run: ``python bench/bench_ingest_gap.py [--quick] [--out bench/results/ingest_gap.json]``
+(~6 minutes on the 2-core host); ``--variants "data plane;data plane, bundle 1"``,
+``--sizes "256 KiB"`` (``;`` between names) and ``--repeats N`` narrow it (raw TCP is always measured).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_ingest as bi  # bench/ is on sys.path: these modules run as scripts from it
+import common
+
+#: The variants measured through senders, in the order of the first repetition.
+VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
+            "data plane, window 16 MiB", "data plane, senders' malloc keeps memory"]
+#: glibc settings of the last variant's senders: no mmap/munmap (and page faults) per large
+#: buffer; freed memory kept in the heap for the next bundle.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+SIZES = ["256 KiB", "4 MiB"]
+HWM = 4  # zmq bare: messages buffered per pipe at each end (the data plane's 4 MiB window is 4 bundles)
+
+
+def _batch(nbytes: int, seed: int = 0) -> tuple[Any, Any]:
+    """The ceiling's batch as numpy arrays (as :func:`bench_ingest.child_dp_sender` builds it)."""
+    import numpy as np
+
+    cols = max(1, (nbytes - 4 * bi.ROWS) // (4 * bi.ROWS))
+    return (np.random.default_rng(seed).random((bi.ROWS, cols), dtype=np.float32), np.zeros(bi.ROWS, np.int32))
+
+
+def _bundle(nbytes: int, seed: int = 0) -> tuple[tuple[Any, Any], int]:
+    """The data plane's auto bundle of that batch, stacked once: ``(nest, n)``."""
+    import numpy as np
+
+    from csrun_runtime.dataplane import BUNDLE_BYTES
+
+    x, y = _batch(nbytes, seed)
+    n = max(1, BUNDLE_BYTES // (x.nbytes + y.nbytes))
+    return (np.ascontiguousarray(np.stack([x] * n)), np.ascontiguousarray(np.stack([y] * n))), n
+
+
+def child_sender(spec: dict) -> None:
+    """One sender of ``spec["mode"]``: ``raw`` (:func:`bench_ingest.child_sender`), ``dp``
+    (:func:`bench_ingest.child_dp_sender`; ``dp1``: with ``bundle=1``), ``dp-bundle`` (``send_bundle`` of a pre-stacked
+    bundle) or ``zmq`` (a bare DEALER sending the data plane's message) until the chief goes."""
+    mode = spec["mode"]
+    if mode == "raw":
+        return bi.child_sender(spec)
+    if mode == "dp":
+        return bi.child_dp_sender(spec)
+    if mode == "dp1":
+        return bi.child_dp_sender({**spec, "bundle": 1})
+    import zmq
+
+    from csrun_runtime.dataplane import ReceiverGone, Sender, framing
+
+    nest, n = _bundle(spec["nbytes"], spec["index"])
+    if mode == "dp-bundle":
+        s = Sender(spec["endpoint"], spec["index"])
+        try:
+            while True:
+                s.send_bundle(nest, n, timeout=60)
+        except (ReceiverGone, TimeoutError):
+            pass
+        finally:
+            s.close(timeout=1.0)
+        return None
+    tree, leaves = framing.flatten(nest)
+    frames = [b"D", framing.encode_header(tree, leaves, n), *leaves]
+    sock = zmq.Context(1).socket(zmq.DEALER)
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
+    sock.connect(spec["endpoint"])
+    try:
+        while True:
+            sock.send_multipart(frames, copy=False)
+    except zmq.ZMQError:  # the chief closed (send timed out)
+        pass
+    return None
+
+
+def _measure_zmq(k: int, nbytes: int, warmup_s: float, window_s: float, start: Any) -> dict[str, float]:
+    """``k`` bare DEALER senders into one ROUTER of this process: batches/s and CPU."""
+    import zmq
+
+    _, n = _bundle(nbytes)
+    ctx = zmq.Context(1)
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.RCVTIMEO, 60000)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    senders = [start({"mode": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "index": i, "nbytes": nbytes})
+               for i in range(k)]
+    try:
+        def step() -> int:
+            sock.recv_multipart(copy=False)
+            return n
+        return bi._window(step, warmup_s, window_s, [p.pid for p in senders])
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        bi.reap(senders, 8.0)
+
+
+def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
+    """MB/s of :meth:`Receiver._data` alone on one bundle's frames (already received), in
+    this process: the receive path's Python per message, without zmq or the network."""
+    import zmq
+
+    from csrun_runtime.dataplane import Receiver, framing
+    from csrun_runtime.dataplane.transport import _Worker
+
+    nest, n = _bundle(nbytes)
+    tree, leaves = framing.flatten(nest)
+    frames = [zmq.Frame(b"0.0"), zmq.Frame(b"D"), zmq.Frame(framing.encode_header(tree, leaves, n)),
+              *(zmq.Frame(a.tobytes()) for a in leaves)]
+    rx = Receiver("tcp://127.0.0.1:0")
+    try:
+        w = _Worker(0, 0, b"0.0")
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            rx._data(w, frames)
+            calls += 1
+        dt = time.perf_counter() - t0
+    finally:
+        rx.close()
+    per = dt / calls
+    return {"us_per_bundle": round(per * 1e6, 2), "mb_per_sec": round(w.bytes / dt / 1e6, 1),
+            "batches_per_bundle": n}
+
+
+def measure(variant: str, k: int, size: str, plan: dict, work: Path) -> dict[str, float]:
+    """One measurement of ``variant`` with ``k`` senders at batch size ``size``."""
+    nbytes, w, m = bi.SIZES[size], plan["warmup_s"], plan["window_s"]
+
+    def start(mode: str, extra_env: dict[str, str] | None = None) -> Any:
+        def go(spec: dict) -> subprocess.Popen:
+            path = work / f"sender{time.time_ns()}.json"
+            path.write_text(json.dumps({**spec, "mode": mode}))
+            env = dict(os.environ, PYTHONPATH=f"{common.REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                       **(extra_env or {}))
+            return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--sender", str(path)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=env)
+        return go
+
+    if variant == "raw TCP":
+        rec = bi.measure_raw(k, nbytes, w, m, start("raw"))
+    elif variant == "zmq bare":
+        rec = _measure_zmq(k, nbytes, w, m, start("zmq"))
+    elif variant == "data plane, pre-stacked":
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp-bundle"))
+    elif variant == "data plane":
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"))
+    elif variant == "data plane, bundle 1":
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp1"))
+    elif variant == "data plane, window 16 MiB":
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), window_bytes=16 << 20)
+    else:
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp", MALLOC_ENV))
+    mb = rec["batches_per_sec"] * nbytes / 1e6
+    return {**rec, "mb_per_sec": mb, "chief_cpu_s_per_mb": rec["chief_cpu"] / mb if mb else None,
+            "senders_cpu_s_per_mb": rec["workers_cpu"] / mb if mb else None}
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per variant: medians of MB/s and CPU-s per MB; the paired ratio to raw TCP."""
+    out: dict[str, Any] = {}
+    for v, recs in runs.items():
+        ok = [r for r in recs if r.get("mb_per_sec")]
+        out[v] = {"mb_per_sec": round(common.median(r["mb_per_sec"] for r in ok), 1),
+                  "chief_cpu_s_per_mb": round(common.median(r["chief_cpu_s_per_mb"] for r in ok), 5),
+                  "senders_cpu_s_per_mb": round(common.median(r["senders_cpu_s_per_mb"] for r in ok), 5),
+                  "runs": len(ok)}
+        if v != "raw TCP":
+            out[v]["vs_raw_tcp"] = common.compare([r["mb_per_sec"] for r in recs],
+                                                  [r["mb_per_sec"] for r in runs["raw TCP"]], 3)["median_ratio"]
+    return out
+
+
+def run(quick: bool = False, variants: list[str] | None = None, sizes: list[str] | None = None,
+        repeats: int | None = None) -> dict[str, Any]:
+    """Every variant × k × size (``variants``, ``sizes``: a subset; raw TCP is always
+    measured), ``repeats`` times (default 3) in rotating order; ``quick``: k = 1, one
+    repetition of short windows."""
+    ks, reps, plan = ([1], 1, {"warmup_s": 0.2, "window_s": 0.5}) if quick else \
+        ([1, 2, 8], 3, {"warmup_s": 0.3, "window_s": 1.0})
+    repeats = repeats or reps
+    order0 = ["raw TCP", *[v for v in (variants or VARIANTS) if v != "raw TCP"]]
+    sizes = sizes or SIZES
+    raw: dict[str, dict[str, dict[str, list[dict]]]] = {}
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench_gap_") as tmp:
+        for r in range(repeats):
+            order = order0[r % len(order0):] + order0[:r % len(order0)]
+            for k in ks:
+                for size in sizes:
+                    for v in order:
+                        try:
+                            rec = measure(v, k, size, plan, Path(tmp))
+                        except Exception as exc:  # noqa: BLE001 - recorded, the others go on
+                            rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                        raw.setdefault(f"k={k}", {}).setdefault(size, {}).setdefault(v, []).append(rec)
+    out: dict[str, Any] = {
+        "what": "MB/s (10^6 bytes/s) through one chief process on loopback, k light sender processes; "
+                "medians of repetitions in rotating order; vs_raw_tcp: median of per-repetition ratios",
+        "ks": ks, "sizes": sizes, "variants": order0, "repeats": repeats, **plan, "hwm_zmq_bare": HWM,
+        "results": {k: {s: summarize(v) for s, v in sizes.items()} for k, sizes in raw.items()},
+        "framing_only": {s: framing_only(bi.SIZES[s]) for s in sizes},
+        "errors": [r["error"] for sizes in raw.values() for vs in sizes.values() for recs in vs.values()
+                   for r in recs if "error" in r][:10],
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--sender":
+        try:
+            child_sender(json.loads(Path(sys.argv[2]).read_text()))
+        finally:
+            os._exit(0)
+    def _arg(name: str) -> str | None:
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+    result = run(quick="--quick" in sys.argv, variants=(_arg("--variants") or "").split(";") if _arg("--variants")
+                 else None, sizes=_arg("--sizes").split(";") if _arg("--sizes") else None,  # type: ignore[union-attr]
+                 repeats=int(_arg("--repeats") or 0) or None)
+    result["meta"] = common.metadata("--quick" in sys.argv)
+    if "--out" in sys.argv:
+        common.write_json(Path(sys.argv[sys.argv.index("--out") + 1]), result)
+    print(json.dumps(result, indent=1))
