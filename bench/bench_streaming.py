@@ -102,27 +102,7 @@ def child_standalone(spec: dict) -> None:
     opts.threading.private_threadpool_size = int(spec["cpus"])
     ds = ds.with_options(opts)
     it = iter(ds)
-    wd = Path(spec["workdir"])
-    tag = spec["tag"]
-    t_end = time.monotonic() + spec["warmup_s"]
-    n = 0
-    while time.monotonic() < t_end or n < 2:
-        next(it)
-        n += 1
-    (wd / f"{tag}.ready.{spec['index']}").touch()
-    deadline = time.monotonic() + 120
-    while len(list(wd.glob(f"{tag}.ready.*"))) < spec["barrier"] and time.monotonic() < deadline:
-        next(it)
-    samples = 0
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < spec["measure_s"]:
-        samples += _samples(next(it))
-    dt = time.monotonic() - t0
-    (wd / f"{tag}.done.{spec['index']}").touch()
-    _write(Path(spec["out"]), {"samples_per_sec": samples / dt, "samples": samples, "window_s": dt})
-    deadline = time.monotonic() + 120
-    while len(list(wd.glob(f"{tag}.done.*"))) < spec["barrier"] and time.monotonic() < deadline:
-        next(it)
+    common.concurrent_window(lambda: _samples(next(it)), spec, Path(spec["out"]))
 
 
 def child_worker(spec: dict) -> None:

@@ -105,36 +105,15 @@ def child_standalone(spec: dict) -> None:
     measured. Writes ``{"samples_per_sec", "samples", "window_s"}``."""
     from csrun_runtime.params import resolve_params
     from csrun_runtime.pytorch.chief import epochs
-    from csrun_runtime.pytorch.contract import call_data_fn, process_params, seed_process, torch_seed
-    from csrun_runtime.pytorch.streamers import StreamerFacts, set_facts
+    from csrun_runtime.pytorch.worker import build_loader
 
     i, k = spec["index"], spec["num_workers"]
     sys.argv = [spec["run_py"], *_argv(spec)]
     module = runpy.run_path(spec["run_py"], run_name="csrun_bench")  # a Model Zoo run.py guards run()
     resolved = resolve_params(_argv(spec), run_py=spec["run_py"])
-    params = process_params(resolved.params, i, k, True, None, None)  # as InputWorker._build does
-    set_facts(StreamerFacts(k, i, True))
-    seed_process(torch_seed(resolved.params, i))
-    it = epochs(call_data_fn(module["train_data_fn"], params, "train_input"))
-    wd, tag = Path(spec["workdir"]), spec["tag"]
-    t_end = time.monotonic() + spec["warmup_s"]
-    while time.monotonic() < t_end:
-        next(it)
-    (wd / f"{tag}.ready.{i}").touch()
-    deadline = time.monotonic() + 120
-    while len(list(wd.glob(f"{tag}.ready.*"))) < spec["barrier"] and time.monotonic() < deadline:
-        next(it)
-    samples = 0
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < spec["measure_s"]:
-        samples += _samples(next(it))
-    dt = time.monotonic() - t0
-    (wd / f"{tag}.done.{i}").touch()
-    atomic.write_json(Path(spec["out"]), {"samples_per_sec": samples / dt, "samples": samples, "window_s": dt},
-                      indent=None)
-    deadline = time.monotonic() + 120
-    while len(list(wd.glob(f"{tag}.done.*"))) < spec["barrier"] and time.monotonic() < deadline:
-        next(it)
+    loader, _params, _seed = build_loader(module["train_data_fn"], resolved.params, i, k, i)  # the input worker's
+    it = epochs(loader)
+    common.concurrent_window(lambda: _samples(next(it)), spec, Path(spec["out"]))
 
 
 def _child_main(argv: list[str]) -> None:

@@ -161,6 +161,35 @@ class CommandFailed(RuntimeError):
     """A timed command exited non-zero or ran past its timeout (message: argv and tail)."""
 
 
+def concurrent_window(next_samples: Callable[[], int], spec: Mapping[str, Any], out: Path) -> None:
+    """One of ``spec["barrier"]`` processes measuring concurrently (the streaming benchmarks'
+    standalone side): ``spec["warmup_s"]`` seconds of ``next_samples()`` (one element; returns its
+    samples), a file barrier with the others in ``spec["workdir"]`` (``<tag>.ready.<index>``),
+    ``spec["measure_s"]`` seconds counted, ``{"samples_per_sec", "samples", "window_s"}`` written
+    to ``out``, then on until every process has measured (so each window sees the full load).
+    A barrier not met within 120 s is passed."""
+    wd, tag, index, barrier = Path(spec["workdir"]), spec["tag"], spec["index"], spec["barrier"]
+    t_end = time.monotonic() + spec["warmup_s"]
+    n = 0
+    while time.monotonic() < t_end or n < 2:
+        next_samples()
+        n += 1
+    (wd / f"{tag}.ready.{index}").touch()
+    deadline = time.monotonic() + 120
+    while len(list(wd.glob(f"{tag}.ready.*"))) < barrier and time.monotonic() < deadline:
+        next_samples()
+    samples = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < spec["measure_s"]:
+        samples += next_samples()
+    dt = time.monotonic() - t0
+    (wd / f"{tag}.done.{index}").touch()
+    atomic.write_json(out, {"samples_per_sec": samples / dt, "samples": samples, "window_s": dt}, indent=None)
+    deadline = time.monotonic() + 120
+    while len(list(wd.glob(f"{tag}.done.*"))) < barrier and time.monotonic() < deadline:
+        next_samples()
+
+
 def time_command(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120.0,
                  cwd: str | None = None, check: bool = True) -> float:
     """Wall time (seconds, ``time.perf_counter``) of running ``argv`` to completion, its
