@@ -33,6 +33,9 @@ host's CPUs busy is *disturbed*: full mode retries (up to 3 extra verifies) to c
 ``repeats`` undisturbed windows, and the error over the undisturbed windows is reported
 beside the error over all of them.
 
+``--frameworks``: the digits as a TensorFlow run.py and as a PyTorch one (``examples/digits_pt``)
+in the same run, one round, into ``bench/results/verify_frameworks.json``.
+
 Run alone: ``python bench/bench_verify.py [--quick]`` writes ``bench/results/verify.json``
 (``bench/results/quick/verify.json`` with ``--quick``); ``bench/run.py --only verify`` does
 the same through the harness.
@@ -70,10 +73,16 @@ def _clean(v: dict) -> bool:
 def _waste(vals: list, repeats: int) -> bool:
     """Stop retrying when the attempts so far failed outright (nothing to gain)."""
     return sum(1 for v in vals if v.get("measured_samples_per_sec") is None) >= repeats
+
+
 EXAMPLES = {
     "images": (REPO / "examples/images/run.py", ["--params", str(REPO / "examples/images/configs/params.yaml")]),
     "digits": (REPO / "examples/digits/run.py", ["--params", str(REPO / "examples/digits/configs/params.yaml")]),
+    "digits_pt": common.PIPELINES["digits_pt"],
 }
+#: The examples of a plain run (images and digits, TensorFlow) and of ``--frameworks`` (the
+#: digits through TensorFlow and through PyTorch, side by side in one run).
+PLAIN, FRAMEWORKS = ("images", "digits"), ("digits", "digits_pt")
 #: slurmctld port of the bench's pinned cluster.
 PINNED_PORT = int(os.environ.get("CSRUN_PINNED_PORT", "16917"))
 
@@ -131,19 +140,24 @@ def _verify_layout(out: Path, layout: dict | None, seconds: float, env: dict, re
     return vals
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, frameworks: bool = False) -> dict:
     """Analyse both examples on the pinned cluster and verify two layouts each, in
     ``cycles`` independent rounds (see the module docstring). Returns the figures
-    (samples/s, %, seconds)."""
+    (samples/s, %, seconds). ``frameworks``: the digits as a TensorFlow and as a PyTorch
+    run.py (``examples/digits_pt``: DataLoader ``num_workers`` probed too, ``verify``
+    through ``python-pt``), one round of 2 verifies a layout, 60 s budgets, 10 s drains."""
     budget, seconds, repeats, cycles = (30.0, 5.0, 1, 1) if quick else (120.0, 15.0, 2, 3)
+    if frameworks:
+        budget, seconds, repeats, cycles = 60.0, 10.0, 2, 1
+    examples = FRAMEWORKS if frameworks else PLAIN
     runs, analyses = [], {}
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp, \
             common.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        common.ensure_example_data(["images", "digits"], env)
+        common.ensure_example_data(examples, env)
         for cycle in range(cycles):
-            for name in EXAMPLES:
+            for name in examples:
                 out = Path(tmp) / f"{name}_{cycle}"
                 try:
                     ana = _analyze(name, out, budget, env)
@@ -163,7 +177,7 @@ def run(quick: bool = False) -> dict:
                     results.setdefault((name, label), []).extend(vals)
         for (name, label), vals in results.items():
             runs.append(_entry(name, label, vals, repeats, cycles))
-        for name in EXAMPLES:
+        for name in examples:
             if not any(r.get("example") == name for r in runs):
                 err = next((a.get("error") for a in analyses.get(name, []) if a.get("error")), "no analysis")
                 runs.append({"name": f"{name}: analysis", "error": err[:300]})
@@ -219,10 +233,11 @@ def _entry(name: str, label: str, vals: list[dict], repeats: int, cycles: int) -
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv[1:]
+    both = "--frameworks" in sys.argv[1:]
     t0 = time.perf_counter()
-    res = run(quick)
+    res = run(quick, both)
     res["meta"] = {**common.metadata(quick), "wall_s": round(time.perf_counter() - t0, 1)}
-    dest = HERE / "results" / ("quick" if quick else "") / "verify.json"
+    dest = HERE / "results" / ("quick" if quick else "") / ("verify_frameworks.json" if both else "verify.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     common.write_json(dest, res)
     print(json.dumps({r["name"]: (r.get("error_pct") or {}).get("median") for r in res["runs"]}, indent=1))
