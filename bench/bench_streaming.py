@@ -1,7 +1,7 @@
 """Benchmark 6: streaming efficiency from ``k`` input workers to the chief, through tf.data
 service and through csrun's data plane (``runconfig.transport: service | dataplane``), side by
 side in the same run; and the PyTorch example ``digits_pt`` over the data plane vs its
-DataLoaders in-process (:mod:`bench_streaming_pt`), in the same run.
+DataLoaders in-process (:mod:`streaming_pt`), in the same run.
 
 *Delivered*: the samples/s a chief receives from ``k`` input workers through csrun's
 runtime — exactly its training path, as local processes on this host:
@@ -306,7 +306,7 @@ def measure_standalone(pipeline: str, indices: list[int], k: int, warmup_s: floa
     return [float(r["samples_per_sec"]) for r in res]
 
 
-#: Pipelines that are PyTorch run.py files: measured by :mod:`bench_streaming_pt` (data plane
+#: Pipelines that are PyTorch run.py files: measured by :mod:`streaming_pt` (data plane
 #: and standalone; tf.data service cannot carry a DataLoader's batches without TensorFlow).
 PYTORCH = {"digits_pt"}
 
@@ -315,14 +315,14 @@ def _pytorch_runs(pipeline: str, k: int, repeats: int, warmup: float, window: fl
     """A PyTorch pipeline's row: delivered over the data plane and standalone, the order of
     the two alternated per repetition; ``efficiency_dataplane`` = median delivered / median
     standalone sum (the TensorFlow rows' definition)."""
-    import bench_streaming_pt
+    import streaming_pt
 
     kinds = ["dataplane", "standalone"]
     got: dict[str, list[float]] = {w: [] for w in kinds}
     try:
         for r in range(repeats):
             for what in kinds[r % 2:] + kinds[:r % 2]:
-                got[what].append(bench_streaming_pt.measure(what, pipeline, k, warmup, window, work,
+                got[what].append(streaming_pt.measure(what, pipeline, k, warmup, window, work,
                                                             f"{pipeline}_k{k}_r{r}_{what}"))
     except Exception as exc:  # noqa: BLE001 - recorded, the other runs go on
         return {"pipeline": pipeline, "k": k, "framework": "pytorch",

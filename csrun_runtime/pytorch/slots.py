@@ -7,10 +7,9 @@ Slots ``0 .. streams-1`` are opened at the start; :meth:`StreamSlots.open` opens
 (autoscale's *add*). A bundle of a slot not opened yet is held (handed out first once the slot
 is opened) and its worker paused at the receiver, so it sends at most one credit window
 before it is wanted. :meth:`~StreamSlots.pause` / :meth:`~StreamSlots.resume` stop and restart a
-worker's stream at the receiver (its sender blocks: backpressure); a worker paused before it
-connected (the receiver does not know it yet) is paused on its first bundle, which was in
-flight and is handed out. The receiver keeps a pause across a worker's reconnection and
-replacement (its next attempt starts paused). Imports neither TensorFlow nor torch.
+worker's stream at the receiver (its sender blocks: backpressure); the receiver keeps a pause
+of a worker not connected yet, and across a worker's reconnection and replacement: that attempt's
+welcome says it starts paused, and it sends nothing until resumed. Imports neither TensorFlow nor torch.
 """
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ class StreamSlots:
     """The opened, paused and held slots of ``slots`` input workers sending to ``receiver``.
 
     Args:
-        receiver: the chief's :class:`~csrun_runtime.dataplane.Receiver` (``pause(i)`` and
-            ``resume(i)`` raise ``KeyError`` for a worker never connected; ``window_bytes``).
+        receiver: the chief's :class:`~csrun_runtime.dataplane.Receiver` (``pause(i)``,
+            ``resume(i)``: also of a worker not connected yet; ``window_bytes``).
         slots: the job's input-worker slots ``W``.
         streams: slots opened at the start (``0 .. streams-1``, clamped to ``[1, W]``);
             default all ``W``.
@@ -41,7 +40,6 @@ class StreamSlots:
         self.paused: set[int] = set()  # paused by the autoscaler
         self._held: dict[int, deque[Any]] = {}  # bundles of slots not opened yet
         self._held_paused: set[int] = set()  # slots not opened yet, paused at the receiver
-        self._pause_on_connect: set[int] = set()  # paused before the receiver knew them
         self._bundle_n: dict[int, int] = {}  # batches in each worker's last bundle
         self._batch_bytes: dict[int, int] = {}  # bytes of one batch of each worker
 
@@ -56,21 +54,14 @@ class StreamSlots:
 
     def pause(self, i: int) -> None:
         """Tell worker ``i`` to send nothing more (what it has in flight, at most one credit
-        window, is still handed out); a worker not connected yet is told on its first bundle."""
+        window, is still handed out); a worker not connected yet starts paused."""
         self.paused.add(i)
-        try:
-            self.r.pause(i)
-        except KeyError:
-            self._pause_on_connect.add(i)
+        self.r.pause(i)
 
     def resume(self, i: int) -> None:
         """Let paused worker ``i`` send again."""
         self.paused.discard(i)
-        self._pause_on_connect.discard(i)
-        try:
-            self.r.resume(i)
-        except KeyError:  # never connected: it starts unpaused
-            pass
+        self.r.resume(i)
 
     def held(self) -> Any | None:
         """A held bundle of an opened slot (lowest slot first), or None."""
@@ -84,10 +75,7 @@ class StreamSlots:
     def admit(self, b: Any) -> bool:
         """A bundle ``b`` just received (``b.worker``, ``b.n`` batches, ``b.nbytes``): True when
         it is to be handed out; False when its slot is not opened (held, its worker paused at
-        the receiver). A worker paused before it connected is paused now."""
-        if b.worker in self._pause_on_connect:
-            self._pause_on_connect.discard(b.worker)
-            self.r.pause(b.worker)
+        the receiver)."""
         if b.worker not in self.opened:
             self._held.setdefault(b.worker, deque()).append(b)
             if b.worker not in self._held_paused:

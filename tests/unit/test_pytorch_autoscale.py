@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,8 +29,27 @@ PACED = REPO / "tests" / "fixtures" / "pytorch_paced" / "run.py"
 RC = {"input_timeout_secs": 10, "worker_start_timeout_secs": 10}
 
 
-def _send(sender: Sender, value: float, n: int = 4, timeout: float = 5) -> None:
-    sender.send_bundle((np.full((n, 2, 3), value, np.float32), np.full((n, 2), value, np.int64)), n, timeout=timeout)
+_POOL = ThreadPoolExecutor(4)
+
+
+def _send(sender: Sender, value: float, n: int = 4, timeout: float = 5) -> Future:
+    """Send one bundle of ``n`` batches from a thread (a sender sends no data before the
+    receiver's welcome, which the test's thread gives by reading); ``.result()`` re-raises."""
+    return _POOL.submit(sender.send_bundle, (np.full((n, 2, 3), value, np.float32),
+                                             np.full((n, 2), value, np.int64)), n, timeout=timeout)
+
+
+def _refused(src: RemoteSource, fut: Future) -> str:
+    """Read the receiver (so that a new sender gets its welcome) until ``fut``'s send gave up;
+    returns its TimeoutError's message."""
+    while not fut.done():
+        try:
+            src.r.get(timeout=0.1)
+        except TimeoutError:
+            pass
+    with pytest.raises(TimeoutError) as e:
+        fut.result()
+    return str(e.value)
 
 
 def _take(src: RemoteSource, k: int) -> list[int]:
@@ -58,30 +78,33 @@ def test_the_remote_source_opens_holds_pauses_and_resumes_streams(tmp_path):
     senders = [Sender(endpoint, i) for i in range(3)]
     try:
         assert src.n == 1 and src.streaming() == {0} and src.addresses == [src.endpoint] * 3
-        for i, s in enumerate(senders):
-            _send(s, float(i))
+        firsts = [_send(s, float(i)) for i, s in enumerate(senders)]
         assert _take(src, 4) == [0, 0, 0, 0]
         for _ in range(20):  # until the receiver has read the others' first bundles (held)
-            _send(senders[0], 0.0)
+            sent = _send(senders[0], 0.0)
             assert _take(src, 4) == [0, 0, 0, 0]
+            sent.result(timeout=5)
             if all(src.r.counts().get(i, {}).get("paused") for i in (1, 2)):  # held, paused at the receiver
                 break
         assert all(src.r.counts().get(i, {}).get("paused") for i in (1, 2)), src.r.counts()
-        with pytest.raises(TimeoutError, match="paused by the receiver"):
-            _send(senders[1], 1.0, timeout=0.5)  # the pause reached worker 1: it sends no more
+        for f in firsts:
+            f.result(timeout=5)
+        # the pause reached worker 1: it sends no more
+        assert "paused by the receiver" in _refused(src, _send(senders[1], 1.0, timeout=0.5))
         src.add_stream(1, src.endpoint, {"node": "node3"})
         assert src.n == 2 and src.streaming() == {0, 1} and src.registry[1] == {"node": "node3"}
         batch, worker = src.next()
         assert worker == 1 and float(batch[0][0, 0]) == 1.0  # the held bundle first
-        _send(senders[1], 1.0)  # resumed: it sends again
+        sent = _send(senders[1], 1.0)  # resumed: it sends again
         assert _take(src, 7) == [1] * 7
+        sent.result(timeout=5)
         src.pause(1)
         assert src.streaming() == {0} and src.paused == {1}
-        with pytest.raises(TimeoutError, match="paused by the receiver"):
-            _send(senders[1], 1.0, timeout=0.5)
+        assert "paused by the receiver" in _refused(src, _send(senders[1], 1.0, timeout=0.5))
         src.resume(1)
-        _send(senders[1], 1.0)
+        sent = _send(senders[1], 1.0)
         assert _take(src, 4) == [1] * 4
+        sent.result(timeout=5)
         assert src.counts[1] == 12 and 2 not in src.counts and src.buffered_batches() > 0
         desc = src.describe()
         assert desc["batches_per_worker"]["1"] == 12 and desc["workers_paused"] == []
@@ -93,18 +116,19 @@ def test_the_remote_source_opens_holds_pauses_and_resumes_streams(tmp_path):
 
 def test_a_worker_paused_before_it_connected_is_paused_on_its_first_bundle(tmp_path):
     """The autoscaler may remove a slot whose worker has not connected yet (a slow start): the
-    receiver cannot tell it then, so its first bundle (in flight) is handed out and the pause
-    sent with it; it sends nothing more."""
+    receiver keeps the pause, its welcome says so, and the worker sends nothing until resumed."""
     src, endpoint = _source(tmp_path, "k2", 2)
     src.pause(1)
     assert src.streaming() == {0}
     sender = Sender(endpoint, 1)
     try:
-        _send(sender, 1.0)
-        assert _take(src, 4) == [1] * 4 and src.r.counts()[1]["paused"]
-        with pytest.raises(TimeoutError, match="paused by the receiver"):
-            _send(sender, 1.0, timeout=0.5)
+        assert "paused by the receiver" in _refused(src, _send(sender, 1.0, timeout=1.0))
+        assert src.r.counts()[1]["paused"] and src.r.counts()[1]["batches"] == 0
         assert src.describe()["workers_paused"] == [1]
+        src.resume(1)
+        sent = _send(sender, 1.0)
+        assert _take(src, 4) == [1] * 4
+        sent.result(timeout=5)
     finally:
         sender.close(timeout=0.5)
         src.close()
@@ -134,27 +158,29 @@ def test_a_replaced_worker_is_read_again_and_a_paused_one_stays_paused(tmp_path)
     old = [Sender(endpoint, i) for i in range(2)]
     new: list[Sender] = []
     try:
-        for i, s in enumerate(old):
-            _send(s, float(i))
+        firsts = [_send(s, float(i)) for i, s in enumerate(old)]
         assert sorted(_take(src, 8)) == [0] * 4 + [1] * 4
+        for f in firsts:
+            f.result(timeout=5)
         src.pause(1)
         assert _replace(src, rdv, 0)["stream"] == "reconnected"
         assert _replace(src, rdv, 1)["stream"] == "reconnected"
         assert _replace(src, rdv, 2)["stream"] == "not streaming" and src.streaming() == {0}
         new.append(Sender(endpoint, 0, 1))
-        _send(new[0], 10.0)
+        sent = _send(new[0], 10.0)
         batch, worker = src.next()
         assert worker == 0 and float(batch[0][0, 0]) == 10.0  # the replacement's batch
         assert _take(src, 3) == [0] * 3
-        new.append(Sender(endpoint, 1, 1))  # its hello is read with its first bundle, below
-        _send(new[1], 11.0)  # sent before its welcome (which says: paused): in flight, handed out
-        assert _take(src, 4) == [1] * 4 and src.r.counts()[1]["paused"]
-        with pytest.raises(TimeoutError, match="paused by the receiver"):
-            _send(new[1], 11.0, timeout=0.5)  # the paused worker's replacement starts paused
+        sent.result(timeout=5)
+        new.append(Sender(endpoint, 1, 1))
+        # the paused worker's replacement starts paused: its welcome says so, it sends nothing
+        assert "paused by the receiver" in _refused(src, _send(new[1], 11.0, timeout=1.0))
+        assert src.r.counts()[1]["paused"]
         src.resume(1)
         assert src.streaming() == {0, 1}
-        _send(new[1], 11.0)
+        sent = _send(new[1], 11.0)
         assert _take(src, 4) == [1] * 4 and src.r.counts()[1]["attempt"] == 1
+        sent.result(timeout=5)
     finally:
         for s in old + new:
             s.close(timeout=0.5)

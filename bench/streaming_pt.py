@@ -17,7 +17,7 @@ streamer ``i`` of ``k``; :func:`csrun_runtime.pytorch.contract.process_params`),
 in-process concurrently over a common window (a file barrier): their summed samples/s.
 
 No TensorFlow in any of these processes. The processes are this script:
-``python bench/bench_streaming_pt.py --chief|--standalone SPEC`` (workers are run.py itself).
+``python bench/streaming_pt.py --chief|--standalone SPEC`` (workers are run.py itself).
 """
 from __future__ import annotations
 
