@@ -39,7 +39,7 @@ def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_worker
     for rep in (gil, par):
         assert rep["framework"] == "pytorch" and rep["local"] is False
         assert rep["probed_on"]["node"] != "node1"  # a CPU node
-        assert not any(r["kind"] != "pipeline" for r in rep["probes"])  # no tf.data service probe
+        assert not any(r["kind"] == "ingest" for r in rep["probes"])  # no tf.data service probe
         n = str(rep["node_cpus"])
         swept = {r["dataloader_workers"] for r in rep["probes"] if r["cpus_per_task"] == int(n)}
         assert swept >= {0, 1}, rep["probes"]
@@ -54,6 +54,10 @@ def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_worker
     assert gil["dataloader_workers"][n] >= 1, gil["probes"]
     assert par["dataloader_workers"][n] == 0, par["probes"]
     assert par["recommendation"]["dataloader_workers"] == 0
+    # the chief's ingest over csrun's data plane: a served probe (input worker -> chief) fed the model
+    served = [r for r in par["probes"] if r["kind"] == "served"]
+    assert served and served[0]["status"] == "ok", par["probes"]
+    assert par["ingest"]["chief_cpu_seconds_per_sample"] > 0 and par["ingest"]["source"] == "served probe"
 
     v = subprocess.run([str(BIN / "cs_input_analyzer"), "verify", "--report", str(tmp_path / "gil"), "--seconds", "3",
                         "--warmup", "1", "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", n],
