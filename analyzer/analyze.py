@@ -23,6 +23,7 @@ nor matplotlib at module level.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -469,8 +470,8 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     except ModelError as exc:
         rep["error"] = f"{exc}" + (f" (last error: {rows[-1].get('error')})" if rows else "")
         return rep
-    # PyTorch streams over csrun's data plane: no tf.data service figure applies (left out)
-    ingest = {} if pytorch else ingest_limits(df)
+    # PyTorch streams over csrun's data plane: its served probes measure that; no tf.data service prior
+    ingest = ingest_limits(df, prior=not pytorch)
     rep["model"] = model.to_dict()
     rep["ingest"] = ingest
     rep["bottleneck"] = classify(df, model)
@@ -506,7 +507,8 @@ def _pytorch_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[st
     """A PyTorch report's own parts: ``framework``, the DataLoader ``num_workers`` of the
     recommendation and of each alternative (:func:`analyzer.dataloader_plan.workers_for`),
     the best count measured at each CPUs per task (``dataloader_workers``), and the notes
-    saying the chief's ingest is left out and how to set ``num_workers``."""
+    saying what the served probes measured of the chief's ingest over the data plane (or that
+    none ran) and how to set ``num_workers``."""
     from . import dataloader_plan as dlp
 
     rep["framework"] = "pytorch"
@@ -518,12 +520,31 @@ def _pytorch_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[st
     invalid = sorted({int(r["dataloader_workers"]) for r in rows
                       if dlp.is_pytorch_row(r) and r.get("status") == dlp.INVALID})
     notes = list(rep.get("notes") or [])
-    notes.append("PyTorch: the chief's ingest over csrun's data plane was not measured: the prediction leaves "
-                 "it out (no tf.data service figure applies to a PyTorch run)")
+    notes.append(_pytorch_ingest_note(rep.get("ingest") or {}, rows))
     if invalid:
         notes.append(f"DataLoader num_workers {', '.join(map(str, invalid))}: the data function could not build "
                      f"its DataLoader there (skipped; see the probes' errors)")
     rep["notes"] = notes
+
+
+def _pytorch_ingest_note(ingest: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The note on the chief's ingest over csrun's data plane: what the ``served`` probes
+    measured and how the prediction uses it, or that none ran (the prediction then has no
+    chief-ingest term)."""
+    served = [r for r in rows if r.get("kind") == "served" and r.get("status") == "ok"]
+    k_c = ingest.get("chief_cpu_seconds_per_sample")
+    if not served or k_c is None:
+        return ("PyTorch: no served probe ran (the time budget): the chief's ingest over csrun's data plane "
+                "was not measured and the prediction leaves it out; give a larger --time-budget")
+    h = ingest.get("worker_hop_cpu_seconds_per_sample")
+    rate = ingest.get("served_samples_per_sec")
+    return (f"PyTorch: the chief's ingest over csrun's data plane was measured by {len(served)} served "
+            f"probe(s) (an input worker streaming the DataLoader, the chief draining it one batch at a time"
+            + (f": {rate:.0f} samples/s delivered" if rate else "") + f"): the chief spends "
+            f"{k_c * 1e6:.2f} CPU-µs per sample (at most {1 / k_c if k_c > 0 else math.inf:.0f} samples/s "
+            f"per chief CPU)" + (f", sending adds {h * 1e6:.2f} CPU-µs per sample to an input worker's"
+                                 if h is not None else "")
+            + "; the prediction caps the chief by it")
 
 
 def _finish(out: Path, rep: dict[str, Any]) -> int:

@@ -119,22 +119,29 @@ def _sweep_next(rows: list[dict[str, Any]], cpus: int) -> tuple[int, int] | None
 
 def next_point(rows: list[dict[str, Any]], n: int, max_tasks: int,
                plan: Callable[..., tuple[str, int, int] | None],
-               predict: Callable[[int, int], float] | None = None) -> tuple[str, int, int, int] | None:
+               predict: Callable[[int, int], float] | None = None,
+               served: bool = False) -> tuple[str, int, int, int] | None:
     """The next PyTorch probe ``(kind, T, C, num_workers)`` or None (probing is done).
 
     An unfinished sweep comes first (:func:`_sweep_next`, CPUs per task in the order first
-    probed); then ``plan(at_best(rows), n, max_tasks, False, predict)`` (the TensorFlow
-    planner without the chief's ingest probes) chooses the layout, probed at the best count
-    of its ``C``, or at the first count of a new sweep there."""
+    probed); then ``plan(at_best(rows), n, max_tasks, False, predict, want_served=served)``
+    (the TensorFlow planner without its tf.data service ingest probe; with ``served``, its
+    ``served`` probes: the chief's ingest over the data plane) chooses the layout or the served
+    probe, probed at the best count of its ``C``, or at the first count of a new sweep there.
+    With ``served`` the first ``served`` probe (2 tasks × 1 CPU: the chief and one input worker)
+    comes as soon as the sweeps are done and one at 1 CPU per task was (its best count), before
+    the planner's other layouts: the chief's ingest caps every layout."""
     for c in dict.fromkeys(int(r["cpus_per_task"]) for r in rows if is_pytorch_row(r)):
         nxt = _sweep_next(rows, c)
         if nxt is not None:
             return "pipeline", nxt[0], c, nxt[1]
-    got = plan(at_best(rows), n, max_tasks, False, predict)
+    best = best_workers(rows)
+    if served and max_tasks >= 2 and 1 in best and not any(r.get("kind") == "served" for r in rows):
+        return "served", 2, 1, best[1]  # the chief's ingest as soon as the count at 1 CPU is known
+    got = plan(at_best(rows), n, max_tasks, False, predict, want_served=served)
     if got is None:
         return None
     kind, t, c = got
-    best = best_workers(rows)
     return kind, t, c, best.get(c, candidates(c)[0])
 
 

@@ -299,8 +299,10 @@ def _rel_spread(df: pd.DataFrame, resid_rms: float) -> float:
     return max(MIN_REL_SPREAD, math.expm1(resid_rms))
 
 
-def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
-    """What the tf.data service costs, from the ``ingest`` and ``served`` probes.
+def ingest_limits(probes: pd.DataFrame, prior: bool = True) -> dict[str, Any]:
+    """What the chief's ingest costs, from the ``ingest`` and ``served`` probes (TensorFlow:
+    the tf.data service; PyTorch: ``served`` probes over csrun's data plane, no ingest probe,
+    and ``prior=False``: the tf.data service prior does not apply).
 
     Returns a dict:
 
@@ -319,11 +321,14 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
       the same worker's iterating the pipeline in-process just before
       (``worker_local_cpu_seconds_per_sample``; else the pipeline probes' median at ``1 × C``),
       the median over the served probes, floored at 0; ``None`` without a served probe;
+    * ``served_samples_per_sec`` — the served probes' median delivered rate (one input
+      worker to the chief; not a cap: the chief's CPU-seconds per sample cap it), ``None``
+      without a served probe;
     * ``source`` — where the figures come from.
     """
     out: dict[str, Any] = {"samples_per_sec": None, "cpu_bound": False, "cpu_seconds_per_sample": None,
                            "chief_cpu_seconds_per_sample": None, "worker_hop_cpu_seconds_per_sample": None,
-                           "source": "none"}
+                           "served_samples_per_sec": None, "source": "none"}
     if probes is None or len(probes) == 0 or "kind" not in probes:
         return out
     ok = probes[probes["status"] == "ok"]
@@ -348,12 +353,13 @@ def ingest_limits(probes: pd.DataFrame) -> dict[str, Any]:
         out["cpu_seconds_per_sample"] = med(ing, "cpu_seconds_per_sample")
         out["chief_cpu_seconds_per_sample"] = med(ing, "chief_cpu_seconds_per_sample")
         sources.append("ingest probe")
-    else:
-        prior = _hop_prior(probes)
-        if prior:
-            out["cpu_seconds_per_sample"] = prior["cpu_seconds_per_sample"]
-            sources.append(prior["source"])
+    elif prior:
+        prior_hop = _hop_prior(probes)
+        if prior_hop:
+            out["cpu_seconds_per_sample"] = prior_hop["cpu_seconds_per_sample"]
+            sources.append(prior_hop["source"])
     if len(srv):
+        out["served_samples_per_sec"] = med(srv, "samples_per_sec")
         kc = med(srv, "chief_cpu_seconds_per_sample")
         if kc is not None:
             out["chief_cpu_seconds_per_sample"] = kc

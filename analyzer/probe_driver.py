@@ -28,9 +28,11 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 6. stop when the next probe would not finish inside the time budget, or when every
    layout is measured and the best ones are repeated with under 5 % spread.
 
-For a PyTorch run.py (the workers' hellos say ``framework: pytorch``) the chief's ingest and
-served probes are left out (PyTorch streams over csrun's data plane, not tf.data service) and
-every pipeline probe also has a DataLoader ``num_workers``: :func:`analyzer.dataloader_plan.next_point`
+For a PyTorch run.py (the workers' hellos say ``framework: pytorch``) the tf.data service
+ingest probe is left out (PyTorch streams over csrun's data plane, not tf.data service); its
+``served`` probes (step 2, 4b) measure the chief's ingest over the data plane instead
+(:mod:`analyzer.probe_plane`: input workers streaming the DataLoader, the chief draining it),
+and every pipeline probe also has a DataLoader ``num_workers``: :func:`analyzer.dataloader_plan.next_point`
 sweeps it at each CPUs per task and runs the planner above at each one's best count; a probe
 whose DataLoader cannot be built there is ``invalid`` (skipped, not a failure).
 
@@ -191,12 +193,16 @@ def is_nan(x: Any) -> bool:
 
 
 def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = True,
-               predict: Callable[[int, int], float] | None = None) -> tuple[str, int, int] | None:
+               predict: Callable[[int, int], float] | None = None,
+               want_served: bool | None = None) -> tuple[str, int, int] | None:
     """The next probe ``(kind, T, C)`` after the probes in ``rows`` (dicts with ``kind``,
     ``status``, ``tasks``, ``cpus_per_task``, ``samples_per_sec``, ``cpu_util``), or
     ``None`` when nothing more is worth measuring. ``predict(T, C)`` is the current fit's
     node rate (samples/s), used to rank unmeasured layouts (default: rank by ``T × C``).
-    The order is the module docstring's."""
+    ``want_served``: plan the ``served`` probes (default: ``want_ingest``; PyTorch: served
+    probes over the data plane without the tf.data service ingest probe). The order is the
+    module docstring's."""
+    served_wanted = want_ingest if want_served is None else want_served
     cands = candidates(n, max_tasks)
     inside = [c for c in cands if c[0] * c[1] <= n]
     attempted: dict[tuple[int, int], int] = {}
@@ -214,7 +220,7 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     # 2. the chief's ingest (it caps every multi-node layout: measure it early)
     if want_ingest and not any(r.get("kind") == INGEST_KIND for r in rows):
         return INGEST_KIND, 1, n
-    if want_ingest and max_tasks >= 2 and not any(r.get("kind") == SERVED_KIND for r in rows):
+    if served_wanted and max_tasks >= 2 and not any(r.get("kind") == SERVED_KIND for r in rows):
         return SERVED_KIND, 2, 1
     # 2b. a layout (the brackets first) or the ingest probe measured only while other
     # processes were busy: measure it once more
@@ -232,7 +238,7 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
         return PROBE_KIND, over[0][0], over[0][1]
     # 4b. a second served probe: its worker and chief costs are single windows otherwise
     served = sum(1 for r in rows if r.get("kind") == SERVED_KIND)
-    served_ok = want_ingest and max_tasks >= 2
+    served_ok = served_wanted and max_tasks >= 2
     if served_ok and served < 2:
         return SERVED_KIND, 2, 1
     # 5. refine where the curve bends / repeat the best
@@ -547,19 +553,20 @@ class ChiefApart:
         self.proc: subprocess.Popen | None = None
 
     def run(self, tasks: int, cpus: int, timing: Timing, timeout_s: float, cache_elements: int,
-            tick: Callable[[], None]) -> dict:
+            tick: Callable[[], None], extra: dict[str, Any] | None = None) -> dict:
         """Start the chief, wait until it has loaded run.py (bounded by the load timeout),
         then run the served probe with the node's processes as its input workers. Returns
         the probe-table row (``chief_apart`` True); a chief that fails to load gives a
-        ``failed`` row."""
+        ``failed`` row. ``extra``: more command keys (PyTorch: ``dataloader_workers``)."""
         s = self.session
+        extra = dict(extra or {})
         seq = s.seq
         node_hello = s.hellos[0] if s.hellos else {}
         avoid = node_hello.get("allowed_cpus") if node_hello.get("host") == socket.gethostname() else []
         cmd = {"seq": seq, "kind": SERVED_KIND, "tasks": tasks, "cpus_per_task": cpus,
                "warmup_s": timing.warmup_s, "measure_s": timing.measure_s,
                "barrier_timeout_s": timing.barrier_timeout_s, "cache_elements": int(cache_elements),
-               "chief_apart": True, "chief_avoid_cpus": avoid or []}
+               "chief_apart": True, "chief_avoid_cpus": avoid or [], **extra}
         hello = s.workdir / f"chief_hello_{seq}.json"
         spec = {"run_py": s.run_py, "argv": s.argv, "cwd": s.cwd, "workdir": str(s.workdir), "mode": "once",
                 "index": 0, "hello": str(hello), "probe": cmd, "out": str(s.workdir / "res" / f"{seq}_0.json")}
@@ -590,7 +597,7 @@ class ChiefApart:
                                  elapsed=time.monotonic() - t0, warmup=timing.warmup_s,
                                  node=node_hello.get("node", ""), probe_id=seq)
             row = s.probe(SERVED_KIND, tasks, cpus, timing, timeout_s, cache_elements, tick,
-                          extra={"chief_apart": True, "chief_avoid_cpus": avoid or []})
+                          extra={"chief_apart": True, "chief_avoid_cpus": avoid or [], **extra})
             row["chief_apart"] = True
             return row
         finally:
@@ -743,6 +750,7 @@ class _Driver:
                  want_ingest: bool, fit_fn: Callable[[list[dict], int], RateModel] | None):
         self.spec, self.budget_s, self.on_row = spec, budget_s, on_row
         self.want_ingest, self.fit_fn = want_ingest, fit_fn
+        self.want_served = want_ingest  # PyTorch: the served probes stay (over the data plane)
         self.t_start = time.monotonic()
         self.deadline = self.t_start + budget_s
         self.deadline_wall = time.time() + budget_s
@@ -766,7 +774,8 @@ class _Driver:
         """Probe until done; returns what was found (``stopped`` says why it ended)."""
         self.session = self._new_session(self.base_workers)
         if any(h.get("framework") == "pytorch" for h in self.out.hellos):
-            # no tf.data service hop to measure: the ingest term is left out (docs/INPUT-ANALYZER.md)
+            # no tf.data service hop to measure; the served probes measure the chief's ingest over
+            # csrun's data plane instead (docs/INPUT-ANALYZER.md "PyTorch")
             self.pytorch, self.want_ingest, self.out.framework = True, False, "pytorch"
         try:
             while self._step():
@@ -842,7 +851,8 @@ class _Driver:
         DataLoader ``num_workers`` kept in ``self.dl_workers``."""
         if not self.pytorch:
             return next_probe(self.out.rows, self.n, max_tasks, self.want_ingest, predict)
-        got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict)
+        got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict,
+                                         served=self.want_served)
         if got is None:
             return None
         self.dl_workers = got[3]
@@ -882,7 +892,10 @@ class _Driver:
             T = min(session.workers, 3)
         if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
             # One CPU cannot hold the input worker and the chief apart: the chief runs here.
-            row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick)
+            extra = {"dataloader_workers": self.dl_workers} if self.pytorch else {}
+            row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick, extra)
+            if self.pytorch:
+                row["dataloader_workers"] = self.dl_workers
         elif self.pytorch:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick,
                                 extra={"dataloader_workers": self.dl_workers})

@@ -50,7 +50,8 @@ exit); the driver still enforces a timeout.
 
 TensorFlow is imported inside the functions that run a pipeline (and by :func:`main`
 once run.py is loaded, so that the load time counts it); for a PyTorch run.py torch instead,
-and never TensorFlow (the ingest and served kinds are TensorFlow's only).
+and never TensorFlow (the ingest kind is TensorFlow's only; a PyTorch ``served`` probe is the
+chief's ingest over csrun's data plane instead: :mod:`analyzer.probe_plane`).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -145,6 +146,20 @@ class Marker:
 
     def all(self, phase: str) -> bool:
         return self.count(phase) >= self.tasks
+
+
+class Stepper(Protocol):
+    """What a probe process iterates: :class:`Counter`, :class:`IdleCounter` or the PyTorch
+    served probe's :class:`analyzer.probe_plane.PlaneCounter` / ``PlaneSender``."""
+
+    samples: int
+    batches: int
+    bytes: int
+
+    @property
+    def restarts(self) -> int: ...
+
+    def step(self) -> None: ...
 
 
 class ContractViolation(RuntimeError):
@@ -315,10 +330,11 @@ def run_probe(entry: ProbedPipeline, cmd: dict[str, Any], index: int, allowed: l
 
 
 def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
-                 workdir: Path) -> tuple[Counter | IdleCounter, Any, int]:
+                 workdir: Path) -> tuple[Stepper, Any, int]:
     """What process ``index`` iterates for the probe ``cmd``: the pipeline (``pipeline``),
     the chief's ingest path on cached elements in one process (``ingest`` with one task), or
-    its role in a multi-process ``ingest`` / ``served`` probe (:func:`_ingest_role`). Returns
+    its role in a multi-process ``ingest`` / ``served`` probe (:func:`_ingest_role`; a PyTorch
+    ``served`` probe: :func:`analyzer.probe_plane.plane_role`, over csrun's data plane). Returns
     the counter, the objects to keep referenced, and the batches the warm-up must at least
     take (an ingest probe fills its caches first)."""
     kind = cmd.get("kind", "pipeline")
@@ -327,6 +343,14 @@ def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
     if kind == "ingest" and T == 1:
         counter, servers = _ingest_counter(entry, C, cache, workdir)
         return counter, servers, 2 * 2 * cache  # every cached element served twice: the cache is full
+    if kind == "served" and entry.framework == "pytorch":  # the chief's ingest over csrun's data plane
+        from .probe_plane import plane_role
+
+        try:
+            plane = plane_role(entry, cmd, index, workdir)
+        except InputBuildError as e:
+            raise InvalidPoint(str(e)) from None
+        return plane, plane, 2
     if kind in ("ingest", "served"):
         warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
         counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
@@ -344,7 +368,7 @@ def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
     return Counter(built), None, 2
 
 
-def _warm_up(counter: Counter | IdleCounter, warmup_s: float, min_batches: int) -> float:
+def _warm_up(counter: Stepper, warmup_s: float, min_batches: int) -> float:
     """Take the first element, then iterate for ``warmup_s`` seconds and at least
     ``min_batches`` elements. Returns the seconds the first element took."""
     t0 = time.monotonic()
@@ -356,7 +380,7 @@ def _warm_up(counter: Counter | IdleCounter, warmup_s: float, min_batches: int) 
     return first
 
 
-def _barrier(marker: Marker, phase: str, counter: Counter | IdleCounter, timeout_s: float) -> bool:
+def _barrier(marker: Marker, phase: str, counter: Stepper, timeout_s: float) -> bool:
     """Keep iterating (the load stays on) until every process of the probe has reached
     ``phase`` (True) or ``timeout_s`` seconds passed (False)."""
     deadline = time.monotonic() + timeout_s
@@ -372,7 +396,7 @@ def _barrier(marker: Marker, phase: str, counter: Counter | IdleCounter, timeout
         counter.step()
 
 
-def _measure(counter: Counter | IdleCounter, measure_s: float) -> dict[str, Any]:
+def _measure(counter: Stepper, measure_s: float) -> dict[str, Any]:
     """Iterate for ``measure_s`` seconds; the window's samples, batches, samples/s, this
     process's CPU-seconds and bytes read (psutil's I/O counters), the element bytes and the
     whole machine's busy cores meanwhile (``host_busy_cores``)."""
@@ -410,6 +434,9 @@ def _drop(counter: Any, servers: Any) -> None:
     """Release a probe's iterator in a daemon thread (tearing a tf.data pipeline down can
     block); service servers and sources are kept until the process leaves; a PyTorch
     DataLoader is closed here (its worker processes joined: none left to load the next probe)."""
+    if servers is not None and servers is counter and hasattr(servers, "close"):
+        servers.close()  # a PyTorch served probe: the receiver, or the sender and its DataLoader
+        return
     if servers is not None:
         _KEEP.append((counter, servers))
         return

@@ -240,7 +240,8 @@ def _bottleneck_lines(report: dict[str, Any]) -> list[str]:
                      f"tf.data service worker ({(ing.get('cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per "
                      f"sample, both ends{'; CPU-bound' if ing.get('cpu_bound') else ''})")
     if ing.get("worker_hop_cpu_seconds_per_sample") is not None:
-        lines.append(f"  - serving the real pipeline through the tf.data service costs an input worker "
+        via = "over csrun's data plane" if report.get("framework") == "pytorch" else "through the tf.data service"
+        lines.append(f"  - serving the real pipeline {via} costs an input worker "
                      f"{ing['worker_hop_cpu_seconds_per_sample'] * 1e3:.3f} CPU-ms per sample more and the "
                      f"chief {(ing.get('chief_cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per sample")
     return lines

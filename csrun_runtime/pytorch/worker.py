@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from .chief import DATAPLANE_FILE, epochs
 from .contract import ContractError, batch_size_of, call_data_fn, process_params, seed_process, to_numpy, torch_seed
 from .streamers import StreamerFacts, set_facts
 
-__all__ = ["InputWorker", "POLL_SECS", "build_loader"]
+__all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -195,51 +195,14 @@ class InputWorker:
         return loader
 
     def _stream(self, endpoint: str, loader: Any) -> None:
-        from ..dataplane import BUNDLE_BYTES, ReceiverGone, Sender, flatten, unflatten
+        from ..dataplane import ReceiverGone, Sender
 
         sender = Sender(endpoint, self.index, self.attempt)
-        # at most MAX_BUNDLE batches a bundle, as the TensorFlow workers': the chief hands out a
-        # bundle's batches in a row, so tiny batches must not make one worker's bundle thousands
-        # of steps long; --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole
-        # bundles, and its windows must see a paused worker)
+        # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
+        # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
-        pending: list[list[np.ndarray]] = []
-        key: Any = None
-        tree: Any = None
-        nbytes = 0
-        last_check = time.monotonic()
-
-        def send_pending() -> None:
-            nonlocal pending, nbytes
-            if not pending:
-                return
-            leaves = [np.stack(col) for col in zip(*pending, strict=True)]
-            n = len(pending)
-            while True:  # send_bundle sends nothing when it times out: retry the same bundle
-                try:
-                    sender.send_bundle(unflatten(tree, leaves), n, timeout=POLL_SECS)
-                    break
-                except TimeoutError:
-                    self._check()
-            pending, nbytes = [], 0
-
         try:
-            for batch in epochs(loader):
-                t, leaves = flatten(to_numpy(batch))
-                k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
-                if pending and k != key:
-                    send_pending()
-                key, tree = k, t
-                pending.append(leaves)
-                nbytes += sum(a.nbytes for a in leaves)
-                self.batches += 1
-                self.samples += batch_size_of(batch) or 0
-                if nbytes >= BUNDLE_BYTES or len(pending) >= cap:
-                    send_pending()
-                if time.monotonic() - last_check >= POLL_SECS:
-                    last_check = time.monotonic()
-                    send_pending()  # a slow DataLoader's batches do not wait for a full bundle
-                    self._check()
+            send_batches(sender, epochs(loader), cap=cap, check=self._check, sent=self._sent)
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None
@@ -247,3 +210,65 @@ class InputWorker:
             self._fail([str(e)])
         finally:
             sender.close(timeout=1.0)
+
+    def _sent(self, batch: Any) -> None:
+        self.batches += 1
+        self.samples += batch_size_of(batch) or 0
+
+
+def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
+                 check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None) -> None:
+    """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
+    iterator such as :func:`.chief.epochs`) with ``sender`` (a
+    :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
+    batch made numpy (:func:`.contract.to_numpy`), batches of one structure stacked into
+    bundles of about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most ``cap`` batches
+    (:data:`csrun_runtime.service.MAX_BUNDLE`, as the TensorFlow workers': the chief hands out a
+    bundle's batches in a row, so tiny batches must not make one worker's bundle thousands of
+    steps long), and what is pending sent at least every :data:`POLL_SECS` seconds (a slow
+    DataLoader's batches do not wait for a full bundle). ``check()`` runs every
+    :data:`POLL_SECS` seconds and whenever a send times out (the same bundle is sent again
+    after it); what it raises ends the stream. ``sent(batch)`` is called for each batch taken.
+    The sender is not closed here.
+
+    Raises:
+        csrun_runtime.dataplane.ReceiverGone: the receiver closed.
+        ContractError: a batch is not a nest of tensors/arrays.
+    """
+    from ..dataplane import BUNDLE_BYTES, flatten, unflatten
+
+    pending: list[list[np.ndarray]] = []
+    key: Any = None
+    tree: Any = None
+    nbytes = 0
+    last_check = time.monotonic()
+
+    def send_pending() -> None:
+        nonlocal pending, nbytes
+        if not pending:
+            return
+        leaves = [np.stack(col) for col in zip(*pending, strict=True)]
+        n = len(pending)
+        while True:  # send_bundle sends nothing when it times out: retry the same bundle
+            try:
+                sender.send_bundle(unflatten(tree, leaves), n, timeout=POLL_SECS)
+                break
+            except TimeoutError:
+                check()
+        pending, nbytes = [], 0
+
+    for batch in batches:
+        t, leaves = flatten(to_numpy(batch))
+        k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
+        if pending and k != key:
+            send_pending()
+        key, tree = k, t
+        pending.append(leaves)
+        nbytes += sum(a.nbytes for a in leaves)
+        sent(batch)
+        if nbytes >= BUNDLE_BYTES or len(pending) >= cap:
+            send_pending()
+        if time.monotonic() - last_check >= POLL_SECS:
+            last_check = time.monotonic()
+            send_pending()
+            check()

@@ -5,7 +5,8 @@ serial in one process) and a CPU-parallel one (a threaded numpy op with 16 MB ba
 process uses the task's CPUs, worker processes pay to ship the batches) get different
 num_workers, and the report's command launches python-pt; ``verify`` launches the GIL-bound
 report's count with one input worker streaming over the data plane through ``csrun_wse
-python-pt`` and compares. Small budgets (20 s of probing each, a 3 s drain window)."""
+python-pt`` and compares. Small budgets (20 s and 30 s of probing: the parallel one reaches its served
+probe, the chief's ingest over the data plane; a 3 s drain window)."""
 from __future__ import annotations
 
 import json
@@ -24,9 +25,10 @@ BIN = Path(sys.executable).parent
 PIPES = REPO / "tests" / "fixtures" / "probes" / "pt_pipelines"
 
 
-def _analyze(kind: str, out: Path, env: dict) -> dict:
-    p = subprocess.run([str(BIN / "cs_input_analyzer"), "--time-budget", "20", "--no-run-command", "--no-progress",
-                        "--available-nodes", "1", "--output", str(out), "python", str(PIPES / "run.py"),
+def _analyze(kind: str, out: Path, env: dict, budget: int = 20) -> dict:
+    p = subprocess.run([str(BIN / "cs_input_analyzer"), "--time-budget", str(budget), "--no-run-command",
+                        "--no-progress", "--available-nodes", "1", "--output", str(out),
+                        "python", str(PIPES / "run.py"),
                         "--params", str(PIPES / "configs" / f"{kind}.yaml"), "--mode", "validate_only"],
                        cwd=out.parent, capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -35,11 +37,12 @@ def _analyze(kind: str, out: Path, env: dict) -> dict:
 
 def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_workers(tmp_path, cli_env):
     gil = _analyze("gil", tmp_path / "gil", cli_env)
-    par = _analyze("parallel", tmp_path / "parallel", cli_env)
+    # 30 s: the sweeps (~6 probes) and then the served probe (the chief's ingest over the data plane)
+    par = _analyze("parallel", tmp_path / "parallel", cli_env, budget=30)
     for rep in (gil, par):
         assert rep["framework"] == "pytorch" and rep["local"] is False
         assert rep["probed_on"]["node"] != "node1"  # a CPU node
-        assert not any(r["kind"] != "pipeline" for r in rep["probes"])  # no tf.data service probe
+        assert not any(r["kind"] == "ingest" for r in rep["probes"])  # no tf.data service probe
         n = str(rep["node_cpus"])
         swept = {r["dataloader_workers"] for r in rep["probes"] if r["cpus_per_task"] == int(n)}
         assert swept >= {0, 1}, rep["probes"]
@@ -54,6 +57,10 @@ def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_worker
     assert gil["dataloader_workers"][n] >= 1, gil["probes"]
     assert par["dataloader_workers"][n] == 0, par["probes"]
     assert par["recommendation"]["dataloader_workers"] == 0
+    # the chief's ingest over csrun's data plane: a served probe (input worker -> chief) fed the model
+    served = [r for r in par["probes"] if r["kind"] == "served"]
+    assert served and served[0]["status"] == "ok", par["probes"]
+    assert par["ingest"]["chief_cpu_seconds_per_sample"] > 0 and par["ingest"]["source"] == "served probe"
 
     v = subprocess.run([str(BIN / "cs_input_analyzer"), "verify", "--report", str(tmp_path / "gil"), "--seconds", "3",
                         "--warmup", "1", "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", n],

@@ -157,7 +157,11 @@ def test_hop_prior_without_ingest_probe():
                                              "cpu_seconds_per_sample": 3e-4}])], ignore_index=True)
     assert M.ingest_limits(measured) == {"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 3e-4,
                                          "cpu_bound": False, "chief_cpu_seconds_per_sample": None,
-                                         "worker_hop_cpu_seconds_per_sample": None, "source": "ingest probe"}
+                                         "worker_hop_cpu_seconds_per_sample": None, "served_samples_per_sec": None,
+                                         "source": "ingest probe"}
+    # PyTorch (prior=False): csrun's data plane, not tf.data service: no prior from the element size
+    bare = M.ingest_limits(df, prior=False)
+    assert bare["cpu_seconds_per_sample"] is None and bare["source"] == "none"
 
 
 def test_serving_cost_from_back_to_back_windows():

@@ -84,6 +84,58 @@ def test_workers_for_an_unswept_c_scales_the_nearest_best():
     assert D.workers_for([_row(1, 2, 0, 1.0) | {"dataloader_workers": None}], 2) == {}
 
 
+def test_served_probes_come_once_the_count_at_one_cpu_is_known():
+    rows = [_row(1, 2, 0, 100.0), _row(1, 2, 1, 90.0), _row(1, 2, 2, 80.0), _row(1, 2, 4, 70.0),
+            _row(2, 1, 0, 150.0), _row(2, 1, 1, 120.0), _row(2, 1, 2, 100.0)]
+    assert D.next_point(rows, 2, 4, next_probe, served=True) == ("served", 2, 1, 0)  # the best count at C=1
+    assert D.next_point(rows, 2, 4, next_probe)[0] == "pipeline"  # served=False: none (and never ingest)
+    served = {"kind": "served", "tasks": 2, "cpus_per_task": 1, "status": "ok", "samples_per_sec": 50.0}
+    nxt = [D.next_point(rows + [served] * k, 2, 4, next_probe, served=True) for k in (1, 3)]
+    assert nxt[0][0] == "pipeline"  # one served probe so far: the planner goes on
+    assert all(p is None or p[0] != "ingest" for p in nxt)
+
+
+def test_a_large_batch_recording_is_capped_by_the_data_plane_ingest(tmp_path):
+    """pt_parallel_served_local.csv: the 16 MB-batch ``parallel`` fixture with two served probes (an input worker
+    streaming its DataLoader over csrun's data plane to a chief draining it): what the chief and the workers
+    spend per sample is charged to every layout with input workers, as the TensorFlow served probe's is."""
+    from analyzer import recommend as rc
+    from analyzer.model import fit
+
+    rows = pd.read_csv(FIX / "pt_parallel_served_local.csv").to_dict("records")
+    srv = [r for r in rows if r["kind"] == "served" and r["status"] == "ok"]
+    assert len(srv) == 2
+    rep = _report(tmp_path, "pt_parallel_served_local.csv",
+                  ["python", "run.py", "--params", "configs/parallel.yaml", "--mode", "validate_only"])
+    ing = rep["ingest"]
+    assert ing["source"] == "served probe" and ing["samples_per_sec"] is None  # no fixed cap, no tf.data prior
+    assert ing["cpu_seconds_per_sample"] is None
+    k_c = float(pd.Series([r["chief_cpu_seconds_per_sample"] for r in srv]).median())
+    assert ing["chief_cpu_seconds_per_sample"] == k_c > 0
+    assert ing["worker_hop_cpu_seconds_per_sample"] > 0  # to_numpy, the bundle's stack and the send: per sample
+    model = fit(pd.DataFrame(D.at_best(rows)), 2)
+    # one node, 2 input workers of 1 CPU (the layout verify measured at -89 % before): the served figures
+    # bring the prediction down by the workers' sending and the chief's ingest
+    bare, served = (rc.predict_layout(model, 1, 2, 1, 0, i) for i in ({}, ing))
+    assert served["predicted_samples_per_sec"] < 0.25 * bare["predicted_samples_per_sec"]
+    assert served["limited_by"] == "node CPUs (pipeline and serving)"
+    # the chief's measured CPU-seconds per sample cap the job exactly as the TensorFlow path's do: with the
+    # workers' sending left free, 2 nodes × 1 worker of 1 CPU would outrun the chief's task of 1 CPU
+    free = rc.predict_layout(model, 2, 1, 1, 0, {**ing, "worker_hop_cpu_seconds_per_sample": 0.0})
+    assert free["limited_by"] == "chief ingest"
+    assert abs(free["predicted_samples_per_sec"] - 1 / k_c) < 1e-6 / k_c
+    # on one node, streaming costs more than a second worker brings: the in-process DataLoader is recommended
+    rec = rep["recommendation"]
+    assert rec["input_workers"] == 0, rec
+    assert all(a["predicted_samples_per_sec"] <= rec["predicted_samples_per_sec"] * 1.05
+               for a in rec["alternatives"])
+    text = RP.render_text(rep)
+    assert "the chief's ingest over csrun's data plane was measured by 2 served probe(s)" in text
+    assert f"the chief spends {k_c * 1e6:.2f} CPU-µs per sample" in text
+    assert "serving the real pipeline over csrun's data plane costs an input worker" in text
+    assert "not measured" not in text and "tf.data service" not in text
+
+
 def _report(tmp_path: Path, table: str, command=COMMAND) -> dict:
     rows = pd.read_csv(FIX / table).to_dict("records")
     base = {"command": command, "run_py": "/x/run.py", "argv": command[2:], "available_nodes": 1,
@@ -102,7 +154,9 @@ def test_gil_bound_and_cpu_parallel_recordings_get_different_num_workers(tmp_pat
     assert (g["tasks_per_node"], g["cpus_per_task"], g["dataloader_workers"]) == (2, 1, 2)
     assert (p["tasks_per_node"], p["cpus_per_task"], p["dataloader_workers"]) == (2, 1, 0)
     for rep in (gil, par):
-        assert rep["ingest"] == {}  # no tf.data service figure applies to PyTorch
+        # recorded before the served probes: no chief-ingest figure, and no tf.data service prior
+        assert rep["ingest"]["chief_cpu_seconds_per_sample"] is None
+        assert rep["ingest"]["cpu_seconds_per_sample"] is None and rep["ingest"]["source"] == "none"
         assert rep["csrun_wse_command"].split(" python-pt ")[1].startswith("run.py ")
         assert "--mode train" in rep["csrun_wse_command"]
         # the model rests on the best count at each C: its 1 x 2 rate is the best measured there
@@ -126,8 +180,8 @@ def test_report_text_of_a_recording_with_invalid_points(tmp_path):
     assert "    0 pipeline 1×2 w0 invalid         n/a" in text
     assert ("  - DataLoader num_workers 0: the data function could not build its DataLoader there "
             "(skipped; see the probes' errors)") in text
-    assert ("  - PyTorch: the chief's ingest over csrun's data plane was not measured: the prediction leaves "
-            "it out (no tf.data service figure applies to a PyTorch run)") in text
+    assert ("  - PyTorch: no served probe ran (the time budget): the chief's ingest over csrun's data plane "
+            "was not measured and the prediction leaves it out; give a larger --time-budget") in text
     assert "the chief ingests" not in text
     tail = text.rstrip("\n").splitlines()[-3:]
     assert tail[0] == "Run it with:"

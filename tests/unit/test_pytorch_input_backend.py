@@ -137,3 +137,36 @@ def test_a_pytorch_pipeline_probe_never_imports_tensorflow(tmp_path):
     assert got["framework"] == "pytorch" and got["samples"] > 0
     assert got["input"]["dataloader_workers"] == 1 and got["input"]["torch_threads"] == 1
     assert got["tensorflow"] is False
+
+
+def test_a_pytorch_served_probe_streams_over_the_data_plane_without_tensorflow(tmp_path):
+    """The served probe's two processes (analyzer/probe_plane.py): input worker 1 streams its DataLoader
+    with a data-plane Sender, the chief (0) drains it through the PyTorch chief's RemoteSource; each
+    measures its own CPU."""
+    run_py = _run_py(tmp_path)
+    (tmp_path / "bar").mkdir()
+    script = textwrap.dedent(f'''
+        import json, os, sys
+        from pathlib import Path
+        from analyzer.probe_worker import ProbedPipeline, run_probe
+        index = int(sys.argv[1])
+        entry = ProbedPipeline({str(run_py)!r}, ["--params", {str(tmp_path / "params.yaml")!r}])
+        cmd = {{"seq": 0, "kind": "served", "tasks": 2, "cpus_per_task": 1, "warmup_s": 0.3, "measure_s": 0.5,
+               "barrier_timeout_s": 60, "dataloader_workers": 1}}
+        res = run_probe(entry, cmd, index, sorted(os.sched_getaffinity(0)), Path({str(tmp_path)!r}))
+        print(json.dumps({{"res": res, "tensorflow": "tensorflow" in sys.modules}}))
+        os._exit(0)
+    ''')
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    chief, worker = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert chief["res"]["samples"] > 0 and chief["res"]["samples_per_sec"] > 0  # batches of 4 delivered
+    assert chief["res"]["samples"] % 4 == 0 and chief["res"]["cpu_seconds"] >= 0  # 10 ms ticks: may read 0
+    assert worker["res"]["samples"] == 0 and worker["res"]["cpu_seconds"] > 0  # it sends; the chief counts
+    assert worker["res"]["input"]["dataloader_workers"] == 1  # built as the pipeline probe builds it
+    assert chief["res"]["synchronized"] and worker["res"]["synchronized"]
+    assert not chief["tensorflow"] and not worker["tensorflow"]

@@ -1,0 +1,159 @@
+"""The PyTorch ``served`` probe: the chief's ingest over csrun's data plane
+(docs/INPUT-ANALYZER.md "PyTorch"; the TensorFlow ``served`` probe measures tf.data service).
+
+One process of the probe (:func:`plane_role`, called by :mod:`analyzer.probe_worker` for a
+``served`` command of a PyTorch run.py):
+
+* process 0 is the chief: the PyTorch chief's own :class:`csrun_runtime.pytorch.remote.RemoteSource`
+  (one :class:`csrun_runtime.dataplane.Receiver`; its endpoint published as ``dataplane.json`` in
+  a rendezvous directory under the probe's work directory) hands it one batch at a time, as it
+  hands them to the training loop; :class:`PlaneCounter` counts them, so the probe window gives
+  the delivered samples/s and the chief's CPU-seconds per sample;
+* processes 1..T-1 are input workers: each builds its DataLoader through the input backend
+  exactly as a pipeline probe does (:meth:`csrun_runtime.pytorch.input_backend.TorchInputBackend.build`:
+  the command's ``dataloader_workers``, ``torch.set_num_threads(C)``, its worker processes
+  pinned to the process's CPUs) and streams it with a :class:`csrun_runtime.dataplane.Sender`
+  through the input worker's own :func:`csrun_runtime.pytorch.worker.send_batches` (bundles,
+  ``MAX_BUNDLE``) in a thread (:class:`PlaneSender`); its process (DataLoader workers included)
+  measures its own CPU, so what the workers spend with sending is known apart from the chief's.
+
+torch is imported by the backend only; never TensorFlow.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from csrun_common.atomic import read_json
+from csrun_common.roles import Role
+from csrun_runtime.input_backend import BuiltInput
+from csrun_runtime.rendezvous import Rendezvous
+
+__all__ = ["PlaneCounter", "PlaneSender", "plane_role"]
+
+POLL_S = 0.05
+
+
+class _Stopped(Exception):
+    """The probe ended: the sender thread leaves."""
+
+
+class PlaneCounter:
+    """The chief's side: the :class:`analyzer.probe_worker.Counter` interface over a
+    :class:`csrun_runtime.pytorch.remote.RemoteSource` (``step`` takes one batch, a numpy nest,
+    and counts its samples and bytes)."""
+
+    def __init__(self, source: Any):
+        from csrun_runtime.pytorch.input_backend import samples_and_bytes
+
+        self.source = source
+        self.built = BuiltInput(batches=iter(()), measure=samples_and_bytes)
+        self.samples = self.batches = self.bytes = self.restarts = 0
+
+    def step(self) -> None:
+        """Take the next batch from the data plane. Raises ``RuntimeError`` on a stop signal and
+        :class:`csrun_runtime.pytorch.remote.InputStalled` when no batch comes in time."""
+        nest, _worker = self.source.next()
+        if nest is None:
+            raise RuntimeError("a stop signal ended the served probe")
+        s, b = self.built.measure(nest)
+        self.samples += s
+        self.batches += 1
+        self.bytes += b
+
+    def close(self) -> None:
+        """Close the receiver (the senders' next send fails)."""
+        self.source.close()
+
+
+class PlaneSender:
+    """An input worker's side: its DataLoader (``built``) streamed to ``endpoint`` as input
+    worker ``worker_index`` in a daemon thread, until :meth:`close`. The
+    :class:`analyzer.probe_worker.Counter` interface: ``step`` waits 10 ms (nothing is consumed
+    here) and raises what ended the thread early."""
+
+    def __init__(self, built: BuiltInput, endpoint: str, worker_index: int):
+        from csrun_runtime.dataplane import Sender
+
+        self.built = built
+        self.sender = Sender(endpoint, worker_index, 0)
+        self.samples = self.bytes = self.restarts = self.batches = 0
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe-sender", daemon=True)
+        self._thread.start()
+
+    def _check(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped()
+
+    def _count(self, batch: Any) -> None:
+        self.sent += 1
+
+    def _run(self) -> None:
+        from csrun_runtime.dataplane import ReceiverGone
+        from csrun_runtime.pytorch.worker import send_batches
+
+        try:
+            send_batches(self.sender, self.built.batches, check=self._check, sent=self._count)
+        except (_Stopped, ReceiverGone):
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported by step()
+            self.error = e
+
+    def step(self) -> None:
+        """Wait 10 ms; raise ``RuntimeError`` naming the sender's error if it stopped with one."""
+        if self.error is not None:
+            raise RuntimeError(f"the served probe's input worker stopped sending: {self.error}")
+        time.sleep(0.01)
+        self.batches += 1
+
+    def close(self) -> None:
+        """Stop the thread (within about a send timeout), close the sender and the DataLoader
+        (its worker processes joined); the DataLoader is left to the process's exit when the
+        thread does not stop within 5 s."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self.sender.close(timeout=1.0)
+        if not self._thread.is_alive():
+            self.built.close()
+
+
+def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> PlaneCounter | PlaneSender:
+    """Process ``index``'s part in the PyTorch ``served`` probe ``cmd`` (``seq``, ``tasks`` T ≥ 2,
+    ``cpus_per_task`` C, ``dataloader_workers``, ``prefetch_factor``, ``barrier_timeout_s``,
+    ``chief_apart``): the chief (index 0) or input worker ``index - 1`` (module docstring).
+    ``entry``: :class:`analyzer.probe_worker.ProbedPipeline`. Each returned object has
+    ``step()`` and ``close()``.
+
+    Raises:
+        ValueError: fewer than two tasks (no input worker to drain).
+        TimeoutError: the chief did not publish its endpoint within ``barrier_timeout_s``.
+        csrun_runtime.input_backend.InputBuildError: the DataLoader cannot be built at the command's point.
+    """
+    from csrun_runtime.pytorch.remote import DATAPLANE_FILE, RemoteSource
+
+    T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
+    if T < 2:
+        raise ValueError(f"a served probe needs 2 tasks or more (the chief and an input worker), not {T}")
+    timeout = float(cmd.get("barrier_timeout_s", 30.0))
+    rdv = Rendezvous(workdir / "plane", f"probe{int(cmd['seq'])}")
+    if index == 0:
+        host = socket.gethostname() if cmd.get("chief_apart") else "localhost"
+        rdv.reset()
+        role = Role(kind="chief", worker_index=None, num_workers=T - 1, node=socket.gethostname(), host=host)
+        rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0)}
+        return PlaneCounter(RemoteSource(rdv, role, rc, adopt=False))
+    deadline = time.monotonic() + timeout
+    while (rec := read_json(rdv.dir / DATAPLANE_FILE)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the served probe's chief did not publish its data-plane endpoint")
+        time.sleep(POLL_S)
+    built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
+                                prefetch_factor=cmd.get("prefetch_factor"))
+    return PlaneSender(built, str(rec["endpoint"]), index - 1)
+
