@@ -44,12 +44,16 @@ from typing import Any
 import psutil
 
 from csrun_common.atomic import write_json
-from csrun_common.roles import Role, RoleError, resolve_role
-from csrun_runtime import runner, service
+from csrun_common.roles import Role, RoleError
+
+# runner: imported as a launched task's run.py imports it (TensorFlow's start-up lines quieted,
+# the stop signals caught before it loads)
+from csrun_runtime import runner, service  # noqa: F401
 from csrun_runtime.capture import CapturedRun, load_entry
 from csrun_runtime.chief import Chief
 from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_params
 from csrun_runtime.rendezvous import Heartbeat, Rendezvous
+from csrun_runtime.task import begin, process_start_time
 from csrun_runtime.worker import run_worker
 
 from .probe_worker import host_busy_seconds, samples_in
@@ -168,16 +172,15 @@ def _write(path: str | None, obj: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
-    t_proc = _process_start_time()
+    t_proc = process_start_time()
     ns = _parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = _train_argv(list(ns.args))
     try:
-        role = resolve_role()
+        role, _prefix = begin()
     except RoleError as exc:
         print(f"drain: environment: {exc}", file=sys.stderr)
         return 2
-    runner.setup_logging("" if role.is_chief else f"[worker {role.worker_index} {role.node}] ")
     try:
         entry = load_entry(ns.run_py, args)
         resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))
@@ -190,14 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         _keep_worker_servers()
         return run_worker(role, resolved, entry.input_fn)
     return _chief(ns, role, entry, resolved, t_proc)
-
-
-def _process_start_time() -> float:
-    """This process's start (seconds since the epoch): the drain's ``startup_s`` counts from it."""
-    try:
-        return float(psutil.Process().create_time())
-    except psutil.Error:
-        return time.time()
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

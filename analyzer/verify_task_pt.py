@@ -28,13 +28,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from csrun_common.roles import Role, RoleError, resolve_role
+from csrun_common.roles import Role, RoleError
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import ParamsError, Resolved, resolve_params
 from csrun_runtime.pytorch.contract import batch_size_of
 from csrun_runtime.rendezvous import Heartbeat, Rendezvous
+from csrun_runtime.task import begin, process_start_time
 
-from .verify_task import _process_start_time, _train_argv, _write, drain
+from .verify_task import _train_argv, _write, drain
 
 __all__ = ["main"]
 
@@ -84,17 +85,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
-    t_proc = _process_start_time()
+    t_proc = process_start_time()
     ns = _parse(argv)
     args = _train_argv(list(ns.args))
     try:
-        role = resolve_role()
+        role, _prefix = begin()
     except RoleError as exc:
         print(f"drain: environment: {exc}", file=sys.stderr)
         return 2
-    from csrun_runtime.pytorch import runner
-
-    runner._setup_logging("" if role.is_chief else f"[worker {role.worker_index} {role.node}] ")
     try:
         entry = load_entry(ns.run_py, args)
         resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))

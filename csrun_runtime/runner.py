@@ -10,20 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import psutil
-
-from csrun_common.roles import RoleError, resolve_role
+from csrun_common.roles import RoleError
 
 from . import capture, preemption, quiet
 from .chief import Chief
 from .params import ParamsError, resolve_params
+from .task import begin, flush_exit, process_start_time, setup_logging
 from .worker import run_worker
 
-__all__ = ["run", "main"]
+__all__ = ["run", "main", "setup_logging"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -36,35 +34,6 @@ preemption.install_from_env()
 # In a launched task, TensorFlow now, without the start-up lines no log level hides (quiet.py).
 if quiet.wanted(os.environ, sys.argv[0] if sys.argv else ""):
     quiet.import_tensorflow()
-
-
-def _process_start_time() -> float:
-    try:
-        return float(psutil.Process(os.getpid()).create_time())
-    except Exception:  # noqa: BLE001
-        return time.time()
-
-
-def setup_logging(prefix: str = "", level: str = "INFO") -> None:
-    """Log to stderr as ``LEVEL:csrun:<prefix><message>`` (message bodies as in "Weight Streaming Quickstart")."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(levelname)s:csrun:{prefix}%(message)s"))
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(getattr(logging, level, logging.INFO))
-
-
-def _flush_exit(code: int) -> None:
-    for h in log.handlers:
-        try:
-            h.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
 
 
 def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
@@ -100,7 +69,7 @@ def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         return None
     code = main(input_fn, model_fn, eval_input_fn, argv=argv)
     if exit:
-        _flush_exit(code)
+        flush_exit(code)
     return code
 
 
@@ -109,18 +78,15 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
          argv: Sequence[str] | None = None,
          env: Mapping[str, str] | None = None) -> int:
     """Resolve role and params, then run the task; returns the exit code (see :func:`run`)."""
-    t_proc = _process_start_time()
+    t_proc = process_start_time()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     run_py = sys.argv[0] if sys.argv and sys.argv[0] else None
     try:
-        role = resolve_role(env)
+        role, prefix = begin(env)
     except RoleError as e:
-        setup_logging()
         log.error("environment: %s", e)
         return 2
-    prefix = "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
-    setup_logging(prefix)
     preemption.set_label(prefix, role.is_chief)
     preemption.install_interrupts()  # Ctrl-C / SIGTERM: a clean stop, no traceback (preemption.py)
     try:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from csrun_common import exits
-from csrun_common.roles import RoleError, resolve_role
+from csrun_common.roles import RoleError
 
 from .. import capture, preemption
 from ..params import ParamsError, Resolved, resolve_params
+from ..task import begin, flush_exit, process_start_time, setup_logging
 
 __all__ = ["run", "main", "resolve"]
 
@@ -25,23 +25,6 @@ log = logging.getLogger("csrun.runtime")
 # csrun_wse --requeue: catch its signals now, when run.py imports this package, before torch and
 # the data modules load (seconds), as the TensorFlow runtime does (csrun_runtime/preemption.py).
 preemption.install_from_env()
-
-
-def _setup_logging(prefix: str = "", level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(levelname)s:csrun:{prefix}%(message)s"))
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(getattr(logging, level, logging.INFO))
-
-
-def _start_time() -> float:
-    try:
-        import psutil
-
-        return float(psutil.Process(os.getpid()).create_time())
-    except Exception:  # noqa: BLE001
-        return time.time()
 
 
 def _merge_defaults(defaults: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -109,11 +92,7 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
         return 0
     code = main(model_fn, train_data_fn, eval_data_fn, default_params_fn, argv=argv)
     if exit:
-        for h in log.handlers:
-            h.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        flush_exit(code)
     return code
 
 
@@ -139,17 +118,14 @@ def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
          default_params_fn: Callable[[dict[str, Any]], Any] | None = None, *,
          argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Resolve role and params, then run the task; returns the exit code (see :func:`run`)."""
-    t_proc = _start_time()
+    t_proc = process_start_time()
     argv = list(sys.argv[1:] if argv is None else argv)
     run_py = sys.argv[0] if sys.argv and sys.argv[0] else None
     try:
-        role = resolve_role(env)
+        role, prefix = begin(env)
     except RoleError as e:
-        _setup_logging()
         log.error("environment: %s", e)
         return 2
-    prefix = "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
-    _setup_logging(prefix)
     # csrun_wse --requeue's signals, Ctrl-C and SIGTERM: recorded, a checkpoint at the step reached
     # (csrun_runtime.preemption, the TensorFlow runtime's; framework-neutral)
     preemption.install_from_env(env)
@@ -161,7 +137,7 @@ def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
         for p in e.problems:
             log.error("%s", p)
         return 2
-    _setup_logging(prefix, resolved.params["runconfig"]["logging"])
+    setup_logging(prefix, resolved.params["runconfig"]["logging"])
     if role.is_chief:
         for w in resolved.warnings:
             log.warning("%s", w)

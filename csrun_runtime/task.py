@@ -1,0 +1,78 @@
+"""A task's start and end, the same for every framework's runner (:mod:`csrun_runtime.runner`,
+:mod:`csrun_runtime.pytorch.runner`) and the analyzer's drain tasks (``analyzer/verify_task.py``,
+``analyzer/verify_task_pt.py``): the process's start time, the role and its log prefix, the
+``LEVEL:csrun:<prefix><message>`` log lines on stderr, and a flushed ``os._exit``.
+
+Framework-neutral: imports neither TensorFlow nor torch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import NoReturn
+
+import psutil
+
+from csrun_common.roles import Role, resolve_role
+
+__all__ = ["log", "process_start_time", "setup_logging", "log_prefix", "begin", "flush_exit"]
+
+#: The runtime's logger (``csrun.runtime``): every runtime module logs through it.
+log = logging.getLogger("csrun.runtime")
+
+
+def process_start_time() -> float:
+    """This process's start, seconds since the epoch (psutil; ``time.time()`` when psutil
+    cannot tell): the verdict's and the drain's start-up times count from it."""
+    try:
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # noqa: BLE001 - psutil.Error or an OS without the field
+        return time.time()
+
+
+def setup_logging(prefix: str = "", level: str = "INFO") -> None:
+    """Log to stderr as ``LEVEL:csrun:<prefix><message>`` (the message bodies of the Cerebras
+    document "Weight Streaming Quickstart"); ``level`` a :mod:`logging` level name
+    (``runconfig.logging``; an unknown name means INFO)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(levelname)s:csrun:{prefix}%(message)s"))
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(getattr(logging, level, logging.INFO))
+
+
+def log_prefix(role: Role) -> str:
+    """``""`` for the chief, ``"[worker <i> <node>] "`` for an input worker: what its lines start with."""
+    return "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
+
+
+def begin(env: Mapping[str, str] | None = None) -> tuple[Role, str]:
+    """The task's role from ``env`` (default ``os.environ``; :func:`csrun_common.roles.resolve_role`)
+    and its log prefix, logging set up with it. Raises :class:`csrun_common.roles.RoleError`
+    (the contract's variables are wrong) after setting up logging without a prefix."""
+    try:
+        role = resolve_role(env)
+    except Exception:
+        setup_logging()
+        raise
+    prefix = log_prefix(role)
+    setup_logging(prefix)
+    return role, prefix
+
+
+def flush_exit(code: int) -> NoReturn:
+    """Flush the log handlers, stdout and stderr, then ``os._exit(code)``: tf.data service threads,
+    DataLoader worker processes and zmq threads cannot hold the exit."""
+    for h in log.handlers:
+        try:
+            h.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
