@@ -334,15 +334,20 @@ def _pytorch_runs(pipeline: str, k: int, repeats: int, warmup: float, window: fl
             "paired_dataplane": common.compare(dp, conc)}
 
 
-def run(quick: bool = False, short: bool = False) -> dict:
+def run(quick: bool = False, short: bool = False, frameworks: bool = False) -> dict:
     """For each pipeline and ``k`` (quick: digits and digits_pt, k = 1, 2 repetitions, 2 s windows;
     short: digits, digits_pt and images, k = 1, 2, 3 repetitions, 4 s windows, no each-worker-alone
     runs; full: the same, 6 s windows, plus each TensorFlow worker alone), the delivered
     samples/s through tf.data service and through csrun's data plane (``runconfig.transport``;
     PyTorch pipelines: the data plane only, :func:`_pytorch_runs`), the standalone samples/s,
-    and their ratios (see the module docstring). Each repetition rotates the order of the three measurements."""
+    and their ratios (see the module docstring). Each repetition rotates the order of the three
+    measurements. ``frameworks``: the digits only, as a TensorFlow and as a PyTorch run.py,
+    k = 1, 2, the short mode's windows (``--frameworks``: into results/streaming_frameworks.json)."""
     if quick:
         plan, repeats, warmup, window, alone = [("digits", 1), ("digits_pt", 1)], 2, 1.0, 2.0, False
+    elif frameworks:  # the digits through TensorFlow and through PyTorch, side by side
+        plan = [("digits", 1), ("digits_pt", 1), ("digits", 2), ("digits_pt", 2)]
+        repeats, warmup, window, alone = 3, 2.0, 4.0, False
     elif short:
         plan = [("digits", 1), ("digits", 2), ("digits_pt", 1), ("digits_pt", 2), ("images", 1), ("images", 2)]
         repeats, warmup, window, alone = 3, 2.0, 4.0, False
@@ -408,4 +413,8 @@ def run(quick: bool = False, short: bool = False) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--standalone"):
         _child_main(sys.argv[1:])
-    print(json.dumps(run(quick="--quick" in sys.argv, short="--short" in sys.argv), indent=1))
+    res = run(quick="--quick" in sys.argv, short="--short" in sys.argv, frameworks="--frameworks" in sys.argv)
+    if "--frameworks" in sys.argv:  # its own file: the recorded streaming.json stays the full run's
+        res["meta"] = common.metadata(False)
+        common.write_json(common.BENCH / "results" / "streaming_frameworks.json", res)
+    print(json.dumps(res, indent=1))
