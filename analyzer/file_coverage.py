@@ -5,7 +5,9 @@ The step runs one process (``python -m analyzer.file_coverage``, the interpreter
 user's run.py) on the machine running the analyzer. That process loads run.py in capture mode
 (:func:`csrun_runtime.capture.load_entry`: the user edits nothing), builds the training input
 as input workers 0 and 1 of 2 would and as one unsharded worker, and reads back the files each
-lists (:func:`csrun_runtime.coverage.check_file_coverage`; names only, no record is read).
+lists (:func:`csrun_runtime.coverage.check_file_coverage`; names only, no record is read); a
+PyTorch run.py's DataLoaders are iterated for one pass each while the files they open are
+recorded (:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`).
 Files read by both workers while others are read by none are a warning with the fix (exit 0),
 or an error with ``--strict`` (exit 2, before any probe runs). The outcome goes into
 ``report.json`` (``file_coverage``) and the report's notes.
@@ -65,7 +67,9 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
     for p in problems:
         echo(f"cs_input_analyzer: {level}: train_input: {p}")
     note = result.get("note") or ""
-    notes = [f"input workers' files (input_fn built as workers 0 and 1 of 2): {verdict}"
+    built = ("the DataLoader built as streamers 0 and 1 of 2" if result.get("framework") == "pytorch"
+             else "input_fn built as workers 0 and 1 of 2")
+    notes = [f"input workers' files ({built}): {verdict}"
              + (f" ({note})" if note else "")]
     notes += [f"{level}: {p}" for p in problems]
     return notes, (2 if strict and problems else None)
@@ -77,9 +81,10 @@ def _task(run_py: str, argv: list[str]) -> dict[str, Any]:
     from csrun_runtime.coverage import check_file_coverage
 
     entry = load_entry(run_py, argv)
-    if entry.framework == "pytorch":  # the check builds tf.data pipelines: TensorFlow only so far
-        return {"verdict": "unknown", "problems": [], "framework": "pytorch",
-                "note": "not checked: the file-coverage check reads tf.data pipelines; not yet for PyTorch"}
+    if entry.framework == "pytorch":  # the DataLoader watched while it reads (no TensorFlow)
+        from csrun_runtime.pytorch.coverage import check_dataloader_files
+
+        return {**check_dataloader_files(entry.input_fn, entry.params).to_dict(), "framework": "pytorch"}
     return check_file_coverage(entry.input_fn, entry.params).to_dict()
 
 

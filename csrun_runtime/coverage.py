@@ -92,7 +92,7 @@ def _some(paths: set[str] | list[str], n: int = 3) -> str:
 
 
 def coverage_of_files(files: Mapping[int, list[str]], all_files: list[str],
-                      shards: bool = False) -> Coverage:
+                      shards: bool = False, fix: str | None = None) -> Coverage:
     """The verdict for input workers' file lists against the whole set (no plan). Pure.
 
     Args:
@@ -100,8 +100,9 @@ def coverage_of_files(files: Mapping[int, list[str]], all_files: list[str],
         all_files: the whole set.
         shards: the pipeline shards by the worker count (names :data:`FIX_SHARD`, else
             :data:`FIX_SHARE`).
+        fix: the fix to name instead (a framework's own, e.g. the PyTorch runtime's).
     """
-    fix = FIX_SHARD if shards else FIX_SHARE
+    fix = fix or (FIX_SHARD if shards else FIX_SHARE)
     sets = {k: set(v) for k, v in files.items()}
     every = set(all_files) | set().union(*sets.values())
     n = len(files)

@@ -54,6 +54,10 @@ __all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
 
 log = logging.getLogger("csrun.runtime")
 
+#: validate_only's file-coverage check reads each of its three DataLoaders for at most this long
+#: (seconds); the analyzer's check process allows a whole pass of 60 s.
+VALIDATE_COVERAGE_SECS = 10.0
+
 
 def epochs(loader: Any) -> Iterator[Any]:
     """The DataLoader's batches, pass after pass for ever, calling ``set_epoch(epoch)`` on its
@@ -322,10 +326,21 @@ class Chief:
     # ------------------------------------------------------------------ validate / compile
     def _validate_only(self) -> int:
         """Build the training DataLoader, pull one batch (fixed batch size checked), and the
-        eval DataLoader's first batch when there is an eval_data_fn; ``validate_report.txt``
+        eval DataLoader's first batch when there is an eval_data_fn; the input workers' files
+        (contract rule 7: :func:`.coverage.check_dataloader_files`, at most
+        :data:`VALIDATE_COVERAGE_SECS` of reading per build; a problem is a warning, or the
+        violation that exits 2 with ``runconfig.strict``); ``validate_report.txt``
         (:func:`.report.validate_report`)."""
+        from .coverage import check_dataloader_files
+
         has_eval = self.eval_data_fn is not None and isinstance(self.params.get("eval_input"), dict)
-        validate_report(self._train_loader(), self._eval_loader if has_eval else None, self.model_dir)
+        loader = self._train_loader()
+        cov = check_dataloader_files(self.train_data_fn, self.params, VALIDATE_COVERAGE_SECS)
+        if cov.problems and self.rc.get("strict"):
+            raise ContractError("train_input: " + "; ".join(cov.problems))
+        lines = [f"input workers' files (the DataLoader built as streamers 0 and 1 of 2): {cov.verdict}"
+                 + (f" ({cov.note})" if cov.note else "")] + [f"warning: train_input: {p}" for p in cov.problems]
+        validate_report(loader, self._eval_loader if has_eval else None, self.model_dir, lines)
         return 0
 
     def _compile_only(self) -> int:

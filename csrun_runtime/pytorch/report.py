@@ -106,10 +106,12 @@ def compile_report(model: Any, opt: Any, batch: Any, device: Any, forward_loss: 
         log.info("%s", line)
 
 
-def validate_report(loader: Any, eval_loader: Callable[[], Any] | None, model_dir: Path) -> None:
+def validate_report(loader: Any, eval_loader: Callable[[], Any] | None, model_dir: Path,
+                    more: list[str] | None = None) -> None:
     """validate_only's check and report: one batch of the training DataLoader ``loader`` (none is
     a :class:`.contract.ContractError`) and, when ``eval_loader`` is given, the first batch of
-    the DataLoader it builds; ``validate_report.txt`` in ``model_dir``, and the log."""
+    the DataLoader it builds; ``more`` lines (the file-coverage check's) after them;
+    ``validate_report.txt`` in ``model_dir``, and the log."""
     lines: list[str] = []
     first = next(iter(loader), None)
     if first is None:
@@ -119,6 +121,7 @@ def validate_report(loader: Any, eval_loader: Callable[[], Any] | None, model_di
     if eval_loader is not None:
         ev = next(iter(eval_loader()), None)
         lines.append(f"eval_input: DataLoader ok: batch_size {batch_size_of(ev)}")
+    lines += list(more or [])
     text = "\n".join(["validate_only: the run.py contract holds (PyTorch)", *lines])
     (model_dir / "validate_report.txt").write_text(text + "\n")
     for line in text.splitlines():
