@@ -63,7 +63,7 @@ class _Local:
     """The chief's own DataLoader, pass after pass, as ``get(timeout) -> (0, batch)``."""
 
     def __init__(self, loader: Any):
-        from csrun_runtime.pytorch.chief import epochs
+        from csrun_runtime.pytorch.contract import epochs
 
         self.it = epochs(loader)
 

@@ -104,7 +104,7 @@ def child_standalone(spec: dict) -> None:
     with the other ``barrier`` processes, a ``measure_s`` window, then on until all have
     measured. Writes ``{"samples_per_sec", "samples", "window_s"}``."""
     from csrun_runtime.params import resolve_params
-    from csrun_runtime.pytorch.chief import epochs
+    from csrun_runtime.pytorch.contract import epochs
     from csrun_runtime.pytorch.worker import build_loader
 
     i, k = spec["index"], spec["num_workers"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from .contract import (
     build_optimizer,
     call_data_fn,
     check_module,
+    epochs,
     loss_of,
     process_params,
     seed_process,
@@ -57,25 +58,6 @@ log = logging.getLogger("csrun.runtime")
 #: validate_only's file-coverage check reads each of its three DataLoaders for at most this long
 #: (seconds); the analyzer's check process allows a whole pass of 60 s.
 VALIDATE_COVERAGE_SECS = 10.0
-
-
-def epochs(loader: Any) -> Iterator[Any]:
-    """The DataLoader's batches, pass after pass for ever, calling ``set_epoch(epoch)`` on its
-    sampler (and its batch sampler's sampler) first when it has one (``DistributedSampler``:
-    a new shuffle each pass, the same on every streamer)."""
-    epoch = 0
-    while True:
-        for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
-            if s is not None and callable(getattr(s, "set_epoch", None)):
-                s.set_epoch(epoch)
-        n = 0
-        for batch in loader:
-            n += 1
-            yield batch
-        if n == 0:
-            raise ContractError("train_input: the DataLoader yielded no batch (a dataset smaller than one "
-                                "batch with drop_last, or an empty shard)")
-        epoch += 1
 
 
 class _LocalSource:
@@ -327,19 +309,14 @@ class Chief:
     def _validate_only(self) -> int:
         """Build the training DataLoader, pull one batch (fixed batch size checked), and the
         eval DataLoader's first batch when there is an eval_data_fn; the input workers' files
-        (contract rule 7: :func:`.coverage.check_dataloader_files`, at most
-        :data:`VALIDATE_COVERAGE_SECS` of reading per build; a problem is a warning, or the
-        violation that exits 2 with ``runconfig.strict``); ``validate_report.txt``
+        (contract rule 7: :func:`.coverage.validate_lines`, at most :data:`VALIDATE_COVERAGE_SECS`
+        of reading per build); ``validate_report.txt``
         (:func:`.report.validate_report`)."""
-        from .coverage import check_dataloader_files
+        from .coverage import validate_lines
 
         has_eval = self.eval_data_fn is not None and isinstance(self.params.get("eval_input"), dict)
         loader = self._train_loader()
-        cov = check_dataloader_files(self.train_data_fn, self.params, VALIDATE_COVERAGE_SECS)
-        if cov.problems and self.rc.get("strict"):
-            raise ContractError("train_input: " + "; ".join(cov.problems))
-        lines = [f"input workers' files (the DataLoader built as streamers 0 and 1 of 2): {cov.verdict}"
-                 + (f" ({cov.note})" if cov.note else "")] + [f"warning: train_input: {p}" for p in cov.problems]
+        lines = validate_lines(self.train_data_fn, self.params, bool(self.rc.get("strict")), VALIDATE_COVERAGE_SECS)
         validate_report(loader, self._eval_loader if has_eval else None, self.model_dir, lines)
         return 0
 

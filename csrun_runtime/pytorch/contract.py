@@ -31,10 +31,10 @@ from __future__ import annotations
 import copy
 import random
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["MSG_NOT_LOADER", "MSG_BATCH", "MSG_NOT_MODULE", "MSG_LOSS", "ContractError", "check_loader",
+__all__ = ["epochs", "MSG_NOT_LOADER", "MSG_BATCH", "MSG_NOT_MODULE", "MSG_LOSS", "ContractError", "check_loader",
            "check_module", "loss_of", "build_optimizer", "torch_seed", "seed_process", "worker_init_fn",
            "process_params", "to_numpy", "to_torch", "batch_size_of", "call_data_fn"]
 
@@ -237,3 +237,22 @@ def batch_size_of(nest: Any) -> int | None:
         return None
     shape = getattr(nest, "shape", None)
     return int(shape[0]) if shape is not None and len(shape) > 0 else None
+
+
+def epochs(loader: Any) -> Iterator[Any]:
+    """The DataLoader's batches, pass after pass for ever, calling ``set_epoch(epoch)`` on its
+    sampler (and its batch sampler's sampler) first when it has one (``DistributedSampler``:
+    a new shuffle each pass, the same on every streamer)."""
+    epoch = 0
+    while True:
+        for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+            if s is not None and callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(epoch)
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if n == 0:
+            raise ContractError("train_input: the DataLoader yielded no batch (a dataset smaller than one "
+                                "batch with drop_last, or an empty shard)")
+        epoch += 1

@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..coverage import Coverage, coverage_of_files
-from .chief import epochs
+from .contract import epochs
 from .worker import build_loader
 
-__all__ = ["check_dataloader_files", "files_read", "FIX_STREAMERS"]
+__all__ = ["check_dataloader_files", "files_read", "validate_lines", "FIX_STREAMERS"]
 
 #: The fix named when the PyTorch workers' files overlap.
 FIX_STREAMERS = ("fix: shard with csrun's streamer facts (num_streamers() / get_streaming_rank(): a "
@@ -120,3 +120,17 @@ def check_dataloader_files(train_data_fn: Callable[..., Any], params: Mapping[st
                 + (f" (cut after {max_seconds:g} s for {', '.join(map(str, partial))}: the files read so far)"
                    if partial else ""))
     return cov
+
+
+def validate_lines(train_data_fn: Callable[..., Any], params: Mapping[str, Any], strict: bool,
+                   max_seconds: float) -> list[str]:
+    """validate_only's rule 7: the check's verdict line and one ``warning:`` line per problem.
+    Raises :class:`.contract.ContractError` naming the problems when ``strict``
+    (``runconfig.strict`` / ``--strict``)."""
+    from .contract import ContractError
+
+    cov = check_dataloader_files(train_data_fn, params, max_seconds)
+    if cov.problems and strict:
+        raise ContractError("train_input: " + "; ".join(cov.problems))
+    return ([f"input workers' files (the DataLoader built as streamers 0 and 1 of 2): {cov.verdict}"
+             + (f" ({cov.note})" if cov.note else "")] + [f"warning: train_input: {p}" for p in cov.problems])

@@ -19,8 +19,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError
-from .chief import epochs
-from .contract import ContractError, batch_size_of
+from .contract import ContractError, batch_size_of, epochs
 from .worker import build_loader
 
 __all__ = ["TorchInputBackend", "pin_children", "samples_and_bytes"]

@@ -34,8 +34,17 @@ from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..service import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..sharding import make_data_dir_view, plan_files
-from .chief import DATAPLANE_FILE, epochs
-from .contract import ContractError, batch_size_of, call_data_fn, process_params, seed_process, to_numpy, torch_seed
+from .contract import (
+    ContractError,
+    batch_size_of,
+    call_data_fn,
+    epochs,
+    process_params,
+    seed_process,
+    to_numpy,
+    torch_seed,
+)
+from .remote import DATAPLANE_FILE
 from .streamers import StreamerFacts, set_facts
 
 __all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]

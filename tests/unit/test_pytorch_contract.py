@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # no
 
 from csrun_runtime.pytorch import checkpoint, streamers  # noqa: E402
 from csrun_runtime.pytorch import contract as c  # noqa: E402
-from csrun_runtime.pytorch.chief import epochs  # noqa: E402
+from csrun_runtime.pytorch.contract import epochs  # noqa: E402
 from csrun_runtime.pytorch.events import EventWriter, crc32c, read_scalars  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
