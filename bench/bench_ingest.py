@@ -33,7 +33,7 @@ Four parts, each in its own child processes (``python bench/bench_ingest.py --RO
 3. **Training loop** (``loop``): the digits model (``examples/digits``), XLA as the runtime's
    ``jit_compile: auto`` gives it: microseconds per step of ``train_on_batch`` (the loop
    before), of :class:`csrun_runtime.steps.TrainSteps` on chunks of one bundle, of the floor
-   (one call of 256 steps), and of the whole :class:`csrun_runtime.training.TrainingLoop`
+   (one call of 256 steps), and of the whole :class:`csrun_runtime.loop.TrainingDriver`
    (digits' runconfig cadence: logs every 50 steps) on a free in-process source. Per-step
    overhead = loop − floor, as a fraction of the loop's own step and of the step time at the
    rate one input worker delivers the digits pipeline (its in-process rate on 1 CPU).
@@ -608,7 +608,7 @@ def child_loop(spec: dict) -> None:
     for _ in range(spec["repeats"]):
         step_var, _ckpt, mgr, _ = chief._checkpointing(model)
         source = service.LocalSource(ds.take(1).cache().repeat(), plan)
-        loop = training.TrainingLoop(chief.loop_context(), model, step_var, mgr, source, batch_size, False)
+        loop = training.training_loop(chief.loop_context(), model, step_var, mgr, source, batch_size, False)
         loop.run()
         c = loop.clock
         assert c.t_end is not None and c.t_first_end is not None

@@ -593,7 +593,7 @@ def _rows_ingest(r: dict) -> list[Row]:
         micro = loop.get("micro_us_per_step") or {}
         chunked = next((v for k, v in micro.items() if k.startswith("TrainSteps, ") and "256" not in k), {})
         rows.append({
-            "figure": "training loop, digits: µs per step (TrainingLoop, free input)",
+            "figure": "training loop, digits: µs per step (TrainingDriver, free input)",
             "value": fmt(_g(loop, "loop_us_per_step", "median"), "µs"),
             "spread": (f"floor {fmt(loop.get('floor_us_per_step'))} µs (256 steps/call); "
                        f"{fmt(_g(chunked, 'median'))} µs at {loop.get('bundle')} steps/call; "

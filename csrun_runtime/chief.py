@@ -33,7 +33,7 @@ from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .rendezvous import Heartbeat, Rendezvous
 from .service import InputStalled
 from .steps import TrainSteps
-from .training import LoopContext, TrainingLoop
+from .training import LoopContext, training_loop
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import keras
@@ -265,11 +265,11 @@ class Chief:
         write_params_yaml(self.model_dir, self.params, "train")
         source = self.streams.training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
-        TrainingLoop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
+        training_loop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
         return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 
     def loop_context(self) -> LoopContext:
-        """What :class:`csrun_runtime.training.TrainingLoop` takes from the chief: values, and
+        """What :func:`csrun_runtime.training.training_loop` takes from the chief: values, and
         :meth:`save`, :meth:`evaluate`, :meth:`train_steps` and the XLA note as callables."""
         s = self.streams
         return LoopContext(

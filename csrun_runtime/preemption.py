@@ -10,7 +10,7 @@ TensorFlow still loads does not kill the task.
 
 The handler only records the signal (:func:`stop_requested`); every task keeps running:
 
-- the chief's training loop (:class:`csrun_runtime.training.TrainingLoop`) asks between two
+- the chief's training loop (:class:`csrun_runtime.loop.TrainingDriver`) asks between two
   steps, saves a checkpoint at the global step it reached, records the allocation
   (:func:`record_allocation`) and the chief exits with :data:`REQUEUE_EXIT` after its input
   workers left (:func:`wait_workers_left`), so that the job step's exit status is that code;

@@ -1,63 +1,29 @@
-"""The chief's training loop: chunks of batches from a :class:`csrun_runtime.service.BatchSource`,
-several steps per call (:class:`csrun_runtime.steps.TrainSteps`), until the global step reaches
-the training target, with the Model Zoo's logging, checkpoint and evaluation cadence, and the
-measurements behind ``performance/performance.json``.
-
-A chunk never crosses a step the loop must stop at: the first step (trained alone: it traces
-and compiles), every multiple of ``checkpoint_steps`` and ``eval_frequency``, and the target.
-Steps that log may fall inside a chunk: the call returns every step's loss, so each
-``global_step = N, loss = X`` line and TensorBoard ``loss`` point is step N's own. So the log
-lines, checkpoints, evaluations and the exact step count are those of a loop of single steps;
-a stop between calls (:meth:`TrainingLoop.run`'s loop) lands between two chunks.
-
-Log lines (the Cerebras document "Weight Streaming Quickstart" shows their form):
-``global_step = N, loss = X``, ``Saving checkpoint at global step N``,
-``Training finished with N samples in T seconds, S samples/second.``,
-``Loss for final step: X.``; then the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`,
-docs/VERDICT.md): steps, the steady-state rate with compile and programming time apart, the
-input-wait share and whether training was input-bound -- also when a signal stopped it or it
-failed after its first step. At each logged step that ends a call a live line gives the rate
-and input-wait share of the current rate window (see :class:`LoopClock`).
+"""The TensorFlow chief's side of the training loop (:mod:`csrun_runtime.loop`, the core's
+loop, drives it): chunks are :class:`csrun_runtime.service.Chunk` s of a
+:class:`csrun_runtime.service.BatchSource` (one received element, bundled batches), several
+steps per call (:class:`csrun_runtime.steps.TrainSteps`: one ``tf.function``/XLA call), the
+chief's checkpoint and evaluation, TensorBoard scalars through ``tf.summary``.
 
 TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
 """
 from __future__ import annotations
 
-import logging
-import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from csrun_common.atomic import write_json
 from csrun_common.autoscale import AutoscaleSpec
 
-from . import preemption
-from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
-from .autoscale import Autoscaler
 from .dataplane_source import DataplaneSource
-from .params import training_target
+from .loop import LoopSetup, ScalarWriter, TrainingDriver
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
 
-__all__ = ["TrainingLoop", "LoopContext", "LoopClock", "write_scalar", "ended_text", "analyzer_command",
-           "record_allocation", "WINDOW_MIN_CALLS", "WINDOW_MIN_SECS", "WINDOW_MAX_SECS"]
-
-log = logging.getLogger("csrun.runtime")
-
-#: A rate window (the live line's and TensorBoard's ``samples_per_sec`` and
-#: ``input_wait_fraction``) closes at a logged step once it holds at least WINDOW_MIN_CALLS
-#: train calls and WINDOW_MIN_SECS seconds, or WINDOW_MAX_SECS seconds whatever its calls:
-#: one call of many steps takes milliseconds while the wait for the next element falls in
-#: another window, so windows of one call swung from 692 to 332,079 samples/s (issue 24).
-WINDOW_MIN_CALLS = 4
-WINDOW_MIN_SECS = 2.0
-WINDOW_MAX_SECS = 10.0
+__all__ = ["training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
 
 def write_scalar(tag: str, value: float, step: int) -> None:
@@ -76,9 +42,9 @@ def write_scalar(tag: str, value: float, step: int) -> None:
 
 @dataclass
 class LoopContext:
-    """What the training loop takes from the chief (:meth:`csrun_runtime.chief.Chief.loop_context`):
-    values, and the chief's operations as callables, so that this module does not depend on
-    :mod:`csrun_runtime.chief`.
+    """What the TensorFlow side of the training loop takes from the chief
+    (:meth:`csrun_runtime.chief.Chief.loop_context`): values, and the chief's operations as
+    callables, so that this module does not depend on :mod:`csrun_runtime.chief`.
 
     Attributes:
         rc: the resolved ``runconfig``; ``model_dir``: where checkpoints, events and
@@ -113,361 +79,82 @@ class LoopContext:
     registry: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-@dataclass
-class LoopClock:
-    """What the loop measures (monotonic seconds). The first step (trace and compile) is kept
-    apart: ``waits``/``computes`` hold steps 2..N (a chunk's wait and compute time spread
-    evenly over its steps); the rate window (``win_*``: since ``win_t``, from global step
-    ``win_step``) closes as :data:`WINDOW_MIN_CALLS` says; ``chunk_steps`` counts the calls
-    by chunk size."""
 
-    waits: list[float] = field(default_factory=list)
-    computes: list[float] = field(default_factory=list)
-    t_first: float | None = None      # the first batch arrived
-    t_first_end: float | None = None  # the first step ended
-    t_end: float | None = None        # the last step ended
-    first_step_time: float = 0.0
-    programming_time: float = 0.0     # process start to the first step (s)
-    eval_time: float = 0.0
-    eval_time_after_first: float = 0.0
-    win_t: float = 0.0
-    win_samples: int = 0
-    win_wait: float = 0.0
-    win_calls: int = 0
-    win_step: int = 0
-    windows_written: int = 0  # rate points written to TensorBoard
-    chunk_steps: dict[int, int] = field(default_factory=dict)
-
-    def record(self, t0: float, t1: float, t2: float, steps: int, step: int, batch_size: int) -> None:
-        """One call of ``steps`` steps that ended at global ``step``: asked for input at
-        ``t0``, got it at ``t1``, trained until ``t2`` (monotonic s). The first call is the
-        first step (kept apart); later ones go to the waits, computes and the rate window."""
-        self.chunk_steps[steps] = self.chunk_steps.get(steps, 0) + 1
-        if self.t_first_end is None:
-            self.t_first_end = t2
-            self.first_step_time = t2 - t1
-            self.win_t, self.win_step = t2, step + 1
-            return
-        self.waits.extend([(t1 - t0) / steps] * steps)
-        self.computes.extend([(t2 - t1) / steps] * steps)
-        self.win_samples += batch_size * steps
-        self.win_wait += t1 - t0
-        self.win_calls += 1
-
-    def add_eval(self, dt: float, after_first: bool) -> None:
-        """An evaluation of ``dt`` seconds during training (``after_first``: after step 2 or
-        later); the rate window leaves it out."""
-        self.eval_time += dt
-        if after_first:
-            self.eval_time_after_first += dt
-        self.win_t += dt
-
-    def live_window(self, step: int) -> None:
-        """At the last logged ``step`` of a call: the live line of the open rate window; when
-        the window closes (:data:`WINDOW_MIN_CALLS`) its ``samples_per_sec`` and
-        ``input_wait_fraction`` scalars go to the default summary writer and a new one opens."""
-        now = time.monotonic()
-        dt = now - self.win_t
-        if not self.win_samples or dt <= 0:
-            return
-        rate, wait = self.win_samples / dt, min(1.0, self.win_wait / dt)
-        log.info("rate over global steps %d..%d (%.2f s, %d call(s)): %.1f samples/s, input wait %.1f %%",
-                 self.win_step, step, dt, self.win_calls, rate, 100.0 * wait)
-        if (self.win_calls >= WINDOW_MIN_CALLS and dt >= WINDOW_MIN_SECS) or dt >= WINDOW_MAX_SECS:
-            write_scalar("samples_per_sec", rate, step)
-            write_scalar("input_wait_fraction", wait, step)
-            self.windows_written += 1
-            self.win_t, self.win_samples, self.win_wait, self.win_calls, self.win_step = now, 0, 0.0, 0, step + 1
-
-    def calls(self, setting: Any, steps: int) -> dict[str, Any]:
-        """performance.json's ``steps_per_execution`` of a run of ``steps`` steps: the
-        ``setting``, the calls, their mean steps and the calls by steps per call."""
-        return {
-            "setting": setting,
-            "calls": sum(self.chunk_steps.values()),
-            "mean_steps_per_call": round(steps / max(1, sum(self.chunk_steps.values())), 3),
-            "calls_by_steps": {str(k): v for k, v in sorted(self.chunk_steps.items())}}
-
-
-def ended_text(failed: str | None = None) -> str:
-    """performance.json's ``ended``: ``failed: ...``, ``stopped by SIGNAL`` or ``target reached``."""
-    if failed:
-        return f"failed: {failed}"
-    stopped = preemption.stop_signal()
-    return f"stopped by {stopped}" if stopped else "target reached"
-
-
-def analyzer_command(params_path: str | None, target: float | None) -> str:
-    """The cs_input_analyzer command an input-bound verdict suggests (README "cs_input_analyzer"):
-    ``target`` samples/s (the train step's rate) and the run's params YAML."""
-    import shlex
-    import sys
-
-    cmd = ["cs_input_analyzer"]
-    if target:
-        cmd += ["--target-samples-per-sec", f"{target:.0f}"]
-    cmd += ["python", sys.argv[0] if sys.argv and sys.argv[0] else "run.py"]
-    if params_path:
-        cmd += ["--params", params_path]
-    return shlex.join([*cmd, "--mode", "validate_only"])
-
-
-def record_allocation(c: LoopContext, clock: LoopClock, start: int, step: int, target: int) -> dict[str, Any]:
-    """This allocation's steps (``start``..``step`` of ``target``) in
-    ``performance/allocations.json`` (:mod:`.preemption`), with the stop's log line when a
-    signal stopped it; returns the keys performance.json gets."""
-    first = c.t_proc + clock.programming_time if clock.t_first is not None else None
-    stopped = preemption.stop_signal()
-    if stopped:
-        log.info("stopped by %s at global step %d: %s; exit status %d%s", stopped, step,
-                 f"checkpoint model-ckpt-{step} saved" if step > start
-                 else "no step trained, the restored state stands", preemption.exit_code(),
-                 " asks for a requeue" if preemption.requeue_requested() else "")
-    alloc = preemption.Allocation(
-        job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=c.node,
-        start_step=start, end_step=step, target=target, stopped_by=stopped,
-        process_start=c.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
-    return preemption.record_allocation(c.model_dir, alloc, log.info)
-
-
-class TrainingLoop:
-    """Train the chief's model from the restored global step to the target.
+class TFStepBackend:
+    """The TensorFlow :class:`csrun_runtime.loop.StepBackend`: chunks from ``source``
+    (``get_chunk``), trained by the chief's :class:`csrun_runtime.steps.TrainSteps` (made at
+    the first chunk, with the first-step XLA fallback), ``chief.save(mgr, step)``,
+    ``chief.evaluate(model, step)``, scalars to a ``tf.summary`` file writer in the model_dir.
 
     Args:
-        chief: what the loop takes from the chief (:class:`LoopContext`: runconfig,
-            model_dir, first-step XLA fallback, checkpoint saving, evaluation).
-        model: the compiled ``keras.Model``.
-        step_var: the ``tf.Variable`` global step (int64) saved in checkpoints.
-        mgr: the ``tf.train.CheckpointManager``.
-        source: where batches come from.
-        batch_size: samples per batch (the input_fn contract fixes it).
-        evaluating: ``train_and_eval``: evaluate every ``eval_frequency`` steps and at the end.
-
-    Each call trains a chunk: at most ``runconfig.steps_per_execution`` steps (``auto``: as
-    many as the element being handed out holds) and never past the next step the loop stops
-    at (see the module docstring).
+        chief: the chief's :class:`LoopContext`; ``model``: the compiled ``keras.Model``;
+        step_var: the ``tf.Variable`` global step (int64) saved in checkpoints; ``mgr``: the
+        ``tf.train.CheckpointManager``; ``source``: where batches come from; ``batch_size``:
+        samples per batch (the input_fn contract fixes it).
     """
 
     def __init__(self, chief: LoopContext, model: Any, step_var: Any, mgr: Any, source: BatchSource,
-                 batch_size: int, evaluating: bool):
+                 batch_size: int):
         self.chief, self.model, self.step_var, self.mgr = chief, model, step_var, mgr
-        self.source, self.batch_size, self.evaluating = source, batch_size, evaluating
-        rc = chief.rc
-        self.start = int(step_var.numpy())
-        self.target = training_target(self.start, rc)
-        self.log_steps = int(rc["log_steps"])
-        self.ckpt_steps = int(rc["checkpoint_steps"])
-        self.eval_freq = rc.get("eval_frequency") if evaluating else None
-        spe = rc.get("steps_per_execution", "auto")
-        self.max_chunk = 1 << 30 if spe == "auto" else int(spe)
-        self.first_timeout = float(rc["worker_start_timeout_secs"])
-        self.timeout = float(rc["input_timeout_secs"])
-        self.step = self.start
-        self.last_saved: int | None = None
-        self.loss = float("nan")
-        self.clock = LoopClock()
-        self.writer: Any = None
+        self.source = source
+        self.batch_size: int | None = batch_size
         self.steps_fn: TrainSteps | None = None
-        self.autoscaler: Autoscaler | None = None
-        if chief.autoscale is not None and isinstance(source, (ServiceSource, DataplaneSource)):
-            self.autoscaler = Autoscaler(chief.autoscale, source, chief.addresses, chief.registry, batch_size)
+        self.writer: Any = None
 
-    def run(self) -> None:
-        """Train to the target, save the final checkpoint, write performance.json and the
-        verdict, and evaluate at the end when evaluating. SIGINT/SIGTERM (and ``--requeue``'s
-        signals) are only recorded meanwhile (:func:`csrun_runtime.preemption.deferred`): the
-        loop stops between two calls, saves and writes all of that with ``stopped_by``. An
-        exception after the first step still writes performance.json and the verdict
-        (``ended: failed: ...``), then propagates."""
-        with preemption.deferred():
-            self._run()
+    def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk:
+        """``source.get_chunk(limit, timeout, what)``."""
+        return self.source.get_chunk(limit, float(timeout or 0), what or "runconfig.input_timeout_secs")
 
-    def _run(self) -> None:
+    def train(self, chunk: Chunk) -> tuple[float, list[float]]:
+        """The chunk's steps in one call (which advances the global step variable)."""
+        if self.steps_fn is None:
+            self.steps_fn = self.chief.train_steps(self.model, self.step_var)
+        logs, losses = self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
+        return float(logs.get("loss", next(iter(logs.values()), float("nan")))), losses
+
+    def save(self, step: int) -> None:
+        """The chief's checkpoint at ``step``."""
+        self.chief.save(self.mgr, step)
+
+    def evaluate(self, step: int) -> None:
+        """The chief's evaluation at ``step``."""
+        self.chief.evaluate(self.model, step)
+
+    def open_events(self) -> ScalarWriter:
+        """A ``tf.summary`` file writer in the model_dir; scalars with :func:`write_scalar`."""
         import tensorflow as tf
 
-        if self.start >= self.target:
-            log.info("global step %d already reached the training target %d; nothing to train",
-                     self.start, self.target)
-            if self.evaluating:
-                self.chief.evaluate(self.model, self.start)
-            return
-        if self.chief.rc.get("save_initial_checkpoint"):
-            self.chief.save(self.mgr, self.start)
-            self.last_saved = self.start
         self.writer = tf.summary.create_file_writer(str(self.chief.model_dir))
-        log.info("training from global step %d to %d (batch_size %d)", self.start, self.target,
-                 self.batch_size)
-        try:
-            while self.step < self.target and not preemption.stop_requested():  # a signal: stop here
-                self._one_chunk()
-        except Exception as e:
-            if self.clock.t_first_end is not None:  # a step was trained: say what it measured
-                try:
-                    first_line = (str(e).strip().splitlines() or [""])[0]
-                    self._finish(time.monotonic(), failed=f"{type(e).__name__}: {first_line[:120]}")
-                except Exception:  # noqa: BLE001  (the original error is the one to report)
-                    log.debug("writing the verdict of a failed run failed", exc_info=True)
-            raise
-        if self.step == self.start:  # stopped before the first step: nothing new to save
-            self.source.close()
-            extra = self._record_allocation()
-            v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=self.batch_size,
-                        wait_fraction=0.0, ended=ended_text())
-            self._say(v, 0, 0.0, 0.0, None)
-            write_json(self.chief.model_dir / "performance" / "performance.json",
-                       {"verdict": v, "ended": v["ended"], "steps": 0, "global_step_start": self.start,
-                        "global_step_end": self.step, "mode": self.chief.mode, **extra})
-            return
-        self._finish(time.monotonic())
 
-    def _record_allocation(self) -> dict[str, Any]:
-        return record_allocation(self.chief, self.clock, self.start, self.step, self.target)
+        def write(values: Mapping[str, float], step: int) -> None:
+            with self.writer.as_default():
+                for tag, value in values.items():
+                    write_scalar(tag, value, step)
+        return write
 
-    # ------------------------------------------------------------------ one chunk
-    def _one_chunk(self) -> None:
-        """Take a chunk, train its steps in one call (which advances the global step
-        variable), log every step of it that logs, then checkpoint / evaluate when the chunk
-        ended on such a step."""
-        t0 = time.monotonic()
-        try:
-            with preemption.waiting_for_input():  # a stop signal ends the wait: stop at this step
-                chunk = self._next_chunk(self._chunk_limit())
-        except preemption.Interrupted:
-            return
-        t1 = time.monotonic()
-        logs, losses = self._train_on(chunk)
-        t2 = time.monotonic()
-        before, self.step = self.step, self.step + chunk.steps
-        self.clock.record(t0, t1, t2, chunk.steps, self.step, self.batch_size)
-        if self.autoscaler is not None and self.clock.t_first_end != t2:  # not the first step
-            self.autoscaler.after_chunk(t1 - t0, t2 - t1, chunk.steps)
-        self.loss = float(logs.get("loss", next(iter(logs.values()), float("nan"))))
-        logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
-        for s in logged:
-            self._log_step(s, losses[s - before - 1], last=s == logged[-1])
-        if self.ckpt_steps and self.step % self.ckpt_steps == 0:
-            self.chief.save(self.mgr, self.step)
-            self.last_saved = self.step
-        if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target:
-            self._evaluate_during_training()
-
-    def _logs_at(self, step: int) -> bool:
-        return step == self.start + 1 or step % self.log_steps == 0 or step == self.target
-
-    def _chunk_limit(self) -> int:
-        """Steps the next call may train: 1 for the first step, else up to
-        ``steps_per_execution`` but never past the target or the next multiple of
-        ``checkpoint_steps`` or ``eval_frequency`` (steps that need the model as it is then;
-        a logged step inside a chunk gets its loss from the call)."""
-        if self.clock.t_first is None:
-            return 1
-        limit = min(self.max_chunk, self.target - self.step)
-        for every in (self.ckpt_steps, self.eval_freq):
-            if every:
-                limit = min(limit, every - self.step % every)
-        return max(1, limit)
-
-    def _next_chunk(self, limit: int) -> Chunk:
-        if self.clock.t_first is None:
-            return self.source.get_chunk(limit, self.first_timeout, "runconfig.worker_start_timeout_secs")
-        return self.source.get_chunk(limit, self.timeout)
-
-    def _train_on(self, chunk: Chunk) -> tuple[dict[str, float], list[float]]:
-        if self.steps_fn is None:
-            self.clock.t_first = time.monotonic()
-            self.clock.programming_time = time.time() - self.chief.t_proc
-            self.steps_fn = self.chief.train_steps(self.model, self.step_var)
-        return self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
-
-    def _log_step(self, step: int, loss: float, last: bool) -> None:
-        """The log line and the ``loss`` scalar of ``step``; at the ``last`` logged step of a
-        chunk also the live line of the open rate window, whose ``samples_per_sec`` and
-        ``input_wait_fraction`` scalars are written when it closes (:data:`WINDOW_MIN_CALLS`)."""
-        log.info("global_step = %d, loss = %.6g", step, loss)
-        with self.writer.as_default():
-            write_scalar("loss", loss, step)
-            if last:
-                self.clock.live_window(step)
-
-    def _evaluate_during_training(self) -> None:
-        te = time.monotonic()
-        self.chief.evaluate(self.model, self.step)
-        self.clock.add_eval(time.monotonic() - te, self.step > self.start + 1)
-
-    # ------------------------------------------------------------------ the end
-    def _finish(self, t_end: float, failed: str | None = None) -> None:
-        """The end of training (target reached, stopped by a signal, or ``failed`` after its
-        first step): the final checkpoint (not after a failure), performance.json, the log's
-        summary and the verdict block."""
-        c = self.clock
-        assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
-        c.t_end = t_end
-        steps = self.step - self.start
-        total_time = (t_end - c.t_first) - c.eval_time
-        total_samples = steps * self.batch_size
-        if self.last_saved != self.step and failed is None:
-            self.chief.save(self.mgr, self.step)
-            self.last_saved = self.step
-        self.writer.flush()
-        desc = self.source.describe()
-        if self.autoscaler is not None:
-            desc["autoscale"] = self.autoscaler.describe()
-        self.source.close()
-        extra = {
-            "global_step_start": self.start, "global_step_end": self.step,
-            "xla": bool(self.model.jit_compile), "xla_note": self.chief.jit_note(),
-            "num_workers": self.chief.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
-            "mode": self.chief.mode, "eval_time": round(c.eval_time, 4),
-            **self.chief.ingest_info,
-            "steps_per_execution": c.calls(self.chief.rc.get("steps_per_execution", "auto"), steps),
-        }
-        extra.update(self._record_allocation())
-        steady_time = (t_end - c.t_first_end) - c.eval_time_after_first
-        rates = worker_rates(desc.get("batches_per_worker") or {}, self.batch_size, steady_time)
-        rec = performance_record(
-            batch_size=self.batch_size, steps=steps, total_time=total_time,
-            first_step_time=c.first_step_time, compute_times=c.computes, wait_times=c.waits,
-            loop_time_after_first=steady_time, programming_time=c.programming_time, extra=extra)
-        steady_calls = sum(c.chunk_steps.values()) - 1
-        v = verdict(steps=steps, steady_steps=steps - 1, steady_time=steady_time, steady_calls=steady_calls,
-                    batch_size=self.batch_size, wait_fraction=rec["input_wait_fraction"],
-                    rates=rates, nodes=desc.get("worker_nodes"), ended=ended_text(failed),
-                    analyzer_command=analyzer_command(self.chief.params_path, rec.get("est_samples_per_sec")))
-        rec.update({"verdict": v, "ended": v["ended"], "steady_steps": steps - 1,
-                    "steady_time": round(steady_time, 4), "steady_samples_per_sec": v["steady_samples_per_sec"],
-                    "worker_samples_per_sec": rates, "stopped_by": preemption.stop_signal()})
-        rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
-        if not c.windows_written and self.writer is not None and v["steady_samples_per_sec"] is not None:
-            with self.writer.as_default():  # a run shorter than one rate window: its steady state
-                write_scalar("samples_per_sec", v["steady_samples_per_sec"], self.step)
-                write_scalar("input_wait_fraction", v["input_wait_fraction"], self.step)
+    def close_events(self) -> None:
+        """Flush the writer (TensorFlow closes it at exit)."""
+        if self.writer is not None:
             self.writer.flush()
-        write_json(self.chief.model_dir / "performance" / "performance.json", rec)
-        if failed is None:
-            self._log_summary(desc, steps, total_samples, total_time)
-        self._say(v, steps, steady_time, rec["compile_time"], rec.get("est_samples_per_sec") if c.computes else None,
-                  programming_time=c.programming_time)
-        if self.evaluating and failed is None and not preemption.stop_requested():
-            self.chief.evaluate(self.model, self.step)
 
-    def _say(self, v: dict[str, Any], steps: int, steady_time: float, compile_time: float,
-             compute_rate: float | None, programming_time: float = 0.0) -> None:
-        """Log the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`)."""
-        for line in verdict_lines(v, steps=steps, start_step=self.start, end_step=self.step,
-                                  batch_size=self.batch_size, steady_steps=max(0, steps - 1),
-                                  steady_time=steady_time, compile_time=compile_time,
-                                  programming_time=programming_time, compute_samples_per_sec=compute_rate):
-            (log.warning if v.get("bound") == "input" and line.startswith("  input-bound") else log.info)("%s", line)
+    def end_input(self) -> None:
+        """Close the source (tf.data service or data plane readers)."""
+        self.source.close()
 
-    def _log_summary(self, desc: dict[str, Any], steps: int, total_samples: int, total_time: float) -> None:
-        chief = self.chief
-        if chief.rdv is not None:
-            per = desc.get("batches_per_worker", {})
-            nodes = desc.get("worker_nodes", {})
-            log.info("batches received per input worker: %s",
-                     ", ".join(f"{i} ({nodes.get(i)}): {n}" for i, n in per.items()))
-            write_json(chief.rdv.dir / "chief.json", {**desc, "steps": steps})
-        log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.",
-                 total_samples, total_time, total_samples / total_time if total_time > 0 else 0.0)
-        log.info("Loss for final step: %.6g.", self.loss)
-        log.info("performance: %s", chief.model_dir / "performance" / "performance.json")
+    def info(self) -> dict[str, Any]:
+        """``xla`` (the model's jit_compile after any first-step fallback) and ``xla_note``."""
+        return {"xla": bool(self.model.jit_compile), "xla_note": self.chief.jit_note()}
+
+
+def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, source: BatchSource,
+                  batch_size: int, evaluating: bool) -> TrainingDriver:
+    """The core's :class:`csrun_runtime.loop.TrainingDriver` over :class:`TFStepBackend`:
+    from the global step in ``step_var`` to the target; ``evaluating``: ``train_and_eval``.
+    ``--autoscale`` applies to the streamed sources only (service or data plane)."""
+    streamed = isinstance(source, (ServiceSource, DataplaneSource))
+    setup = LoopSetup(
+        rc=chief.rc, model_dir=chief.model_dir, mode=chief.mode, start=int(step_var.numpy()), t_proc=chief.t_proc,
+        node=chief.node, num_workers=chief.num_workers, params_path=chief.params_path, evaluating=evaluating,
+        ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
+        addresses=chief.addresses, registry=chief.registry)
+    return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from csrun_common import exits
-from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from .. import preemption
 from ..artifacts import write_params_yaml
+from ..loop import LoopSetup, TrainingDriver
 from ..params import ParamsError, Resolved, load_shard_plan, training_target
 from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
@@ -47,9 +47,9 @@ from .contract import (
 from .evaluation import Evaluator
 from .own_input import OwnInput
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
-from .report import compile_report, report_training, validate_report
+from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
-from .trainloop import LoopResult, TrainLoop
+from .trainloop import TorchStepBackend
 
 __all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
 
@@ -215,9 +215,10 @@ class Chief:
 
     # ------------------------------------------------------------------ train
     def _train(self) -> int:
-        """``train`` / ``train_and_eval``: restore, train to the target in :class:`.trainloop.TrainLoop`,
-        then the checkpoint of the reached step, the allocation record, performance.json and the
-        verdict; returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
+        """``train`` / ``train_and_eval``: restore, then the core's training loop
+        (:class:`csrun_runtime.loop.TrainingDriver` over :class:`.trainloop.TorchStepBackend`) to
+        the target: checkpoints, the allocation record, performance.json and the verdict;
+        returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
         Raises what the loop raised (after performance.json, once a step was trained)."""
         remote = self.rdv is not None and self.num_workers > 0
         if remote:
@@ -239,55 +240,18 @@ class Chief:
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())
-        keep = int(self.rc["keep_checkpoint_max"])
-        if self.rc.get("save_initial_checkpoint"):
-            checkpoint.save(self.model_dir, start, model, opt, keep)
-        loop = TrainLoop(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
-                         device=self.device, evaluate=self._evaluate if evaluating else None,
-                         forward_loss=self._forward_loss, autoscale=autoscale)
-        log.info("training from global step %d to %d on %s", start, target, self.device)
-        try:
-            res = loop.run(start, target)
-        except BaseException:
-            self._source = source
-            raise
         self._source = source  # closed after done.json (run()), so the workers read the chief's status
-        return self._finish_training(loop, res, model, opt, evaluating)
-
-    def _finish_training(self, loop: TrainLoop, res: LoopResult, model: Any, opt: Any, evaluating: bool) -> int:
-        """After the loop: the stop signal's checkpoint, the allocation record, performance.json
-        (or its stopped-before-the-first-step form) and the final evaluation."""
-        clock, step, start = res.clock, res.step, res.start
-        stopped_by = preemption.stop_signal()
-        ended = res.ended
-        if stopped_by and res.failed is None:
-            ended = f"stopped by {stopped_by}"
-            log.info("stopped by %s at global step %d: saving a checkpoint", stopped_by, step)
-        t_end = time.monotonic()
-        if step > start and res.last_saved != step and res.failed is None:
-            p = checkpoint.save(self.model_dir, step, model, opt, int(self.rc["keep_checkpoint_max"]))
-            log.info("saved %s", p)
-        loop.writer.close()
-        desc = {**loop.source.describe(), **self.own_input.describe(), **loop.describe_autoscale()}
-        alloc = preemption.Allocation(
-            job_id=self.role.job_id, requeue=preemption.allocation_index(), node=self.role.node or None,
-            start_step=start, end_step=step if res.failed is None else (res.last_saved or start), target=res.target,
-            stopped_by=preemption.stop_signal(), process_start=self.t_proc, first_step_at=clock.first_step_at,
-            signal_at=preemption.stop_time(), ended_at=time.time())
-        desc.update(preemption.record_allocation(self.model_dir, alloc, log=lambda m: log.info("%s", m)))
-        if clock.t_first is not None and clock.t_first_end is not None:
-            report_training(desc, step - start, start, step, clock, t_end, ended, res.loss, model_dir=self.model_dir,
-                            t_proc=self.t_proc, device=self.device, num_workers=self.num_workers, mode=self.mode,
-                            rdv=self.rdv)
-        if res.error is not None:  # after performance.json: run() says what it was and how to exit
-            raise res.error
-        if clock.t_first is None:  # stopped before its first step: performance.json says so
-            write_json(self.model_dir / "performance" / "performance.json",
-                       {"ended": ended, "steps": 0, "global_step_start": start, "global_step_end": step,
-                        "framework": "pytorch", "mode": self.mode, **desc})
-        if evaluating and ended == "target reached":
-            self._evaluate(model, step)
-        return preemption.exit_code() if stopped_by else 0
+        backend = TorchStepBackend(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
+                                   device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,
+                                   start=start, info=self.own_input.describe)
+        setup = LoopSetup(rc=self.rc, model_dir=self.model_dir, mode=self.mode, start=start, t_proc=self.t_proc,
+                          node=self.role.node or None, num_workers=self.num_workers,
+                          params_path=self.resolved.params_path, evaluating=evaluating, rdv=self.rdv,
+                          autoscale=autoscale, addresses=getattr(source, "addresses", []),
+                          registry=getattr(source, "registry", {}))
+        log.info("training on %s", self.device)
+        TrainingDriver(setup, backend).run()
+        return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 
     # ------------------------------------------------------------------ eval
     def _eval_loader(self) -> Any:
