@@ -807,10 +807,11 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
     "fanin": _rows_fanin, "ingest_dataplane": _rows_ingest_dataplane, "ingest_gap": _rows_ingest_gap,
+    "streaming_frameworks": _rows_streaming, "verify_frameworks": _rows_verify,
 }
 
 #: Table order (numbers of the issue's list).
-ORDER = ["launch", "startup", "recommend", "verify", "streaming", "ingest", "shardplan", "requeue",
+ORDER = ["launch", "startup", "recommend", "verify", "verify_frameworks", "streaming", "streaming_frameworks", "ingest", "shardplan", "requeue",
          "interrupt", "quiet", "autoscale", "chief_input", "fanin"]
 
 
