@@ -811,8 +811,8 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
 }
 
 #: Table order (numbers of the issue's list).
-ORDER = ["launch", "startup", "recommend", "verify", "verify_frameworks", "streaming", "streaming_frameworks", "ingest", "shardplan", "requeue",
-         "interrupt", "quiet", "autoscale", "chief_input", "fanin"]
+ORDER = ["launch", "startup", "recommend", "verify", "verify_frameworks", "streaming", "streaming_frameworks",
+         "ingest", "shardplan", "requeue", "interrupt", "quiet", "autoscale", "chief_input", "fanin"]
 
 
 def load_results(results_dir: Path) -> dict[str, dict]:
