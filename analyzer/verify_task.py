@@ -170,25 +170,48 @@ def _write(path: str | None, obj: dict[str, Any]) -> None:
     write_json(path, obj)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
-    t_proc = process_start_time()
-    ns = _parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = _train_argv(list(ns.args))
+def failed_result(exc: BaseException, num_workers: int) -> dict[str, Any]:
+    """A failed drain's result: ``{"status": "failed", "error", "num_workers"}``, the error
+    being the problems of a :class:`csrun_runtime.params.ParamsError` or the exception's line."""
+    problems = getattr(exc, "problems", None)
+    return {"status": "failed", "error": "; ".join(problems) if problems else f"{type(exc).__name__}: {exc}",
+            "num_workers": num_workers}
+
+
+def begin_drain(run_py: str, args: list[str], out: str | None,
+                adjust: Callable[[Resolved, Any], None] | None = None) -> tuple[Role, Any, Resolved] | int:
+    """A drain task's start, for either framework: its role (:func:`csrun_runtime.task.begin`),
+    ``run_py`` loaded in capture mode with ``args`` and its params resolved, then
+    ``adjust(resolved, entry)`` when given. Returns ``(role, entry, resolved)``, or the exit code
+    2 after one line on stderr (a bad environment; run.py or its params unusable: the chief
+    writes ``{"status": "failed", "error"}`` to ``out`` first)."""
     try:
         role, _prefix = begin()
     except RoleError as exc:
         print(f"drain: environment: {exc}", file=sys.stderr)
         return 2
     try:
-        entry = load_entry(ns.run_py, args)
-        resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))
+        entry = load_entry(run_py, args)
+        resolved = resolve_params(args, run_py=str(Path(run_py).resolve()))
+        if adjust is not None:
+            adjust(resolved, entry)
     except (ParamsError, Exception) as exc:  # noqa: BLE001 - CaptureError, ParamsError
         if role.is_chief:
-            _write(ns.out, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            _write(out, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         print(f"drain: {exc}", file=sys.stderr)
         return 2
+    return role, entry, resolved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
+    t_proc = process_start_time()
+    ns = _parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    started = begin_drain(ns.run_py, _train_argv(list(ns.args)), ns.out)
+    if isinstance(started, int):
+        return started
+    role, entry, resolved = started
     if role.kind == "worker":
         _keep_worker_servers()
         return run_worker(role, resolved, entry.input_fn)
@@ -232,10 +255,7 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
             res["chief_input"] = chief.chief_input.describe()
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
-        problems = getattr(exc, "problems", None)
-        res = {"status": "failed", "error": "; ".join(problems) if problems else f"{type(exc).__name__}: {exc}",
-               "num_workers": role.num_workers}
-        code = 1
+        res, code = failed_result(exc, role.num_workers), 1
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")

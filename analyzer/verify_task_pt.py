@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from csrun_common.roles import Role, RoleError
-from csrun_runtime.capture import load_entry
-from csrun_runtime.params import ParamsError, Resolved, resolve_params
+from csrun_runtime.params import Resolved
 from csrun_runtime.pytorch.contract import batch_size_of
 from csrun_runtime.rendezvous import Heartbeat, Rendezvous
-from csrun_runtime.task import begin, process_start_time
+from csrun_runtime.task import process_start_time
 
-from .verify_task import _train_argv, _write, drain
+from .verify_task import _train_argv, _write, begin_drain, drain, failed_result
 
 __all__ = ["main"]
 
@@ -87,24 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point (see the module docstring). Returns the exit code: 0, 1 (failed), 2 (usage)."""
     t_proc = process_start_time()
     ns = _parse(argv)
-    args = _train_argv(list(ns.args))
-    try:
-        role, _prefix = begin()
-    except RoleError as exc:
-        print(f"drain: environment: {exc}", file=sys.stderr)
-        return 2
-    try:
-        entry = load_entry(ns.run_py, args)
-        resolved = resolve_params(args, run_py=str(Path(ns.run_py).resolve()))
+
+    def adjust(resolved: Resolved, entry: Any) -> None:
         resolved.params = entry.params  # default_params_fn applied, as the runtime does
         if ns.dataloader_workers is not None:
             resolved.params["train_input"] = {**(resolved.params.get("train_input") or {}),
                                               "num_workers": int(ns.dataloader_workers)}
-    except (ParamsError, Exception) as exc:  # noqa: BLE001 - CaptureError, ParamsError
-        if role.is_chief:
-            _write(ns.out, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
-        print(f"drain: {exc}", file=sys.stderr)
-        return 2
+
+    started = begin_drain(ns.run_py, _train_argv(list(ns.args)), ns.out, adjust)
+    if isinstance(started, int):
+        return started
+    role, entry, resolved = started
     if role.kind == "worker":
         from csrun_runtime.pytorch.worker import InputWorker
 
@@ -147,10 +139,7 @@ def _chief(ns: argparse.Namespace, role: Role, train_data_fn: Any, resolved: Res
                    **own.describe())
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
-        problems = getattr(exc, "problems", None)
-        res = {"status": "failed", "error": "; ".join(problems) if problems else f"{type(exc).__name__}: {exc}",
-               "num_workers": role.num_workers}
-        code = 1
+        res, code = failed_result(exc, role.num_workers), 1
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")

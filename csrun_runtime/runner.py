@@ -17,8 +17,8 @@ from csrun_common.roles import RoleError
 
 from . import capture, preemption, quiet
 from .chief import Chief
-from .params import ParamsError, resolve_params
-from .task import begin, flush_exit, process_start_time, setup_logging
+from .params import resolve_params
+from .task import begin, flush_exit, process_start_time, resolve_logged, setup_logging
 from .worker import run_worker
 
 __all__ = ["run", "main", "setup_logging"]
@@ -100,16 +100,9 @@ def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
 def _main(role: Any, input_fn: Callable[..., Any], model_fn: Callable[..., Any],
           eval_input_fn: Callable[..., Any] | None, argv: list[str], run_py: str | None, prefix: str,
           t_proc: float) -> int:
-    try:
-        resolved = resolve_params(argv, run_py=run_py)
-    except ParamsError as e:
-        for p in e.problems:
-            log.error("%s", p)
+    resolved = resolve_logged(lambda: resolve_params(argv, run_py=run_py), prefix, role.is_chief)
+    if resolved is None:
         return 2
-    setup_logging(prefix, resolved.params["runconfig"]["logging"])
-    if role.is_chief:
-        for w in resolved.warnings:
-            log.warning("%s", w)
     if role.kind == "worker":
         try:  # a signal is only recorded: the worker serves until the chief's done.json
             with preemption.deferred():

@@ -11,14 +11,17 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, NoReturn
 
 import psutil
 
 from csrun_common.roles import Role, resolve_role
 
-__all__ = ["log", "process_start_time", "setup_logging", "log_prefix", "begin", "flush_exit"]
+if TYPE_CHECKING:
+    from .params import Resolved
+
+__all__ = ["log", "process_start_time", "setup_logging", "log_prefix", "begin", "resolve_logged", "flush_exit"]
 
 #: The runtime's logger (``csrun.runtime``): every runtime module logs through it.
 log = logging.getLogger("csrun.runtime")
@@ -61,6 +64,27 @@ def begin(env: Mapping[str, str] | None = None) -> tuple[Role, str]:
     prefix = log_prefix(role)
     setup_logging(prefix)
     return role, prefix
+
+
+def resolve_logged(resolve: Callable[[], Resolved], prefix: str, is_chief: bool,
+                   warnings: Iterable[str] = ()) -> Resolved | None:
+    """The run's params from ``resolve()`` (:func:`csrun_runtime.params.resolve_params` or a
+    framework's variant), then logging at ``runconfig.logging`` with ``prefix``; the chief logs
+    the params' warnings and ``warnings``. Returns ``None`` after logging each problem of a
+    :class:`csrun_runtime.params.ParamsError` (the caller exits 2)."""
+    from .params import ParamsError
+
+    try:
+        resolved = resolve()
+    except ParamsError as e:
+        for p in e.problems:
+            log.error("%s", p)
+        return None
+    setup_logging(prefix, resolved.params["runconfig"]["logging"])
+    if is_chief:
+        for w in [*resolved.warnings, *warnings]:
+            log.warning("%s", w)
+    return resolved
 
 
 def flush_exit(code: int) -> NoReturn:

@@ -15,8 +15,8 @@ from csrun_common import exits
 from csrun_common.roles import RoleError
 
 from .. import capture, preemption
-from ..params import ParamsError, Resolved, resolve_params
-from ..task import begin, flush_exit, process_start_time, setup_logging
+from ..params import Resolved, resolve_params
+from ..task import begin, flush_exit, process_start_time, resolve_logged
 
 __all__ = ["run", "main", "resolve"]
 
@@ -131,18 +131,10 @@ def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
     preemption.install_from_env(env)
     preemption.set_label(prefix, role.is_chief)
     preemption.install_interrupts()
-    try:
-        resolved = resolve(argv, run_py, default_params_fn)
-    except ParamsError as e:
-        for p in e.problems:
-            log.error("%s", p)
+    resolved = resolve_logged(lambda: resolve(argv, run_py, default_params_fn), prefix, role.is_chief,
+                              not_wired(os.environ if env is None else env))
+    if resolved is None:
         return 2
-    setup_logging(prefix, resolved.params["runconfig"]["logging"])
-    if role.is_chief:
-        for w in resolved.warnings:
-            log.warning("%s", w)
-        for w in not_wired(os.environ if env is None else env):
-            log.warning("%s", w)
     try:
         if role.kind == "worker":
             from .worker import InputWorker
