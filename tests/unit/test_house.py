@@ -142,7 +142,8 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: The task runtime's framework-neutral core (docs/ARCHITECTURE.md "A framework backend"):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
-        "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport")
+        "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
+        "streams")
 
 
 def _imported_at_import(modules: list[str]) -> set[str]:
