@@ -17,7 +17,7 @@ that supersedes this one) and writes the same report.
 A replacement (``attempt > 0``, :mod:`csrun_runtime.supervise`) connects with its attempt: the
 chief's receiver drops what the old attempt still had in flight and reads the new one. An error
 of the pipeline is recorded in ``workers/<i>.stream_error.json``
-(:data:`csrun_runtime.dataplane_source.STREAM_ERROR`), which fails the chief naming this worker.
+(:data:`csrun_runtime.streams.STREAM_ERROR`), which fails the chief naming this worker.
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
 
-from .dataplane_source import STREAM_ERROR, _map
+from .dataplane_source import _map
 from .rendezvous import SUPERSEDED
 from .service import bundle_dataset, limit_threads
+from .streams import STREAM_ERROR
 
 if TYPE_CHECKING:
     from .worker import InputWorker

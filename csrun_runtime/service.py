@@ -32,12 +32,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .elastic import WorkerWatch
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
+from .streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
@@ -62,10 +63,6 @@ MAX_BUNDLE = 256
 AUTOSCALE_MAX_BUNDLE = 16
 
 log = logging.getLogger("csrun.runtime")
-
-
-class InputStalled(RuntimeError):
-    """No batch for too long, or every input worker's stream failed (names the workers)."""
 
 
 @dataclass(frozen=True)
@@ -292,70 +289,6 @@ class _Pending:
     bundled: bool
     size: int
     offset: int = 0
-
-
-def open_slot(source: Any, index: int, registration: Mapping | None) -> None:
-    """What ``add_stream`` of :class:`ServiceSource` and
-    :class:`csrun_runtime.dataplane_source.DataplaneSource` share: record worker ``index``'s
-    ``registration`` (if given), grow ``source.n`` to ``index + 1`` (slots in between, never
-    opened, count as stopped) and forget ``index``'s failure and stop."""
-    if registration is not None:
-        source.registry[index] = dict(registration)
-    for j in range(source.n, index + 1):
-        source.counts.setdefault(j, 0)
-        source.last.setdefault(j, None)
-        if j != index:
-            source.announced.add(j)
-    source.n = max(source.n, index + 1)
-    source.failed.pop(index, None)
-    source.announced.discard(index)
-
-
-def announce_stopped(source: Any, i: int, why: str) -> None:
-    """Count input worker ``i`` of ``source`` (as :func:`stall_report`'s) as stopped
-    (``source.announced``) and log it once, as ``<who> stopped<why>; training continues with
-    the other k worker(s)`` (or ``no input worker left``); ``why`` starts with its separator
-    (``": no heartbeat for 9 s"``, ``" streaming (UnavailableError: ...)"``)."""
-    source.announced.add(i)
-    left = source.n - len(source.announced | set(source.failed))
-    log.warning("%s stopped%s; %s", source._who(i), why,
-                f"training continues with the other {left} worker(s)" if left else "no input worker left")
-
-
-def raise_if_stalled(source: Any, start: float, timeout: float, what: str) -> None:
-    """The watchdog's verdict when no batch came (``source`` as :func:`stall_report`'s, with
-    ``stopped()`` and ``watch``): raises :class:`InputStalled` with the stall report when
-    every worker stopped (none awaiting a replacement) and more than 1 s passed since
-    ``start`` (monotonic s), or when more than ``timeout`` s passed (``what`` names the
-    setting); returns otherwise."""
-    now = time.monotonic()
-    if len(source.stopped() - source.watch.awaiting()) >= source.n and now - start > 1.0:
-        raise InputStalled(f"every input worker stopped and no batch is left: {source.status_text()}")
-    if now - start > timeout:
-        raise InputStalled(f"no batch from any input worker for {now - start:.0f} s "
-                           f"({what} = {timeout:g}): {source.status_text()}")
-
-
-def stall_report(source: Any, stopped: Collection[int], failed_prefix: str = "") -> str:
-    """What :class:`InputStalled` says of each input worker of ``source`` (a
-    :class:`ServiceSource` or :class:`csrun_runtime.dataplane_source.DataplaneSource`: its
-    ``rdv``, ``n``, ``counts``, ``last``, ``failed``, ``paused`` and ``_who``), one clause per
-    worker ``0 .. n-1`` joined by ``"; "``: who it is (node, pid), ``(stopped)`` when in
-    ``stopped`` or its heartbeat is missing or older than STALE_SECS, ``(paused)``, its
-    heartbeat's age in s, the batches handed out, the seconds since its last batch, and
-    ``failed_prefix`` + why its stream failed, if it did."""
-    now = time.monotonic()
-    parts = []
-    for i in range(source.n):
-        age = source.rdv.age(f"workers/{i}")
-        hb = "no heartbeat file" if age is None else f"heartbeat {age:.0f} s ago"
-        dead = " (stopped)" if i in stopped or age is None or age > STALE_SECS else ""
-        last = source.last.get(i)
-        lb = "no batch yet" if last is None else f"last batch {now - last:.0f} s ago"
-        parts.append(f"{source._who(i)}{dead}{' (paused)' if i in source.paused else ''}: {hb}, "
-                     f"{source.counts.get(i, 0)} batches, {lb}"
-                     + (f", {failed_prefix}{source.failed[i]}" if i in source.failed else ""))
-    return "; ".join(parts)
 
 
 class _ChunkedSource:
@@ -607,7 +540,7 @@ class ServiceSource(_ChunkedSource):
 
     def status_text(self) -> str:
         """One clause per worker: node, heartbeat age, batches delivered, last element age
-        (:func:`stall_report`)."""
+        (:func:`csrun_runtime.streams.stall_report`)."""
         return stall_report(self, set(self.failed), failed_prefix="error ")
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:

@@ -16,17 +16,15 @@ and once every :data:`POLL_SECS` seconds looks at the rendezvous:
   node (``workers/<i>.orphan.json``), which a supervisor of the input workers' job carries
   out (:class:`csrun_runtime.supervise.Adopter`).
 
-It also offers what the autoscaler (:class:`csrun_runtime.autoscale.Autoscaler`, ``csrun_wse
---autoscale``, docs/AUTOSCALE.md) drives, as the TensorFlow chief's
-:class:`csrun_runtime.dataplane_source.DataplaneSource` does over the same receiver: slots
-``0 .. streams-1`` read from the start, :meth:`RemoteSource.add_stream` (open the next slot),
-:meth:`~RemoteSource.pause` / :meth:`~RemoteSource.resume` (the receiver tells the worker to
-stop or go on sending: backpressure, its DataLoader stops), per-worker ``counts`` (batches
-handed to training), ``paused``, ``n``, :meth:`~RemoteSource.streaming` and
-:meth:`~RemoteSource.buffered_batches`; the slots' bookkeeping is :class:`.slots.StreamSlots`
-(a slot not opened has its first bundles held and is paused at the receiver). A paused
-worker's replacement starts paused (the receiver keeps the pause); one of a slot never opened
-is left unread (:meth:`RemoteSource.reopen` returns ``"not streaming"``).
+The merge itself (the receiver, the slots and what the autoscaler drives: ``add_stream``,
+``pause`` / ``resume`` at the receiver, per-worker ``counts``, ``streaming()``,
+``buffered_batches()``; the watch; stall detection; a worker's pipeline error file) is the
+framework-neutral core's :class:`csrun_runtime.streams.StreamMerge`, which the TensorFlow
+chief's :class:`csrun_runtime.dataplane_source.DataplaneSource` shares: :class:`RemoteSource` is
+its PyTorch adapter (single batches, the start timeout, the registrations' ``status: failed``,
+``dataplane.json``). A paused worker's replacement starts paused (the receiver keeps the
+pause); one of a slot never opened is left unread (:meth:`RemoteSource.reopen` returns
+``"not streaming"``).
 
 No TensorFlow; no torch either (batches stay numpy nests until the loop moves them).
 """
@@ -43,10 +41,9 @@ from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
 from .. import preemption
-from ..elastic import WorkerWatch
 from ..params import ParamsError
-from ..rendezvous import STALE_SECS, Rendezvous
-from .slots import StreamSlots
+from ..rendezvous import Rendezvous
+from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
 __all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
 
@@ -54,12 +51,6 @@ log = logging.getLogger("csrun.runtime")
 
 #: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
 DATAPLANE_FILE = "dataplane.json"
-#: Seconds between the chief's looks at the rendezvous while it waits for batches.
-POLL_SECS = 1.0
-
-
-class InputStalled(RuntimeError):
-    """No training batch within the watchdog's time (names the workers and their last batch)."""
 
 
 class WorkerFailed(RuntimeError):
@@ -86,8 +77,9 @@ def autoscale_spec(environ: Mapping[str, str], num_workers: int) -> AutoscaleSpe
     return spec
 
 
-class RemoteSource:
-    """Batches from ``W`` input workers through one :class:`csrun_runtime.dataplane.Receiver`.
+class RemoteSource(StreamMerge):
+    """Batches from ``W`` input workers through one :class:`csrun_runtime.dataplane.Receiver`:
+    the PyTorch adapter over :class:`csrun_runtime.streams.StreamMerge`.
 
     Args:
         rdv: the job step's rendezvous (``dataplane.json`` is written there at once).
@@ -95,140 +87,65 @@ class RemoteSource:
         rc: ``runconfig`` (``input_timeout_secs``, ``worker_start_timeout_secs``: seconds).
         adopt: order adoptions of workers lost with their node; default ``CSRUN_WORKER_JOB=1``
             in the environment (``csrun_wse --survive-node-loss``).
-        streams: slots read from the start (``0 .. streams-1``), default all ``W``; the others
-            are opened by :meth:`add_stream` (``--autoscale``).
+        streams: slots read from the start (``0 .. streams-1``, clamped to ``[1, W]``), default
+            all ``W``; the others are opened by :meth:`add_stream` (``--autoscale``).
 
-    Raises ``zmq.ZMQError`` when the receiver cannot bind. Call every method from one thread.
+    Every slot ``0 .. W-1`` is watched from the start: its registration (``status: failed``
+    raises :class:`WorkerFailed`) and heartbeat are read at each :meth:`poll`. Raises
+    ``zmq.ZMQError`` when the receiver cannot bind. Call every method from one thread.
     """
 
     def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any], adopt: bool | None = None,
                  streams: int | None = None):
-        from ..dataplane import Receiver
-
-        self.rdv, self.role, self.rc = rdv, role, rc
-        self.w = role.num_workers
-        self.r = Receiver("tcp://0.0.0.0:0")
-        port = self.r.endpoint.rsplit(":", 1)[1]
-        self.endpoint = f"tcp://{role.host}:{port}"
-        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": self.endpoint, "num_workers": self.w,
-                                              "created": time.time()})
-        log.info("data plane: receiving from %d input worker(s) at %s", self.w, self.endpoint)
-        self.handed: dict[int, int] = {}
+        w = role.num_workers
+        receiver, endpoint = start_receiver(role.host)
+        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
+        log.info("data plane: receiving from %d input worker(s) at %s", w, endpoint)
+        # the workers register after the endpoint is published: their registrations are read in poll()
+        super().__init__(rdv, receiver, {}, w if streams is None else max(1, min(w, int(streams))), slots=w,
+                         adopt=adopt, addresses=[endpoint] * w)  # one receiver for every slot
+        self.role, self.rc, self.endpoint = role, rc, endpoint
+        self.r = receiver
         self.nodes: dict[int, str | None] = {}  # Slurm node of each worker (its registration)
-        #: Every slot's latest registration (``workers/<i>.json``), by index (the autoscaler's).
-        self.registry: dict[int, dict[str, Any]] = {}
-        self.addresses = [self.endpoint] * self.w  # one receiver for every slot
-        self.slots = StreamSlots(self.r, self.w, streams)
         self._batches: Iterator[Any] | None = None  # the rest of the bundle being handed out
         self._worker = -1
-        self.announced: set[int] = set()  # workers whose heartbeat went stale, not replaced since
-        # the workers register after the endpoint is published: their first registrations
-        # reach the watch in poll() (WorkerWatch.known)
-        self.watch = WorkerWatch(rdv, {i: {} for i in range(self.w)}, adopt=adopt)
         self.t_first: float | None = None
         self.t0 = time.monotonic()
-        self._last_poll = 0.0
 
-    # ------------------------------------------------------------------ what WorkerWatch reads
-    @property
-    def counts(self) -> dict[int, int]:
-        """Batches handed to training, by worker index."""
-        return dict(self.handed)
+    # ------------------------------------------------------------------ the merge's hooks
+    def _look(self, i: int) -> None:
+        """Worker ``i``'s registration: ``status: failed`` raises :class:`WorkerFailed`; else
+        it is kept (``registry``, its first node in ``nodes``) and told to the watch."""
+        reg = self.rdv.worker(i)
+        if reg:
+            if reg.get("status") == "failed":
+                raise WorkerFailed(i, list(reg.get("violations") or ["(no reason given)"]))
+            self.nodes.setdefault(i, reg.get("node"))
+            self.registry[i] = reg
+            self.watch.known(i, reg)
 
-    def stopped(self) -> set[int]:
-        """Workers whose heartbeat went stale (older than :data:`~csrun_runtime.rendezvous.STALE_SECS`)
-        and that no replacement registered for since."""
-        return set(self.announced)
+    def _announce(self, i: int, why: str) -> None:
+        self.announced.add(i)
+        log.info("input worker %d on %s: %s", i, self.nodes.get(i), why)
 
     def reopen(self, index: int, registration: Mapping[str, Any]) -> str:
-        """Worker ``index``'s replacement registered: it connects to the receiver by itself
-        with its higher attempt (the receiver drops what the older one had in flight; a paused
-        worker's replacement starts paused); only its stopped state is cleared here. Returns
-        ``"reconnected"``, or ``"not streaming"`` for a slot autoscale has not opened."""
-        self.announced.discard(index)
+        """Worker ``index``'s replacement registered (:meth:`csrun_runtime.streams.StreamMerge.reopen`;
+        its node is kept). Returns ``"reconnected"``, or ``"not streaming"`` for a slot
+        autoscale has not opened."""
         self.nodes[index] = registration.get("node")
-        self.registry[index] = dict(registration)
-        return "reconnected" if index in self.slots.opened else "not streaming"
-
-    # ------------------------------------------------------------------ autoscale's interface
-    @property
-    def n(self) -> int:
-        """One past the highest slot opened (the autoscaler's next slot to open)."""
-        return self.slots.n
-
-    @property
-    def paused(self) -> set[int]:
-        """Workers the autoscaler paused."""
-        return self.slots.paused
-
-    def add_stream(self, index: int, address: str = "", registration: Mapping[str, Any] | None = None) -> None:
-        """Read slot ``index`` from now on (autoscale's *add*); its held bundles come first.
-        ``address`` (the receiver's endpoint) is not needed: every slot sends to one receiver."""
-        if registration is not None:
-            self.registry[index] = dict(registration)
-        self.slots.open(index)
-
-    def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream (autoscale's *remove*): :meth:`.slots.StreamSlots.pause`."""
-        self.slots.pause(i)
-
-    def resume(self, i: int) -> None:
-        """Let paused worker ``i`` send again."""
-        self.slots.resume(i)
-
-    def streaming(self) -> set[int]:
-        """Indices of the workers read now: opened, not paused, not stopped."""
-        return self.slots.opened - self.slots.paused - self.stopped()
-
-    def buffered_batches(self) -> int:
-        """At most how many batches the chief holds ahead of training (a credit window and one
-        bundle per streaming worker)."""
-        return self.slots.buffered_batches(self.streaming())
-
-    # ------------------------------------------------------------------ the watch
-    def poll(self) -> None:
-        """At most once every :data:`POLL_SECS`: failed registrations (raise
-        :class:`WorkerFailed`), stale heartbeats, then the :class:`~csrun_runtime.elastic.WorkerWatch`
-        (losses, replacements, adoption orders; logged)."""
-        now = time.monotonic()
-        if now - self._last_poll < POLL_SECS:
-            return
-        self._last_poll = now
-        for i in range(self.w):
-            reg = self.rdv.worker(i)
-            if reg:
-                if reg.get("status") == "failed":
-                    raise WorkerFailed(i, list(reg.get("violations") or ["(no reason given)"]))
-                self.nodes.setdefault(i, reg.get("node"))
-                self.registry[i] = reg
-                self.watch.known(i, reg)
-            age = self.rdv.age(f"workers/{i}")
-            if age is not None and age > STALE_SECS and i not in self.announced:
-                self.announced.add(i)
-                log.info("input worker %d on %s: no heartbeat for %.0f s", i, self.nodes.get(i), age)
-        self.watch.poll(self)
+        return super().reopen(index, registration)
 
     # ------------------------------------------------------------------ batches
-    def _bundle(self, timeout: float) -> Any:
-        """The next bundle of an opened slot (held ones first); one of a slot not opened yet
-        is held (:meth:`.slots.StreamSlots.admit`). Raises TimeoutError after ``timeout`` s."""
-        b = self.slots.held()
-        if b is not None:
-            return b
-        deadline = time.monotonic() + timeout
-        while True:
-            b = self.r.get_bundle(timeout=max(0.0, deadline - time.monotonic()))
-            if self.slots.admit(b):
-                return b
-
     def _take(self, timeout: float) -> tuple[int, Any]:
-        """One batch ``(worker, nest)``: the rest of the current bundle, else of the next one."""
+        """One batch ``(worker, nest)``: the rest of the current bundle, else of the next one
+        (:meth:`~csrun_runtime.streams.StreamMerge.next_bundle`). Raises TimeoutError after
+        ``timeout`` s."""
         if self._batches is not None:
             nest = next(self._batches, None)
             if nest is not None:
                 return self._worker, nest
             self._batches = None
-        b = self._bundle(timeout)
+        b = self.next_bundle(timeout)
         if b.n == 0:  # an unstacked message: one batch
             return b.worker, b.nest
         self._batches, self._worker = b.batches(), b.worker
@@ -236,9 +153,10 @@ class RemoteSource:
 
     def next(self) -> tuple[Any, int]:
         """The next batch and its worker; ``(None, -1)`` once a stop signal was recorded.
-        Raises :class:`InputStalled` after ``runconfig.worker_start_timeout_secs`` seconds
-        without a first batch, or ``runconfig.input_timeout_secs`` without a later one, and
-        :class:`WorkerFailed` (from :meth:`poll`)."""
+        Raises :class:`~csrun_runtime.streams.InputStalled` after
+        ``runconfig.worker_start_timeout_secs`` seconds without a first batch, or
+        ``runconfig.input_timeout_secs`` without a later one, or naming a worker whose pipeline
+        failed, and :class:`WorkerFailed` (from :meth:`poll`)."""
         limit = float(self.rc["input_timeout_secs"] if self.t_first is not None
                       else self.rc["worker_start_timeout_secs"])
         t0 = time.monotonic()
@@ -256,24 +174,17 @@ class RemoteSource:
             if self.t_first is None:
                 self.t_first = time.monotonic()
                 log.info("first batch from input worker %d after %.2f s", worker, self.t_first - self.t0)
-            self.handed[worker] = self.handed.get(worker, 0) + 1
+            self.counts[worker] = self.counts.get(worker, 0) + 1
             return nest, worker
 
-    def describe(self) -> dict[str, Any]:
-        """For performance.json: batches and nodes per worker, the data plane's counts
-        (bytes, bundles, errors, stale messages) and the watch's ``workers_lost``,
-        ``workers_replaced`` and ``workers_given_up`` (times: Unix seconds)."""
+    # ------------------------------------------------------------------ the record
+    def _worker_nodes(self) -> dict[str, Any]:
+        return {str(i): self.nodes.get(i) or c.get("host") for i, c in self.r.counts().items()}
+
+    def _describe_plane(self) -> dict[str, Any]:
         counts = self.r.counts()
-        return {"batches_per_worker": {str(i): self.handed.get(i, 0) for i in range(self.w)},
-                "worker_nodes": {str(i): self.nodes.get(i) or c.get("host") for i, c in counts.items()},
-                "workers_paused": sorted(self.paused),
-                "input": "input workers over the data plane (zmq)",
+        return {"input": "input workers over the data plane (zmq)",
                 "data_plane": {"endpoint": self.endpoint,
                                "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
-                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())},
-                **self.watch.describe()}
-
-    def close(self) -> None:
-        """Close the receiver: the workers' next send fails and they wait for ``done.json``."""
-        self.r.close()
+                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())}}

@@ -143,7 +143,7 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
-        "loop", "input_backend")
+        "loop", "input_backend", "streams")
 
 
 def _imported_at_import(modules: list[str]) -> set[str]:
