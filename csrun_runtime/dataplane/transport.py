@@ -242,6 +242,16 @@ class Sender:
         self.batches_sent += n
         self.bytes_sent += nbytes
 
+    def paused(self, timeout: float = 0.0) -> bool:
+        """Whether the receiver has paused this sender, after handling the control messages that
+        arrive within ``timeout`` seconds (it returns as soon as a pause is seen). A pause is
+        asynchronous: a send that began before its message arrived goes out."""
+        deadline = time.monotonic() + timeout
+        self._drain(0)
+        while not self._paused and time.monotonic() < deadline:
+            self._drain(_ms(deadline))
+        return self._paused
+
     def close(self, timeout: float = 10.0) -> bool:
         """Send the pending batches and the end of stream, wait up to ``timeout`` seconds for
         the receiver to confirm it, and close. Returns whether it confirmed (False: the

@@ -89,7 +89,8 @@ def test_the_remote_source_opens_holds_pauses_and_resumes_streams(tmp_path):
         assert all(src.r.counts().get(i, {}).get("paused") for i in (1, 2)), src.r.counts()
         for f in firsts:
             f.result(timeout=5)
-        # the pause reached worker 1: it sends no more
+        # the pause reached worker 1 (asynchronously: wait for its message): it sends no more
+        assert _POOL.submit(senders[1].paused, 5.0).result(timeout=10)
         assert "paused by the receiver" in _refused(src, _send(senders[1], 1.0, timeout=0.5))
         src.add_stream(1, src.endpoint, {"node": "node3"})
         assert src.n == 2 and src.streaming() == {0, 1} and src.registry[1] == {"node": "node3"}
@@ -100,6 +101,7 @@ def test_the_remote_source_opens_holds_pauses_and_resumes_streams(tmp_path):
         sent.result(timeout=5)
         src.pause(1)
         assert src.streaming() == {0} and src.paused == {1}
+        assert _POOL.submit(senders[1].paused, 5.0).result(timeout=10)
         assert "paused by the receiver" in _refused(src, _send(senders[1], 1.0, timeout=0.5))
         src.resume(1)
         sent = _send(senders[1], 1.0)
