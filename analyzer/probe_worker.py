@@ -452,10 +452,26 @@ def _drop(counter: Any, servers: Any) -> None:
     threading.Thread(target=drop, daemon=True).start()
 
 
+def _map_nest(fn: Any, nest: Any) -> Any:
+    import tensorflow as tf  # loaded already: the nest holds tensors
+
+    return tf.nest.map_structure(lambda t: None if t is None else fn(t), nest)
+
+
+def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
+    """Register ``ds`` with the dispatcher at ``address`` as the runtime's input workers do:
+    bundled by :func:`csrun_runtime.service.plan_bundle` (``input_bundle: auto``), each service
+    element counted in ``counter[0]``, no compression. Returns the batches per element."""
+    plan = service.plan_bundle(ds.element_spec, "auto")
+    service.register_stream(address, ds, plan, counter)
+    return plan.bundle
+
+
 class SourceCounter(Counter):
     """A :class:`Counter` over the runtime's chief-side batch source
     (:class:`csrun_runtime.service.ServiceSource`: one reader thread per worker stream and
-    a merge queue, exactly the chief's ingest path)."""
+    a merge queue, the workers' elements bundled as the runtime's: exactly the chief's ingest
+    path)."""
 
     def __init__(self, source: service.ServiceSource, timeout_s: float = 60.0):
         import tensorflow as tf  # loaded already: the source reads tf.data service streams
@@ -465,9 +481,14 @@ class SourceCounter(Counter):
         self.samples = self.batches = self.bytes = 0
 
     def step(self) -> None:
-        """Take the next element of the merged stream and count it."""
-        _, el = self.source.get(self.timeout_s)
-        self.count(el)
+        """Take the rest of the element being handed out (a chunk, as the training loop takes
+        it: no Python per batch of a bundle) and count its batches."""
+        chunk = self.source.get_chunk(1 << 30, self.timeout_s)
+        a = chunk.offset
+        s, b = self.built.measure(_map_nest(lambda t: t[a], chunk.batches))  # one batch of it
+        self.samples += s * chunk.steps
+        self.batches += chunk.steps
+        self.bytes += b * chunk.steps
 
 
 class IdleCounter:
@@ -521,7 +542,9 @@ def _ingest_role(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir:
             time.sleep(POLL_S)
         rdv = rendezvous.Rendezvous(workdir / "ingest", f"probe{seq}")
         rdv.reset()
-        source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname()} for i in range(tasks - 1)})
+        bundles = [int(json.loads(r.read_text()).get("bundle") or 1) for r in regs]
+        source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "bundle": bundles[i]}
+                                                        for i in range(tasks - 1)})
         return SourceCounter(source), (servers, source)
     while not addr_file.exists():
         if time.monotonic() > deadline:
@@ -532,11 +555,10 @@ def _ingest_role(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir:
     ds = ds.take(max(1, cache_elements)).cache().repeat() if cached else ds.repeat()
     local = None if cached or local_s[1] <= 0 else _local_cost(ds, *local_s)
     counter = [0]
-    ds = service.count_elements(ds, counter)
     worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address=f"{host}:%port%",
                                                port=0, protocol="grpc", heartbeat_interval_ms=1000))
-    svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None, dataset_id=service.DATASET_ID)
-    write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid()})
+    bundle = _serve_bundled(address, ds, counter)
+    write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid(), "bundle": bundle})
     return IdleCounter(local[0] if local else None), (worker, counter, local)
 
 
@@ -572,21 +594,19 @@ def _ingest_counter(entry: ProbedPipeline, cpus: int, cache_elements: int, workd
     svc = tf.data.experimental.service
     servers, ports = service.start_dispatchers(streams)
     addresses = [f"localhost:{p}" for p in ports]
-    workers, counters = [], []
+    workers, counters, bundles = [], [], []
     for address in addresses:
         ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
         counter = [0]
         counters.append(counter)
-        ds = service.count_elements(ds, counter)
         workers.append(svc.WorkerServer(svc.WorkerConfig(
             dispatcher_address=address, worker_address="localhost:%port%", port=0, protocol="grpc",
             heartbeat_interval_ms=1000)))
-        svc.register_dataset(service=f"grpc://{address}", dataset=ds, compression=None,
-                             dataset_id=service.DATASET_ID)
+        bundles.append(_serve_bundled(address, ds, counter))
     rdv = rendezvous.Rendezvous(workdir / "ingest", f"probe{os.getpid()}_{time.time_ns()}")
     rdv.reset()
-    source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "pid": os.getpid()}
-                                                    for i in range(streams)})
+    source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "pid": os.getpid(),
+                                                        "bundle": bundles[i]} for i in range(streams)})
     return SourceCounter(source), (servers, workers, source, counters)
 
 
