@@ -452,12 +452,6 @@ def _drop(counter: Any, servers: Any) -> None:
     threading.Thread(target=drop, daemon=True).start()
 
 
-def _map_nest(fn: Any, nest: Any) -> Any:
-    import tensorflow as tf  # loaded already: the nest holds tensors
-
-    return tf.nest.map_structure(lambda t: None if t is None else fn(t), nest)
-
-
 def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
     """Register ``ds`` with the dispatcher at ``address`` as the runtime's input workers do:
     bundled by :func:`csrun_runtime.service.plan_bundle` (``input_bundle: auto``), each service
@@ -485,7 +479,7 @@ class SourceCounter(Counter):
         it: no Python per batch of a bundle) and count its batches."""
         chunk = self.source.get_chunk(1 << 30, self.timeout_s)
         a = chunk.offset
-        s, b = self.built.measure(_map_nest(lambda t: t[a], chunk.batches))  # one batch of it
+        s, b = self.built.measure(service._map(lambda t: t[a], chunk.batches))  # one batch of it
         self.samples += s * chunk.steps
         self.batches += chunk.steps
         self.bytes += b * chunk.steps
