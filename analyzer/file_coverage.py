@@ -5,7 +5,7 @@ The step runs one process (``python -m analyzer.file_coverage``, the interpreter
 user's run.py) on the machine running the analyzer. That process loads run.py in capture mode
 (:func:`csrun_runtime.capture.load_entry`: the user edits nothing), builds the training input
 as input workers 0 and 1 of 2 would and as one unsharded worker, and reads back the files each
-lists (:func:`csrun_runtime.coverage.check_file_coverage`; names only, no record is read); a
+lists (:func:`csrun_runtime.tensorflow.coverage.check_file_coverage`; names only, no record is read); a
 PyTorch run.py's DataLoaders are iterated for one pass each while the files they open are
 recorded (:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`).
 Files read by both workers while others are read by none are a warning with the fix (exit 0),
@@ -78,7 +78,7 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
 def _task(run_py: str, argv: list[str]) -> dict[str, Any]:
     # The task's process only (TensorFlow runs there), never the analyzer's.
     from csrun_runtime.capture import load_entry
-    from csrun_runtime.coverage import check_file_coverage
+    from csrun_runtime.tensorflow.coverage import check_file_coverage
 
     entry = load_entry(run_py, argv)
     if entry.framework == "pytorch":  # the DataLoader watched while it reads (no TensorFlow)

@@ -70,17 +70,12 @@ import psutil
 from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.env import PROBE_INDEX, PROBE_PARENT
-from csrun_runtime import contract, rendezvous, service
+from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
-from csrun_runtime.input_backend import (
-    BuiltInput,
-    InputBackend,
-    InputBuildError,
-    TFInputBackend,
-    samples_in,
-    tf_passes,
-)
-from csrun_runtime.input_backend import tf_samples_and_bytes as samples_and_bytes
+from csrun_runtime.input_backend import BuiltInput, InputBackend, InputBuildError, samples_in
+from csrun_runtime.tensorflow import contract, service
+from csrun_runtime.tensorflow.input_backend import TFInputBackend, tf_passes
+from csrun_runtime.tensorflow.input_backend import tf_samples_and_bytes as samples_and_bytes
 
 __all__ = ["pin_all_threads", "cpus_for", "probe_cpus", "samples_in", "samples_and_bytes", "ProbedPipeline",
            "backend_for", "Counter", "run_probe", "serve", "main"]
@@ -163,7 +158,7 @@ class Stepper(Protocol):
 
 
 class ContractViolation(RuntimeError):
-    """input_fn broke the runtime's contract (the message is csrun_runtime.contract's)."""
+    """input_fn broke the runtime's contract (the message is csrun_runtime.tensorflow.contract's)."""
 
 
 class InvalidPoint(RuntimeError):
@@ -173,7 +168,7 @@ class InvalidPoint(RuntimeError):
 
 def backend_for(entry: Any) -> InputBackend:
     """The input backend of a captured run.py (:class:`csrun_runtime.capture.CapturedRun`: its
-    ``framework``, ``input_fn`` and ``params``): :class:`csrun_runtime.input_backend.TFInputBackend`
+    ``framework``, ``input_fn`` and ``params``): :class:`csrun_runtime.tensorflow.input_backend.TFInputBackend`
     or :class:`csrun_runtime.pytorch.input_backend.TorchInputBackend` (torch's side imported only
     then). Raises ``ValueError`` for another framework."""
     fw = getattr(entry, "framework", "tensorflow")
@@ -206,12 +201,12 @@ class ProbedPipeline:
 
 def build_dataset(entry: ProbedPipeline, cpus_per_task: int) -> Any:
     """``input_fn(params)`` (a ``tf.data.Dataset``) checked against the runtime's contract
-    (:func:`csrun_runtime.contract.check_dataset`), held to ``cpus_per_task`` cores as
-    the runtime holds its input workers (:func:`csrun_runtime.service.limit_threads`).
+    (:func:`csrun_runtime.tensorflow.contract.check_dataset`), held to ``cpus_per_task`` cores as
+    the runtime holds its input workers (:func:`csrun_runtime.tensorflow.service.limit_threads`).
 
     Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
     """
-    # as an input worker builds it: TF_CONFIG of one worker, its seeds (csrun_runtime.pipeline)
+    # as an input worker builds it: TF_CONFIG of one worker, its seeds (csrun_runtime.tensorflow.pipeline)
     if not isinstance(entry.backend, TFInputBackend):
         raise ContractViolation("the chief's ingest probes measure tf.data service: TensorFlow only")
     try:
@@ -454,7 +449,7 @@ def _drop(counter: Any, servers: Any) -> None:
 
 def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
     """Register ``ds`` with the dispatcher at ``address`` as the runtime's input workers do:
-    bundled by :func:`csrun_runtime.service.plan_bundle` (``input_bundle: auto``), each service
+    bundled by :func:`csrun_runtime.tensorflow.service.plan_bundle` (``input_bundle: auto``), each service
     element counted in ``counter[0]``, no compression. Returns the batches per element."""
     plan = service.plan_bundle(ds.element_spec, "auto")
     service.register_stream(address, ds, plan, counter)
@@ -463,7 +458,7 @@ def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
 
 class SourceCounter(Counter):
     """A :class:`Counter` over the runtime's chief-side batch source
-    (:class:`csrun_runtime.service.ServiceSource`: one reader thread per worker stream and
+    (:class:`csrun_runtime.tensorflow.service.ServiceSource`: one reader thread per worker stream and
     a merge queue, the workers' elements bundled as the runtime's: exactly the chief's ingest
     path)."""
 
@@ -504,11 +499,11 @@ def _ingest_role(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir:
                  local_s: tuple[float, float] = (0.0, 0.0), apart: bool = False):
     """One process of a multi-process ingest or served probe: the runtime's chief/worker
     split with a cached pipeline (``cached``) or the real one. Process 0 is the chief: one dispatcher per worker
-    (:func:`csrun_runtime.service.start_dispatchers`), the addresses in
-    ``<workdir>/ingest_<seq>.json``, and :class:`csrun_runtime.service.ServiceSource` reading
+    (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), the addresses in
+    ``<workdir>/ingest_<seq>.json``, and :class:`csrun_runtime.tensorflow.service.ServiceSource` reading
     the streams. Processes 1..T-1 are input workers: a ``WorkerServer`` attached to their
     dispatcher serving the first ``cache_elements`` elements of the pipeline from a cache,
-    wrapped and registered as :func:`csrun_runtime.worker.run_worker` does (with
+    wrapped and registered as :func:`csrun_runtime.tensorflow.worker.run_worker` does (with
     ``cached=False``: the whole pipeline, repeated at its end; before it registers, the
     worker iterates the same pipeline in-process for ``local_s = (warm-up, window)``
     seconds while the chief waits, and keeps its CPU-seconds per sample as
@@ -577,10 +572,10 @@ def _local_cost(ds: Any, warmup_s: float, measure_s: float) -> tuple[float, Any]
 
 def _ingest_counter(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir: Path, streams: int = 2):
     """The chief's ingest path on cached elements: ``streams`` tf.data service dispatchers
-    (:func:`csrun_runtime.service.start_dispatchers`), each with a worker in this process
+    (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), each with a worker in this process
     serving the first ``cache_elements`` elements of the pipeline from a cache, wrapped and
     registered as the runtime's input workers do (``count_elements``, ``compression=None``),
-    and read by :class:`csrun_runtime.service.ServiceSource` (a reader thread per stream
+    and read by :class:`csrun_runtime.tensorflow.service.ServiceSource` (a reader thread per stream
     and a merge queue). Its CPU-seconds per sample are the cost of the service hop on both
     ends. Returns the counter and what must stay referenced."""
     import tensorflow as tf  # loaded already by the pipeline's module

@@ -4,13 +4,13 @@ The task that ``cs_input_analyzer verify`` launches with ``csrun_wse`` on every 
 recommended layout. Per role (:func:`csrun_common.roles.resolve_role`, docs/CONTRACT.md):
 
 * an **input worker** runs exactly what a training job's worker runs:
-  :func:`csrun_runtime.worker.run_worker` (its own ``input_fn(params_i)`` behind a
+  :func:`csrun_runtime.tensorflow.worker.run_worker` (its own ``input_fn(params_i)`` behind a
   tf.data service worker) until the chief is done;
 * the **chief** sets up what the runtime's chief sets up for training — the rendezvous, one
   dispatcher per input worker, the wait for their registrations
-  (:class:`csrun_runtime.chief.Chief`) and the merged stream
-  (:class:`csrun_runtime.service.ServiceSource`), or the in-process pipeline
-  (:class:`csrun_runtime.service.LocalSource`, its pipeline held to the task's
+  (:class:`csrun_runtime.tensorflow.chief.Chief`) and the merged stream
+  (:class:`csrun_runtime.tensorflow.service.ServiceSource`), or the in-process pipeline
+  (:class:`csrun_runtime.tensorflow.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
   ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``) it splits its CPUs and starts
   input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`) —
@@ -45,16 +45,16 @@ import psutil
 
 from csrun_common.atomic import write_json
 from csrun_common.roles import Role, RoleError
-
-# runner: imported as a launched task's run.py imports it (TensorFlow's start-up lines quieted,
-# the stop signals caught before it loads)
-from csrun_runtime import runner, service  # noqa: F401
 from csrun_runtime.capture import CapturedRun, load_entry
-from csrun_runtime.chief import Chief
 from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_params
 from csrun_runtime.rendezvous import Heartbeat, Rendezvous
 from csrun_runtime.task import begin, process_start_time
-from csrun_runtime.worker import run_worker
+
+# runner: imported as a launched task's run.py imports it (TensorFlow's start-up lines quieted,
+# the stop signals caught before it loads)
+from csrun_runtime.tensorflow import runner, service  # noqa: F401
+from csrun_runtime.tensorflow.chief import Chief
+from csrun_runtime.tensorflow.worker import run_worker
 
 from .probe_worker import host_busy_seconds, samples_in
 
@@ -107,7 +107,7 @@ def drain(source: Any, warmup_s: float, seconds: float,
           first_timeout: float, timeout: float, t_proc: float,
           local_pids: list[int] | None = None, samples_of: Callable[[Any], int] = _samples) -> dict[str, Any]:
     """Drain ``source`` (``get(timeout) -> (worker, (features, labels))``, e.g.
-    :class:`csrun_runtime.service.ServiceSource`): the first batch,
+    :class:`csrun_runtime.tensorflow.service.ServiceSource`): the first batch,
     ``warmup_s`` seconds, then a ``seconds`` window. Returns the measured figures (see the
     module docstring; rates in samples/s). ``local_pids``: input-worker processes on this
     host; their CPU use is reported (``job_cpu_cores``) with the rest of the host's
@@ -269,7 +269,7 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
 
 def _rendezvous(chief: Chief, role: Role) -> Rendezvous:
     """The rendezvous the runtime's chief sets up before training (reset, with its heartbeat),
-    given to ``chief`` for :meth:`csrun_runtime.chief.Chief.wait_workers`."""
+    given to ``chief`` for :meth:`csrun_runtime.tensorflow.chief.Chief.wait_workers`."""
     key = role.rendezvous_key
     if key is None:  # resolve_role already requires SLURM_JOB_ID when there are input workers
         raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0")

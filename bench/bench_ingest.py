@@ -6,11 +6,11 @@ Four parts, each in its own child processes (``python bench/bench_ingest.py --RO
 1. **Ingest ceiling** (``ceiling``). ``k`` = 1, 2, 4, 8, 16 input-worker processes each
    serve a *cached* batch (``take(1).cache().repeat()`` of one batch of 64 samples: nearly
    free to produce) of 16 KiB, 256 KiB and 4 MiB through csrun's runtime path — one
-   dispatcher per worker (:func:`csrun_runtime.service.start_dispatchers`), each worker's
-   ``WorkerServer`` (:func:`csrun_runtime.service.start_worker_server`) serving the dataset
-   registered by :func:`csrun_runtime.service.register_stream` (the input worker's
+   dispatcher per worker (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), each worker's
+   ``WorkerServer`` (:func:`csrun_runtime.tensorflow.service.start_worker_server`) serving the dataset
+   registered by :func:`csrun_runtime.tensorflow.service.register_stream` (the input worker's
    registration step, bundling included), the chief draining
-   :class:`csrun_runtime.service.ServiceSource` with ``get_chunk`` as its training loop does.
+   :class:`csrun_runtime.tensorflow.service.ServiceSource` with ``get_chunk`` as its training loop does.
    Side by side, in rotating order within each repetition and in the same chief process:
 
    * ``service``: the runtime's default (``input_bundle: auto``);
@@ -32,7 +32,7 @@ Four parts, each in its own child processes (``python bench/bench_ingest.py --RO
    one Python loop) instead of the Python-thread merge.
 3. **Training loop** (``loop``): the digits model (``examples/digits``), XLA as the runtime's
    ``jit_compile: auto`` gives it: microseconds per step of ``train_on_batch`` (the loop
-   before), of :class:`csrun_runtime.steps.TrainSteps` on chunks of one bundle, of the floor
+   before), of :class:`csrun_runtime.tensorflow.steps.TrainSteps` on chunks of one bundle, of the floor
    (one call of 256 steps), and of the whole :class:`csrun_runtime.loop.TrainingDriver`
    (digits' runconfig cadence: logs every 50 steps) on a free in-process source. Per-step
    overhead = loop − floor, as a fraction of the loop's own step and of the step time at the
@@ -68,10 +68,11 @@ import psutil
 from csrun_common import atomic
 from csrun_common.env import ADVERTISE_HOST, TaskEnv
 from csrun_common.roles import resolve_role
-from csrun_runtime import chief as chief_mod
-from csrun_runtime import rendezvous, service, training
+from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import resolve_params
+from csrun_runtime.tensorflow import chief as chief_mod
+from csrun_runtime.tensorflow import service, training
 from launcher.slurm import stop_process_group
 
 REPO = common.REPO
@@ -153,7 +154,7 @@ def _window(step: Callable[[], int], warmup_s: float, window_s: float, pids: lis
 def child_worker(spec: dict) -> None:
     """An input worker of the ceiling: a WorkerServer on its dispatcher serving, for every
     size and worker variant, the cached batch registered by the runtime's registration step
-    (:func:`csrun_runtime.service.register_stream`), then idle until ``done.json``."""
+    (:func:`csrun_runtime.tensorflow.service.register_stream`), then idle until ``done.json``."""
 
     rdv = rendezvous.Rendezvous(spec["rdv_dir"], spec["key"])
     i = spec["index"]
@@ -382,7 +383,7 @@ def reap(procs: list[subprocess.Popen], timeout: float) -> None:
 
 # =========================================================================== ceiling: the chief
 def _variant_source(reader: str) -> type:
-    """A :class:`csrun_runtime.service.ServiceSource` whose streams are opened another way
+    """A :class:`csrun_runtime.tensorflow.service.ServiceSource` whose streams are opened another way
     (the hop study's chief-side variants); the merge, counts and watchdog are the runtime's."""
 
     class VariantSource(service.ServiceSource):

@@ -1,7 +1,8 @@
 """Benchmark: log lines of the main job that are not csrun's — TensorFlow's C++ start-up and
 server lines — with csrun_wse's default (``TF_CPP_MIN_LOG_LEVEL=1`` exported to every task:
 no INFO, warnings and errors kept; the runtime's quiet import of TensorFlow drops the two
-start-up lines no log level hides, csrun_runtime/quiet.py) against ``--verbose`` (``TF_CPP_MIN_LOG_LEVEL=0``, every
+start-up lines no log level hides,
+csrun_runtime/tensorflow/quiet.py) against ``--verbose`` (``TF_CPP_MIN_LOG_LEVEL=0``, every
 line: what the tasks printed before, since the digits run.py imports TensorFlow before the
 runtime could set a level).
 

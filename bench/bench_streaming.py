@@ -7,12 +7,12 @@ DataLoaders in-process (:mod:`streaming_pt`), in the same run.
 runtime — exactly its training path, as local processes on this host:
 
 * the chief process starts one tf.data service dispatcher per worker
-  (:func:`csrun_runtime.service.start_dispatchers`), publishes them in a rendezvous
+  (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), publishes them in a rendezvous
   directory (:class:`csrun_runtime.rendezvous.Rendezvous`) and, once every worker has
-  registered, reads the merged stream with :class:`csrun_runtime.service.ServiceSource`
+  registered, reads the merged stream with :class:`csrun_runtime.tensorflow.service.ServiceSource`
   (``from_dataset_id``/``distribute``, ``parallel_epochs``, no compression: one reader thread
   per worker); after a warm-up it counts samples over a fixed window;
-* each worker process runs :func:`csrun_runtime.worker.run_worker` — the very function
+* each worker process runs :func:`csrun_runtime.tensorflow.worker.run_worker` — the very function
   an input-worker task of ``csrun_wse`` runs — with the role an srun task would get
   (``CSRUN_ROLE=worker``, ``CSRUN_CPUS_PER_TASK=C``): its own ``input_fn(params_i)`` behind a
   WorkerServer.
@@ -28,7 +28,7 @@ Figures per pipeline and ``k``: medians and IQRs over ``repeats`` repetitions (t
 service, data plane and standalone rotated each time) of the delivered and the
 concurrent-standalone rates (samples/s), ``efficiency`` = median delivered through the
 service / median standalone sum, ``efficiency_dataplane`` the same through the data plane
-(the chief's :class:`csrun_runtime.dataplane_source.DataplaneSource`, bundles converted to
+(the chief's :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource`, bundles converted to
 tensors as for training), ``dataplane_vs_service``, and ``paired`` (per-repetition ratios).
 
 The processes are this script: ``python bench/bench_streaming.py --chief|--worker|--standalone SPEC``.
@@ -51,10 +51,11 @@ from analyzer.probe_worker import samples_in
 from csrun_common import atomic
 from csrun_common.env import ADVERTISE_HOST, TaskEnv
 from csrun_common.roles import resolve_role
-from csrun_runtime import contract, dataplane_source, rendezvous, service
+from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import resolve_params
-from csrun_runtime.worker import run_worker
+from csrun_runtime.tensorflow import contract, dataplane_source, service
+from csrun_runtime.tensorflow.worker import run_worker
 from launcher.slurm import stop_process_group
 
 REPO = common.REPO
@@ -106,7 +107,7 @@ def child_standalone(spec: dict) -> None:
 
 
 def child_worker(spec: dict) -> None:
-    """An input-worker task: :func:`csrun_runtime.worker.run_worker` with the srun
+    """An input-worker task: :func:`csrun_runtime.tensorflow.worker.run_worker` with the srun
     environment of worker ``index`` of ``num_workers``."""
     os.environ.update(TaskEnv("worker", 1, 0, 0, spec["num_workers"], spec["num_workers"] + 1,
                               spec["cpus"]).encode())
@@ -266,7 +267,7 @@ def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, wo
                     timeout_s: float = 240.0, transport: str = "service") -> float:
     """Delivered samples/s at the chief from ``k`` input workers (see the module docstring),
     through ``transport``: ``service`` (tf.data service) or ``dataplane`` (csrun's data plane,
-    :mod:`csrun_runtime.dataplane_source`)."""
+    :mod:`csrun_runtime.tensorflow.dataplane_source`)."""
     wd, base = _measurement(pipeline, k, warmup_s, measure_s, workdir, tag)
     base.update(job_id=f"bench{os.getpid()}{tag}", start_timeout_s=timeout_s * 0.6, transport=transport)
     with _Procs(wd) as procs:

@@ -109,7 +109,7 @@ _ROLES = "csrun_common.roles.resolve_role"
 
 ROLE = Var("CSRUN_ROLE", "chief | single-task | worker | chief-input", "task",
            _CW + "; the chief for its own input worker (csrun_runtime.chief_input)",
-           _ROLES + "; its presence marks a launched task (csrun_runtime.quiet, csrun_runtime.supervise)",
+           _ROLES + "; its presence marks a launched task (csrun_runtime.tensorflow.quiet, csrun_runtime.supervise)",
            "the role of the task's het component (docs/CONTRACT.md)")
 HET_GROUP = Var("CSRUN_HET_GROUP", "int >= 0", "task", _CW, _ROLES, "the het group (component) of the task")
 TASK_OFFSET = Var("CSRUN_TASK_OFFSET", "int >= 0", "task", _CW + "; csrun_runtime.chief_input", _ROLES,
@@ -146,7 +146,8 @@ REQUEUE_COUNT = Var("CSRUN_REQUEUE_COUNT", "int >= 0", "job", "csrun_wse (launch
 WORKER_INDEX = Var("CSRUN_WORKER_INDEX", "int >= 0", "runtime", "csrun_runtime.supervise (Adopter)", _ROLES,
                    "the input-worker index of a worker adopted after its node was lost (replaces the task's own)")
 WORKER_ATTEMPT = Var("CSRUN_WORKER_ATTEMPT", "int >= 0", "runtime", "csrun_runtime.supervise",
-                     "csrun_runtime.worker", "how many times this input worker died before (0: the first start)")
+                     "csrun_runtime.tensorflow.worker",
+                     "how many times this input worker died before (0: the first start)")
 SUPERVISOR_STATE = Var("CSRUN_SUPERVISOR_STATE", "path", "runtime", "csrun_runtime.supervise",
                        "csrun_runtime.elastic.tell_supervisor", "file where a worker tells its supervisor its "
                        "rendezvous directory and index")
@@ -155,7 +156,7 @@ PIN_CPUS = Var("CSRUN_PIN_CPUS", "CPU ids, comma-separated", "runtime", "csrun_r
 NICE = Var("CSRUN_NICE", "int", "runtime", "csrun_runtime.chief_input.worker_env",
            "csrun_runtime.chief_input.apply_placement", "niceness added to the chief's input worker")
 CONFIG = Var("CSRUN_CONFIG", "path", "user", "the user", "launcher.config", "the site config file to read first")
-VERBOSE = Var("CSRUN_VERBOSE", "1 | true | yes", "user", "the user", "launcher.resolve, csrun_runtime.quiet",
+VERBOSE = Var("CSRUN_VERBOSE", "1 | true | yes", "user", "the user", "launcher.resolve, csrun_runtime.tensorflow.quiet",
               "let the tasks print every TensorFlow C++ log line (as --verbose)")
 NO_PATH_CHECKS = Var("CSRUN_NO_PATH_CHECKS", "1 | true | yes", "user", "the user", "launcher.cli (click envvar)",
                      "skip the path checks of every launch (as --no-path-checks)")

@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
     which ``csrun_runtime.pytorch`` (a subpackage, so this file runs first) must not do.
     ``from csrun_runtime import run`` imports it at once, as before."""
     if name == "run":
-        from .runner import run
+        from .tensorflow.runner import run
 
         return run
     if name in ("load_entry", "CapturedRun"):

@@ -1,6 +1,6 @@
 """model_dir artifacts ("Weight Streaming Quickstart"): performance/performance.json, params YAML, reports.
 
-Pure Python; the checkpoint and TensorBoard helpers live in :mod:`csrun_runtime.runner`
+Pure Python; the checkpoint and TensorBoard helpers live in :mod:`csrun_runtime.tensorflow.runner`
 (they need TensorFlow).
 
 Layout written by the runtime::

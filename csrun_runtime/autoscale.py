@@ -2,7 +2,7 @@
 it reads from, within the slots Slurm placed (docs/AUTOSCALE.md).
 
 Every input-worker task of the allocation is a slot: it builds its dataset and registers it
-with its own dispatcher as always (:mod:`csrun_runtime.worker`). A tf.data service worker
+with its own dispatcher as always (:mod:`csrun_runtime.tensorflow.worker`). A tf.data service worker
 produces only for a consumer, so a slot whose stream the chief has not opened costs nothing
 but its idle process. The chief opens the streams of slots ``0 .. initial-1``; every
 ``window`` seconds of training (input wait + compute, evaluations excluded) it measures
@@ -33,8 +33,8 @@ Rules (:func:`decide`), with ``HIGH_WAIT`` = 0.10 and ``LOW_WAIT`` = 0.02:
   removal was undone at (a removal that made training wait is not tried again).
 - otherwise hold.
 
-Pure Python except the source it drives (a :class:`csrun_runtime.service.ServiceSource`, or
-on the data plane a :class:`csrun_runtime.dataplane_source.DataplaneSource`).
+Pure Python except the source it drives (a :class:`csrun_runtime.tensorflow.service.ServiceSource`, or
+on the data plane a :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource`).
 """
 from __future__ import annotations
 
@@ -154,8 +154,8 @@ def decide(spec: AutoscaleSpec, window: Window, workers: int, floor: int = 0,
 
 
 class Autoscaler:
-    """The chief's autoscaler over a :class:`csrun_runtime.service.ServiceSource` or a
-    :class:`csrun_runtime.dataplane_source.DataplaneSource` (the same stream API).
+    """The chief's autoscaler over a :class:`csrun_runtime.tensorflow.service.ServiceSource` or a
+    :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` (the same stream API).
 
     Args:
         spec: the ``--autoscale`` bounds and policy.

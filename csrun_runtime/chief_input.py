@@ -6,7 +6,7 @@ With ``CSRUN_CHIEF_INPUT_CPUS=N`` the chief starts **input worker 0** as a separ
 its own Slurm task: the same command (``sys.orig_argv``) under
 ``python -m csrun_runtime.supervise``, with ``CSRUN_ROLE=chief-input``. It is an ordinary
 input worker of ``CSRUN_NUM_WORKERS`` (its shard, seed, ``TF_CONFIG`` index, dispatcher,
-replacement after a death: :mod:`csrun_runtime.worker`, :mod:`csrun_runtime.supervise`), so
+replacement after a death: :mod:`csrun_runtime.tensorflow.worker`, :mod:`csrun_runtime.supervise`), so
 the data is sharded over W+1 producers with no other change, and autoscale, which opens
 streams in index order and pauses the last one opened, uses it first and removes it last.
 

@@ -1,6 +1,6 @@
 """Do the input workers read each training file once, or every file each? Checked by building
-the pipeline as two input workers would (:func:`csrun_runtime.pipeline.build_worker_input`)
-and reading back the files each one lists (:func:`csrun_runtime.pipeline.pipeline_files`).
+the pipeline as two input workers would (:func:`csrun_runtime.tensorflow.pipeline.build_worker_input`)
+and reading back the files each one lists (:func:`csrun_runtime.tensorflow.pipeline.pipeline_files`).
 
 Sound layouts ("Performance Optimization Practices", "Shard your input data"; "Limitations of
 the CerebrasEstimator", "Multiple input workers"):
@@ -16,23 +16,19 @@ Anything else (files read by both workers while others are read by none, a worke
 files outside its plan entry) is a problem: :func:`coverage_report` makes it a warning, or a
 violation with ``strict`` (``--strict`` / ``runconfig.strict``). The whole set is what one
 worker of one reads (the pipeline unsharded). Limits: only files whose names flow through a
-tf.data dataset into a reader are seen (:func:`csrun_runtime.pipeline.pipeline_files`);
+tf.data dataset into a reader are seen (:func:`csrun_runtime.tensorflow.pipeline.pipeline_files`);
 without such a dataset the check says it could not tell.
 
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .pipeline import WorkerInput, build_worker_input, pipeline_files
-
-__all__ = ["Coverage", "check_file_coverage", "check_job_files", "coverage_report",
+__all__ = ["Coverage", "check_job_files", "coverage_report",
            "coverage_of_files", "FIX_SHARD", "FIX_SHARE", "FIX_PLAN"]
 
 #: the fix named when a pipeline that shards by the worker count shards a differently
@@ -53,7 +49,7 @@ FIX_PLAN = ("fix: read the plan's files through train_input.data_dir (csrun poin
 
 @dataclass
 class Coverage:
-    """Outcome of :func:`check_file_coverage`.
+    """Outcome of a file-coverage check (:func:`coverage_of_files`, a backend's check).
 
     Attributes:
         verdict: ``sharded``, ``replicated``, ``planned`` (sound); ``overlap`` (a problem);
@@ -143,11 +139,11 @@ def check_job_files(files: Mapping[int, list[str]], plan: Mapping[str, Any] | No
     paths, by worker index) against its plan entry, or against the whole set (``None``:
     the union of the workers' files, so only files read twice are found). Pure."""
     if plan is not None:
-        return _plan_coverage(files, plan)
+        return plan_coverage(files, plan)
     return coverage_of_files(files, list(all_files or []), shards)
 
 
-def _plan_coverage(files: Mapping[int, list[str]], plan: Mapping[str, Any]) -> Coverage:
+def plan_coverage(files: Mapping[int, list[str]], plan: Mapping[str, Any]) -> Coverage:
     entries = {int(w["index"]): {os.path.realpath(f) for f in w["files"]} for w in plan["workers"]}
     every = sorted(set().union(*entries.values()))
     cov = Coverage(verdict="planned", num_workers=int(plan["num_workers"]), files=dict(files),
@@ -163,56 +159,6 @@ def _plan_coverage(files: Mapping[int, list[str]], plan: Mapping[str, Any]) -> C
     if cov.problems:
         cov.verdict = "overlap"
     return cov
-
-
-def _built(input_fn: Callable[..., Any], params: Mapping[str, Any], index: int, num: int,
-           plan: Mapping[str, Any] | None, view_root: str) -> WorkerInput:
-    return build_worker_input(input_fn, params, index, num, plan, view_root=view_root)
-
-
-def check_file_coverage(input_fn: Callable[..., Any], params: Mapping[str, Any],
-                        plan: Mapping[str, Any] | None = None,
-                        built: Mapping[int, WorkerInput] | None = None) -> Coverage:
-    """Build the training input as input workers 0 and 1 (of 2, or of the plan's count) and
-    judge the files they read (see the module docstring).
-
-    Args:
-        input_fn: the training input function.
-        params: resolved params.
-        plan: a shard plan, or ``None``.
-        built: workers 0 and 1 already built with :func:`build_worker_input` for this check
-            (fresh: not iterated), to save building them again.
-
-    Returns:
-        :class:`Coverage`. Raises what ``input_fn`` raises.
-    """
-    num = int(plan["num_workers"]) if plan is not None else 2
-    if num < 2:
-        return Coverage(verdict="unknown", num_workers=num,
-                        note="one input worker: nothing to share")
-    root = tempfile.mkdtemp(prefix="csrun-coverage-")
-    try:
-        workers = dict(built or {})
-        for k in (0, 1):
-            if k not in workers:
-                workers[k] = _built(input_fn, params, k, num, plan, root)
-        files = {k: pipeline_files(w.dataset) for k, w in workers.items()}
-        if any(v is None for v in files.values()):
-            return Coverage(verdict="unknown", num_workers=num,
-                            note="could not tell which files input_fn reads (no dataset of file "
-                                 "names feeding a reader in its pipeline); not checked")
-        known = {k: list(v or []) for k, v in files.items()}
-        if plan is not None:
-            return _plan_coverage(known, plan)
-        whole = pipeline_files(_built(input_fn, params, 0, 1, None, root).dataset) or []
-        cov = coverage_of_files(known, whole, workers[0].shards_by_worker_count)
-        if workers[0].shards_by_worker_count:
-            cov.note = ("the pipeline shards by the input-worker count"
-                        + (" (file list shuffled with the job-wide train_input.file_list_seed)"
-                           if workers[0].file_list_job_wide else ""))
-        return cov
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def coverage_report(cov: Coverage, strict: bool, section: str = "train_input") -> tuple[list[str], list[str]]:

@@ -3,7 +3,7 @@
 An input worker's task keeps a replacement running after the worker's process dies
 (:mod:`csrun_runtime.supervise`: same command, same environment, so the same worker index,
 files and seed). :class:`WorkerWatch` is polled by the chief's
-:class:`csrun_runtime.service.ServiceSource` every :data:`csrun_runtime.rendezvous.HEARTBEAT_SECS`
+:class:`csrun_runtime.tensorflow.service.ServiceSource` every :data:`csrun_runtime.rendezvous.HEARTBEAT_SECS`
 seconds and
 
 - notices a loss from the supervisor's record ``workers/<i>.lost.json`` (written the moment the

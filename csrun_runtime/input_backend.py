@@ -3,10 +3,11 @@ CPUs, and iterate its batches counting samples (docs/ARCHITECTURE.md "Backends")
 
 One small protocol, :class:`InputBackend`, that both frameworks implement:
 
-- TensorFlow (:class:`TFInputBackend`, here): ``input_fn(params_i)`` exactly as an input worker
-  builds it (:func:`csrun_runtime.pipeline.build_worker_input`: per-worker params, TF_CONFIG,
-  seeds), checked against the contract (:func:`csrun_runtime.contract.check_dataset`) and held
-  to ``C`` cores (:func:`csrun_runtime.service.limit_threads`: a private threadpool of ``C``);
+- TensorFlow (:class:`csrun_runtime.tensorflow.input_backend.TFInputBackend`): ``input_fn(params_i)``
+  exactly as an input worker builds it (:func:`csrun_runtime.tensorflow.pipeline.build_worker_input`:
+  per-worker params, TF_CONFIG, seeds), checked against the contract
+  (:func:`csrun_runtime.tensorflow.contract.check_dataset`) and held to ``C`` cores
+  (:func:`csrun_runtime.tensorflow.service.limit_threads`: a private threadpool of ``C``);
 - PyTorch (:class:`csrun_runtime.pytorch.input_backend.TorchInputBackend`): the DataLoader as
   streamer ``i`` of ``W`` built by the input worker's own function
   (:func:`csrun_runtime.pytorch.worker.build_loader`), with ``train_input.num_workers`` (the
@@ -27,8 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["InputBackend", "BuiltInput", "InputBuildError", "TFInputBackend", "tf_passes",
-           "samples_in", "tf_samples_and_bytes"]
+__all__ = ["InputBackend", "BuiltInput", "InputBuildError", "samples_in"]
 
 
 class InputBuildError(ValueError):
@@ -79,55 +79,6 @@ class InputBackend(Protocol):
         ...
 
 
-class TFInputBackend:
-    """:class:`InputBackend` for a TensorFlow ``input_fn`` (see the module docstring).
-
-    ``input_fn``: ``input_fn(params) -> tf.data.Dataset``; ``params``: the resolved params
-    (:class:`csrun_runtime.capture.CapturedRun`'s, not per-worker: the worker's are derived).
-    """
-
-    framework = "tensorflow"
-
-    def __init__(self, input_fn: Callable[..., Any], params: dict[str, Any]):
-        self.input_fn, self.params = input_fn, params
-
-    def build(self, worker_index: int, num_workers: int, cpus: int, *,
-              dataloader_workers: int | None = None, prefetch_factor: int | None = None) -> BuiltInput:
-        """See :meth:`InputBackend.build`; the dataset of ``(features, labels)`` elements,
-        ``private_threadpool_size = cpus``. Raises :class:`InputBuildError` with the
-        contract's violations, or what ``input_fn`` raises."""
-        ds = self.dataset(worker_index, num_workers, cpus)
-        import tensorflow as tf
-
-        restarts = [0]
-        return BuiltInput(batches=tf_passes(ds, restarts), measure=lambda el: tf_samples_and_bytes(el, tf.nest.flatten),
-                          info={"framework": self.framework, "cpus": int(cpus)}, restarts=restarts)
-
-    def dataset(self, worker_index: int, num_workers: int, cpus: int) -> Any:
-        """The ``tf.data.Dataset`` :meth:`build` iterates (the ingest probes serve it).
-        Raises :class:`InputBuildError` with the contract's violations, or what ``input_fn``
-        raises."""
-        from . import contract, pipeline, service
-
-        ds = pipeline.build_worker_input(self.input_fn, self.params, worker_index, num_workers).dataset
-        rep = contract.check_dataset(ds, "train")
-        if rep.violations:
-            raise InputBuildError("; ".join(rep.violations))
-        return service.limit_threads(ds, cpus)
-
-
-def tf_passes(ds: Any, restarts: list[int]) -> Iterator[Any]:
-    """``ds``'s elements pass after pass; RuntimeError when 1000 passes yield nothing."""
-    got = 0
-    while True:
-        for el in ds:
-            got += 1
-            yield el
-        restarts[0] += 1
-        if got == 0 and restarts[0] > 1000:
-            raise RuntimeError("input_fn's dataset yields no element")
-
-
 def samples_in(flat: list) -> int:
     """Samples in one element given as its flattened tensors: the leading dimension of the
     first one (1 for a scalar, an unknown dimension or none)."""
@@ -135,16 +86,3 @@ def samples_in(flat: list) -> int:
         return 1
     shape = flat[0].shape
     return int(shape[0]) if len(shape) >= 1 and shape[0] is not None else 1
-
-
-def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
-    """``(samples, bytes)`` of one tf.data element (:func:`samples_in` and the summed size of
-    its tensors); ``flatten`` is ``tf.nest.flatten``."""
-    flat = flatten(element)
-    if not flat:
-        return 1, 0
-    nbytes = 0
-    for t in flat:
-        ne = t.shape.num_elements()
-        nbytes += (ne or 0) * (t.dtype.size or 1)
-    return samples_in(flat), nbytes

@@ -518,7 +518,7 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
         ``shuffle_seed`` (see the module docstring), ``base_shuffle_seed``,
         ``file_list_seed`` and, with a plan, ``data_files`` (the worker's files) and
         ``shard_plan_entry`` (its whole plan entry). ``data_dir`` is not changed here (the
-        plan's per-worker view is made by :func:`csrun_runtime.pipeline.build_worker_input`).
+        plan's per-worker view is made by :func:`csrun_runtime.tensorflow.pipeline.build_worker_input`).
 
     Raises:
         ValueError: ``worker_index`` outside ``[0, num_workers)``.

@@ -15,7 +15,7 @@ need to explicitly retrieve TF_CONFIG". The rules here make that work under csru
   by TF_CONFIG must read its whole share, not a W-th of it.
 - :func:`file_list_seed`: one seed for the whole job (the YAML's base seed, else one derived
   from the job id), which the runtime gives the file-list shuffle of ``list_files`` when the
-  pipeline shards, so every worker shards the *same* list (:mod:`csrun_runtime.pipeline`).
+  pipeline shards, so every worker shards the *same* list (:mod:`csrun_runtime.tensorflow.pipeline`).
   Everything else keeps the per-worker ``shuffle_seed`` (:func:`csrun_runtime.params.worker_params`),
   so record-level shuffles differ per worker ("Limitations of the CerebrasEstimator": "each
   worker node must shuffle its data differently").

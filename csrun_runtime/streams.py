@@ -22,11 +22,11 @@ everything around that receiver which the framework backends share:
 - ``describe()``'s common performance.json keys and ``close()``.
 
 The framework adapters are thin: the TensorFlow chief's
-:class:`csrun_runtime.dataplane_source.DataplaneSource` hands out the bundles as
-:class:`csrun_runtime.service.Chunk` s (converted to tensors), the PyTorch chief's
+:class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` hands out the bundles as
+:class:`csrun_runtime.tensorflow.service.Chunk` s (converted to tensors), the PyTorch chief's
 :class:`csrun_runtime.pytorch.remote.RemoteSource` one batch at a time. The helpers at the top
 (:func:`open_slot`, :func:`announce_stopped`, :func:`raise_if_stalled`, :func:`stall_report`)
-also serve the tf.data service merge (:class:`csrun_runtime.service.ServiceSource`).
+also serve the tf.data service merge (:class:`csrun_runtime.tensorflow.service.ServiceSource`).
 
 Imports neither TensorFlow nor torch (not even inside functions): numpy nests only.
 """
@@ -58,7 +58,7 @@ STREAM_ERROR = "{index}.stream_error.json"
 
 class InputStalled(RuntimeError):
     """No batch for too long, every input worker stopped, or a worker's pipeline failed (the
-    message names the workers). One class for both chiefs: ``csrun_runtime.service`` and
+    message names the workers). One class for both chiefs: ``csrun_runtime.tensorflow.service`` and
     ``csrun_runtime.pytorch.remote`` re-export it."""
 
 
@@ -78,7 +78,7 @@ def start_receiver(host: str, window_bytes: int | None = None) -> tuple[Any, str
 # --------------------------------------------------------------------------- shared helpers
 def open_slot(source: Any, index: int, registration: Mapping | None) -> None:
     """What ``add_stream`` of every merge shares (:class:`StreamMerge`,
-    :class:`csrun_runtime.service.ServiceSource`): record worker ``index``'s ``registration``
+    :class:`csrun_runtime.tensorflow.service.ServiceSource`): record worker ``index``'s ``registration``
     (if given), grow ``source.n`` to ``index + 1`` (slots in between, never opened, count as
     stopped) and forget ``index``'s failure and stop."""
     if registration is not None:
@@ -120,7 +120,7 @@ def raise_if_stalled(source: Any, start: float, timeout: float, what: str) -> No
 
 def stall_report(source: Any, stopped: Collection[int], failed_prefix: str = "") -> str:
     """What :class:`InputStalled` says of each input worker of ``source`` (a
-    :class:`StreamMerge` or :class:`csrun_runtime.service.ServiceSource`: its ``rdv``, ``n``,
+    :class:`StreamMerge` or :class:`csrun_runtime.tensorflow.service.ServiceSource`: its ``rdv``, ``n``,
     ``counts``, ``last``, ``failed``, ``paused`` and ``_who``), one clause per worker
     ``0 .. n-1`` joined by ``"; "``: who it is (node, pid), ``(stopped)`` when in ``stopped``
     or its heartbeat is missing or older than STALE_SECS, ``(paused)``, its heartbeat's age in

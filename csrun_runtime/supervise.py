@@ -13,7 +13,7 @@ For an input worker it starts the command as a child process and waits for it:
   OOM killer, a segfault, an abort) while the task was not asked to stop: this is a *lost*
   input worker. The task starts a replacement one second later (see below):
   the same command in the same environment, so the same worker index, files and seed
-  (:mod:`csrun_runtime.worker`), with ``CSRUN_WORKER_ATTEMPT`` one higher; it attaches to the
+  (:mod:`csrun_runtime.tensorflow.worker`), with ``CSRUN_WORKER_ATTEMPT`` one higher; it attaches to the
   same dispatcher and the chief reopens its stream (:mod:`csrun_runtime.elastic`);
 - after :data:`MAX_DEATHS` such deaths the worker is given up with a warning and the task
   exits 0, so that the job step goes on with the other input workers.

@@ -10,8 +10,8 @@ and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that str
 ``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
 chief names it and exits 2), register, and send pass after pass (``sampler.set_epoch``) in bundles of
-about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.service.MAX_BUNDLE`
-batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.service.AUTOSCALE_MAX_BUNDLE`), as the
+about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.bundles.MAX_BUNDLE`
+batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.bundles.AUTOSCALE_MAX_BUNDLE`), as the
 TensorFlow workers' bundles. Between sends it looks at ``done.json``, at
 the chief's heartbeat and at a later attempt of its index; it leaves with a report
 (``workers/<i>.report.json``) and exit 0 when the chief is done.
@@ -29,10 +29,10 @@ import numpy as np
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.roles import Role
 
+from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
-from ..service import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..sharding import make_data_dir_view, plan_files
 from .contract import (
     ContractError,
@@ -232,7 +232,7 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
     batch made numpy (:func:`.contract.to_numpy`), batches of one structure stacked into
     bundles of about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most ``cap`` batches
-    (:data:`csrun_runtime.service.MAX_BUNDLE`, as the TensorFlow workers': the chief hands out a
+    (:data:`csrun_runtime.bundles.MAX_BUNDLE`, as the TensorFlow workers': the chief hands out a
     bundle's batches in a row, so tiny batches must not make one worker's bundle thousands of
     steps long), and what is pending sent at least every :data:`POLL_SECS` seconds (a slow
     DataLoader's batches do not wait for a full bundle). ``check()`` runs every

@@ -56,7 +56,7 @@ def params(root: Path, **train_input) -> dict:
 
 
 def built_files(input_fn, p: dict, workers: int, job: str = "77.0"):
-    from csrun_runtime.pipeline import build_worker_input, pipeline_files
+    from csrun_runtime.tensorflow.pipeline import build_worker_input, pipeline_files
 
     out = {}
     for i in range(workers):
@@ -68,7 +68,7 @@ def built_files(input_fn, p: dict, workers: int, job: str = "77.0"):
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 6, 12])
 @pytest.mark.parametrize("seed", [1234, None])
 def test_use_multiple_workers_gives_disjoint_covering_files_and_own_record_shuffles(zoo, workers, seed):
-    from csrun_runtime.contract import shuffle_seeds
+    from csrun_runtime.tensorflow.contract import shuffle_seeds
 
     root, data = zoo
     got = built_files(data.train_input_fn, params(root, use_multiple_workers=True, shuffle_seed=seed), workers)
@@ -107,7 +107,7 @@ def test_a_unet_style_pipeline_shards_through_compat_v1_readers(zoo):
 
 
 def test_the_coverage_check_finds_overlap_and_names_the_fix(zoo):
-    from csrun_runtime.contract import check_workers
+    from csrun_runtime.tensorflow.contract import check_workers
 
     root, data = zoo
     rep = check_workers(data.train_input_fn, params(root, data_processor="GlobShuffleProcessor",

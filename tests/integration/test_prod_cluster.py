@@ -36,7 +36,7 @@ REPORT = str(REPO / "tests" / "fixtures" / "report_task.py")
 #: it again at once after a requeue, where a het job waits for the backfill scheduler)
 SMALL = ["--total-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
 #: C++ INFO lines of TensorFlow that the tasks must no longer print (quiet by default), and the
-#: two start-up lines no log level hides (csrun_runtime/quiet.py)
+#: two start-up lines no log level hides (csrun_runtime/tensorflow/quiet.py)
 TF_INFO = re.compile(r"^I0000 .*(dispatcher_impl|server_lib|cpu_feature_guard|device_compiler|port\.cc:.*oneDNN)"
                      r"|^WARNING: All log messages before absl::InitializeLog\(\)", re.M)
 

@@ -1,5 +1,5 @@
 """The input_fn contract ("Limitations of the CerebrasEstimator") with its messages: every violation caught, in-process
-(csrun_runtime.contract) and through ``run.py --mode validate_only`` (exit 0 or 2 listing
+(csrun_runtime.tensorflow.contract) and through ``run.py --mode validate_only`` (exit 0 or 2 listing
 every violation). Also capture.load_entry and compile_only."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.tf
 
 tf = pytest.importorskip("tensorflow")
 
-from csrun_runtime import contract  # noqa: E402
-from csrun_runtime.contract import (  # noqa: E402
+from csrun_runtime.tensorflow import contract  # noqa: E402
+from csrun_runtime.tensorflow.contract import (  # noqa: E402
     MSG_BATCH,
     MSG_NOT_DATASET,
     MSG_REPEAT,

@@ -1,7 +1,7 @@
 """The chief's ingest path with real TensorFlow: bundling small batches into tf.data service
-elements (csrun_runtime.service.plan_bundle, register_stream), handing them out as chunks in
+elements (csrun_runtime.tensorflow.service.plan_bundle, register_stream), handing them out as chunks in
 each worker's order (ServiceSource, LocalSource), several training steps per call
-(csrun_runtime.steps.TrainSteps) equal to train_on_batch step by step, and the training
+(csrun_runtime.tensorflow.steps.TrainSteps) equal to train_on_batch step by step, and the training
 loop's cadence (logs, checkpoints, evaluations, exact step count) with chunks."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from tests.fixtures.runtime import helpers
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
-from csrun_runtime import rendezvous, service  # noqa: E402
-from csrun_runtime.steps import TrainSteps  # noqa: E402
+from csrun_runtime import rendezvous  # noqa: E402
+from csrun_runtime.tensorflow import service  # noqa: E402
+from csrun_runtime.tensorflow.steps import TrainSteps  # noqa: E402
 
 
 def spec(*shapes, dtype=None):

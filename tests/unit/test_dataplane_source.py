@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from csrun_runtime.dataplane_source import STREAM_ERROR, DataplaneSource
 from csrun_runtime.rendezvous import Rendezvous
-from csrun_runtime.service import InputStalled
+from csrun_runtime.tensorflow.dataplane_source import STREAM_ERROR, DataplaneSource
+from csrun_runtime.tensorflow.service import InputStalled
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = 4

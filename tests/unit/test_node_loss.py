@@ -190,7 +190,7 @@ def test_a_replaced_worker_that_comes_back_sees_its_successor(tmp_path):
     attempt's registration and leaves (docs/RESILIENCE.md "A lost node"); its own or an earlier one does not."""
     from types import SimpleNamespace
 
-    from csrun_runtime.worker import InputWorker
+    from csrun_runtime.tensorflow.worker import InputWorker
 
     rdv = Rendezvous(tmp_path, "k")
     rdv.reset()

@@ -1,7 +1,7 @@
 """Issue 24, launcher side: the cheap checks before every submission (launcher.preflight.presubmit),
 the warning for csrun options after the command, no-argument and ``-V`` handling, the fast
 no-controller dry run, the runtime's own options without prefix expansion, and validate_only
-opening every input file the pipeline lists (csrun_runtime.contract.check_input_files).
+opening every input file the pipeline lists (csrun_runtime.tensorflow.contract.check_input_files).
 
 Slurm's answers are canned here (as in tests/unit/test_cli_prod.py); the same behaviour runs
 through the real CLIs on the test cluster in tests/integration/test_late_mistakes_cluster.py."""
@@ -351,7 +351,7 @@ def tf():
 
 
 def test_validate_only_opens_every_listed_file(tf, tmp_path):
-    from csrun_runtime.contract import check_input_files
+    from csrun_runtime.tensorflow.contract import check_input_files
 
     real = tmp_path / "train-0.csv"
     real.write_text("1,2\n")

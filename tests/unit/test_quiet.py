@@ -1,4 +1,4 @@
-"""csrun_runtime.quiet: which start-up lines are dropped, and when the runtime imports
+"""csrun_runtime.tensorflow.quiet: which start-up lines are dropped, and when the runtime imports
 TensorFlow quietly (the import itself is checked through csrun_wse in
 tests/integration/test_prod_cluster.py)."""
 import io
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from csrun_runtime import quiet
+from csrun_runtime.tensorflow import quiet
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 ONEDNN = ("I0000 00:00:1795402961.617675   23419 port.cc:153] oneDNN custom operations are on. You may see "

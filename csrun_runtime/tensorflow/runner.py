@@ -1,6 +1,6 @@
 """``run()``: what a run.py calls. Resolves the task's role from the environment
 (:mod:`csrun_common.roles`) and the command line and params, then runs the chief
-(:mod:`csrun_runtime.chief`) or the input-worker task (:mod:`csrun_runtime.worker`).
+(:mod:`csrun_runtime.tensorflow.chief`) or the input-worker task (:mod:`csrun_runtime.tensorflow.worker`).
 
 Importing this module does not import TensorFlow: a run.py imports the runtime first, so the
 quiet-logging default below is in the environment before TensorFlow starts.
@@ -15,10 +15,11 @@ from typing import Any
 
 from csrun_common.roles import RoleError
 
-from . import capture, preemption, quiet
+from .. import capture, preemption
+from ..params import resolve_params
+from ..task import begin, flush_exit, process_start_time, resolve_logged, setup_logging
+from . import quiet
 from .chief import Chief
-from .params import resolve_params
-from .task import begin, flush_exit, process_start_time, resolve_logged, setup_logging
 from .worker import run_worker
 
 __all__ = ["run", "main", "setup_logging"]
@@ -43,7 +44,7 @@ def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
 
     Args:
         input_fn: ``input_fn(params) -> tf.data.Dataset`` of ``(features, labels)``, training
-            input (contract: :mod:`csrun_runtime.contract`, the Cerebras document "Limitations
+            input (contract: :mod:`csrun_runtime.tensorflow.contract`, the Cerebras document "Limitations
             of the CerebrasEstimator").
         model_fn: ``model_fn(params) -> keras.Model``, compiled (optimizer, loss, metrics).
         eval_input_fn: ``eval_input_fn(params) -> tf.data.Dataset`` for evaluation; when

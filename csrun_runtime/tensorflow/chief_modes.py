@@ -2,8 +2,8 @@
 in ``validate_report.txt``) and ``compile_only``'s timing and report (``compile_report.txt``
 and ``compile_report.json``). Modes and artifacts: csrun_runtime/README.md.
 
-The functions get the values they use, not the chief (:mod:`csrun_runtime.chief` calls them).
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+The functions get the values they use, not the chief (:mod:`csrun_runtime.tensorflow.chief` calls them).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ log = logging.getLogger("csrun.runtime")
 def validate_only(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params: dict[str, Any],
                   eval_input_fn: Callable[..., Any] | None, plan: dict[str, Any] | None, num_workers: int,
                   model_dir: Path) -> int:
-    """Mode ``validate_only``: :func:`csrun_runtime.contract.validate` as input workers
+    """Mode ``validate_only``: :func:`csrun_runtime.tensorflow.contract.validate` as input workers
     ``0..num_workers-1`` (at least 1) would build the input, the report written to
     ``model_dir/validate_report.txt`` and logged. Returns the exit code: 0 when the contract
     holds, 2 with violations."""
@@ -63,7 +63,7 @@ def time_steps(model: keras.Model, spec: Any, rc: Mapping[str, Any],
     """compile_only's timing: the first step (trace and compile, with the XLA fallback
     ``train_steps(model)`` gives), then ``runconfig.compile_only_steps`` steps on a synthetic
     element of the input's shapes, in calls of as many steps as training would make (the
-    bundle :func:`csrun_runtime.service.plan_bundle` gives, capped by
+    bundle :func:`csrun_runtime.tensorflow.service.plan_bundle` gives, capped by
     ``steps_per_execution``). Returns ``(first step s, seconds per step of each timed call,
     steps per call)``."""
     import tensorflow as tf

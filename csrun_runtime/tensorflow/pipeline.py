@@ -2,8 +2,8 @@
 files a built pipeline reads.
 
 :func:`build_worker_input` is the one way the runtime calls a training ``input_fn``: in the
-input-worker task (:mod:`csrun_runtime.worker`), in the chief's in-process pipeline and its
-checks (:mod:`csrun_runtime.chief`, :mod:`csrun_runtime.contract`,
+input-worker task (:mod:`csrun_runtime.tensorflow.worker`), in the chief's in-process pipeline and its
+checks (:mod:`csrun_runtime.tensorflow.chief`, :mod:`csrun_runtime.tensorflow.contract`,
 :mod:`csrun_runtime.coverage`) and in the analyzer's probes. Around the call it sets what a
 Model Zoo data processor expects of an input worker of the Cerebras system
 (:mod:`csrun_runtime.sharding` has the rules; docs/CONTRACT.md the whole list):
@@ -23,7 +23,7 @@ Model Zoo data processor expects of an input worker of the Cerebras system
 datasets of file names that feed a reader (``TFRecordDataset``, ``interleave``, ``flat_map``,
 ``map``), and iterates those small datasets (names only; no record is read).
 
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .params import worker_params
-from .sharding import TF_CONFIG_VAR, DataDirView, make_data_dir_view, plan_files, tf_config_for
+from ..params import worker_params
+from ..sharding import TF_CONFIG_VAR, DataDirView, make_data_dir_view, plan_files, tf_config_for
 
 __all__ = ["WorkerInput", "build_worker_input", "call_input_fn", "input_environment", "pipeline_files",
            "shard_counts", "MAX_FILE_NAMES", "ListedFiles", "listed_input_files"]

@@ -1,16 +1,16 @@
 """The chief task: validates, compiles, trains and evaluates (also single-process mode).
 
 With input workers the chief hosts their tf.data service dispatchers, waits for them in the
-rendezvous and trains on the merge of their streams (:class:`csrun_runtime.service.ServiceSource`);
+rendezvous and trains on the merge of their streams (:class:`csrun_runtime.tensorflow.service.ServiceSource`);
 without, it iterates the pipeline itself. Evaluation always runs on the chief, in-process, so
 held-out data is read exactly once. Modes and artifacts: csrun_runtime/README.md.
 
 The chief orchestrates; the parts are apart: the input side in
-:mod:`csrun_runtime.chief_streams`, evaluation in :mod:`csrun_runtime.evaluation`, the modes
-that train nothing in :mod:`csrun_runtime.chief_modes`, the training loop in
-:mod:`csrun_runtime.training`.
+:mod:`csrun_runtime.tensorflow.chief_streams`, evaluation in :mod:`csrun_runtime.tensorflow.evaluation`, the modes
+that train nothing in :mod:`csrun_runtime.tensorflow.chief_modes`, the training loop in
+:mod:`csrun_runtime.tensorflow.training`.
 
-TensorFlow and Keras are imported inside the methods (see :mod:`csrun_runtime.worker`).
+TensorFlow and Keras are imported inside the methods (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
-from . import chief_input, chief_model, chief_modes, preemption
-from .artifacts import write_params_yaml
+from .. import chief_input, preemption
+from ..artifacts import write_params_yaml
+from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..rendezvous import Heartbeat, Rendezvous
+from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
 from .contract import Refused, check_model
 from .evaluation import Evaluator
-from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
-from .rendezvous import Heartbeat, Rendezvous
 from .service import InputStalled
 from .steps import TrainSteps
 from .training import LoopContext, training_loop
@@ -50,8 +51,8 @@ class Chief:
 
     ``run()`` returns the exit code (0 ok, 1 failure, 2 refused: contract or params).
     :mod:`analyzer.verify_task` reuses it for the rendezvous (:meth:`wait_workers`) without
-    training. The input side is :attr:`streams` (:class:`csrun_runtime.chief_streams.ChiefStreams`),
-    evaluation :attr:`evaluator` (:class:`csrun_runtime.evaluation.Evaluator`); the chief's
+    training. The input side is :attr:`streams` (:class:`csrun_runtime.tensorflow.chief_streams.ChiefStreams`),
+    evaluation :attr:`evaluator` (:class:`csrun_runtime.tensorflow.evaluation.Evaluator`); the chief's
     attributes and methods of the same names delegate to them.
     """
 
@@ -107,15 +108,15 @@ class Chief:
         return self.streams.rendezvous
 
     def place_chief_input(self) -> None:
-        """:meth:`csrun_runtime.chief_streams.ChiefStreams.place_chief_input`."""
+        """:meth:`csrun_runtime.tensorflow.chief_streams.ChiefStreams.place_chief_input`."""
         self.streams.place_chief_input()
 
     def start_chief_input(self) -> None:
-        """:meth:`csrun_runtime.chief_streams.ChiefStreams.start_chief_input`."""
+        """:meth:`csrun_runtime.tensorflow.chief_streams.ChiefStreams.start_chief_input`."""
         self.streams.start_chief_input()
 
     def wait_workers(self) -> dict[int, dict[str, Any]]:
-        """:meth:`csrun_runtime.chief_streams.ChiefStreams.wait_workers`."""
+        """:meth:`csrun_runtime.tensorflow.chief_streams.ChiefStreams.wait_workers`."""
         return self.streams.wait_workers()
 
     def _check_train_input(self) -> tuple[Any, Any, int]:
@@ -183,7 +184,7 @@ class Chief:
 
     # ------------------------------------------------------------------ the model
     def _build_model(self, spec: Any) -> Any:
-        """:func:`csrun_runtime.chief_model.build_model` with the chief's ``model_fn``."""
+        """:func:`csrun_runtime.tensorflow.chief_model.build_model` with the chief's ``model_fn``."""
         return chief_model.build_model(self.model_fn, self.params, spec)
 
     def _apply_jit(self, model) -> None:
@@ -200,7 +201,7 @@ class Chief:
     def train_steps(self, model: keras.Model, step_var: tf.Variable | None = None) -> TrainSteps:
         """The chief's several-steps-per-call train function for ``model``; with
         ``runconfig.jit_compile: auto`` an XLA compile failure on the first call is logged
-        (``xla_note``) and training goes on without XLA (:class:`csrun_runtime.steps.TrainSteps`).
+        (``xla_note``) and training goes on without XLA (:class:`csrun_runtime.tensorflow.steps.TrainSteps`).
         ``step_var``: the global step variable, advanced inside each call."""
 
         def fell_back(e: BaseException) -> None:
@@ -213,7 +214,7 @@ class Chief:
                           counter=step_var)
 
     def _checkpointing(self, model: Any) -> tuple[Any, Any, Any, str | None]:
-        """:func:`csrun_runtime.chief_model.checkpointing` in the chief's ``model_dir``."""
+        """:func:`csrun_runtime.tensorflow.chief_model.checkpointing` in the chief's ``model_dir``."""
         return chief_model.checkpointing(model, self.model_dir, self.rc)
 
     def save(self, mgr: tf.train.CheckpointManager, step: int) -> None:
@@ -223,7 +224,7 @@ class Chief:
 
     def evaluate(self, model: keras.Model, step: int) -> dict[str, float]:
         """Evaluate ``model`` at global ``step``
-        (:meth:`csrun_runtime.evaluation.Evaluator.evaluate`); returns the metrics."""
+        (:meth:`csrun_runtime.tensorflow.evaluation.Evaluator.evaluate`); returns the metrics."""
         return self.evaluator.evaluate(model, step)
 
     # ------------------------------------------------------------------ modes
@@ -269,7 +270,7 @@ class Chief:
         return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 
     def loop_context(self) -> LoopContext:
-        """What :func:`csrun_runtime.training.training_loop` takes from the chief: values, and
+        """What :func:`csrun_runtime.tensorflow.training.training_loop` takes from the chief: values, and
         :meth:`save`, :meth:`evaluate`, :meth:`train_steps` and the XLA note as callables."""
         s = self.streams
         return LoopContext(

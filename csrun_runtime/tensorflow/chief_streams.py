@@ -3,8 +3,8 @@ dispatchers (or data-plane receiver), their rendezvous registrations, the chief'
 worker (``--chief-input-cpus``) and the batch source training reads.
 
 :class:`ChiefStreams` gets what it uses (the role, the params, the input function, the
-rendezvous), not the chief (:mod:`csrun_runtime.chief` owns one and delegates to it).
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+rendezvous), not the chief (:mod:`csrun_runtime.tensorflow.chief` owns one and delegates to it).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from typing import Any
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.roles import Role
 
-from . import chief_input, dataplane_source
+from .. import chief_input
+from ..coverage import check_job_files
+from ..params import ParamsError
+from ..rendezvous import Rendezvous
+from . import dataplane_source
 from .contract import Refused, check_dataset, check_signature, check_workers
-from .coverage import check_job_files
-from .params import ParamsError
 from .pipeline import build_worker_input
-from .rendezvous import Rendezvous
 from .service import (
     BatchSource,
     InputStalled,
@@ -69,7 +70,7 @@ class ChiefStreams:
         self.input_split: chief_input.CpuSplit | None = None
         self.chief_input: chief_input.ChiefInputWorker | None = None
         self._servers: list[Any] = []  # the dispatchers, referenced for the job's life
-        self._receiver: Any = None  # runconfig.transport: dataplane (csrun_runtime/dataplane_source.py)
+        self._receiver: Any = None  # runconfig.transport: dataplane (csrun_runtime/tensorflow/dataplane_source.py)
         self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
         self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
         self._shards = False  # the training pipeline shards by the input-worker count
@@ -105,10 +106,10 @@ class ChiefStreams:
     # ------------------------------------------------------------------ the training input
     def check_train_input(self) -> tuple[Any, Any, int]:
         """Contract checks of the training input (built as input worker 0 would build it,
-        :func:`csrun_runtime.pipeline.build_worker_input`); with several input workers also
-        rules 6 and 7 (:func:`csrun_runtime.contract.check_workers`). Returns
+        :func:`csrun_runtime.tensorflow.pipeline.build_worker_input`); with several input workers also
+        rules 6 and 7 (:func:`csrun_runtime.tensorflow.contract.check_workers`). Returns
         ``(ds, spec, batch)``; ``ds`` is what the in-process pipeline trains on. Raises
-        :class:`csrun_runtime.contract.Refused` with the violations."""
+        :class:`csrun_runtime.tensorflow.contract.Refused` with the violations."""
 
         problems = [f"train_input: {m}" for m in check_signature(self.input_fn)]
         if problems:
@@ -192,7 +193,7 @@ class ChiefStreams:
         """One tf.data service dispatcher per input worker, published in the rendezvous;
         returns their ``host:port`` addresses (dispatcher ``i`` serves worker ``i``). With
         ``runconfig.transport: dataplane``: one data-plane receiver instead, its endpoint
-        published for every worker (:func:`csrun_runtime.dataplane_source.start_for_chief`)."""
+        published for every worker (:func:`csrun_runtime.tensorflow.dataplane_source.start_for_chief`)."""
         if self.rc.get("transport") == dataplane_source.TRANSPORT:
             self._receiver, addresses = dataplane_source.start_for_chief(
                 self.rendezvous, self.role.host, self.num_workers, {
@@ -212,7 +213,7 @@ class ChiefStreams:
         """Wait until every input worker registered ``status: ok`` in the rendezvous; returns
         ``{worker index: registration}``; the seconds it waited are kept in
         ``ingest_info["workers_registered_secs"]``. Raises ``Refused`` (a worker's contract
-        violations) or :class:`csrun_runtime.service.InputStalled` after
+        violations) or :class:`csrun_runtime.tensorflow.service.InputStalled` after
         ``runconfig.worker_start_timeout_secs`` seconds."""
 
         timeout = float(self.rc["worker_start_timeout_secs"])

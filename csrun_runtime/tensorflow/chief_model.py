@@ -2,8 +2,8 @@
 (the global step, ``tf.train.Checkpoint`` and the manager, restored from the newest or the
 given checkpoint).
 
-The functions get the values they use, not the chief (:mod:`csrun_runtime.chief` calls them).
-TensorFlow and Keras are imported inside the functions (see :mod:`csrun_runtime.worker`).
+The functions get the values they use, not the chief (:mod:`csrun_runtime.tensorflow.chief` calls them).
+TensorFlow and Keras are imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..params import ParamsError
 from .contract import Refused, synthetic_batch
-from .params import ParamsError
 
 __all__ = ["build_model", "checkpointing"]
 
@@ -24,7 +24,7 @@ log = logging.getLogger("csrun.runtime")
 def build_model(model_fn: Callable[..., Any], params: dict[str, Any], spec: Any) -> Any:
     """``model_fn(params)``, seeded by ``runconfig.seed``, built on a synthetic batch of
     ``spec`` when not yet built, its optimizer built. Returns the ``keras.Model``; raises
-    :class:`csrun_runtime.contract.Refused` when ``model_fn`` returns no compiled
+    :class:`csrun_runtime.tensorflow.contract.Refused` when ``model_fn`` returns no compiled
     ``keras.Model``."""
     import keras
 

@@ -7,7 +7,7 @@ Design (see csrun_runtime/README.md):
   rendezvous (:mod:`csrun_runtime.rendezvous`). A dispatcher with a single worker is what lets
   every worker run a different pipeline: a tf.data service job runs its dataset on *every*
   worker of a dispatcher.
-- Each input worker (:mod:`csrun_runtime.worker`) registers *its own* dataset as
+- Each input worker (:mod:`csrun_runtime.tensorflow.worker`) registers *its own* dataset as
   :data:`DATASET_ID` with its dispatcher (:func:`register_stream`). Small batches travel in
   *bundles* (:func:`plan_bundle`): ``B`` consecutive batches stacked into one service element
   (``Dataset.batch(B)`` on the worker), because every service element costs a fixed
@@ -36,9 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .elastic import WorkerWatch
-from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
-from .streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
+from ..bundles import BUNDLE_TARGET_BYTES, MAX_BUNDLE
+from ..elastic import WorkerWatch
+from ..rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
+from ..streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
@@ -50,17 +51,6 @@ __all__ = ["BatchSource", "ServiceSource", "LocalSource", "InputStalled", "Chunk
 
 #: dataset id each worker registers with its dispatcher.
 DATASET_ID = "csrun-train"
-
-#: ``input_bundle: auto`` stacks batches into service elements of about this many bytes.
-#: Measured on the 2-core test host (BENCHMARKS.md, ``ingest``): bytes/s through one
-#: worker stream rise with the element size up to 1-2 MiB elements and fall beyond.
-BUNDLE_TARGET_BYTES = 1 << 20
-#: ``input_bundle: auto`` never stacks more batches than this into one element.
-MAX_BUNDLE = 256
-#: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
-#: element (docs/AUTOSCALE.md): the autoscaler's windows count batches, and a smaller bundle
-#: keeps what a paused stream still delivers small.
-AUTOSCALE_MAX_BUNDLE = 16
 
 log = logging.getLogger("csrun.runtime")
 

@@ -5,7 +5,7 @@ generator, a ``tf.function`` call, converting the logs to Python floats): about 
 several times a whole step of a small model. As Keras' own ``steps_per_execution`` does,
 :class:`TrainSteps` runs ``n`` steps inside one ``tf.function`` call — a ``tf.while_loop``
 over batches ``offset .. offset + n - 1`` of a received element
-(:class:`csrun_runtime.service.Chunk`), each iteration running the model's own
+(:class:`csrun_runtime.tensorflow.service.Chunk`), each iteration running the model's own
 ``train_step`` — so the Python cost is paid once per chunk.
 
 With ``model.jit_compile`` the whole loop is one XLA computation (measured on the digits
@@ -20,7 +20,7 @@ steps equal those after ``n`` ``train_on_batch`` calls on the same batches. The 
 step comes back too (a vector the size of the element), and the global step is advanced inside
 the call: logging needs no chunk boundary, and the call needs no eager op of its own.
 
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Rules and their messages ("Limitations of the CerebrasEstimator"):
    as workers 0 and 1 would, each with its per-worker params and TensorFlow global seed (the
    runtime sets the global seed of worker ``i`` to its ``shuffle_seed``), so a hard-coded op
    seed is only flagged when there is no base seed to tell the workers apart. The file-list
-   shuffles the runtime makes job-wide on purpose (:mod:`csrun_runtime.pipeline`) are not flagged.
+   shuffles the runtime makes job-wide on purpose (:mod:`csrun_runtime.tensorflow.pipeline`) are not flagged.
 7. The input workers' files are disjoint and cover the set (sharded), or every worker reads
    every file (replicated), or each reads its shard-plan entry (:mod:`csrun_runtime.coverage`,
    built as workers 0 and 1 would be): otherwise a *warning* naming the files and the fix, a
@@ -34,9 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .coverage import check_file_coverage, coverage_report
+from ..coverage import coverage_report
+from ..sharding import tf_config
+from .coverage import check_file_coverage
 from .pipeline import build_worker_input, call_input_fn, input_environment, listed_input_files
-from .sharding import tf_config
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
@@ -72,7 +73,7 @@ _SHUFFLE_OPS = ("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
 
 class Refused(Exception):
     """The run refuses to start: contract violations (exit 2); ``problems`` lists them.
-    Raised by the chief (:mod:`csrun_runtime.chief` and the modules it delegates to)."""
+    Raised by the chief (:mod:`csrun_runtime.tensorflow.chief` and the modules it delegates to)."""
 
     def __init__(self, problems: Sequence[str]):
         self.problems = list(problems)
@@ -290,13 +291,13 @@ def check_workers(input_fn: Callable[..., Any], params: Mapping[str, Any],
                   plan: Mapping[str, Any] | None = None, strict: bool = False,
                   coverage: bool = True) -> Report:
     """Rules 6 and 7: build the training dataset as input workers 0 and 1 would
-    (:func:`csrun_runtime.pipeline.build_worker_input`: each with its params, TF_CONFIG and
+    (:func:`csrun_runtime.tensorflow.pipeline.build_worker_input`: each with its params, TF_CONFIG and
     global seed; of 2 workers, or of the plan's count) and
 
     - warn when a seeded shuffle op has the same seeds in both (every worker would shuffle
       identically; "Limitations of the CerebrasEstimator", "Multiple input workers"), the
       job-wide file-list shuffles excepted;
-    - with ``coverage``, judge the files each reads (:func:`csrun_runtime.coverage.check_file_coverage`):
+    - with ``coverage``, judge the files each reads (:func:`csrun_runtime.tensorflow.coverage.check_file_coverage`):
       a problem is a warning, or a violation with ``strict``. ``info["file_coverage"]`` holds
       the outcome.
     """
@@ -358,7 +359,7 @@ def _look_like_files(names: list[str]) -> bool:
 
 def check_input_files(ds: tf.data.Dataset, section: str = "train_input", shown: int = 3) -> Report:
     """Open (and read one byte of) every input file the built dataset lists
-    (:func:`csrun_runtime.pipeline.listed_input_files`): a missing or unreadable one is a
+    (:func:`csrun_runtime.tensorflow.pipeline.listed_input_files`): a missing or unreadable one is a
     violation naming it (the first ``shown`` of them, and how many more), so that a wrong
     ``data_dir`` fails ``validate_only`` instead of the run's first read (issue 24). Names
     given to ``interleave``/``flat_map``/``map`` count only when they look like files

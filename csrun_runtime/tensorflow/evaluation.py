@@ -3,7 +3,7 @@ model's compiled test step, the ``eval/`` TensorBoard scalars and ``eval/results
 the verdict block of an ``eval`` run (docs/VERDICT.md).
 
 Evaluation always runs on the chief, in-process, so held-out data is read exactly once.
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Evaluator:
 
     Args:
         input_fn: the training input function (the eval input's fallback,
-            :func:`csrun_runtime.contract.build_eval_input`).
+            :func:`csrun_runtime.tensorflow.contract.build_eval_input`).
         eval_input_fn: the user's eval input function, or None.
         params: the resolved params (``runconfig.eval_steps``, ``eval_input.batch_size``).
         model_dir: where ``eval/`` goes.
@@ -52,7 +52,7 @@ class Evaluator:
 
     def dataset(self) -> Any:
         """The checked eval ``tf.data.Dataset`` (built on the first call). Raises
-        :class:`csrun_runtime.contract.Refused` with the contract violations."""
+        :class:`csrun_runtime.tensorflow.contract.Refused` with the contract violations."""
 
         if self._ds is None:
             if self.eval_input_fn is not None:
@@ -77,7 +77,7 @@ class Evaluator:
         """Evaluate ``model`` at global ``step`` (``runconfig.eval_steps`` batches, else the
         whole eval input); logs and writes the results (TensorBoard ``eval/``,
         ``eval/results.json`` with the last 100 in ``history``) and returns the metrics.
-        Raises :class:`csrun_runtime.contract.Refused` when the eval input gives no batch."""
+        Raises :class:`csrun_runtime.tensorflow.contract.Refused` when the eval input gives no batch."""
         ds = self.dataset()
         if self.rc.get("eval_steps"):
             ds = ds.take(int(self.rc["eval_steps"]))

@@ -1,10 +1,10 @@
 """The TensorFlow chief's side of the training loop (:mod:`csrun_runtime.loop`, the core's
-loop, drives it): chunks are :class:`csrun_runtime.service.Chunk` s of a
-:class:`csrun_runtime.service.BatchSource` (one received element, bundled batches), several
-steps per call (:class:`csrun_runtime.steps.TrainSteps`: one ``tf.function``/XLA call), the
+loop, drives it): chunks are :class:`csrun_runtime.tensorflow.service.Chunk` s of a
+:class:`csrun_runtime.tensorflow.service.BatchSource` (one received element, bundled batches), several
+steps per call (:class:`csrun_runtime.tensorflow.steps.TrainSteps`: one ``tf.function``/XLA call), the
 chief's checkpoint and evaluation, TensorBoard scalars through ``tf.summary``.
 
-TensorFlow is imported inside the functions (see :mod:`csrun_runtime.worker`).
+TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.worker`).
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.autoscale import AutoscaleSpec
 
+from ..loop import LoopSetup, ScalarWriter, TrainingDriver
 from .dataplane_source import DataplaneSource
-from .loop import LoopSetup, ScalarWriter, TrainingDriver
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
 if TYPE_CHECKING:
-    from .rendezvous import Rendezvous
+    from ..rendezvous import Rendezvous
 
 __all__ = ["training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
@@ -43,8 +43,8 @@ def write_scalar(tag: str, value: float, step: int) -> None:
 @dataclass
 class LoopContext:
     """What the TensorFlow side of the training loop takes from the chief
-    (:meth:`csrun_runtime.chief.Chief.loop_context`): values, and the chief's operations as
-    callables, so that this module does not depend on :mod:`csrun_runtime.chief`.
+    (:meth:`csrun_runtime.tensorflow.chief.Chief.loop_context`): values, and the chief's operations as
+    callables, so that this module does not depend on :mod:`csrun_runtime.tensorflow.chief`.
 
     Attributes:
         rc: the resolved ``runconfig``; ``model_dir``: where checkpoints, events and
@@ -82,7 +82,7 @@ class LoopContext:
 
 class TFStepBackend:
     """The TensorFlow :class:`csrun_runtime.loop.StepBackend`: chunks from ``source``
-    (``get_chunk``), trained by the chief's :class:`csrun_runtime.steps.TrainSteps` (made at
+    (``get_chunk``), trained by the chief's :class:`csrun_runtime.tensorflow.steps.TrainSteps` (made at
     the first chunk, with the first-step XLA fallback), ``chief.save(mgr, step)``,
     ``chief.evaluate(model, step)``, scalars to a ``tf.summary`` file writer in the model_dir.
 

@@ -1,16 +1,16 @@
 """The chief's training batches over csrun's data plane (``runconfig.transport: dataplane``).
 
-The alternative to tf.data service (:class:`csrun_runtime.service.ServiceSource`) on the
+The alternative to tf.data service (:class:`csrun_runtime.tensorflow.service.ServiceSource`) on the
 TensorFlow path (docs/DATAPLANE.md "The TensorFlow path"): the chief binds one
 :class:`csrun_runtime.dataplane.Receiver` (a zmq ROUTER, one endpoint for every input worker:
 :func:`start_receiver`) and publishes it in ``dispatchers.json`` (``transport: dataplane``,
 ``dispatchers[i]`` the endpoint for worker ``i``); each input worker sends its bundles to it
-(:mod:`csrun_runtime.dataplane_serve`). The merge of those streams is the framework-neutral
+(:mod:`csrun_runtime.tensorflow.dataplane_serve`). The merge of those streams is the framework-neutral
 core's :class:`csrun_runtime.streams.StreamMerge` (per-worker counts, credit windows,
 pause/resume/add_stream/reopen for the autoscaler and the elastic watch, stall detection
 naming the workers, a worker's pipeline error failing the chief naming it:
 ``workers/<i>.stream_error.json``, written by the worker). :class:`DataplaneSource` is its
-TensorFlow adapter: it hands the training loop the same :class:`csrun_runtime.service.Chunk` s
+TensorFlow adapter: it hands the training loop the same :class:`csrun_runtime.tensorflow.service.Chunk` s
 as the service path: one received bundle (``n`` batches stacked on a leading axis, arrays over
 the received frames) is one chunk source, so training runs several steps per call and no
 Python runs per batch.
@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .rendezvous import Rendezvous
+from ..rendezvous import Rendezvous
+from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
 from .service import Chunk, _ChunkedSource, _Pending
-from .streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
 
 __all__ = ["DataplaneSource", "start_receiver", "TRANSPORT", "STREAM_ERROR"]
 
@@ -63,7 +63,7 @@ class DataplaneSource(StreamMerge, _ChunkedSource):
         convert: applied to every leaf of a received bundle before it is handed out (the
             chief passes ``tf.convert_to_tensor``); ``None``: numpy arrays over the frames.
 
-    ``get_chunk(max_steps, timeout)`` returns a :class:`~csrun_runtime.service.Chunk` (its
+    ``get_chunk(max_steps, timeout)`` returns a :class:`~csrun_runtime.tensorflow.service.Chunk` (its
     ``batches`` a bundle: every leaf ``[n, ...]``) and ``get(timeout)`` one batch ``(worker,
     (features, labels))``; both raise :class:`~csrun_runtime.streams.InputStalled` naming the
     workers (node, heartbeat age, batches, last bundle) when no batch arrived for ``timeout``
@@ -107,7 +107,7 @@ class DataplaneSource(StreamMerge, _ChunkedSource):
     def get_chunk(self, max_steps: int, timeout: float, what: str = "runconfig.input_timeout_secs") -> Chunk:
         """Up to ``max_steps`` consecutive batches of one worker: the rest of the bundle being
         handed out, else of the next bundle to arrive (passed whole, see
-        :class:`~csrun_runtime.service.Chunk`). Raises :class:`~csrun_runtime.streams.InputStalled`."""
+        :class:`~csrun_runtime.tensorflow.service.Chunk`). Raises :class:`~csrun_runtime.streams.InputStalled`."""
         p = self._fill(timeout, what)
         m = min(max(1, int(max_steps)), p.size - p.offset)
         chunk = Chunk(p.worker, p.element, p.offset, m)

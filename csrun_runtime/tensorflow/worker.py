@@ -4,13 +4,13 @@ Input worker ``i`` (its index from :mod:`csrun_common.roles`) waits for the chie
 ``dispatchers.json`` in the rendezvous (:mod:`csrun_runtime.rendezvous`), starts a
 ``WorkerServer`` (port 0, ``worker_address="<host>:%port%"``) attached to dispatcher ``i``,
 builds *its own* dataset with ``input_fn(params_i)`` as input worker ``i`` of the job
-(:func:`csrun_runtime.pipeline.build_worker_input`: its shuffle seed, ``TF_CONFIG`` and global
+(:func:`csrun_runtime.tensorflow.pipeline.build_worker_input`: its shuffle seed, ``TF_CONFIG`` and global
 seed, which the task keeps; with a shard plan its files and a ``data_dir`` view of them under
 ``<rendezvous>/data_views/<i>/``), reads back the files its pipeline lists
-(:func:`csrun_runtime.pipeline.pipeline_files`), checks the dataset against the input_fn
-contract (:mod:`csrun_runtime.contract`), registers it
-as :data:`csrun_runtime.service.DATASET_ID` (``compression=None``; small batches bundled
-several per service element, :func:`csrun_runtime.service.plan_bundle`) and writes
+(:func:`csrun_runtime.tensorflow.pipeline.pipeline_files`), checks the dataset against the input_fn
+contract (:mod:`csrun_runtime.tensorflow.contract`), registers it
+as :data:`csrun_runtime.tensorflow.service.DATASET_ID` (``compression=None``; small batches bundled
+several per service element, :func:`csrun_runtime.tensorflow.service.plan_bundle`) and writes
 ``workers/<i>.json`` (with ``bundle``: the batches per element). It then serves until the
 chief writes ``done.json`` (or its heartbeat goes stale), and leaves a report of what it
 produced.
@@ -30,20 +30,20 @@ from typing import Any
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.roles import Role
 
+from ..bundles import AUTOSCALE_MAX_BUNDLE
+from ..elastic import ATTEMPT_ENV, tell_supervisor
+from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
+from ..sharding import TF_CONFIG_VAR
 from .contract import check_dataset
-from .elastic import ATTEMPT_ENV, tell_supervisor
-from .params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
-from .rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
 from .service import (
-    AUTOSCALE_MAX_BUNDLE,
     BundlePlan,
     limit_threads,
     plan_bundle,
     register_stream,
     start_worker_server,
 )
-from .sharding import TF_CONFIG_VAR
 
 __all__ = ["run_worker", "InputWorker"]
 
@@ -223,7 +223,7 @@ class InputWorker:
 
     def _build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
         """Build the dataset, check the contract, plan its bundling (``self.bundling``:
-        :func:`csrun_runtime.service.plan_bundle`) and list its files (``self.files``), for
+        :func:`csrun_runtime.tensorflow.service.plan_bundle`) and list its files (``self.files``), for
         either transport. Returns ``(batch_size, built input)``, or ``None`` after registering
         the violations (an error of the input_fn too) as ``status: failed``."""
         try:

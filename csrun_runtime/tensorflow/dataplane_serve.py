@@ -1,12 +1,12 @@
 """An input worker serving its ``input_fn`` over csrun's data plane (``runconfig.transport:
 dataplane``; docs/DATAPLANE.md "The TensorFlow path").
 
-The input worker (:class:`csrun_runtime.worker.InputWorker`) gets here once the chief's
+The input worker (:class:`csrun_runtime.tensorflow.worker.InputWorker`) gets here once the chief's
 ``dispatchers.json`` says ``transport: dataplane`` (its ``dispatchers[i]``: the chief's
 receiver, ``tcp://host:port``). :func:`serve` builds, checks and plans the dataset's
 bundling with the service path's own method (:meth:`InputWorker._build_and_plan`: the
-contract, :func:`csrun_runtime.service.plan_bundle`; then
-:func:`csrun_runtime.service.limit_threads`), stacks ``B`` batches per element with
+contract, :func:`csrun_runtime.tensorflow.service.plan_bundle`; then
+:func:`csrun_runtime.tensorflow.service.limit_threads`), stacks ``B`` batches per element with
 ``Dataset.batch(B)`` (the bundle; :data:`PREFETCH` bundles prepared ahead), and sends each
 element from ``as_numpy_iterator()`` to the chief with
 :meth:`csrun_runtime.dataplane.Sender.send_bundle`: one message per bundle, the arrays handed to
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
 
+from ..rendezvous import SUPERSEDED
+from ..streams import STREAM_ERROR
 from .dataplane_source import _map
-from .rendezvous import SUPERSEDED
 from .service import bundle_dataset, limit_threads
-from .streams import STREAM_ERROR
 
 if TYPE_CHECKING:
     from .worker import InputWorker
@@ -69,7 +69,7 @@ class Pump(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        from .dataplane import ReceiverGone, Sender
+        from ..dataplane import ReceiverGone, Sender
 
         sender = Sender(self.endpoint, self.index, self.attempt, bundle=1)
         try:
@@ -100,7 +100,7 @@ class Pump(threading.Thread):
 def serve(worker: InputWorker, endpoint: str) -> int:
     """Build, check, register and serve ``worker``'s dataset to the chief's receiver at
     ``endpoint`` until the chief is done; returns the exit code (as
-    :meth:`csrun_runtime.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
+    :meth:`csrun_runtime.tensorflow.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
     input_fn violates the contract, registered as ``status: failed``)."""
     got = worker._build_and_plan()
     if got is None:

@@ -1,0 +1,19 @@
+"""How many batches an input worker stacks into one element it sends (both frameworks: a tf.data
+service element, or a data-plane bundle). Framework-neutral constants, read by
+:mod:`csrun_runtime.tensorflow.service` / :mod:`csrun_runtime.tensorflow.worker` and
+:mod:`csrun_runtime.pytorch.worker`.
+"""
+from __future__ import annotations
+
+__all__ = ["BUNDLE_TARGET_BYTES", "MAX_BUNDLE", "AUTOSCALE_MAX_BUNDLE"]
+
+#: ``input_bundle: auto`` stacks batches into service elements of about this many bytes.
+#: Measured on the 2-core test host (BENCHMARKS.md, ``ingest``): bytes/s through one
+#: worker stream rise with the element size up to 1-2 MiB elements and fall beyond.
+BUNDLE_TARGET_BYTES = 1 << 20
+#: ``input_bundle: auto`` never stacks more batches than this into one element.
+MAX_BUNDLE = 256
+#: Under ``csrun_wse --autoscale``, ``input_bundle: auto`` stacks at most this many batches per
+#: element (docs/AUTOSCALE.md): the autoscaler's windows count batches, and a smaller bundle
+#: keeps what a paused stream still delivers small.
+AUTOSCALE_MAX_BUNDLE = 16
