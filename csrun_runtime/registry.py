@@ -1,0 +1,54 @@
+"""The one module that names both framework backends of the task runtime.
+
+A backend is a subpackage, :mod:`csrun_runtime.tensorflow` or :mod:`csrun_runtime.pytorch`,
+with the same entry modules (:data:`ENTRY_MODULES`); everything else (the launcher, the
+analyzer, the core of :mod:`csrun_runtime`) reaches a framework's code through
+:func:`entry` with the framework's name, so that nothing outside a backend's folder imports
+TensorFlow or torch, and a third framework is one more folder and one more name here.
+Backends are imported lazily, on the first :func:`entry` call for them: importing this module
+imports neither framework.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["FRAMEWORKS", "ENTRY_MODULES", "LAUNCHERS", "UnknownFramework", "entry", "framework_of_launcher"]
+
+#: the backends, by the name a run.py's capture record and the analyzer's reports use.
+FRAMEWORKS: tuple[str, ...] = ("tensorflow", "pytorch")
+#: ``csrun_wse``'s launcher word for each framework (``csrun_wse python-ws run.py`` runs TensorFlow).
+LAUNCHERS: dict[str, str] = {"tensorflow": "python-ws", "pytorch": "python-pt"}
+#: the modules every backend folder holds under the same names (checked by tests/unit/test_house.py):
+#: the task's entry (``runner``), the chief, the chief's source of the input workers' batches
+#: (``remote``), the input worker, the input contract and its file-coverage check, evaluation, the
+#: training loop's step backend (``training``), the analyzer's probe and ``verify``'s drain.
+ENTRY_MODULES: tuple[str, ...] = ("runner", "chief", "remote", "worker", "contract", "coverage", "evaluation",
+                                  "training", "input_backend", "probe", "drain")
+
+
+class UnknownFramework(ValueError):
+    """A framework name that is not one of :data:`FRAMEWORKS`."""
+
+
+def framework_of_launcher(launcher: str) -> str:
+    """The framework a ``csrun_wse`` launcher word runs (``python-ws`` -> ``tensorflow``).
+    Raises :class:`UnknownFramework` for another word."""
+    for fw, word in LAUNCHERS.items():
+        if word == launcher:
+            return fw
+    raise UnknownFramework(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS.values())}")
+
+
+def entry(framework: str, module: str) -> ModuleType:
+    """The backend ``framework``'s entry module ``module`` (e.g. ``entry("pytorch", "runner")``
+    is :mod:`csrun_runtime.pytorch.runner`), imported on first use.
+
+    Raises:
+        UnknownFramework: ``framework`` is not one of :data:`FRAMEWORKS`.
+        ModuleNotFoundError: the backend has no such module, or its framework is not installed
+            (the message names the missing package).
+    """
+    if framework not in FRAMEWORKS:
+        raise UnknownFramework(f"framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
+    return importlib.import_module(f"csrun_runtime.{framework}.{module}")
