@@ -119,7 +119,7 @@ def _chief(ns: argparse.Namespace, role: Role, train_data_fn: Any, resolved: Res
     remote: Any = None
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
-        if role.num_workers > 0:
+        if role.num_input_workers > 0:
             if role.rendezvous_key is None:
                 raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0")
             rdv = Rendezvous(model_dir, role.rendezvous_key)
@@ -134,12 +134,12 @@ def _chief(ns: argparse.Namespace, role: Role, train_data_fn: Any, resolved: Res
             source = _Local(loader)
         res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
                     float(rc["input_timeout_secs"]), t_proc, [], samples_of=lambda b: batch_size_of(b) or 1)
-        res.update(num_workers=role.num_workers, node=role.node, framework="pytorch",
+        res.update(num_workers=role.num_input_workers, node=role.node, framework="pytorch",
                    dataloader_workers=(resolved.params.get("train_input") or {}).get("num_workers"),
                    **own.describe())
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
-        res, code = failed_result(exc, role.num_workers), 1
+        res, code = failed_result(exc, role.num_input_workers), 1
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")

@@ -81,7 +81,7 @@ def plan_autoscale(slots: int, initial: int | None, min_workers: int | None, max
     return AutoscaleSpec(start, lo, hi, policy, float(window_s))
 
 
-def parse_env(env: Mapping[str, str], num_workers: int) -> AutoscaleSpec | None:
+def parse_env(env: Mapping[str, str], num_input_workers: int) -> AutoscaleSpec | None:
     """The spec of :data:`ENV` in ``env`` for a job of ``num_workers`` input-worker tasks;
     ``None`` when unset or empty.
 
@@ -97,6 +97,6 @@ def parse_env(env: Mapping[str, str], num_workers: int) -> AutoscaleSpec | None:
         if len(parts) != 5:
             raise ValueError("5 fields expected")
         initial, lo, hi = (int(p) for p in parts[:3])
-        return plan_autoscale(num_workers, initial, lo, hi, parts[3], float(parts[4]))
+        return plan_autoscale(num_input_workers, initial, lo, hi, parts[3], float(parts[4]))
     except ValueError as exc:
         raise ValueError(f"{ENV}={raw!r}: {exc} (initial:min:max:policy:window, docs/CONTRACT.md)") from None

@@ -213,7 +213,7 @@ class TaskEnv:
     het_group: int = 0
     task_offset: int = 0
     worker_offset: int = 0
-    num_workers: int = 0
+    num_input_workers: int = 0
     num_tasks: int = 0
     cpus_per_task: int | None = None
     execution_mode: str | None = None
@@ -231,7 +231,7 @@ class TaskEnv:
             raise EnvError(f"{ROLE}={self.role!r} is not one of {', '.join(ROLE_VALUES)}")
         env = [(ROLE.name, self.role), (HET_GROUP.name, str(self.het_group)),
                (TASK_OFFSET.name, str(self.task_offset)), (WORKER_OFFSET.name, str(self.worker_offset)),
-               (NUM_WORKERS.name, str(self.num_workers)), (NUM_TASKS.name, str(self.num_tasks)),
+               (NUM_WORKERS.name, str(self.num_input_workers)), (NUM_TASKS.name, str(self.num_tasks)),
                (CPUS_PER_TASK.name, str(self.cpus_per_task or "")), ("PYTHONUNBUFFERED", "1")]
         optional = [(EXECUTION_MODE, self.execution_mode), (STOP_SIGNALS, self.stop_signals),
                     (AUTOSCALE, self.autoscale), (CHIEF_INPUT_CPUS, str(self.chief_input_cpus or "")),
@@ -251,7 +251,7 @@ class TaskEnv:
             return cls(None, **common)
         if role not in ROLE_VALUES:
             raise EnvError(f"{ROLE}={role!r} is not one of {', '.join(ROLE_VALUES)}")
-        return cls(role, num_workers=NUM_WORKERS.integer(env), task_offset=TASK_OFFSET.integer(env, 0),
+        return cls(role, num_input_workers=NUM_WORKERS.integer(env), task_offset=TASK_OFFSET.integer(env, 0),
                    worker_offset=WORKER_OFFSET.integer(env, 0), het_group=HET_GROUP.integer(env, 0),
                    num_tasks=NUM_TASKS.integer(env, 0), stop_signals=STOP_SIGNALS.text(env),
                    autoscale=AUTOSCALE.text(env), chief_input_cpus=CHIEF_INPUT_CPUS.integer(env, 0),

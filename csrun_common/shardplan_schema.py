@@ -42,7 +42,8 @@ import json
 import os
 from typing import Any, TypeGuard
 
-from .layout import LayoutSpec
+from .errors import CsrunError
+from .layout import LayoutSpec, flag
 
 SCHEMA = "csrun.shard_plan"
 VERSION = 1
@@ -59,26 +60,25 @@ __all__ = [
 
 def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int = 0,
                        chief_input: bool = False) -> int:
-    """Input workers of a ``csrun_wse`` job with ``--total-nodes N --tasks-per-node T
-    --single-task-nodes S`` (``docs/CONTRACT.md``): every task but the chief, plus one
-    with ``chief_input`` (``--chief-input-cpus``: input worker 0 in the chief's task).
-
-    * ``S == 0``: ``N·T − 1`` (the chief's node runs T−1 workers beside the chief);
-    * ``0 < S < N``: ``S − 1 + (N − S)·T`` (each single-task node but the chief's is one
-      worker).
+    """Input workers of a ``csrun_wse`` job of ``N`` nodes, ``T`` tasks per node and ``S``
+    single-task nodes (``docs/CONTRACT.md``): every task but the chief, plus one with
+    ``chief_input`` (input worker 0 in the chief's task) -- the layout's own count and rules,
+    :attr:`csrun_common.layout.LayoutSpec.num_input_workers` and
+    :meth:`~csrun_common.layout.LayoutSpec.check`.
 
     Returns a count of tasks (may be 0: the chief then runs the input pipeline
-    in-process and needs no plan). Raises ``ValueError`` naming the flag for N < 1,
-    T < 1, S < 0 or S >= N (when S > 0).
+    in-process and needs no plan). Raises ``ValueError`` naming the flag for a value that is
+    not an integer, N < 1, T < 1, S < 0 or S >= N (when S > 0).
     """
-    for flag, value, low in (("--total-nodes", nodes, 1), ("--tasks-per-node", tasks_per_node, 1),
-                             ("--single-task-nodes", single_task_nodes, 0)):
-        if not _is_int(value) or value < low:
-            raise ValueError(f"{flag} {value!r}: must be an integer >= {low}")
-    if single_task_nodes and single_task_nodes >= nodes:
-        raise ValueError(f"--single-task-nodes {single_task_nodes}: must be less than "
-                         f"--total-nodes {nodes}")
-    return LayoutSpec(nodes, tasks_per_node, None, single_task_nodes, 1 if chief_input else 0).num_workers
+    values = {"nodes": nodes, "tasks_per_node": tasks_per_node, "single_task_nodes": single_task_nodes}
+    for name, value in values.items():
+        if not _is_int(value):
+            raise ValueError(f"{flag(name)} {value!r}: must be an integer")
+    try:
+        return LayoutSpec(nodes, tasks_per_node, None, single_task_nodes, 1 if chief_input else 0).check() \
+            .num_input_workers
+    except CsrunError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -194,20 +194,20 @@ def load_plan(path: os.PathLike[str] | str) -> dict:
     return validate_plan(data, source)
 
 
-def check_plan_workers(plan: dict, num_workers: int, *, source: str | None = None) -> None:
+def check_plan_workers(plan: dict, num_input_workers: int, *, source: str | None = None) -> None:
     """Refuse a plan made for a different number of input workers.
 
-    ``num_workers`` is the job's input-worker count (``CSRUN_NUM_WORKERS``; see
+    ``num_input_workers`` is the job's input-worker count (``CSRUN_NUM_WORKERS``; see
     :func:`input_worker_count`). Raises ``ValueError``: ``shard plan SOURCE is for X
     workers but the job has Y input workers; ...`` (both numbers, one line).
     """
     planned = plan.get("num_workers") if isinstance(plan, dict) else None
-    if planned != num_workers:
+    if planned != num_input_workers:
         where = f" {source}" if source else ""
         raise ValueError(
-            f"shard plan{where} is for {planned} workers but the job has {num_workers} input "
-            f"workers; make a plan for {num_workers} (cs_input_analyzer shard-plan --workers "
-            f"{num_workers} ...) or change the layout")
+            f"shard plan{where} is for {planned} workers but the job has {num_input_workers} input "
+            f"workers; make a plan for {num_input_workers} (cs_input_analyzer shard-plan --workers "
+            f"{num_input_workers} ...) or change the layout")
 
 
 def worker_assignment(plan: dict, index: int) -> dict:

@@ -174,10 +174,10 @@ class InputWorker:
 
     def _build(self) -> Any:
         """The DataLoader as streamer ``index`` of ``W`` (or 0 of 1 over a shard plan's view)."""
-        w, rank, data_dir, files = self.role.num_workers, self.index, None, None
+        w, rank, data_dir, files = self.role.num_input_workers, self.index, None, None
         if self.role.shard_plan:
             try:
-                plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
+                plan = load_shard_plan(self.role.shard_plan, self.role.num_input_workers)
             except ParamsError as e:
                 self._fail(e.problems)
             own, others = plan_files(plan, self.index)
