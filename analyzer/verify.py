@@ -1,9 +1,9 @@
 """``cs_input_analyzer verify [--report DIR]``: check a prediction on the cluster.
 
-Launches the recommended layout (or one given with ``--total-nodes/--tasks-per-node/
---cpus-per-task/--chief-input-cpus``) with ``csrun_wse``, every task running
+Launches the recommended layout (or one given with csrun_wse's layout flags,
+:data:`csrun_common.layout.LAYOUT_FLAGS`) with ``csrun_wse``, every task running
 :mod:`analyzer.verify_task` on the report's run.py and params: the input workers serve the
-input_fn exactly as in training (with ``--chief-input-cpus``, input worker 0 in the chief's
+input_fn exactly as in training (with the chief's input CPUs, input worker 0 in the chief's
 task, as training runs it) and the chief only drains the stream for ``--seconds`` after a
 ``--warmup``. Prints predicted vs
 measured samples/s and the error in % (``100 × (measured − predicted) / predicted``), and
@@ -39,7 +39,6 @@ from csrun_common.layout import LAYOUT_FLAGS, LayoutSpec
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
-
 
 #: ``verify``'s ``[default: ...]`` of the layout flags: the recommendation's.
 VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task")
@@ -80,7 +79,7 @@ def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single
     """The report model's prediction for a layout (the recommendation's own when it is one):
     :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
     ``interval`` [low, high] in samples/s, ``limited_by``). ``chief_input_cpus``: CPUs of the
-    chief's task running input worker 0 (``--chief-input-cpus``)."""
+    chief's task running input worker 0 (``chief_input_cpus``)."""
     rec = rep["recommendation"]
     if (nodes, tasks, cpus, single, chief_input_cpus) == (
             rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec.get("single_task_nodes", 0),

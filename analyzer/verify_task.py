@@ -12,7 +12,7 @@ recommended layout. Per role (:func:`csrun_common.roles.resolve_role`, docs/CONT
   (:class:`csrun_runtime.service.ServiceSource`), or the in-process pipeline
   (:class:`csrun_runtime.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``) it splits its CPUs and starts
+  ``CSRUN_CHIEF_INPUT_CPUS`` (csrun_wse's chief input CPUs) it splits its CPUs and starts
   input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`) —
   but instead of training it only *drains* the stream: ``--warmup`` seconds after the first batch, then a
   measured window of ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON),
@@ -22,7 +22,7 @@ Result JSON: ``{"status": "ok"|"failed", "samples_per_sec", "window_s", "samples
 "batches", "batch_size", "batches_per_worker", "num_workers", "startup_s" (process start to
 the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process),
 "job_cpu_cores_on_host" (the chief's and the input workers' on its host, the chief's own input
-worker and its children included), "chief_input" (with ``--chief-input-cpus``: its CPU split,
+worker and its children included), "chief_input" (with ``CSRUN_CHIEF_INPUT_CPUS``: its CPU split,
 :meth:`csrun_runtime.chief_input.ChiefInputWorker.describe`; its stream is
 ``batches_per_worker["0"]``), "error"}``.
 

@@ -7,7 +7,7 @@ run.py ARGS...``: ``cs_input_analyzer verify``'s task for a PyTorch run.py, laun
   :class:`csrun_runtime.pytorch.worker.InputWorker` (its DataLoader as streamer ``i`` of ``W``,
   streamed over the data plane) until the chief is done;
 * the **chief** sets up what the PyTorch chief sets up for training — the rendezvous with its
-  heartbeat, the CPU split and input worker 0 in its own task with ``--chief-input-cpus``
+  heartbeat, the CPU split and input worker 0 in its own task with ``CSRUN_CHIEF_INPUT_CPUS``
   (:class:`csrun_runtime.pytorch.own_input.OwnInput`), the data-plane receiver
   (:class:`csrun_runtime.pytorch.remote.RemoteSource`) — or, with no input worker, the
   in-process DataLoader (:func:`csrun_runtime.pytorch.worker.build_loader`, ``torch`` held to

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import exits
+from .layout import flag
 
 __all__ = ["Var", "EnvError", "VARIABLES", "SCOPES", "ROLE_VALUES", "TaskEnv", "read_int", "render_markdown"]
 
@@ -117,7 +118,7 @@ TASK_OFFSET = Var("CSRUN_TASK_OFFSET", "int >= 0", "task", _CW + "; csrun_runtim
 WORKER_OFFSET = Var("CSRUN_WORKER_OFFSET", "int >= 0", "task", _CW + "; csrun_runtime.chief_input", _ROLES,
                     "input-worker index of the component's first input-worker task")
 NUM_WORKERS = Var("CSRUN_NUM_WORKERS", "int >= 0", "task", _CW, _ROLES,
-                  "input workers in the whole job (the chief's own with --chief-input-cpus counted)")
+                  f"input workers in the whole job (the chief's own with {flag('chief_input_cpus')} counted)")
 NUM_TASKS = Var("CSRUN_NUM_TASKS", "int >= 1", "task", _CW, _ROLES + " (TaskEnv.num_tasks)",
                 "tasks in the whole het step")
 CPUS_PER_TASK = Var("CSRUN_CPUS_PER_TASK", "int >= 1, empty: Slurm chose", "task",
@@ -130,7 +131,8 @@ STOP_SIGNALS = Var("CSRUN_STOP_SIGNALS", "SIG[:SIG...] (names without SIG)", "ta
 AUTOSCALE = Var("CSRUN_AUTOSCALE", "initial:min:max:policy:window", "task", _CW + " (--autoscale)",
                 "csrun_common.autoscale.parse_env (the chief, the input workers)",
                 "the --autoscale bounds and policy")
-CHIEF_INPUT_CPUS = Var("CSRUN_CHIEF_INPUT_CPUS", "int >= 0", "task", _CW + " (--chief-input-cpus), chief component",
+CHIEF_INPUT_CPUS = Var("CSRUN_CHIEF_INPUT_CPUS", "int >= 0", "task",
+                       _CW + f" ({flag('chief_input_cpus')}), chief component",
                        "csrun_runtime.chief_input.requested", "CPUs of the chief's task that run input worker 0")
 WORKER_JOB = Var("CSRUN_WORKER_JOB", "1", "task", _CW + " (--survive-node-loss)",
                  "csrun_runtime.elastic, csrun_runtime.supervise",

@@ -29,7 +29,7 @@ class FlagSpec:
 
     Attributes:
         name: the parameter's name (the click parameter, the typed field it fills).
-        flag: the flag text, e.g. ``"--total-nodes"``.
+        flag: the flag text, e.g. ``"--partition"``.
         type: ``int``, ``float``, ``str`` or ``bool`` (a switch: ``is_flag``, or an on/off
             pair with ``off_flag``).
         default: the value when the flag is not given (``None``: not given).
@@ -87,7 +87,7 @@ class FlagSpec:
         elif self.choices:
             kw["type"] = click.Choice(list(self.choices))
         elif self.min is not None and self.click_range:
-            kw["type"] = (click.IntRange if self.type is int else click.FloatRange)(min=self.min)
+            kw["type"] = click.IntRange(min=int(self.min)) if self.type is int else click.FloatRange(min=self.min)
         else:
             kw["type"] = self.type
         kw.update(self.options)

@@ -35,8 +35,9 @@ __all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "RECORD_KEYS", "f
 
 #: The layout flags, declared once, in the order :meth:`LayoutSpec.to_flags` writes them
 #: (``csrun_wse --help`` lists the chief's input CPUs later: :data:`launcher.flags.WSE_OPTIONS`);
-#: ``name`` is the :class:`LayoutSpec` field. The first three are always written (when set), the others only when not their default. ``min``: the
-#: bound :meth:`LayoutSpec.check` applies (and click, where ``click_range``).
+#: ``name`` is the :class:`LayoutSpec` field. The first three are always written (when set),
+#: the others only when not their default. ``min``: the bound :meth:`LayoutSpec.check`
+#: applies (and click, where ``click_range``).
 LAYOUT_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("nodes", "--total-nodes", int, None, "Nodes in the job, the chief's included", min=1,
              slurm_options=("--nodes", "-N")),

@@ -11,7 +11,7 @@ The rules are those of ``docs/CONTRACT.md`` ("What csrun_wse tells every task"):
 - component ``single-task``: one task, the input worker ``CSRUN_WORKER_OFFSET``;
 - component ``worker``: the input worker ``CSRUN_WORKER_OFFSET + (SLURM_PROCID - CSRUN_TASK_OFFSET)``;
 - component ``chief-input``: the input worker the chief starts in its own task with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``): index ``CSRUN_WORKER_OFFSET``
+  ``CSRUN_CHIEF_INPUT_CPUS`` (csrun_wse's chief input CPUs): index ``CSRUN_WORKER_OFFSET``
   (0), one process, never set by csrun_wse on a het component.
 
 With ``CSRUN_NUM_WORKERS == 0`` the chief runs the input pipeline in-process as well.
@@ -30,14 +30,14 @@ from .env import ADVERTISE_HOST, RENDEZVOUS_KEY, SHARD_PLAN, WORKER_INDEX, WORKE
 __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
            "RENDEZVOUS_ENV", "ADOPT_ENV", "WORKER_JOB_ENV"]
 
-#: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
+#: The component of the input worker a chief starts in its own task (``CSRUN_CHIEF_INPUT_CPUS``).
 CHIEF_INPUT = "chief-input"
 #: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md; ``chief-input``
 #: is set by the chief for its own input worker, not by csrun_wse): :data:`csrun_common.env.ROLE_VALUES`.
 COMPONENTS = codec.ROLE_VALUES
 # The variables below are declared in csrun_common.env (docs/ENV.md); these names are kept
 # for the modules that import them from here.
-#: The chief's component: CPUs of its task that run input worker 0 (``--chief-input-cpus``).
+#: The chief's component: CPUs of its task that run input worker 0 (``CSRUN_CHIEF_INPUT_CPUS``).
 CHIEF_INPUT_ENV = codec.CHIEF_INPUT_CPUS
 #: The rendezvous key shared by the chief's job and the input workers' own job
 #: (``csrun_wse --survive-node-loss``: two Slurm jobs, so no job id names it for both).
@@ -115,7 +115,7 @@ class Role:
 
     @property
     def chief_input(self) -> bool:
-        """True for the input worker a chief runs in its own task (``--chief-input-cpus``)."""
+        """True for the input worker a chief runs in its own task (``CSRUN_CHIEF_INPUT_CPUS``)."""
         return self.component == CHIEF_INPUT
 
     @property

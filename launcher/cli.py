@@ -204,9 +204,9 @@ def _refuse_not_wired(flags: WseFlags, mode: str | None) -> None:
     :data:`NOT_WIRED_FOR_PYTORCH` is set: before Slurm is asked anything, nothing submitted."""
     if mode != EXECUTION_MODES["python-pt"]:
         return
-    for attr, flag in NOT_WIRED_FOR_PYTORCH.items():
+    for attr, text in NOT_WIRED_FOR_PYTORCH.items():
         if getattr(flags, attr):
-            raise CsrunError(f'{flag} with python-pt: not wired for PyTorch yet '
+            raise CsrunError(f'{text} with python-pt: not wired for PyTorch yet '
                              f'(docs/PYTORCH.md "Not yet for PyTorch")')
 
 

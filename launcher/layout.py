@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from csrun_common.errors import CsrunError
 from csrun_common.layout import LayoutSpec, resolve_counts
 
 CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
@@ -32,8 +31,9 @@ class Component:
     """One het component (het group) of the job.
 
     ``cpus_per_task`` is ``None`` when Slurm chooses (the tasks per node given and the
-    default CPUs do not fit: :func:`~csrun_common.layout.resolve_counts`). ``task_offset`` is the global ``SLURM_PROCID`` of its first
-    task; ``worker_offset`` the input-worker index of its first input-worker task.
+    default CPUs do not fit: :func:`~csrun_common.layout.resolve_counts`). ``task_offset`` is
+    the global ``SLURM_PROCID`` of its first task; ``worker_offset`` the input-worker index of
+    its first input-worker task.
     """
 
     het_group: int

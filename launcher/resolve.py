@@ -149,7 +149,8 @@ def offline_node_cpus(view: ClusterView, tasks_per_node: int | None, cpus_per_ta
                          "the site config")
     if tasks_per_node is None or cpus_per_task is None:
         raise CsrunError("--dry-run: slurmctld does not answer and the CPUs of a node are unknown: give "
-                         f"{flag('tasks_per_node')} and {flag('cpus_per_task')}, or set defaults.node_cpus in the site config")
+                         f"{flag('tasks_per_node')} and {flag('cpus_per_task')}, or set defaults.node_cpus in the "
+                         "site config")
     return tasks_per_node * cpus_per_task
 
 

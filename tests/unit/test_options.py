@@ -10,9 +10,9 @@ import click
 import pytest
 import tomllib
 
+from csrun_common.layout import LAYOUT_FLAGS
 from launcher.cli import csrun_cpu, csrun_wse
 from launcher.config import KEYS, SiteConfig, format_config, load_config
-from csrun_common.layout import LAYOUT_FLAGS
 from launcher.flags import CPU_OPTIONS, WSE_OPTIONS, CpuFlags, WseFlags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ def test_every_key_is_in_the_readme_table():
     assert not missing, f"site-config keys missing from the README's table: {missing}"
 
 
-@pytest.mark.parametrize(("cmd", "flags", "specs"), [(csrun_wse, WseFlags, WSE_OPTIONS), (csrun_cpu, CpuFlags, CPU_OPTIONS)],
-                         ids=["wse", "cpu"])
+@pytest.mark.parametrize(("cmd", "flags", "specs"),
+                         [(csrun_wse, WseFlags, WSE_OPTIONS), (csrun_cpu, CpuFlags, CPU_OPTIONS)], ids=["wse", "cpu"])
 def test_typed_flags_are_the_declared_flags(cmd, flags, specs):
     """The click parameters are the declarations (one FlagSpec each), and the typed value the
     command works on has a field of the same name and default for each, the layout flags
