@@ -768,7 +768,7 @@ class _Driver:
         self.elapsed_by_key: dict[tuple[str, int, int], float] = {}
         self.failures: list[str] = []
         self.pytorch = False  # the hellos say; then the grid adds DataLoader num_workers
-        self.dl_workers: int | None = None  # the next PyTorch probe's DataLoader num_workers
+        self.loader_workers: int | None = None  # the next PyTorch probe's DataLoader num_workers
 
     def run(self) -> ProbeRun:
         """Probe until done; returns what was found (``stopped`` says why it ended)."""
@@ -848,14 +848,14 @@ class _Driver:
 
     def _plan(self, max_tasks: int, predict: Callable[[int, int], float] | None) -> tuple[str, int, int] | None:
         """:func:`next_probe`; for PyTorch :func:`analyzer.dataloader_plan.next_point`, its
-        DataLoader ``num_workers`` kept in ``self.dl_workers``."""
+        DataLoader ``num_workers`` kept in ``self.loader_workers``."""
         if not self.pytorch:
             return next_probe(self.out.rows, self.n, max_tasks, self.want_ingest, predict)
         got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict,
                                          served=self.want_served)
         if got is None:
             return None
-        self.dl_workers = got[3]
+        self.loader_workers = got[3]
         return got[0], got[1], got[2]
 
     def _predict(self) -> Callable[[int, int], float] | None:
@@ -892,14 +892,14 @@ class _Driver:
             T = min(session.workers, 3)
         if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
             # One CPU cannot hold the input worker and the chief apart: the chief runs here.
-            extra = {"dataloader_workers": self.dl_workers} if self.pytorch else {}
+            extra = {"dataloader_workers": self.loader_workers} if self.pytorch else {}
             row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick, extra)
             if self.pytorch:
-                row["dataloader_workers"] = self.dl_workers
+                row["dataloader_workers"] = self.loader_workers
         elif self.pytorch:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick,
-                                extra={"dataloader_workers": self.dl_workers})
-            row["dataloader_workers"] = self.dl_workers
+                                extra={"dataloader_workers": self.loader_workers})
+            row["dataloader_workers"] = self.loader_workers
         else:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick)
         return row, kind, T, C

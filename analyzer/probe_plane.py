@@ -145,7 +145,7 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
     if index == 0:
         host = socket.gethostname() if cmd.get("chief_apart") else "localhost"
         rdv.reset()
-        role = Role(kind="chief", worker_index=None, num_workers=T - 1, node=socket.gethostname(), host=host)
+        role = Role(kind="chief", worker_index=None, num_input_workers=T - 1, node=socket.gethostname(), host=host)
         rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0)}
         return PlaneCounter(RemoteSource(rdv, role, rc, adopt=False))
     deadline = time.monotonic() + timeout

@@ -2,7 +2,7 @@
 
 A layout is ``N`` nodes × ``T`` tasks per node × ``C`` CPUs per task with ``S`` single-task
 nodes and ``L`` CPUs of the chief's task given to its own input worker
-(``--chief-input-cpus``), shaped as :func:`launcher.layout.plan_layout` shapes it
+(the chief's input CPUs), shaped as :func:`launcher.layout.plan_layout` shapes it
 (docs/CONTRACT.md):
 
 * ``S = 0``: node 1 runs the chief and ``T - 1`` input workers, nodes 2..N run ``T`` input
@@ -59,6 +59,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from csrun_common.errors import CsrunError
 from csrun_common.layout import LayoutSpec
 
 from .model import NodeModel
@@ -73,22 +74,14 @@ MIN_CHIEF_INPUT_GAIN = 0.01
 def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, Any]]:
     """Per-node plan: ``{"workers", "tasks", "cpus", "chief", "rate", "k"}`` (rate = samples/s
     delivered by the node's input workers)."""
-    n = model.node_cpus
 
     def node(tasks: int, cpus: int, workers: int, chief: bool) -> dict[str, Any]:
         rate = model.node_rate(tasks, cpus) * (workers / tasks) if workers else 0.0
         return {"tasks": tasks, "cpus": cpus, "workers": workers, "chief": chief,
                 "rate": rate, "k": _k(model, tasks, cpus), "rel": model.node_rel_spread(tasks, cpus)}
 
-    out = []
-    if S == 0:
-        out.append(node(T, C, T - 1, True))
-        out += [node(T, C, T, False) for _ in range(N - 1)]
-    else:
-        out.append(node(1, n, 0, True))
-        out += [node(1, n, 1, False) for _ in range(S - 1)]
-        out += [node(T, C, T, False) for _ in range(N - S)]
-    return out
+    shapes = LayoutSpec(N, T, C, S).node_shapes(model.node_cpus)  # the layout's rule, written once
+    return [node(sh.tasks, int(sh.cpus or C), sh.workers, sh.chief) for sh in shapes]
 
 
 def _k(model: NodeModel, tasks: int, cpus: int) -> float:
@@ -147,7 +140,7 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     known: the workers' rates are summed). ``topology``: ``{"node_hosts": [host of node 1
     (the chief's), host of worker node 2, ...], "host_cores": {host: cores}}`` for hosts
     whose nodes share cores, or ``None`` for independent nodes. ``chief_input_cpus``: CPUs
-    of the chief's task running input worker 0 (``csrun_wse --chief-input-cpus``; 0: none).
+    of the chief's task running input worker 0 (``LayoutSpec.chief_input_cpus``; 0: none).
 
     Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
     "chief_input_cpus", "input_workers" (the chief's own counted), "predicted_samples_per_sec",
@@ -176,14 +169,15 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
 
 
 def _check_layout(model: NodeModel, N: int, T: int, C: int, S: int, L: int) -> int:
-    """The chief task's CPUs (:func:`chief_task_cpus`) of a valid layout; raises
-    ``ValueError`` as :func:`predict_layout` says."""
-    if N < 1 or T < 1 or C < 1 or not (0 <= S < max(N, 1)) or (S and S >= N):
-        raise ValueError(f"bad layout N={N} T={T} C={C} S={S}")
-    c_task = chief_task_cpus(model, C, S)
-    if not 0 <= L <= c_task:
-        raise ValueError(f"chief input CPUs {L}: must be 0 to the chief task's {c_task} CPU(s)")
-    return c_task
+    """The chief task's CPUs (:func:`chief_task_cpus`) of a valid layout
+    (:meth:`csrun_common.layout.LayoutSpec.check` and :meth:`~csrun_common.layout.LayoutSpec.check_chief_input`,
+    the layout's rules); raises ``ValueError`` with their message, as :func:`predict_layout` says."""
+    spec = LayoutSpec(N, T, C, S, L)
+    try:
+        spec.check().check_chief_input(model.node_cpus)
+    except CsrunError as exc:
+        raise ValueError(str(exc)) from None
+    return chief_task_cpus(model, C, S)
 
 
 def _in_process(model: NodeModel, base: dict[str, Any], C: int) -> dict[str, Any]:
@@ -375,11 +369,13 @@ def _node_cores(p: dict[str, Any], node_cpus: int) -> float:
 
 
 def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, int, int]]:
-    """All ``(N, T, C)`` with ``1 ≤ N ≤ available_nodes`` and ``T × C ≤ node_cpus``."""
+    """All ``(N, T, C)`` with ``1 ≤ N ≤ available_nodes`` whose tasks fit a node of ``node_cpus``
+    (``T × C ≤ node_cpus``: :meth:`csrun_common.layout.LayoutSpec.check_node`'s rule), in
+    ``N``, ``C``, ``T`` order."""
     out = []
     for N in range(1, available_nodes + 1):
         for C in range(1, node_cpus + 1):
-            for T in range(1, node_cpus // C + 1):
+            for T in range(1, node_cpus // C + 1):  # every T with T × C within the node
                 out.append((N, T, C))
     return out
 
@@ -387,7 +383,7 @@ def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, i
 def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
                         ingest: dict | None = None, topology: dict | None = None,
                         without: dict[str, Any] | None = None) -> list[int]:
-    """The ``--chief-input-cpus`` values :func:`recommend` tries for an ``S = 0`` layout
+    """The chief's input CPUs (``chief_input_cpus``) :func:`recommend` tries for an ``S = 0`` layout
     besides 0 (CPUs of the chief's ``C``-CPU task):
 
     * ``C - 1`` when ``C ≥ 2``: the worker pinned apart, training keeping one CPU;
@@ -415,7 +411,7 @@ def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_
 def recommend(model: NodeModel, available_nodes: int, target: float | None = None,
               ingest: dict | None = None, topology: dict | None = None,
               tolerance: float = 0.05) -> dict[str, Any]:
-    """Choose the layout (rules in the module docstring), ``--chief-input-cpus`` included.
+    """Choose the layout (rules in the module docstring), the chief's input CPUs included.
 
     ``target``: samples/s the accelerator consumes (``None``: best for the available nodes).
     Returns the chosen :func:`predict_layout` dict plus ``"target"``, ``"meets_target"``
@@ -424,9 +420,26 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
     ``None`` without a target), ``"reason"`` (a sentence) and ``"alternatives"`` (the five
     next layouts by the same order).
     Raises ``ValueError`` when ``available_nodes < 1``.
+
+    The steps: the candidates' predictions (:func:`_candidates`), the choice with a target
+    (:func:`_choose_for_target`) or without (:func:`_choose_best`), and the result
+    (:func:`_recommendation`).
     """
     if available_nodes < 1:
         raise ValueError(f"available nodes {available_nodes}: must be at least 1")
+    preds = _candidates(model, available_nodes, ingest, topology)
+    if target:
+        choice = _choose_for_target(preds, target, available_nodes, tolerance)
+    else:
+        choice = _choose_best(preds, available_nodes, tolerance)
+    return _recommendation(choice, preds, target)
+
+
+def _candidates(model: NodeModel, available_nodes: int, ingest: dict | None,
+                topology: dict | None) -> list[dict[str, Any]]:
+    """:func:`predict_layout` of every :func:`candidate_layouts` layout without the chief's
+    input worker, and of each :func:`chief_input_choices` variant that raises its rate by at
+    least :data:`MIN_CHIEF_INPUT_GAIN`."""
     preds = []
     for N, T, C in candidate_layouts(model.node_cpus, available_nodes):
         p0 = predict_layout(model, N, T, C, 0, ingest, topology)
@@ -435,48 +448,78 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
             p = predict_layout(model, N, T, C, 0, ingest, topology, L)
             if p["predicted_samples_per_sec"] >= (1 + MIN_CHIEF_INPUT_GAIN) * p0["predicted_samples_per_sec"]:
                 preds.append(p)
+    return preds
 
-    def cores(p: dict) -> int:
-        return p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"]
 
-    order = lambda p: (p["nodes"], cores(p), -p["predicted_samples_per_sec"],  # noqa: E731
-                       p["chief_input_cpus"] > 0)
-    by_rate = lambda p: (-p["predicted_samples_per_sec"], p["nodes"], cores(p),  # noqa: E731
-                         p["chief_input_cpus"] > 0)
+def _cores(p: dict[str, Any]) -> int:
+    """Reserved cores of a prediction's layout: ``N × T × C``."""
+    return int(p["nodes"] * p["tasks_per_node"] * p["cpus_per_task"])
+
+
+def _by_size(p: dict[str, Any]) -> tuple:
+    """The choice's order: fewest nodes, fewest cores, highest rate, no chief input worker."""
+    return p["nodes"], _cores(p), -p["predicted_samples_per_sec"], p["chief_input_cpus"] > 0
+
+
+def _by_rate(p: dict[str, Any]) -> tuple:
+    """The alternatives' order without a sure choice: highest rate first, then by size."""
+    return -p["predicted_samples_per_sec"], p["nodes"], _cores(p), p["chief_input_cpus"] > 0
+
+
+@dataclass
+class _Choice:
+    """A chosen prediction, the ranking its alternatives come from, why, and against the
+    target: ``meets`` and ``starved`` (``None`` without one)."""
+
+    chosen: dict[str, Any]
+    ranked: list[dict[str, Any]]
+    reason: str
+    meets: bool | None = None
+    starved: Any = None
+
+
+def _choose_for_target(preds: list[dict[str, Any]], target: float, available_nodes: int,
+                       tolerance: float) -> _Choice:
+    """The smallest layout whose interval's low end meets ``target``, else whose prediction
+    does, else the smallest within ``tolerance`` of the best rate (input-starved)."""
     best_rate = max(p["predicted_samples_per_sec"] for p in preds)
-    if target:
-        sure = sorted((p for p in preds if p["interval"][0] >= target), key=order)
-        point = sorted((p for p in preds if p["predicted_samples_per_sec"] >= target), key=order)
-        if sure:
-            chosen, ranked = sure[0], sure
-            reason = (f"fewest nodes, then fewest cores, whose interval's low end meets the target "
-                      f"{target:.0f} samples/s")
-        elif point:
-            chosen, ranked = point[0], point
-            reason = (f"fewest nodes, then fewest cores, whose prediction meets the target "
-                      f"{target:.0f} samples/s (its interval's low end does not)")
-        else:
-            ranked = sorted(preds, key=by_rate)
-            near = sorted((p for p in preds if p["predicted_samples_per_sec"] >= (1 - tolerance) * best_rate),
-                          key=order)
-            chosen = near[0]
-            reason = (f"no layout on {available_nodes} node(s) reaches the target {target:.0f} samples/s; "
-                      f"the fewest nodes and cores within {tolerance:.0%} of the best rate")
-        lo, pred = chosen["interval"][0], chosen["predicted_samples_per_sec"]
-        starved: Any = True if pred < target else ("at risk" if lo < target else False)
-        meets = pred >= target
+    sure = sorted((p for p in preds if p["interval"][0] >= target), key=_by_size)
+    point = sorted((p for p in preds if p["predicted_samples_per_sec"] >= target), key=_by_size)
+    if sure:
+        choice = _Choice(sure[0], sure, f"fewest nodes, then fewest cores, whose interval's low end meets the "
+                                        f"target {target:.0f} samples/s")
+    elif point:
+        choice = _Choice(point[0], point, f"fewest nodes, then fewest cores, whose prediction meets the target "
+                                          f"{target:.0f} samples/s (its interval's low end does not)")
     else:
-        ranked = sorted((p for p in preds if p["predicted_samples_per_sec"] >= (1 - tolerance) * best_rate),
-                        key=order)
-        chosen = ranked[0]
-        reason = (f"no target given: the fewest nodes, then fewest cores, within {tolerance:.0%} "
-                  f"of the best predicted rate on {available_nodes} available node(s)")
-        starved, meets = None, None
-    if not target:
-        ranked = sorted(preds, key=by_rate)
-    alts = [p for p in ranked if p is not chosen][:5]
-    return {**chosen, "target": target, "meets_target": meets, "input_starved": starved,
-            "reason": reason, "best_available_samples_per_sec": best_rate,
-            "alternatives": [{k: a[k] for k in ("nodes", "tasks_per_node", "cpus_per_task", "chief_input_cpus",
-                                                 "predicted_samples_per_sec", "interval")}
-                             for a in alts]}
+        near = sorted((p for p in preds if p["predicted_samples_per_sec"] >= (1 - tolerance) * best_rate),
+                      key=_by_size)
+        choice = _Choice(near[0], sorted(preds, key=_by_rate),
+                         f"no layout on {available_nodes} node(s) reaches the target {target:.0f} samples/s; "
+                         f"the fewest nodes and cores within {tolerance:.0%} of the best rate")
+    lo, pred = choice.chosen["interval"][0], choice.chosen["predicted_samples_per_sec"]
+    choice.starved = True if pred < target else ("at risk" if lo < target else False)
+    choice.meets = pred >= target
+    return choice
+
+
+def _choose_best(preds: list[dict[str, Any]], available_nodes: int, tolerance: float) -> _Choice:
+    """Without a target: the smallest layout within ``tolerance`` of the best rate; the
+    alternatives by rate."""
+    best_rate = max(p["predicted_samples_per_sec"] for p in preds)
+    near = sorted((p for p in preds if p["predicted_samples_per_sec"] >= (1 - tolerance) * best_rate),
+                  key=_by_size)
+    return _Choice(near[0], sorted(preds, key=_by_rate),
+                   f"no target given: the fewest nodes, then fewest cores, within {tolerance:.0%} "
+                   f"of the best predicted rate on {available_nodes} available node(s)")
+
+
+def _recommendation(choice: _Choice, preds: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """:func:`recommend`'s result: the chosen prediction, the target's verdicts, the reason,
+    the best rate and the next five alternatives."""
+    alts = [p for p in choice.ranked if p is not choice.chosen][:5]
+    keys = ("nodes", "tasks_per_node", "cpus_per_task", "chief_input_cpus", "predicted_samples_per_sec", "interval")
+    return {**choice.chosen, "target": target, "meets_target": choice.meets, "input_starved": choice.starved,
+            "reason": choice.reason,
+            "best_available_samples_per_sec": max(p["predicted_samples_per_sec"] for p in preds),
+            "alternatives": [{k: a[k] for k in keys} for a in alts]}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from csrun_common import atomic
-from csrun_common.layout import LayoutSpec
+from csrun_common.layout import LayoutSpec, flag
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
 
@@ -72,7 +72,7 @@ def _is_python(word: str) -> bool:
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
                       shard_plan: str | None = None, framework: str = "tensorflow") -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
-    (``--chief-input-cpus L`` when the recommendation gives the chief's task an input worker
+    (the chief's input CPUs ``L`` when the recommendation gives the chief's task an input worker
     of ``L`` CPUs; ``python-pt`` for ``framework="pytorch"``). The layout's flags:
     :meth:`csrun_common.layout.LayoutSpec.to_flags`."""
     words = ["csrun_wse", *LayoutSpec.from_record(rec).to_flags()]
@@ -416,7 +416,7 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
         tgt = (report.get("target") or {}).get("samples_per_sec")
         if tgt:
             ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
-        ax.set_xlabel("nodes (csrun_wse --total-nodes)")
+        ax.set_xlabel(f"nodes (csrun_wse {flag('nodes')})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("delivered to the chief (samples/s)")
         if rec:

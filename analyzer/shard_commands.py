@@ -16,13 +16,15 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 import psutil
 
 from csrun_common.errors import CsrunError
-from csrun_common.shardplan_schema import input_worker_count
+from csrun_common.flagspec import click_options
+from csrun_common.layout import LAYOUT_FLAGS, LayoutSpec, flag
 
 from .datafiles import ParamsData, expand_sources, read_params
 from .reshard import ReshardVerificationError, reshard
@@ -31,6 +33,11 @@ if TYPE_CHECKING:
     from . import shardplan as sp
 
 __all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
+
+
+#: ``shard-plan``'s ``[default: ...]`` of the layout flags (the plan is for csrun_wse's layout).
+SHARD_PLAN_NOTES = {"nodes": "none; with it the plan is for csrun_wse's input workers, every task but the chief",
+                    "tasks_per_node": "1", "single_task_nodes": "0", "chief_input_cpus": "0"}
 
 
 def _bad(message: str) -> CsrunError:
@@ -78,64 +85,67 @@ def _report_number(report: dict, *keys: tuple[str, ...]) -> float | None:
     return None
 
 
-def resolve_layout(workers: int | None, nodes: int | None, tasks_per_node: int | None,
-                   single_task_nodes: int | None, report_dir: str | None) -> tuple[int, dict, int, dict]:
-    """Resolve the worker layout from exactly one of ``--workers``, ``--nodes`` (with
-    ``--tasks-per-node``/``--single-task-nodes``) and ``--from-report``.
+def resolve_layout(workers: int | None, given: Mapping[str, Any],
+                   report_dir: str | None) -> tuple[int, dict, int, dict]:
+    """Resolve the worker layout from exactly one of ``--workers``, the layout flags
+    (``given``: :data:`csrun_common.layout.LAYOUT_FLAGS` field -> value, ``None``/``False``: not
+    given; the nodes also as ``--nodes``) and ``--from-report``.
 
-    ``--nodes``/the report's recommendation are csrun_wse's ``--total-nodes``,
-    ``--tasks-per-node`` and ``--single-task-nodes``: the input workers are every task
-    but the chief (:func:`csrun_common.shardplan_schema.input_worker_count`).
+    The layout flags and the report's recommendation are csrun_wse's: the input workers are
+    every task but the chief, plus the chief's own with its input CPUs
+    (:attr:`csrun_common.layout.LayoutSpec.num_input_workers`).
 
-    Returns ``(num_workers, layout dict, workers_per_node, report or {})``. Raises
+    Returns ``(num_input_workers, layout dict, workers_per_node, report or {})``. Raises
     :class:`csrun_common.errors.CsrunError` (exit 2) naming the flag or report field.
     """
-    given = [n for n, v in (("--workers", workers), ("--nodes", nodes), ("--from-report", report_dir))
-             if v is not None]
-    if len(given) != 1:
-        raise _bad("give exactly one worker layout: --workers N, --nodes N [--tasks-per-node T] "
-                   "[--single-task-nodes S], or --from-report DIR"
-                   + (f" (got {' and '.join(given)})" if given else ""))
-    if nodes is None and (tasks_per_node is not None or single_task_nodes is not None):
-        flag = "--tasks-per-node" if tasks_per_node is not None else "--single-task-nodes"
-        raise _bad(f"{flag}: only with --nodes (it describes csrun_wse's layout)")
+    named = {k: v for k, v in given.items() if v is not None and v is not False}
+    nodes = named.get("nodes")
+    sources = [n for n, v in (("--workers", workers), ("--nodes", nodes), ("--from-report", report_dir))
+               if v is not None]
+    if len(sources) != 1:
+        raise _bad(f"give exactly one worker layout: --workers N, --nodes N [{flag('tasks_per_node')} T] "
+                   f"[{flag('single_task_nodes')} S], or --from-report DIR"
+                   + (f" (got {' and '.join(sources)})" if sources else ""))
+    if nodes is None and named:
+        raise _bad(f"{flag(next(iter(named)))}: only with --nodes (it describes csrun_wse's layout)")
     if workers is not None:
         return _pos_int(workers, "--workers"), {"source": "--workers", "input_workers": workers}, 1, {}
     report: dict[str, Any] = {}
     if nodes is not None:
-        lay = _layout_from_flags(nodes, tasks_per_node, single_task_nodes)
+        lay = _layout_from_flags(named)
     else:
         lay, report = _layout_from_report(str(report_dir))
+    spec = lay.spec
     if lay.workers < 1:
-        raise _bad(f"{lay.names[0]} {lay.nodes} {lay.names[1]} {lay.tasks}: the layout has no input worker (the "
-                   "chief runs input_fn in-process); no shard plan is needed")
-    layout = {"source": lay.source, "nodes": lay.nodes, "tasks_per_node": lay.tasks,
-              "single_task_nodes": lay.single, "cpus_per_task": lay.cpus, "input_workers": lay.workers,
-              "rule": "input workers = every task but the chief (docs/CONTRACT.md)"}
-    return lay.workers, layout, lay.tasks, report
+        raise _bad(f"{lay.names[0]} {spec.nodes} {lay.names[1]} {spec.tasks_per_node}: the layout has no input "
+                   "worker (the chief runs input_fn in-process); no shard plan is needed")
+    layout = {"source": lay.source, "nodes": spec.nodes, "tasks_per_node": spec.tasks_per_node,
+              "single_task_nodes": spec.single_task_nodes, "cpus_per_task": spec.cpus_per_task,
+              **({"chief_input_cpus": spec.chief_input_cpus} if spec.chief_input_cpus else {}),
+              **({"cyclic": True} if spec.cyclic else {}),
+              "input_workers": lay.workers, "rule": "input workers = every task but the chief (docs/CONTRACT.md)"}
+    return lay.workers, layout, spec.tasks_per_node, report
 
 
 class _Layout(NamedTuple):
-    """A csrun_wse layout (``--total-nodes``, ``--tasks-per-node``, ``--single-task-nodes``,
-    ``--cpus-per-task`` or None), where it came from, the names of its first two fields in
-    messages, and its input workers."""
+    """A csrun_wse layout, where it came from, the names of its nodes and tasks in messages,
+    and its input workers."""
 
-    nodes: int
-    tasks: int
-    single: int
-    cpus: int | None
+    spec: LayoutSpec
     source: str
     names: tuple[str, str]
     workers: int
 
 
-def _layout_from_flags(nodes: int, tasks_per_node: int | None, single_task_nodes: int | None) -> _Layout:
-    n, t, s = nodes, 1 if tasks_per_node is None else tasks_per_node, single_task_nodes or 0
+def _layout_from_flags(named: Mapping[str, Any]) -> _Layout:
+    """The layout of the layout flags given (``--nodes`` for the nodes; the tasks per node 1
+    when not given)."""
+    spec = LayoutSpec(**{"tasks_per_node": 1, "cpus_per_task": None, **named})
     try:
-        w = input_worker_count(n, t, s)
-    except ValueError as exc:
-        raise _bad(str(exc).replace("--total-nodes", "--nodes")) from None
-    return _Layout(n, t, s, None, "--nodes", ("--nodes", "--tasks-per-node"), w)
+        spec.check()
+    except CsrunError as exc:
+        raise _bad(str(exc).replace(flag("nodes"), "--nodes")) from None
+    return _Layout(spec, "--nodes", ("--nodes", flag("tasks_per_node")), spec.num_input_workers)
 
 
 def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
@@ -148,18 +158,20 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
     t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
     s = rec.get("single_task_nodes") or 0
-    chief_input = bool(rec.get("chief_input_cpus"))
+    cpus = rec.get("cpus_per_task")
+    spec = LayoutSpec(n, t, cpus if isinstance(cpus, int) else None, s, int(rec.get("chief_input_cpus") or 0),
+                      bool(rec.get("cyclic")))
     try:
-        w = input_worker_count(n, t, s, chief_input)
-    except ValueError as exc:
+        w = spec.check().num_input_workers
+    except CsrunError as exc:
         raise _bad(f"--from-report {file}: {exc}") from None
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
-        own = " + the chief's own input worker" if chief_input else ""
+        own = " + the chief's own input worker" if spec.chief_input_cpus else ""
         raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
                    f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}){own} = {w} input workers")
-    return _Layout(n, t, s, rec.get("cpus_per_task"), f"--from-report {file}",
-                   ("recommendation.nodes", "recommendation.tasks_per_node"), w), report
+    return _Layout(spec, f"--from-report {file}", ("recommendation.nodes", "recommendation.tasks_per_node"),
+                   w), report
 
 
 def _node_memory() -> tuple[int | None, str]:
@@ -180,10 +192,8 @@ def _node_memory() -> tuple[int | None, str]:
 @click.option("--pattern", metavar="GLOB", help="File names to take from data directories "
               "(default: *.tfrecord* if any, else every non-hidden file).")
 @click.option("--workers", type=int, help="Number of input workers.")
-@click.option("--nodes", "--total-nodes", "nodes", type=int, help="csrun_wse --total-nodes (with --tasks-per-node, "
-              "--single-task-nodes): the plan is for its input workers (every task but the chief).")
-@click.option("--tasks-per-node", type=int, help="csrun_wse --tasks-per-node (default 1).")
-@click.option("--single-task-nodes", type=int, help="csrun_wse --single-task-nodes (default 0).")
+@click_options(LAYOUT_FLAGS, notes=SHARD_PLAN_NOTES, aliases={"nodes": ("--nodes",)},
+               over={s.name: {"default": None} for s in LAYOUT_FLAGS})
 @click.option("--from-report", "report_dir", metavar="DIR",
               help="Use the layout recommended in DIR/report.json (cs_input_analyzer's output).")
 @click.option("--seed", type=int, help="Base shuffle seed (default: train_input.shuffle_seed, else 0); "
@@ -209,11 +219,10 @@ def _node_memory() -> tuple[int | None, str]:
               help="Where to write the plan (JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
 def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: str | None,
-                   workers: int | None, nodes: int | None, tasks_per_node: int | None,
-                   single_task_nodes: int | None, report_dir: str | None, seed: int | None,
+                   workers: int | None, report_dir: str | None, seed: int | None,
                    mode: str, balance_by: str, count: str, count_budget: float,
                    shuffle_buffer: int | None, element_bytes: str | None,
-                   node_memory: str | None, output: str, as_json: bool) -> None:
+                   node_memory: str | None, output: str, as_json: bool, **given: Any) -> None:
     """Plan which data files each input worker reads (SOURCES: files, directories, globs).
 
     Files are assigned whole, balancing records (when counted) or bytes with LPT; each
@@ -223,8 +232,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: s
     """
     from . import shardplan as sp  # NumPy: when the command runs
 
-    num_workers, layout, per_node, report = resolve_layout(
-        workers, nodes, tasks_per_node, single_task_nodes, report_dir)
+    num_input_workers, layout, per_node, report = resolve_layout(workers, given, report_dir)
     if count_budget < 0:
         raise _bad(f"--count-budget {count_budget}: must be >= 0")
     if shuffle_buffer is not None and shuffle_buffer < 0:
@@ -238,7 +246,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: s
                                                is not None else 0)
     hint_sources = list(sources) or (params.data_dirs if params else [])
     try:
-        plan = sp.plan_shards(gathered.table, num_workers, sp.PlanOptions(
+        plan = sp.plan_shards(gathered.table, num_input_workers, sp.PlanOptions(
             base_seed=base_seed, mode=mode, balance_by=None if balance_by == "auto" else balance_by,
             layout=layout, records_exact=gathered.records_exact, records_estimate=gathered.records_estimate,
             shuffle=shuffle, reshard_hint=shlex.join(hint_sources), extra_warnings=gathered.warnings))
@@ -335,21 +343,20 @@ def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) ->
     with their fixes, where it was written and how to use it."""
     from . import shardplan as sp  # NumPy: when the command runs
 
-    num_workers = plan.num_workers
+    num_input_workers = plan.num_workers
     tot_rec = plan.total_records
     rec_text = (f", {tot_rec:,} records" if tot_rec is not None else
                 (f", ~{plan.records_estimate:,} records (estimated)" if plan.records_estimate else ""))
-    lay = (f" (csrun_wse --total-nodes {layout['nodes']} --tasks-per-node {layout['tasks_per_node']}"
-           + (f" --single-task-nodes {layout['single_task_nodes']}" if layout.get("single_task_nodes") else "")
-           + ": every task but the chief)") if "nodes" in layout else ""
+    flags = LayoutSpec.from_record({**layout, "cpus_per_task": None}).to_flags() if "nodes" in layout else []
+    lay = f" (csrun_wse {' '.join(flags)}: every task but the chief)" if flags else ""
     click.echo(f"shard plan: {len(plan.paths):,} files ({sp.format_bytes(plan.total_bytes)}{rec_text}) "
-               f"-> {num_workers:,} input workers{lay}")
+               f"-> {num_input_workers:,} input workers{lay}")
     imb = f"imbalance (max/mean): {plan.imbalance_bytes:.3f} bytes"
     if plan.imbalance_records is not None:
         imb += f", {plan.imbalance_records:.3f} records"
     click.echo(f"mode: {plan.mode}; balanced by {plan.balance_by}; {imb}")
     if plan.mode == "shard":
-        per = [int(plan.offsets[i + 1] - plan.offsets[i]) for i in range(min(num_workers, 1_000_000))]
+        per = [int(plan.offsets[i + 1] - plan.offsets[i]) for i in range(min(num_input_workers, 1_000_000))]
         click.echo(f"files per worker: {min(per)}..{max(per)}; seeds: distinct, from base seed {plan.base_seed}")
     else:
         click.echo(f"every worker reads all {len(plan.paths)} files; seeds: distinct, from base seed "

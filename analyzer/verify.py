@@ -1,9 +1,9 @@
 """``cs_input_analyzer verify [--report DIR]``: check a prediction on the cluster.
 
-Launches the recommended layout (or one given with ``--total-nodes/--tasks-per-node/
---cpus-per-task/--chief-input-cpus``) with ``csrun_wse``, every task running
+Launches the recommended layout (or one given with csrun_wse's layout flags,
+:data:`csrun_common.layout.LAYOUT_FLAGS`) with ``csrun_wse``, every task running
 :mod:`analyzer.verify_task` on the report's run.py and params: the input workers serve the
-input_fn exactly as in training (with ``--chief-input-cpus``, input worker 0 in the chief's
+input_fn exactly as in training (with the chief's input CPUs, input worker 0 in the chief's
 task, as training runs it) and the chief only drains the stream for ``--seconds`` after a
 ``--warmup``. Prints predicted vs
 measured samples/s and the error in % (``100 × (measured − predicted) / predicted``), and
@@ -34,10 +34,16 @@ import click
 from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
-from csrun_common.layout import LayoutSpec
+from csrun_common.flagspec import click_options
+from csrun_common.layout import LAYOUT_FLAGS, LayoutSpec
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
+
+#: ``verify``'s ``[default: ...]`` of the layout flags: the recommendation's.
+VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task")
+                                                 else "; 0 when nodes, tasks or CPUs are given")
+                for s in LAYOUT_FLAGS if s.type is not bool}
 
 
 def find_report(report: str | None) -> Path:
@@ -73,7 +79,7 @@ def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single
     """The report model's prediction for a layout (the recommendation's own when it is one):
     :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
     ``interval`` [low, high] in samples/s, ``limited_by``). ``chief_input_cpus``: CPUs of the
-    chief's task running input worker 0 (``--chief-input-cpus``)."""
+    chief's task running input worker 0 (``chief_input_cpus``)."""
     rec = rep["recommendation"]
     if (nodes, tasks, cpus, single, chief_input_cpus) == (
             rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec.get("single_task_nodes", 0),
@@ -132,25 +138,29 @@ def _strip_model_dir(argv: list[str]) -> list[str]:
 
 
 def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None, tasks: int | None = None,
-                  cpus: int | None = None, chief_input_cpus: int | None = None) -> dict[str, int]:
-    """The layout verify launches: the recommendation ``rec``'s, with the options given
-    (``None``: not given). Overriding nodes, tasks or CPUs starts a layout without
-    single-task nodes and without the chief's input worker unless ``chief_input_cpus`` is
-    given. Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-    "chief_input_cpus"}`` (:meth:`csrun_common.layout.LayoutSpec.record`). Raises
-    :class:`CsrunError` naming the flag for more CPUs than a node's ``node_cpus`` or
-    ``chief_input_cpus`` above the chief task's CPUs (:meth:`LayoutSpec.check_node`)."""
-    override = bool(nodes or tasks or cpus)
-    spec = LayoutSpec(nodes or rec["nodes"], tasks or rec["tasks_per_node"], cpus or rec["cpus_per_task"],
-                      0 if override else rec.get("single_task_nodes", 0),
-                      chief_input_cpus if chief_input_cpus is not None
-                      else (0 if override else rec.get("chief_input_cpus") or 0))
-    return spec.check_node(node_cpus).record()
+                  cpus: int | None = None, chief_input_cpus: int | None = None,
+                  **given: Any) -> dict[str, Any]:
+    """The layout verify launches: the recommendation ``rec``'s, with the layout flags given
+    (``None``/``False``: not given; ``nodes``, ``tasks``, ``cpus``, ``chief_input_cpus`` and
+    any other :data:`csrun_common.layout.LAYOUT_FLAGS` field in ``given``). Overriding nodes,
+    tasks or CPUs starts a layout without single-task nodes and without the chief's input
+    worker unless given. Returns the :meth:`csrun_common.layout.LayoutSpec.record` keys
+    (``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``,
+    ``"cyclic"`` when set). Raises :class:`CsrunError` naming the flag for a value below its
+    bound, more CPUs than a node's ``node_cpus`` or ``chief_input_cpus`` above the chief task's
+    CPUs (:meth:`LayoutSpec.check_node`)."""
+    named = {k: v for k, v in {**given, "nodes": nodes, "tasks_per_node": tasks, "cpus_per_task": cpus,
+                                "chief_input_cpus": chief_input_cpus}.items() if v is not None and v is not False}
+    LayoutSpec.check_given(named)
+    spec = LayoutSpec.from_record(rec)
+    if any(named.get(k) for k in ("nodes", "tasks_per_node", "cpus_per_task")):
+        spec = spec.with_(single_task_nodes=0, chief_input_cpus=0)
+    return spec.with_(**named).check_node(node_cpus).record()
 
 
 def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
            cpus: int | None, timeout_s: float, mount_dirs: str | None,
-           chief_input_cpus: int | None = None) -> dict:
+           chief_input_cpus: int | None = None, **given: Any) -> dict:
     """Run the check; returns the ``verify.json`` record (``predicted_samples_per_sec``,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
     ``drain`` (the drain's JSON), ``exit_status``, ``wall_s``; with the chief's input worker
@@ -158,7 +168,7 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     d = find_report(report)
     rep = load_report(d)
     rec = rep["recommendation"]
-    layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus)
+    layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus, **given)
     pred = predicted_for(rep, layout["nodes"], layout["tasks_per_node"], layout["cpus_per_task"],
                          layout["single_task_nodes"], layout["chief_input_cpus"])
     out_dir = d / "verify"
@@ -290,21 +300,20 @@ def render(res: dict[str, Any]) -> str:
               help="Measured drain window (s).")
 @click.option("--warmup", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds drained after the first batch before measuring.")
-@click.option("--total-nodes", "nodes", type=click.IntRange(min=1), default=None,
-              help="Verify this layout instead of the recommended one.")
-@click.option("--tasks-per-node", "tasks", type=click.IntRange(min=1), default=None)
-@click.option("--cpus-per-task", "cpus", type=click.IntRange(min=1), default=None)
-@click.option("--chief-input-cpus", "chief_input_cpus", type=click.IntRange(min=0), default=None,
-              help="CPUs of the chief's task running input worker 0 (csrun_wse --chief-input-cpus) "
-                   "[default: the recommendation's; 0 when the layout is overridden].")
+@click_options(LAYOUT_FLAGS, notes=VERIFY_NOTES, over={s.name: {"default": None, "show_default": False}
+                                                        for s in LAYOUT_FLAGS if s.type is not bool})
 @click.option("--mount-dirs", default=None, metavar="DIR[,DIR...]", help="Passed to csrun_wse.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=10), default=600.0, show_default=True,
               help="Give up (and cancel the job) after this many seconds.")
-def verify_command(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
-                   cpus: int | None, chief_input_cpus: int | None, mount_dirs: str | None,
-                   timeout_s: float) -> int:
+def verify_command(report: str | None, seconds: float, warmup: float, mount_dirs: str | None,
+                   timeout_s: float, **given: Any) -> int:
     """Launch the recommended layout with csrun_wse, the chief only draining the input stream,
     and print predicted vs measured samples/s and the error in %."""
-    res = verify(report, seconds, warmup, nodes, tasks, cpus, timeout_s, mount_dirs, chief_input_cpus)
+    try:
+        LayoutSpec.check_given(given)
+    except CsrunError as exc:
+        raise click.UsageError(str(exc)) from None
+    res = verify(report, seconds, warmup, given.pop("nodes"), given.pop("tasks_per_node"), given.pop("cpus_per_task"),
+                 timeout_s, mount_dirs, given.pop("chief_input_cpus"), **given)
     click.echo(render(res))
     return 0 if res.get("measured_samples_per_sec") is not None else 1

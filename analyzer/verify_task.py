@@ -12,7 +12,7 @@ recommended layout. Per role (:func:`csrun_common.roles.resolve_role`, docs/CONT
   (:class:`csrun_runtime.tensorflow.service.ServiceSource`), or the in-process pipeline
   (:class:`csrun_runtime.tensorflow.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``) it splits its CPUs and starts
+  ``CSRUN_CHIEF_INPUT_CPUS`` (csrun_wse's chief input CPUs) it splits its CPUs and starts
   input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`) —
   but instead of training it only *drains* the stream: ``--warmup`` seconds after the first batch, then a
   measured window of ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON),
@@ -22,7 +22,7 @@ Result JSON: ``{"status": "ok"|"failed", "samples_per_sec", "window_s", "samples
 "batches", "batch_size", "batches_per_worker", "num_workers", "startup_s" (process start to
 the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process),
 "job_cpu_cores_on_host" (the chief's and the input workers' on its host, the chief's own input
-worker and its children included), "chief_input" (with ``--chief-input-cpus``: its CPU split,
+worker and its children included), "chief_input" (with ``CSRUN_CHIEF_INPUT_CPUS``: its CPU split,
 :meth:`csrun_runtime.chief_input.ChiefInputWorker.describe`; its stream is
 ``batches_per_worker["0"]``), "error"}``.
 
@@ -170,12 +170,12 @@ def _write(path: str | None, obj: dict[str, Any]) -> None:
     write_json(path, obj)
 
 
-def failed_result(exc: BaseException, num_workers: int) -> dict[str, Any]:
+def failed_result(exc: BaseException, num_input_workers: int) -> dict[str, Any]:
     """A failed drain's result: ``{"status": "failed", "error", "num_workers"}``, the error
     being the problems of a :class:`csrun_runtime.params.ParamsError` or the exception's line."""
     problems = getattr(exc, "problems", None)
     return {"status": "failed", "error": "; ".join(problems) if problems else f"{type(exc).__name__}: {exc}",
-            "num_workers": num_workers}
+            "num_workers": num_input_workers}
 
 
 def begin_drain(run_py: str, args: list[str], out: str | None,
@@ -241,7 +241,7 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
     res: dict[str, Any]
     try:
         chief.model_dir.mkdir(parents=True, exist_ok=True)
-        if role.num_workers > 0:
+        if role.num_input_workers > 0:
             chief.place_chief_input()  # before the source is built: the chief's threads pinned
             rdv = _rendezvous(chief, role)
             source, local_pids = _service_source(chief, role, rdv)
@@ -249,13 +249,13 @@ def _chief(ns: argparse.Namespace, role: Role, entry: CapturedRun, resolved: Res
             source, local_pids = _local_source(chief, role), []
         res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
                     float(rc["input_timeout_secs"]), t_proc, local_pids)
-        res["num_workers"] = role.num_workers
+        res["num_workers"] = role.num_input_workers
         res["node"] = role.node
         if chief.chief_input is not None:
             res["chief_input"] = chief.chief_input.describe()
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
-        res, code = failed_result(exc, role.num_workers), 1
+        res, code = failed_result(exc, role.num_input_workers), 1
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")
@@ -287,11 +287,11 @@ def _service_source(chief: Chief, role: Role,
     :meth:`Chief.place_chief_input` placed one), the registrations awaited, and the merged
     stream of every worker. Returns the source and the pids of the input workers on this host
     (their CPU is reported apart)."""
-    servers, ports = service.start_dispatchers(role.num_workers)
+    servers, ports = service.start_dispatchers(role.num_input_workers)
     _KEEP.append(servers)
     addresses = [f"{role.host}:{p}" for p in ports]
     rdv.publish_dispatchers(addresses, {
-        "num_workers": role.num_workers, "mode": "train (drain)",
+        "num_workers": role.num_input_workers, "mode": "train (drain)",
         "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
     chief.start_chief_input()
     registry = chief.wait_workers()

@@ -7,7 +7,7 @@ run.py ARGS...``: ``cs_input_analyzer verify``'s task for a PyTorch run.py, laun
   :class:`csrun_runtime.pytorch.worker.InputWorker` (its DataLoader as streamer ``i`` of ``W``,
   streamed over the data plane) until the chief is done;
 * the **chief** sets up what the PyTorch chief sets up for training — the rendezvous with its
-  heartbeat, the CPU split and input worker 0 in its own task with ``--chief-input-cpus``
+  heartbeat, the CPU split and input worker 0 in its own task with ``CSRUN_CHIEF_INPUT_CPUS``
   (:class:`csrun_runtime.pytorch.own_input.OwnInput`), the data-plane receiver
   (:class:`csrun_runtime.pytorch.remote.RemoteSource`) — or, with no input worker, the
   in-process DataLoader (:func:`csrun_runtime.pytorch.worker.build_loader`, ``torch`` held to
@@ -119,7 +119,7 @@ def _chief(ns: argparse.Namespace, role: Role, train_data_fn: Any, resolved: Res
     remote: Any = None
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
-        if role.num_workers > 0:
+        if role.num_input_workers > 0:
             if role.rendezvous_key is None:
                 raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0")
             rdv = Rendezvous(model_dir, role.rendezvous_key)
@@ -134,12 +134,12 @@ def _chief(ns: argparse.Namespace, role: Role, train_data_fn: Any, resolved: Res
             source = _Local(loader)
         res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
                     float(rc["input_timeout_secs"]), t_proc, [], samples_of=lambda b: batch_size_of(b) or 1)
-        res.update(num_workers=role.num_workers, node=role.node, framework="pytorch",
+        res.update(num_workers=role.num_input_workers, node=role.node, framework="pytorch",
                    dataloader_workers=(resolved.params.get("train_input") or {}).get("num_workers"),
                    **own.describe())
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
-        res, code = failed_result(exc, role.num_workers), 1
+        res, code = failed_result(exc, role.num_input_workers), 1
     _write(ns.out, res)
     if rdv is not None:
         rdv.mark_done("ok" if code == 0 else "failed", "drain finished")

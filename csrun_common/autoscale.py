@@ -2,7 +2,7 @@
 task runtime. Pure Python.
 
 With ``--autoscale`` every input-worker task of the allocation is a *slot*: Slurm places all
-of them (the het layout, ``--total-nodes`` × ``--tasks-per-node``), and the chief decides how
+of them (the het layout: nodes × tasks per node), and the chief decides how
 many of them stream at a time (:mod:`csrun_runtime.autoscale`). The setting reaches every task
 as one variable, ``CSRUN_AUTOSCALE=<initial>:<min>:<max>:<policy>:<window seconds>``
 (docs/CONTRACT.md): colons, because srun's ``--export`` separates its variables with commas.
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .env import AUTOSCALE
+from .layout import flag
 
 __all__ = ["AutoscaleSpec", "ENV", "POLICIES", "parse_env", "plan_autoscale"]
 
@@ -58,15 +59,15 @@ def plan_autoscale(slots: int, initial: int | None, min_workers: int | None, max
             ``[min, max]``, an unknown ``--autoscale-policy``, a ``--autoscale-window`` under 1 s.
     """
     if slots < 1:
-        raise ValueError("--autoscale: the layout has no input-worker task (raise --total-nodes or "
-                         "--tasks-per-node)")
+        raise ValueError(f"--autoscale: the layout has no input-worker task (raise {flag('nodes')} or "
+                         f"{flag('tasks_per_node')})")
     hi = slots if max_workers is None else max_workers
     lo = 1 if min_workers is None else min_workers
     if hi < 1:
         raise ValueError(f"--max-workers {hi}: must be a positive integer")
     if hi > slots:
         raise ValueError(f"--max-workers {hi}: the layout has only {slots} input-worker task(s); raise "
-                         f"--total-nodes or --tasks-per-node")
+                         f"{flag('nodes')} or {flag('tasks_per_node')}")
     if lo < 1:
         raise ValueError(f"--min-workers {lo}: must be a positive integer")
     if lo > hi:
@@ -81,7 +82,7 @@ def plan_autoscale(slots: int, initial: int | None, min_workers: int | None, max
     return AutoscaleSpec(start, lo, hi, policy, float(window_s))
 
 
-def parse_env(env: Mapping[str, str], num_workers: int) -> AutoscaleSpec | None:
+def parse_env(env: Mapping[str, str], num_input_workers: int) -> AutoscaleSpec | None:
     """The spec of :data:`ENV` in ``env`` for a job of ``num_workers`` input-worker tasks;
     ``None`` when unset or empty.
 
@@ -97,6 +98,6 @@ def parse_env(env: Mapping[str, str], num_workers: int) -> AutoscaleSpec | None:
         if len(parts) != 5:
             raise ValueError("5 fields expected")
         initial, lo, hi = (int(p) for p in parts[:3])
-        return plan_autoscale(num_workers, initial, lo, hi, parts[3], float(parts[4]))
+        return plan_autoscale(num_input_workers, initial, lo, hi, parts[3], float(parts[4]))
     except ValueError as exc:
         raise ValueError(f"{ENV}={raw!r}: {exc} (initial:min:max:policy:window, docs/CONTRACT.md)") from None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import exits
+from .layout import flag
 
 __all__ = ["Var", "EnvError", "VARIABLES", "SCOPES", "ROLE_VALUES", "TaskEnv", "read_int", "render_markdown"]
 
@@ -117,7 +118,7 @@ TASK_OFFSET = Var("CSRUN_TASK_OFFSET", "int >= 0", "task", _CW + "; csrun_runtim
 WORKER_OFFSET = Var("CSRUN_WORKER_OFFSET", "int >= 0", "task", _CW + "; csrun_runtime.chief_input", _ROLES,
                     "input-worker index of the component's first input-worker task")
 NUM_WORKERS = Var("CSRUN_NUM_WORKERS", "int >= 0", "task", _CW, _ROLES,
-                  "input workers in the whole job (the chief's own with --chief-input-cpus counted)")
+                  f"input workers in the whole job (the chief's own with {flag('chief_input_cpus')} counted)")
 NUM_TASKS = Var("CSRUN_NUM_TASKS", "int >= 1", "task", _CW, _ROLES + " (TaskEnv.num_tasks)",
                 "tasks in the whole het step")
 CPUS_PER_TASK = Var("CSRUN_CPUS_PER_TASK", "int >= 1, empty: Slurm chose", "task",
@@ -130,7 +131,8 @@ STOP_SIGNALS = Var("CSRUN_STOP_SIGNALS", "SIG[:SIG...] (names without SIG)", "ta
 AUTOSCALE = Var("CSRUN_AUTOSCALE", "initial:min:max:policy:window", "task", _CW + " (--autoscale)",
                 "csrun_common.autoscale.parse_env (the chief, the input workers)",
                 "the --autoscale bounds and policy")
-CHIEF_INPUT_CPUS = Var("CSRUN_CHIEF_INPUT_CPUS", "int >= 0", "task", _CW + " (--chief-input-cpus), chief component",
+CHIEF_INPUT_CPUS = Var("CSRUN_CHIEF_INPUT_CPUS", "int >= 0", "task",
+                       _CW + f" ({flag('chief_input_cpus')}), chief component",
                        "csrun_runtime.chief_input.requested", "CPUs of the chief's task that run input worker 0")
 WORKER_JOB = Var("CSRUN_WORKER_JOB", "1", "task", _CW + " (--survive-node-loss)",
                  "csrun_runtime.elastic, csrun_runtime.supervise",
@@ -214,7 +216,7 @@ class TaskEnv:
     het_group: int = 0
     task_offset: int = 0
     worker_offset: int = 0
-    num_workers: int = 0
+    num_input_workers: int = 0
     num_tasks: int = 0
     cpus_per_task: int | None = None
     execution_mode: str | None = None
@@ -232,7 +234,7 @@ class TaskEnv:
             raise EnvError(f"{ROLE}={self.role!r} is not one of {', '.join(ROLE_VALUES)}")
         env = [(ROLE.name, self.role), (HET_GROUP.name, str(self.het_group)),
                (TASK_OFFSET.name, str(self.task_offset)), (WORKER_OFFSET.name, str(self.worker_offset)),
-               (NUM_WORKERS.name, str(self.num_workers)), (NUM_TASKS.name, str(self.num_tasks)),
+               (NUM_WORKERS.name, str(self.num_input_workers)), (NUM_TASKS.name, str(self.num_tasks)),
                (CPUS_PER_TASK.name, str(self.cpus_per_task or "")), ("PYTHONUNBUFFERED", "1")]
         optional = [(EXECUTION_MODE, self.execution_mode), (STOP_SIGNALS, self.stop_signals),
                     (AUTOSCALE, self.autoscale), (CHIEF_INPUT_CPUS, str(self.chief_input_cpus or "")),
@@ -252,7 +254,7 @@ class TaskEnv:
             return cls(None, **common)
         if role not in ROLE_VALUES:
             raise EnvError(f"{ROLE}={role!r} is not one of {', '.join(ROLE_VALUES)}")
-        return cls(role, num_workers=NUM_WORKERS.integer(env), task_offset=TASK_OFFSET.integer(env, 0),
+        return cls(role, num_input_workers=NUM_WORKERS.integer(env), task_offset=TASK_OFFSET.integer(env, 0),
                    worker_offset=WORKER_OFFSET.integer(env, 0), het_group=HET_GROUP.integer(env, 0),
                    num_tasks=NUM_TASKS.integer(env, 0), stop_signals=STOP_SIGNALS.text(env),
                    autoscale=AUTOSCALE.text(env), chief_input_cpus=CHIEF_INPUT_CPUS.integer(env, 0),

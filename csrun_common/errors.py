@@ -13,7 +13,7 @@ class CsrunError(Exception):
     """Bad input or an unusable environment, reported as one line.
 
     The message names the flag or configuration key and the offending value, e.g.
-    ``--total-nodes 0: must be a positive integer``. ``exit_code`` is 2 (bad input:
+    ``--qos 'a b': not a Slurm name``. ``exit_code`` is 2 (bad input:
     nothing has been submitted) unless the raiser says otherwise (1: a run that failed).
     """
 

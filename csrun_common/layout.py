@@ -11,9 +11,14 @@ A :class:`LayoutSpec` is what the user chooses with the layout flags of ``csrun_
   and launches it (:func:`analyzer.verify.drain_command`), both through
   :meth:`LayoutSpec.to_flags`, the only layout -> flags encoder.
 
-A new layout flag is one field here, its entry in :data:`FLAGS`, its rule in
-:meth:`LayoutSpec.check`, its click option in ``launcher/cli.py`` and its use in
-``launcher/layout.py`` (and, when the analyzer should choose it, in ``analyzer/recommend.py``).
+Each layout flag is declared once, in :data:`LAYOUT_FLAGS` (its text, type, bound and help):
+the click options of ``csrun_wse``, ``cs_input_analyzer verify`` and ``shard-plan`` are built
+from it (:func:`csrun_common.flagspec.click_options`), :meth:`LayoutSpec.check` applies its
+bounds, and :func:`flag` gives its text to every message elsewhere. The layout's rules live
+here only: the bounds and ``S < N`` (:meth:`LayoutSpec.check`), the fit in a node
+(:meth:`LayoutSpec.check_node`, :func:`resolve_counts`), the chief's input CPUs
+(:meth:`LayoutSpec.check_chief_input`) and the input-worker count
+(:attr:`LayoutSpec.num_input_workers`, :meth:`LayoutSpec.workers_per_node`).
 
 Pure Python, no import of ``launcher``, ``analyzer`` or ``csrun_runtime``.
 """
@@ -24,23 +29,66 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import CsrunError
+from .flagspec import FlagSpec
 
-__all__ = ["LayoutSpec", "FLAGS", "RECORD_KEYS"]
+__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "RECORD_KEYS", "flag", "resolve_counts"]
 
-#: Field -> its ``csrun_wse`` flag, in the order :meth:`LayoutSpec.to_flags` writes them.
-#: The first three are always written (when set); the others only when not their default.
-FLAGS: dict[str, str] = {
-    "nodes": "--total-nodes",
-    "tasks_per_node": "--tasks-per-node",
-    "cpus_per_task": "--cpus-per-task",
-    "single_task_nodes": "--single-task-nodes",
-    "chief_input_cpus": "--chief-input-cpus",
-    "cyclic": "--cyclic",
-}
+#: The layout flags, declared once, in the order :meth:`LayoutSpec.to_flags` writes them
+#: (``csrun_wse --help`` lists the chief's input CPUs later: :data:`launcher.flags.WSE_OPTIONS`);
+#: ``name`` is the :class:`LayoutSpec` field. The first three are always written (when set),
+#: the others only when not their default. ``min``: the bound :meth:`LayoutSpec.check`
+#: applies (and click, where ``click_range``).
+LAYOUT_FLAGS: tuple[FlagSpec, ...] = (
+    FlagSpec("nodes", "--total-nodes", int, None, "Nodes in the job, the chief's included", min=1,
+             slurm_options=("--nodes", "-N")),
+    FlagSpec("tasks_per_node", "--tasks-per-node", int, None, "Tasks on each input-worker node", min=1,
+             slurm_options=("--ntasks", "-n", "--ntasks-per-node")),
+    FlagSpec("cpus_per_task", "--cpus-per-task", int, None, "CPUs of each input-worker task", min=1,
+             slurm_options=("--cpus-per-task", "-c")),
+    FlagSpec("single_task_nodes", "--single-task-nodes", int, 0,
+             "Nodes, the chief's first, that run a single task holding the whole node", min=0, show_default=True),
+    FlagSpec("chief_input_cpus", "--chief-input-cpus", int, 0,
+             "Run input worker 0 inside the chief's task on N of its CPUs, beside training: pinned "
+             "apart when Slurm binds the task and N is fewer than its CPUs, else sharing them at "
+             "lower priority (docs/CHIEF-INPUT.md)", min=0, click_range=False, metavar="N", show_default=True),
+    FlagSpec("cyclic", "--cyclic", bool, False,
+             "Distribute input-worker tasks cyclically over nodes (default: block)",
+             slurm_options=("--distribution", "-m")),
+)
+#: Field -> its flag text (from :data:`LAYOUT_FLAGS`).
+FLAGS: dict[str, str] = {s.name: s.flag for s in LAYOUT_FLAGS}
 #: Keys of a layout in the analyzer's records (``report.json``'s ``recommendation``,
 #: ``verify.json``'s ``layout``): :meth:`LayoutSpec.record`.
 RECORD_KEYS = ("nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus")
-_BOOL = frozenset({"cyclic"})
+_BOOL = frozenset(s.name for s in LAYOUT_FLAGS if s.type is bool)
+_ALWAYS = ("nodes", "tasks_per_node", "cpus_per_task")
+
+
+def flag(name: str) -> str:
+    """The flag text of the layout field ``name`` (``flag("tasks_per_node")`` is
+    ``"--tasks-per-node"``), for messages. Raises ``KeyError`` for an unknown field."""
+    return FLAGS[name]
+
+
+def _bound_error(name: str, value: Any, low: float) -> CsrunError:
+    what = "must be a positive integer" if low == 1 else f"must be {low:g} or more"
+    return CsrunError(f"{FLAGS[name]} {value}: {what}")
+
+
+def _fit_error(t: int, c: int, node_cpus: int) -> CsrunError:
+    return CsrunError(f"{FLAGS['tasks_per_node']} {t} × {FLAGS['cpus_per_task']} {c} = {t * c}: "
+                      f"more than the {node_cpus} CPUs of a node")
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node of a layout: its ``tasks`` of ``cpus`` CPUs each (``None``: Slurm chooses),
+    how many of them are input workers (``workers``), and whether the chief runs there."""
+
+    tasks: int
+    cpus: int | None
+    workers: int
+    chief: bool
 
 
 @dataclass(frozen=True)
@@ -69,32 +117,49 @@ class LayoutSpec:
 
     def check(self) -> LayoutSpec:
         """Return ``self`` when the values are a layout; raise :class:`CsrunError` naming the
-        flag and value (one line, exit 2) for N < 1, T < 1, C < 1, S < 0, S >= N (S > 0) or
-        a negative ``chief_input_cpus``. Rules: the original csrun_wse's help text."""
-        if self.nodes < 1:
-            raise CsrunError(f"--total-nodes {self.nodes}: must be a positive integer")
-        if self.tasks_per_node < 1:
-            raise CsrunError(f"--tasks-per-node {self.tasks_per_node}: must be a positive integer")
-        if self.cpus_per_task is not None and self.cpus_per_task < 1:
-            raise CsrunError(f"--cpus-per-task {self.cpus_per_task}: must be a positive integer")
-        if self.single_task_nodes < 0:
-            raise CsrunError(f"--single-task-nodes {self.single_task_nodes}: must be 0 or more")
+        flag and value (one line, exit 2) for a value below its flag's bound (N, T, C ≥ 1;
+        S, L ≥ 0: :data:`LAYOUT_FLAGS`) or S ≥ N (S > 0). Rules: the original csrun_wse's help
+        text."""
+        self.check_given(self.values())
         if self.single_task_nodes and self.single_task_nodes >= self.nodes:
-            raise CsrunError(f"--single-task-nodes {self.single_task_nodes}: must be less than "
-                             f"--total-nodes {self.nodes}")
-        if self.chief_input_cpus < 0:
-            raise CsrunError(f"--chief-input-cpus {self.chief_input_cpus}: must be 0 or more")
+            raise CsrunError(f"{FLAGS['single_task_nodes']} {self.single_task_nodes}: must be less than "
+                             f"{FLAGS['nodes']} {self.nodes}")
         return self
 
+    @staticmethod
+    def check_given(values: Mapping[str, Any]) -> None:
+        """Raise :class:`CsrunError` naming the flag for a given value (not ``None``) of
+        ``values`` (field -> value) below its flag's ``min`` (:data:`LAYOUT_FLAGS`)."""
+        for spec in LAYOUT_FLAGS:
+            value = values.get(spec.name)
+            if spec.min is not None and value is not None and value < spec.min:
+                raise _bound_error(spec.name, value, spec.min)
+
+    def values(self) -> dict[str, Any]:
+        """Field -> value, every field of :data:`LAYOUT_FLAGS`."""
+        return {s.name: getattr(self, s.name) for s in LAYOUT_FLAGS}
+
+    def node_shapes(self, node_cpus: int) -> list[NodeShape]:
+        """The job's nodes, the chief's first (the shapes: ``launcher/layout.py``'s module
+        docstring): with ``S = 0`` the chief's node runs ``T - 1`` input workers beside the
+        chief and every other node ``T``; with ``S > 0`` the chief's node and ``S - 1`` more run
+        one task holding the node's ``node_cpus`` (the chief; one input worker each), then
+        ``N - S`` nodes ``T`` input workers each. The chief's own input worker
+        (``chief_input_cpus``) is not in them."""
+        n, t, c, s = self.nodes, self.tasks_per_node, self.cpus_per_task, self.single_task_nodes
+        if s == 0:
+            return [NodeShape(t, c, t - 1, True)] + [NodeShape(t, c, t, False) for _ in range(n - 1)]
+        return ([NodeShape(1, node_cpus, 0, True)] + [NodeShape(1, node_cpus, 1, False) for _ in range(s - 1)]
+                + [NodeShape(t, c, t, False) for _ in range(n - s)])
+
     @property
-    def num_workers(self) -> int:
+    def num_input_workers(self) -> int:
         """Input workers of the job (``CSRUN_NUM_WORKERS``): every task but the chief —
         ``N·T − 1`` without single-task nodes, ``S − 1 + (N − S)·T`` with them — plus input
         worker 0 in the chief's task with ``chief_input_cpus`` (docs/CONTRACT.md). 0: the chief
         runs the input pipeline in-process."""
-        n, t, s = self.nodes, self.tasks_per_node, self.single_task_nodes
-        tasks = n * t if s == 0 else s + (n - s) * t
-        return tasks - 1 + (1 if self.chief_input_cpus else 0)
+        tasks = sum(shape.workers for shape in self.node_shapes(1))
+        return tasks + (1 if self.chief_input_cpus else 0)
 
     def chief_task_cpus(self, node_cpus: int) -> int | None:
         """CPUs of the chief's task: the whole node's ``node_cpus`` with single-task nodes,
@@ -108,20 +173,18 @@ class LayoutSpec:
         self.check()
         c = self.cpus_per_task
         if c is not None and self.tasks_per_node * c > node_cpus:
-            raise CsrunError(f"--tasks-per-node {self.tasks_per_node} × --cpus-per-task {c}: more than the "
-                             f"{node_cpus} CPUs of a node")
+            raise _fit_error(self.tasks_per_node, c, node_cpus)
         return self.check_chief_input(node_cpus)
 
     def check_chief_input(self, node_cpus: int) -> LayoutSpec:
         """Raise :class:`CsrunError` when ``chief_input_cpus`` is set and the chief's CPUs are
         left to Slurm, or when it is above the chief task's CPUs (:meth:`chief_task_cpus`)."""
         chief = self.chief_task_cpus(node_cpus)
-        if self.chief_input_cpus and chief is None:
-            raise CsrunError(f"--chief-input-cpus {self.chief_input_cpus}: the chief's CPUs are left to Slurm; "
-                             f"give --cpus-per-task")
-        if chief is not None and self.chief_input_cpus > chief:
-            raise CsrunError(f"--chief-input-cpus {self.chief_input_cpus}: more than the chief task's "
-                             f"{chief} CPU(s)")
+        flag_l, value = FLAGS["chief_input_cpus"], self.chief_input_cpus
+        if value and chief is None:
+            raise CsrunError(f"{flag_l} {value}: the chief's CPUs are left to Slurm; give {FLAGS['cpus_per_task']}")
+        if chief is not None and value > chief:
+            raise CsrunError(f"{flag_l} {value}: more than the chief task's {chief} CPU(s)")
         return self
 
     def to_flags(self) -> list[str]:
@@ -131,12 +194,12 @@ class LayoutSpec:
         only when non-zero, ``--cyclic`` only when true. The one layout -> flags encoder
         (:meth:`from_flags` reads it back)."""
         out: list[str] = []
-        for name, flag in FLAGS.items():
+        for name, text in FLAGS.items():
             value = getattr(self, name)
             if name in _BOOL:
-                out += [flag] if value else []
-            elif value is not None and (name in ("nodes", "tasks_per_node", "cpus_per_task") or value):
-                out += [flag, str(int(value))]
+                out += [text] if value else []
+            elif value is not None and (name in _ALWAYS or value):
+                out += [text, str(int(value))]
         return out
 
     @classmethod
@@ -145,7 +208,7 @@ class LayoutSpec:
         words are skipped, so a whole ``csrun_wse`` line may be given, up to its command).
         Raises :class:`CsrunError` for a missing ``--total-nodes`` / ``--tasks-per-node``, a
         flag without a value or a value that is not an integer."""
-        by_flag = {flag: name for name, flag in FLAGS.items()}
+        by_flag = {text: name for name, text in FLAGS.items()}
         values: dict[str, Any] = {}
         words = list(argv)
         i = 0
@@ -167,7 +230,7 @@ class LayoutSpec:
                 except ValueError:
                     raise CsrunError(f"{word} {value!r}: not an integer") from None
             i += 1
-        for name in ("nodes", "tasks_per_node"):
+        for name in _ALWAYS[:2]:
             if name not in values:
                 raise CsrunError(f"{FLAGS[name]}: missing from {' '.join(words)!r}")
         values.setdefault("cpus_per_task", None)
@@ -177,11 +240,12 @@ class LayoutSpec:
     def from_record(cls, rec: Mapping[str, Any] | LayoutSpec) -> LayoutSpec:
         """The layout of an analyzer record (a recommendation, a prediction, ``verify.json``'s
         ``layout``, another :class:`LayoutSpec`): keys :data:`RECORD_KEYS`, the last two
-        optional (0 when missing or ``None``). Raises ``KeyError`` for a missing
-        ``nodes``/``tasks_per_node``/``cpus_per_task``."""
+        optional (0 when missing or ``None``); ``cpus_per_task`` ``None``: Slurm chooses.
+        Raises ``KeyError`` for a missing ``nodes``/``tasks_per_node``/``cpus_per_task``."""
         if isinstance(rec, LayoutSpec):
             return rec
-        return cls(int(rec["nodes"]), int(rec["tasks_per_node"]), int(rec["cpus_per_task"]),
+        cpus = rec["cpus_per_task"]
+        return cls(int(rec["nodes"]), int(rec["tasks_per_node"]), None if cpus is None else int(cpus),
                    int(rec.get("single_task_nodes") or 0), int(rec.get("chief_input_cpus") or 0),
                    bool(rec.get("cyclic") or False))
 
@@ -195,3 +259,35 @@ class LayoutSpec:
         """A copy with ``changes`` (field names)."""
         return replace(self, **changes)
 
+
+
+def resolve_counts(tasks_per_node: int | None, cpus_per_task: int | None, default_tasks: int,
+                   default_cpus: int, node_cpus: int) -> tuple[int, int | None]:
+    """Resolve ``(tasks_per_node, cpus_per_task)`` from the flags (``None``: not given), the
+    site's defaults and the CPUs of a node (from Slurm: ``sinfo %c``).
+
+    Rules (csrun_wse issue; the original's help text):
+
+    * both given: kept; ``T × C`` must fit the node.
+    * the tasks only: keep the default CPUs if T of them fit, else ``None`` (Slurm chooses).
+    * the CPUs only: ``T = floor(node_cpus / C)``.
+    * neither: the defaults, by the rule for the tasks only.
+
+    Raises :class:`CsrunError` naming the flag (or ``defaults.*`` key) and value when T
+    or C alone exceeds the node, or ``T × C`` does.
+    """
+    if node_cpus < 1:
+        raise CsrunError(f"node CPUs {node_cpus}: Slurm reports no CPUs on the nodes")
+    if cpus_per_task is not None and cpus_per_task > node_cpus:
+        raise CsrunError(f"{FLAGS['cpus_per_task']} {cpus_per_task}: more than the {node_cpus} CPUs of a node")
+    if tasks_per_node is None and cpus_per_task is not None:
+        return node_cpus // cpus_per_task, cpus_per_task
+    t_flag = FLAGS["tasks_per_node"] if tasks_per_node is not None else "defaults.tasks_per_node"
+    t = tasks_per_node if tasks_per_node is not None else default_tasks
+    if t > node_cpus:
+        raise CsrunError(f"{t_flag} {t}: more tasks than the {node_cpus} CPUs of a node")
+    if cpus_per_task is not None:
+        if t * cpus_per_task > node_cpus:
+            raise _fit_error(t, cpus_per_task, node_cpus)
+        return t, cpus_per_task
+    return t, (default_cpus if t * default_cpus <= node_cpus else None)

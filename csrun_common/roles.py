@@ -11,7 +11,7 @@ The rules are those of ``docs/CONTRACT.md`` ("What csrun_wse tells every task"):
 - component ``single-task``: one task, the input worker ``CSRUN_WORKER_OFFSET``;
 - component ``worker``: the input worker ``CSRUN_WORKER_OFFSET + (SLURM_PROCID - CSRUN_TASK_OFFSET)``;
 - component ``chief-input``: the input worker the chief starts in its own task with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (``csrun_wse --chief-input-cpus``): index ``CSRUN_WORKER_OFFSET``
+  ``CSRUN_CHIEF_INPUT_CPUS`` (csrun_wse's chief input CPUs): index ``CSRUN_WORKER_OFFSET``
   (0), one process, never set by csrun_wse on a het component.
 
 With ``CSRUN_NUM_WORKERS == 0`` the chief runs the input pipeline in-process as well.
@@ -30,14 +30,14 @@ from .env import ADVERTISE_HOST, RENDEZVOUS_KEY, SHARD_PLAN, WORKER_INDEX, WORKE
 __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
            "RENDEZVOUS_ENV", "ADOPT_ENV", "WORKER_JOB_ENV"]
 
-#: The component of the input worker a chief starts in its own task (``--chief-input-cpus``).
+#: The component of the input worker a chief starts in its own task (``CSRUN_CHIEF_INPUT_CPUS``).
 CHIEF_INPUT = "chief-input"
 #: Values of ``CSRUN_ROLE`` (the role of a het *component*, docs/CONTRACT.md; ``chief-input``
 #: is set by the chief for its own input worker, not by csrun_wse): :data:`csrun_common.env.ROLE_VALUES`.
 COMPONENTS = codec.ROLE_VALUES
 # The variables below are declared in csrun_common.env (docs/ENV.md); these names are kept
 # for the modules that import them from here.
-#: The chief's component: CPUs of its task that run input worker 0 (``--chief-input-cpus``).
+#: The chief's component: CPUs of its task that run input worker 0 (``CSRUN_CHIEF_INPUT_CPUS``).
 CHIEF_INPUT_ENV = codec.CHIEF_INPUT_CPUS
 #: The rendezvous key shared by the chief's job and the input workers' own job
 #: (``csrun_wse --survive-node-loss``: two Slurm jobs, so no job id names it for both).
@@ -62,8 +62,8 @@ class Role:
 
     Attributes:
         kind: ``"chief"`` or ``"worker"`` (an input worker).
-        worker_index: input-worker index in ``[0, num_workers)``; ``None`` for the chief.
-        num_workers: number of input-worker tasks in the whole job (``CSRUN_NUM_WORKERS``;
+        worker_index: input-worker index in ``[0, num_input_workers)``; ``None`` for the chief.
+        num_input_workers: number of input-worker tasks in the whole job (``CSRUN_NUM_WORKERS``;
             0 in single-process mode).
         component: ``CSRUN_ROLE`` of the task's het component, ``None`` in single-process mode.
         het_group: ``CSRUN_HET_GROUP`` (0-based) or ``None``.
@@ -82,7 +82,7 @@ class Role:
 
     kind: str
     worker_index: int | None
-    num_workers: int
+    num_input_workers: int
     component: str | None = None
     het_group: int | None = None
     procid: int | None = None
@@ -97,6 +97,13 @@ class Role:
     rendezvous: str | None = None
 
     @property
+    def num_workers(self) -> int:
+        """Deprecated name of :attr:`num_input_workers`, kept while the TensorFlow runtime's
+        modules move to ``csrun_runtime/tensorflow/`` (issue 30); new code reads
+        ``num_input_workers`` (``num_workers`` elsewhere is the DataLoader's process count)."""
+        return self.num_input_workers
+
+    @property
     def is_chief(self) -> bool:
         """True for the chief (in single-process mode too)."""
         return self.kind == "chief"
@@ -108,13 +115,13 @@ class Role:
 
     @property
     def chief_input(self) -> bool:
-        """True for the input worker a chief runs in its own task (``--chief-input-cpus``)."""
+        """True for the input worker a chief runs in its own task (``CSRUN_CHIEF_INPUT_CPUS``)."""
         return self.component == CHIEF_INPUT
 
     @property
     def in_process_input(self) -> bool:
         """True when the chief runs the input pipeline itself (no input-worker tasks)."""
-        return self.is_chief and self.num_workers == 0
+        return self.is_chief and self.num_input_workers == 0
 
     @property
     def rendezvous_key(self) -> str | None:
@@ -136,7 +143,7 @@ class Role:
             where = f" on {self.node}" if self.node else ""
             if self.single_process:
                 return f"chief (single-process mode){where}"
-            return f"chief{where} with {self.num_workers} input worker(s)"
+            return f"chief{where} with {self.num_input_workers} input worker(s)"
         where = " in the chief's task" if self.component == CHIEF_INPUT else ""
         return f"input worker {self.worker_index}{where} on {self.node}"
 
@@ -178,15 +185,15 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
              "host": ADVERTISE_HOST.text(env) or socket.gethostname(), "cpus_per_task": task.cpus_per_task,
              "shard_plan": SHARD_PLAN.text(env), "execution_mode": task.execution_mode}
     if task.role is None:
-        return Role(kind="chief", worker_index=None, num_workers=0, job_id=env.get("SLURM_JOB_ID") or None,
+        return Role(kind="chief", worker_index=None, num_input_workers=0, job_id=env.get("SLURM_JOB_ID") or None,
                     step_id=(env.get("SLURM_STEP_ID") or "0") if env.get("SLURM_JOB_ID") else None, **where)
     procid = _int(env, "SLURM_PROCID")
     kind, index = _task_index(env, task, procid)
     job_id = env.get("SLURM_JOB_ID") or None
-    if job_id is None and task.num_workers > 0:
+    if job_id is None and task.num_input_workers > 0:
         raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0 "
                         "(it names the rendezvous directory)")
-    return Role(kind=kind, worker_index=index, num_workers=task.num_workers, component=task.role,
+    return Role(kind=kind, worker_index=index, num_input_workers=task.num_input_workers, component=task.role,
                 het_group=task.het_group, procid=procid, job_id=job_id,
                 step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
                 restart=_int(env, "SLURM_RESTART_COUNT", default=0), rendezvous=RENDEZVOUS_KEY.text(env), **where)
@@ -209,8 +216,8 @@ def _task_index(env: Mapping[str, str], task: TaskEnv, procid: int) -> tuple[str
         index = task.worker_offset
     if env.get(WORKER_INDEX) and kind == "worker":
         index = _int(env, WORKER_INDEX)
-    if index is not None and not 0 <= index < task.num_workers:
+    if index is not None and not 0 <= index < task.num_input_workers:
         raise RoleError(f"input-worker index {index} (from SLURM_PROCID={procid}, "
                         f"CSRUN_TASK_OFFSET={task.task_offset}, CSRUN_WORKER_OFFSET={task.worker_offset}) "
-                        f"is outside [0, CSRUN_NUM_WORKERS={task.num_workers})")
+                        f"is outside [0, CSRUN_NUM_WORKERS={task.num_input_workers})")
     return kind, index

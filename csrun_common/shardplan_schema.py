@@ -42,7 +42,8 @@ import json
 import os
 from typing import Any, TypeGuard
 
-from .layout import LayoutSpec
+from .errors import CsrunError
+from .layout import LayoutSpec, flag
 
 SCHEMA = "csrun.shard_plan"
 VERSION = 1
@@ -59,26 +60,25 @@ __all__ = [
 
 def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int = 0,
                        chief_input: bool = False) -> int:
-    """Input workers of a ``csrun_wse`` job with ``--total-nodes N --tasks-per-node T
-    --single-task-nodes S`` (``docs/CONTRACT.md``): every task but the chief, plus one
-    with ``chief_input`` (``--chief-input-cpus``: input worker 0 in the chief's task).
-
-    * ``S == 0``: ``N·T − 1`` (the chief's node runs T−1 workers beside the chief);
-    * ``0 < S < N``: ``S − 1 + (N − S)·T`` (each single-task node but the chief's is one
-      worker).
+    """Input workers of a ``csrun_wse`` job of ``N`` nodes, ``T`` tasks per node and ``S``
+    single-task nodes (``docs/CONTRACT.md``): every task but the chief, plus one with
+    ``chief_input`` (input worker 0 in the chief's task) -- the layout's own count and rules,
+    :attr:`csrun_common.layout.LayoutSpec.num_input_workers` and
+    :meth:`~csrun_common.layout.LayoutSpec.check`.
 
     Returns a count of tasks (may be 0: the chief then runs the input pipeline
-    in-process and needs no plan). Raises ``ValueError`` naming the flag for N < 1,
-    T < 1, S < 0 or S >= N (when S > 0).
+    in-process and needs no plan). Raises ``ValueError`` naming the flag for a value that is
+    not an integer, N < 1, T < 1, S < 0 or S >= N (when S > 0).
     """
-    for flag, value, low in (("--total-nodes", nodes, 1), ("--tasks-per-node", tasks_per_node, 1),
-                             ("--single-task-nodes", single_task_nodes, 0)):
-        if not _is_int(value) or value < low:
-            raise ValueError(f"{flag} {value!r}: must be an integer >= {low}")
-    if single_task_nodes and single_task_nodes >= nodes:
-        raise ValueError(f"--single-task-nodes {single_task_nodes}: must be less than "
-                         f"--total-nodes {nodes}")
-    return LayoutSpec(nodes, tasks_per_node, None, single_task_nodes, 1 if chief_input else 0).num_workers
+    values = {"nodes": nodes, "tasks_per_node": tasks_per_node, "single_task_nodes": single_task_nodes}
+    for name, value in values.items():
+        if not _is_int(value):
+            raise ValueError(f"{flag(name)} {value!r}: must be an integer")
+    try:
+        return LayoutSpec(nodes, tasks_per_node, None, single_task_nodes, 1 if chief_input else 0).check() \
+            .num_input_workers
+    except CsrunError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -99,7 +99,21 @@ def validate_plan(plan: Any, source: str = "<plan>") -> dict:
     ``shard plan SOURCE: FIELD: PROBLEM, got VALUE`` naming the first bad field
     (e.g. ``workers[3].seed``). Cost: O(total file entries) time and memory (the
     disjointness check of ``shard`` mode keeps a set of the paths).
+
+    The steps: the header (:func:`_check_header`), each worker's entry
+    (:func:`_check_worker`), and the files across workers (:class:`_FilesCheck`).
     """
+    workers = _check_header(plan, source)
+    seen_seeds: dict[int, int] = {}
+    files_check = _FilesCheck(plan["mode"], source)
+    for i, w in enumerate(workers):
+        files = _check_worker(w, i, source, seen_seeds)
+        files_check.add(i, files)
+    return plan
+
+
+def _check_header(plan: Any, source: str) -> list:
+    """The plan's top-level fields; returns its ``workers`` list (``num_workers`` entries)."""
     if not isinstance(plan, dict):
         raise _fail(source, "top level", "expected a JSON object", type(plan).__name__)
     if plan.get("schema") != SCHEMA:
@@ -109,9 +123,8 @@ def validate_plan(plan: Any, source: str = "<plan>") -> dict:
     num = plan.get("num_workers")
     if not _is_int(num) or num < 1:
         raise _fail(source, "num_workers", "expected an integer >= 1", num)
-    mode = plan.get("mode")
-    if mode not in MODES:
-        raise _fail(source, "mode", f"expected one of {', '.join(MODES)}", mode)
+    if plan.get("mode") not in MODES:
+        raise _fail(source, "mode", f"expected one of {', '.join(MODES)}", plan.get("mode"))
     if plan.get("balance_by") not in BALANCE_BY:
         raise _fail(source, "balance_by", f"expected one of {', '.join(BALANCE_BY)}",
                     plan.get("balance_by"))
@@ -122,54 +135,69 @@ def validate_plan(plan: Any, source: str = "<plan>") -> dict:
         raise _fail(source, "workers", "expected a list", type(workers).__name__)
     if len(workers) != num:
         raise _fail(source, "workers", f"expected {num} entries (num_workers)", f"{len(workers)} entries")
-    seen_seeds: dict[int, int] = {}
-    owner: dict[str, int] = {}
-    replicate_files: set | None = None
-    for i, w in enumerate(workers):
+    return workers
+
+
+def _check_worker(w: Any, i: int, source: str, seen_seeds: dict[int, int]) -> list:
+    """Worker ``i``'s entry: its index, files, sizes and a seed no earlier worker has
+    (``seen_seeds``: seed -> worker, updated). Returns its files."""
+    where = f"workers[{i}]"
+    if not isinstance(w, dict):
+        raise _fail(source, where, "expected an object", type(w).__name__)
+    if w.get("index") != i or not _is_int(w.get("index")):
+        raise _fail(source, f"{where}.index", f"expected {i} (its position)", w.get("index"))
+    files = w.get("files")
+    if not isinstance(files, list) or not files:
+        raise _fail(source, f"{where}.files",
+                    "expected a non-empty list of paths (every input worker needs a file)", files)
+    for j, f in enumerate(files):
+        if not isinstance(f, str) or not f:
+            raise _fail(source, f"{where}.files[{j}]", "expected a non-empty path string", f)
+    if not _is_int(w.get("bytes")) or w["bytes"] < 0:
+        raise _fail(source, f"{where}.bytes", "expected an integer >= 0", w.get("bytes"))
+    rec = w.get("records")
+    if rec is not None and (not _is_int(rec) or rec < 0):
+        raise _fail(source, f"{where}.records", "expected an integer >= 0 or null", rec)
+    seed = w.get("seed")
+    if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
+        raise _fail(source, f"{where}.seed", "expected an integer in [0, 2**63)", seed)
+    if seed in seen_seeds:
+        raise _fail(source, f"{where}.seed",
+                    f"same as workers[{seen_seeds[seed]}].seed (seeds must differ per worker)", seed)
+    seen_seeds[seed] = i
+    return files
+
+
+class _FilesCheck:
+    """The files across workers: in ``shard`` mode no file read twice, in ``replicate``
+    mode every worker reading the same files."""
+
+    def __init__(self, mode: str, source: str):
+        self.mode, self.source = mode, source
+        self.owner: dict[str, int] = {}
+        self.replicated: set | None = None
+
+    def add(self, i: int, files: list) -> None:
+        """Worker ``i``'s ``files``; raises ``ValueError`` naming the first file that breaks the rule."""
         where = f"workers[{i}]"
-        if not isinstance(w, dict):
-            raise _fail(source, where, "expected an object", type(w).__name__)
-        if w.get("index") != i or not _is_int(w.get("index")):
-            raise _fail(source, f"{where}.index", f"expected {i} (its position)", w.get("index"))
-        files = w.get("files")
-        if not isinstance(files, list) or not files:
-            raise _fail(source, f"{where}.files",
-                        "expected a non-empty list of paths (every input worker needs a file)", files)
-        for j, f in enumerate(files):
-            if not isinstance(f, str) or not f:
-                raise _fail(source, f"{where}.files[{j}]", "expected a non-empty path string", f)
-        for key in ("bytes",):
-            if not _is_int(w.get(key)) or w[key] < 0:
-                raise _fail(source, f"{where}.{key}", "expected an integer >= 0", w.get(key))
-        rec = w.get("records")
-        if rec is not None and (not _is_int(rec) or rec < 0):
-            raise _fail(source, f"{where}.records", "expected an integer >= 0 or null", rec)
-        seed = w.get("seed")
-        if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
-            raise _fail(source, f"{where}.seed", "expected an integer in [0, 2**63)", seed)
-        if seed in seen_seeds:
-            raise _fail(source, f"{where}.seed",
-                        f"same as workers[{seen_seeds[seed]}].seed (seeds must differ per worker)", seed)
-        seen_seeds[seed] = i
-        if mode == "shard":
+        if self.mode == "shard":
             local: set = set()
             for j, f in enumerate(files):
-                prev = owner.setdefault(f, i)
+                prev = self.owner.setdefault(f, i)
                 if prev != i or f in local:
-                    raise _fail(source, f"{where}.files[{j}]",
+                    raise _fail(self.source, f"{where}.files[{j}]",
                                 f"already assigned to workers[{prev}] (shard mode reads each file once)", f)
                 local.add(f)
-        else:
-            current = set(files)
-            if len(current) != len(files):
-                raise _fail(source, f"{where}.files", "lists a file twice", files)
-            if replicate_files is None:
-                replicate_files = current
-            elif current != replicate_files:
-                raise _fail(source, f"{where}.files",
-                            "differs from workers[0].files (replicate mode: every worker reads all files)",
-                            sorted(current ^ replicate_files)[:3])
-    return plan
+            return
+        current = set(files)
+        if len(current) != len(files):
+            raise _fail(self.source, f"{where}.files", "lists a file twice", files)
+        if self.replicated is None:
+            self.replicated = current
+        elif current != self.replicated:
+            raise _fail(self.source, f"{where}.files",
+                        "differs from workers[0].files (replicate mode: every worker reads all files)",
+                        sorted(current ^ self.replicated)[:3])
 
 
 def load_plan(path: os.PathLike[str] | str) -> dict:
@@ -194,20 +222,20 @@ def load_plan(path: os.PathLike[str] | str) -> dict:
     return validate_plan(data, source)
 
 
-def check_plan_workers(plan: dict, num_workers: int, *, source: str | None = None) -> None:
+def check_plan_workers(plan: dict, num_input_workers: int, *, source: str | None = None) -> None:
     """Refuse a plan made for a different number of input workers.
 
-    ``num_workers`` is the job's input-worker count (``CSRUN_NUM_WORKERS``; see
+    ``num_input_workers`` is the job's input-worker count (``CSRUN_NUM_WORKERS``; see
     :func:`input_worker_count`). Raises ``ValueError``: ``shard plan SOURCE is for X
     workers but the job has Y input workers; ...`` (both numbers, one line).
     """
     planned = plan.get("num_workers") if isinstance(plan, dict) else None
-    if planned != num_workers:
+    if planned != num_input_workers:
         where = f" {source}" if source else ""
         raise ValueError(
-            f"shard plan{where} is for {planned} workers but the job has {num_workers} input "
-            f"workers; make a plan for {num_workers} (cs_input_analyzer shard-plan --workers "
-            f"{num_workers} ...) or change the layout")
+            f"shard plan{where} is for {planned} workers but the job has {num_input_workers} input "
+            f"workers; make a plan for {num_input_workers} (cs_input_analyzer shard-plan --workers "
+            f"{num_input_workers} ...) or change the layout")
 
 
 def worker_assignment(plan: dict, index: int) -> dict:

@@ -1,4 +1,4 @@
-"""The chief's own input worker: ``csrun_wse --chief-input-cpus N`` (docs/CHIEF-INPUT.md).
+"""The chief's own input worker: ``CSRUN_CHIEF_INPUT_CPUS=N`` (docs/CHIEF-INPUT.md).
 
 The accelerator host's CPUs sit mostly idle while the chief only consumes (Pecan, USENIX ATC'24,
 "AutoPlacement": place input workers on the accelerator host's idle CPUs beside remote ones).
@@ -95,7 +95,7 @@ def split_cpus(allowed: Sequence[int], task_cpus: int | None, n: int) -> CpuSpli
     Args:
         allowed: the CPUs the task may run on (``os.sched_getaffinity(0)``).
         task_cpus: the task's CPUs in Slurm (``CSRUN_CPUS_PER_TASK``; ``None`` when unknown).
-        n: CPUs for the input worker (``--chief-input-cpus``), ≥ 1.
+        n: CPUs for the input worker (``CSRUN_CHIEF_INPUT_CPUS``), ≥ 1.
 
     Returns:
         A :class:`CpuSplit`: pinned to the last ``n`` of ``allowed`` when ``allowed`` has
@@ -144,7 +144,7 @@ def pin_threads(cpus: Sequence[int]) -> int:
 
 
 def place(role: Role, env: Mapping[str, str]) -> CpuSplit | None:
-    """The chief's side of ``--chief-input-cpus``, before its framework sizes its thread pools:
+    """The chief's side of ``CSRUN_CHIEF_INPUT_CPUS``, before its framework sizes its thread pools:
     with ``CSRUN_CHIEF_INPUT_CPUS=n`` in ``env``, split this task's CPUs between training and
     input worker 0 (:func:`split_cpus` of ``os.sched_getaffinity(0)`` and the role's
     ``cpus_per_task``) and, when they are disjoint, pin every thread of this process to the

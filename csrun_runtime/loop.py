@@ -116,7 +116,7 @@ class LoopSetup:
         rc: the resolved ``runconfig``; ``model_dir``: where checkpoints, events and
             ``performance/`` go; ``mode``: ``runconfig.mode``; ``start``: the restored global step.
         t_proc: the chief's process start (``time.time()`` seconds); ``node``: its node.
-        num_workers: input workers of the job (0: in-process input).
+        num_input_workers: input workers of the job (0: in-process input).
         params_path: the params YAML the run read (for the verdict's cs_input_analyzer command).
         evaluating: ``train_and_eval``: evaluate every ``eval_frequency`` steps and at the end.
         ingest_info: what performance.json reports of the input path.
@@ -131,7 +131,7 @@ class LoopSetup:
     start: int
     t_proc: float
     node: str | None
-    num_workers: int
+    num_input_workers: int
     params_path: str | None
     evaluating: bool
     ingest_info: Mapping[str, Any] = field(default_factory=dict)
@@ -475,7 +475,7 @@ class TrainingDriver:
         assert c.t_first is not None and c.t_first_end is not None
         total_time = (t_end - c.t_first) - c.eval_time
         extra = {"global_step_start": self.start, "global_step_end": self.step, **self.backend.info(),
-                 "num_workers": s.num_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
+                 "num_workers": s.num_input_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
                  "mode": s.mode, "eval_time": round(c.eval_time, 4), **s.ingest_info,
                  "steps_per_execution": c.calls(s.rc.get("steps_per_execution", "auto"), steps)}
         end = None if failed is None else (self.last_saved if self.last_saved is not None else self.start)

@@ -474,7 +474,7 @@ def training_target(start_step: int, runconfig: Mapping[str, Any]) -> int:
 
 
 # --------------------------------------------------------------------------- workers, shard plan
-def load_shard_plan(path: str | os.PathLike, num_workers: int) -> dict[str, Any]:
+def load_shard_plan(path: str | os.PathLike, num_input_workers: int) -> dict[str, Any]:
     """Load and check a shard plan (``CSRUN_SHARD_PLAN``) for a job with ``num_workers``.
 
     The format, loader and checks are :mod:`csrun_common.shardplan_schema`'s (``csrun.shard_plan``
@@ -482,7 +482,7 @@ def load_shard_plan(path: str | os.PathLike, num_workers: int) -> dict[str, Any]
 
     Args:
         path: the plan file.
-        num_workers: the job's input-worker count (1 for a chief that reads in-process).
+        num_input_workers: the job's input-worker count (1 for a chief that reads in-process).
 
     Returns:
         The validated plan dict (``workers`` in index order).
@@ -494,13 +494,13 @@ def load_shard_plan(path: str | os.PathLike, num_workers: int) -> dict[str, Any]
 
     try:
         plan = schema.load_plan(path)
-        schema.check_plan_workers(plan, num_workers, source=os.fspath(path))
+        schema.check_plan_workers(plan, num_input_workers, source=os.fspath(path))
     except ValueError as e:
         raise ParamsError(str(e)) from None
     return plan
 
 
-def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int,
+def worker_params(params: Mapping[str, Any], worker_index: int, num_input_workers: int,
                   plan: Mapping[str, Any] | None = None,
                   job_key: str | None = None) -> dict[str, Any]:
     """The params one input worker's ``input_fn`` receives.
@@ -508,7 +508,7 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
     Args:
         params: resolved params (not modified).
         worker_index: this worker's index, ``0 <= worker_index < num_workers``.
-        num_workers: input workers in the job (>= 1; 1 for an in-process pipeline).
+        num_input_workers: input workers in the job (>= 1; 1 for an in-process pipeline).
         plan: a shard plan from :func:`load_shard_plan`, or ``None``.
         job_key: ``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"`` of the job step (``None`` outside a
             job): the job-wide ``file_list_seed`` derives from it when there is no base seed.
@@ -521,10 +521,10 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
         plan's per-worker view is made by :func:`csrun_runtime.tensorflow.pipeline.build_worker_input`).
 
     Raises:
-        ValueError: ``worker_index`` outside ``[0, num_workers)``.
+        ValueError: ``worker_index`` outside ``[0, num_input_workers)``.
     """
-    if not 0 <= worker_index < num_workers:
-        raise ValueError(f"worker_index {worker_index} outside [0, {num_workers})")
+    if not 0 <= worker_index < num_input_workers:
+        raise ValueError(f"worker_index {worker_index} outside [0, {num_input_workers})")
     out = copy.deepcopy(dict(params))
     ti = out.get("train_input")
     if not isinstance(ti, dict):
@@ -545,5 +545,5 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_workers: int
     ti["shuffle_seed"] = seed
     ti["file_list_seed"] = file_list_seed(base, job_key)
     ti["worker_index"] = worker_index
-    ti["num_workers"] = num_workers
+    ti["num_workers"] = num_input_workers
     return out

@@ -87,21 +87,21 @@ def _common(policy: SitePolicy, job_name: str) -> list[str]:
     return [f"--job-name={job_name}", *policy.options()]
 
 
-#: The first Slurm release whose srun no longer takes ``--cpus-per-task`` from the job
-#: (Slurm 22.05 release notes: "srun will no longer read in SLURM_CPUS_PER_TASK. This means
-#: you will implicitly have to specify --cpus-per-task on your srun calls").
+#: The first Slurm release whose srun no longer takes the CPUs per task (``--cpus-per-task=``)
+#: from the job (Slurm 22.05 release notes: "srun will no longer read in SLURM_CPUS_PER_TASK",
+#: so a step gives srun's ``--cpus-per-task=`` itself).
 SRUN_REPEATS_CPUS_FROM = (22, 5)
 
 
 def srun_needs_cpus_per_task(slurm_version: tuple[int, int] | None) -> bool:
-    """Whether a step inside a batch job must repeat ``--cpus-per-task``: on Slurm ≥ 22.05
+    """Whether a step inside a batch job must repeat ``--cpus-per-task=``: on Slurm ≥ 22.05
     (:data:`SRUN_REPEATS_CPUS_FROM`), and when the version is unknown (harmless before)."""
     return slurm_version is None or tuple(slurm_version) >= SRUN_REPEATS_CPUS_FROM
 
 
 def _step_resources(allocation_options: list[str], slurm_version: tuple[int, int] | None = None) -> list[str]:
     """Options of an allocation that an srun step inside it repeats: the task shape and
-    GRES, and ``--cpus-per-task`` where srun does not inherit it
+    GRES, and ``--cpus-per-task=`` where srun does not inherit it
     (:func:`srun_needs_cpus_per_task`). Job-level options (name, policies, exclusive,
     exclude, signal) are not repeated.
     """
@@ -185,7 +185,7 @@ class WseRequest:
         own_job = comp is self.worker_job_component()  # its SLURM_PROCID starts at 0
         task = TaskEnv(
             comp.role, comp.het_group, 0 if own_job else comp.task_offset, comp.worker_offset,
-            self.layout.num_workers, self.layout.num_tasks, comp.cpus_per_task,
+            self.layout.num_input_workers, self.layout.num_tasks, comp.cpus_per_task,
             execution_mode=self.execution_mode,
             stop_signals=self.requeue.stop_signals() if self.requeue is not None else None,
             autoscale=self.autoscale.to_env() if self.autoscale is not None else None,
@@ -314,7 +314,7 @@ class WseRequest:
             job_env=[(k, v) for k, v in self.job_env() if k != RENDEZVOUS_ENV],
             total_nodes=self.layout.total_nodes,
             num_tasks=self.layout.num_tasks,
-            num_workers=self.layout.num_workers,
+            num_input_workers=self.layout.num_input_workers,
             requeue=self.requeue,
             requeue_exit=REQUEUE_EXIT,
             worker_job=worker_job,

@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from click.shell_completion import CompletionItem
 
 from csrun_common.autoscale import AutoscaleSpec, plan_autoscale
 from csrun_common.cli import OneLineErrors
-from csrun_common.env import NO_PATH_CHECKS
 from csrun_common.errors import CsrunError
-from csrun_common.layout import LayoutSpec
+from csrun_common.layout import FLAGS, LayoutSpec, flag, resolve_counts
 from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
@@ -29,8 +27,8 @@ from . import preflight, slurm
 from .builders import EXECUTION_MODES, CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .flags import CommonFlags, CpuFlags, WseFlags
-from .layout import JobLayout, plan, resolve_counts
+from .flags import CommonFlags, CpuFlags, WseFlags, cpu_options, wse_options
+from .layout import JobLayout, plan
 from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
 from .resolve import (
@@ -83,7 +81,7 @@ def _presubmit(prog: str, req: WseRequest | CpuRequest, flags: CommonFlags) -> N
 
 def _warn_options_after_command(prog: str, command: tuple[str, ...]) -> None:
     """One warning line when the command's arguments (after its first word) hold an option
-    name this CLI declares (``--total-nodes``): everything from the command's first word on
+    name this CLI declares (``--partition``): everything from the command's first word on
     is the command's own argv, so it was not taken as a csrun option. Not an error: the
     user's script may have an option of the same name. ``-h``/``--help`` and ``-V``/``--version``,
     which most programs take too, are not flagged."""
@@ -133,64 +131,9 @@ def _check_names_or_note(prog: str, view: ClusterView, policy: SitePolicy, sourc
         _note(prog, view.note)
 
 
-# --------------------------------------------------------------------------- completion
-def _complete(query: Callable[[], list[str] | None]) -> Callable[..., list[CompletionItem]]:
-    """A click ``shell_complete`` callback offering what ``query`` returns from Slurm (nothing
-    when Slurm does not answer within its query timeout)."""
-
-    def complete(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-        try:
-            names = query() or []
-        except CsrunError:
-            return []
-        return [CompletionItem(n) for n in names if n.startswith(incomplete)]
-
-    return complete
-
-
-def _partitions() -> list[str]:
-    return sorted({n.partition for n in slurm.list_nodes("")})
-
-
-# --------------------------------------------------------------------------- shared options
-def policy_options(fn: F) -> F:
-    """The site-policy, preflight and logging flags both CLIs take (docs/SLURM.md "Site policies")."""
-    options = [
-        click.option("--partition", default=None, shell_complete=_complete(_partitions),
-                     help="Slurm partition [default: slurm.partition]."),
-        click.option("--account", default=None, shell_complete=_complete(slurm.accounts),
-                     help="Slurm account [default: slurm.account]."),
-        click.option("--qos", default=None, shell_complete=_complete(slurm.qos_names),
-                     help="Quality of service [default: slurm.qos]."),
-        click.option("--reservation", default=None, shell_complete=_complete(slurm.reservations),
-                     help="Reservation(s) to run in [default: slurm.reservation]."),
-        click.option("--constraint", default=None, help="Node features required (e.g. 'skylake&ib') "
-                     "[default: slurm.constraint]."),
-        click.option("--time", "time_limit", default=None, metavar="TIME",
-                     help="Time limit in Slurm's format: minutes, minutes:seconds, hours:minutes:seconds, "
-                          "days-hours[:minutes[:seconds]] [default: slurm.time, else the partition's]."),
-        click.option("--slurm-arg", "slurm_args", multiple=True, metavar="ARG",
-                     help="An option passed verbatim to every het component, e.g. --slurm-arg=--mem=0 "
-                          "(repeatable; added to slurm.extra_args)."),
-        click.option("--check", is_flag=True,
-                     help="Ask Slurm whether the job could run (--test-only) and check its files; "
-                          "submit nothing. Exit 0 or 2."),
-        click.option("--no-path-checks", is_flag=True, envvar=NO_PATH_CHECKS.name,
-                     help="Skip the checks every launch makes of the script, --params, the data paths the "
-                          "params name, the model_dir's parent and a shard plan's files (for clusters whose "
-                          "login node does not see the compute nodes' paths; also CSRUN_NO_PATH_CHECKS=1; "
-                          "docs/CHECKS.md)."),
-        click.option("--verbose", is_flag=True,
-                     help="Let the tasks print every TensorFlow C++ log line (also CSRUN_VERBOSE=1); by "
-                          "default INFO lines are hidden, warnings and errors kept."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
+#: The layout flags appear as ``{field}`` (their text from :data:`csrun_common.layout.FLAGS`).
 WSE_EPILOG = """\b
-Layouts (N = --total-nodes, T = --tasks-per-node, C = --cpus-per-task, S = --single-task-nodes):
+Layouts (N = {nodes}, T = {tasks_per_node}, C = {cpus_per_task}, S = {single_task_nodes}):
   N = 1          one het component: T tasks x C CPUs with the GRES
   N > 1, S = 0   het group 0: 1 node x T tasks with the GRES (task 0 is the chief);
                  het group 1: N-1 nodes x T tasks x C CPUs (input workers)
@@ -199,63 +142,16 @@ Layouts (N = --total-nodes, T = --tasks-per-node, C = --cpus-per-task, S = --sin
 \b
 Examples:
   csrun_wse python-ws run.py --params configs/params.yaml --mode train --max_steps 1000
-  csrun_wse --total-nodes 4 --single-task-nodes 1 --tasks-per-node 2 python-ws run.py --mode train
-  csrun_wse --total-nodes=3 --cpus-per-task=1 --cyclic --dry-run python run.py --mode train
-  csrun_wse --use-sbatch --time 4:00:00 --requeue --total-nodes 2 python-ws run.py --mode train
-  csrun_wse --check --qos debug --total-nodes 4 python-ws run.py --mode train
-  csrun_wse --total-nodes 4 --tasks-per-node 2 --autoscale --min-workers 1 python-ws run.py --mode train
-"""
+  csrun_wse {nodes} 4 {single_task_nodes} 1 {tasks_per_node} 2 python-ws run.py --mode train
+  csrun_wse {nodes}=3 {cpus_per_task}=1 {cyclic} --dry-run python run.py --mode train
+  csrun_wse --use-sbatch --time 4:00:00 --requeue {nodes} 2 python-ws run.py --mode train
+  csrun_wse --check --qos debug {nodes} 4 python-ws run.py --mode train
+  csrun_wse {nodes} 4 {tasks_per_node} 2 --autoscale --min-workers 1 python-ws run.py --mode train
+""".format_map(FLAGS)
 
 
 @click.command("csrun_wse", cls=_CommandCli, context_settings=COMMAND_SETTINGS, epilog=WSE_EPILOG)
-@click.option("--total-nodes", type=POSITIVE, default=None,
-              help="Nodes in the job, the chief's included [default: defaults.nodes].")
-@click.option("--tasks-per-node", type=POSITIVE, default=None,
-              help="Tasks on each input-worker node [default: defaults.tasks_per_node, or node CPUs / C].")
-@click.option("--cpus-per-task", type=POSITIVE, default=None,
-              help="CPUs of each input-worker task "
-                   "[default: defaults.cpus_per_task if T of them fit, else Slurm's choice].")
-@click.option("--single-task-nodes", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Nodes, the chief's first, that run a single task holding the whole node.")
-@click.option("--cyclic", is_flag=True, help="Distribute input-worker tasks cyclically over nodes (default: block).")
-@click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
-              help="Directories to bind-mount in the container, added to container.mount_dirs.")
-@click.option("--shard-plan", type=click.Path(dir_okay=False), default=None,
-              help="Shard plan JSON (cs_input_analyzer shard-plan): each input worker reads only its files.")
-@click.option("--requeue/--no-requeue", "requeue", default=None,
-              help="On the warning signal before the time limit, preemption or scontrol requeue, checkpoint, "
-                   "stop and requeue the job; it resumes from the checkpoint [default: requeue.enabled].")
-@click.option("--requeue-signal", default=None, metavar="SIG@SECONDS",
-              help="Warning signal and its lead time before the time limit [default: requeue.signal, USR2@90].")
-@click.option("--max-requeues", type=int, default=None,
-              help="Requeues allowed before the job is left failed [default: requeue.max_requeues, 3].")
-@click.option("--chief-input-cpus", type=int, default=0, show_default=True, metavar="N",
-              help="Run input worker 0 inside the chief's task on N of its CPUs, beside training: pinned "
-                   "apart when Slurm binds the task and N is fewer than its CPUs, else sharing them at "
-                   "lower priority (docs/CHIEF-INPUT.md).")
-@click.option("--survive-node-loss", is_flag=True,
-              help="Run the input-worker nodes as a job of their own (--no-kill), so that losing one "
-                   "of them does not end the run: its workers start again on the surviving nodes "
-                   "(docs/RESILIENCE.md).")
-@click.option("--autoscale", is_flag=True,
-              help="Grow and shrink the streaming input workers while training, within the layout's "
-                   "input-worker tasks (docs/AUTOSCALE.md).")
-@click.option("--min-workers", type=int, default=None,
-              help="With --autoscale: never fewer streaming input workers [1].")
-@click.option("--max-workers", type=int, default=None,
-              help="With --autoscale: never more [every input-worker task of the layout].")
-@click.option("--initial-workers", type=int, default=None,
-              help="With --autoscale: input workers streaming at the start, e.g. the analyzer's "
-                   "recommendation [--min-workers].")
-@click.option("--autoscale-policy", type=click.Choice(["rate", "step"]), default="rate", show_default=True,
-              help="rate: grow to the tf.data service AutoScaler's estimate at once; step: ±1 per window.")
-@click.option("--autoscale-window", type=float, default=10.0, show_default=True, metavar="SECONDS",
-              help="Seconds of training measured between two autoscale decisions.")
-@policy_options
-@click.option("--use-sbatch", is_flag=True, help="Submit as a batch het job and print the job id.")
-@click.option("--dry-run", is_flag=True,
-              help="Print exactly what would run (srun line, or the sbatch script); submit nothing. "
-                   "Works without slurmctld when nothing it must answer is unknown.")
+@wse_options
 @version_option("csrun_wse")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values, typed at once as WseFlags
@@ -308,9 +204,9 @@ def _refuse_not_wired(flags: WseFlags, mode: str | None) -> None:
     :data:`NOT_WIRED_FOR_PYTORCH` is set: before Slurm is asked anything, nothing submitted."""
     if mode != EXECUTION_MODES["python-pt"]:
         return
-    for attr, flag in NOT_WIRED_FOR_PYTORCH.items():
+    for attr, text in NOT_WIRED_FOR_PYTORCH.items():
         if getattr(flags, attr):
-            raise CsrunError(f'{flag} with python-pt: not wired for PyTorch yet '
+            raise CsrunError(f'{text} with python-pt: not wired for PyTorch yet '
                              f'(docs/PYTORCH.md "Not yet for PyTorch")')
 
 
@@ -322,8 +218,9 @@ def _refuse_check_with_dry_run(flags: CommonFlags) -> None:
 def _wse_layout(flags: WseFlags, cfg: SiteConfig, view: ClusterView) -> JobLayout:
     """Plan the het layout from the flags, the defaults and the cluster (named steps: node
     count and GRES against the partition, tasks × CPUs against a node)."""
-    n = flags.total_nodes if flags.total_nodes is not None else cfg.nodes
-    n_flag = "--total-nodes" if flags.total_nodes is not None else "defaults.nodes"
+    given = flags.layout
+    n = given["nodes"] if given["nodes"] is not None else cfg.nodes
+    n_flag = flag("nodes") if given["nodes"] is not None else "defaults.nodes"
     if view.online:
         node_cpus = view.node_cpus or 1
         if n > len(view.nodes):
@@ -334,10 +231,11 @@ def _wse_layout(flags: WseFlags, cfg: SiteConfig, view: ClusterView) -> JobLayou
                 raise CsrunError(f"gres.resource = {cfg.gres_resource!r}: no node in the partition has GRES "
                                  f"{gres_name!r}")
     else:
-        node_cpus = offline_node_cpus(view, flags.tasks_per_node, flags.cpus_per_task, flags.single_task_nodes)
-    t, c = resolve_counts(flags.tasks_per_node, flags.cpus_per_task, cfg.tasks_per_node, cfg.cpus_per_task,
+        node_cpus = offline_node_cpus(view, given["tasks_per_node"], given["cpus_per_task"],
+                                      given["single_task_nodes"])
+    t, c = resolve_counts(given["tasks_per_node"], given["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
-    spec = LayoutSpec(n, t, c, flags.single_task_nodes, flags.chief_input_cpus, flags.cyclic)
+    spec = LayoutSpec(**{**given, "nodes": n, "tasks_per_node": t, "cpus_per_task": c})
     return plan(spec, cfg.gres_resource, node_cpus)
 
 
@@ -351,7 +249,7 @@ def _autoscale(flags: WseFlags, layout: JobLayout) -> AutoscaleSpec | None:
                 raise CsrunError(f"--{flag.replace('_', '-')} {value}: needs --autoscale")
         return None
     try:
-        return plan_autoscale(layout.num_workers, flags.initial_workers, flags.min_workers, flags.max_workers,
+        return plan_autoscale(layout.num_input_workers, flags.initial_workers, flags.min_workers, flags.max_workers,
                               flags.autoscale_policy, flags.autoscale_window)
     except ValueError as exc:
         raise CsrunError(str(exc)) from None
@@ -366,15 +264,16 @@ def _worker_job(flags: WseFlags, layout: JobLayout) -> bool:
     more than one: ``kill_running_job_by_node_name``)."""
     if not flags.survive_node_loss:
         return False
-    if flags.single_task_nodes:
-        raise CsrunError(f"--survive-node-loss with --single-task-nodes {flags.single_task_nodes}: single-task "
+    single = flags.layout["single_task_nodes"]
+    if single:
+        raise CsrunError(f"--survive-node-loss with {flag('single_task_nodes')} {single}: single-task "
                          "nodes belong to the chief's het job, which Slurm ends whole when one of its nodes fails")
     workers = layout.worker_component
     nodes = workers.nodes if workers else 0
     if nodes < 2:
         raise CsrunError(f"--survive-node-loss: the input workers' job would have {nodes} node(s) "
-                         f"(--total-nodes {layout.total_nodes} minus the chief's); Slurm keeps a job running "
-                         "after a node fails only when it has 2 or more: use --total-nodes 3 or more")
+                         f"({flag('nodes')} {layout.total_nodes} minus the chief's); Slurm keeps a job running "
+                         f"after a node fails only when it has 2 or more: use {flag('nodes')} 3 or more")
     return True
 
 
@@ -382,7 +281,7 @@ def _shard_plan(path: str | None, layout: JobLayout) -> str | None:
     if path is None:
         return None
     try:
-        check_plan_workers(load_plan(path), layout.num_workers)
+        check_plan_workers(load_plan(path), layout.num_input_workers)
     except (ValueError, OSError) as exc:
         raise CsrunError(f"--shard-plan {path}: {exc}") from None
     return str(Path(path).resolve())
@@ -470,15 +369,7 @@ Examples:
 
 
 @click.command("csrun_cpu", cls=_CommandCli, context_settings=COMMAND_SETTINGS, epilog=CPU_EPILOG)
-@click.option("--alloc-node/--no-alloc-node", default=True, show_default=True,
-              help="Reserve the whole CPU node (srun --nodes=1 --exclusive, all its CPUs); "
-                   "with --no-alloc-node ask for defaults.cpus_per_task CPUs.")
-@click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
-              help="Directories to bind-mount in the container, added to container.mount_dirs.")
-@policy_options
-@click.option("--use-sbatch", is_flag=True, help="Submit as a batch job and print the job id.")
-@click.option("--dry-run", is_flag=True, help="Print exactly what would run; submit nothing.")
-@click.option("--show-config", is_flag=True, help="Print every resolved site-config value and its source, then exit.")
+@cpu_options
 @version_option("csrun_cpu")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values, typed at once as CpuFlags
@@ -532,4 +423,4 @@ def _cpu_node_cpus(flags: CpuFlags, cfg: SiteConfig, view: ClusterView) -> int:
     return node_cpus
 
 
-__all__ = ["csrun_wse", "csrun_cpu", "policy_options"]
+__all__ = ["csrun_wse", "csrun_cpu"]

@@ -30,6 +30,7 @@ else:  # pragma: no cover
 
 from csrun_common.env import CONFIG
 from csrun_common.errors import ConfigError, CsrunError
+from csrun_common.layout import FLAGS
 
 from .policy import check_slurm_arg, parse_time
 from .requeue import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, parse_signal_spec
@@ -64,12 +65,12 @@ class Key:
 #: Every site-config key, in ``--show-config`` order. The embedded defaults fit the test
 #: cluster: node1 carries gpu:1, node2..node5 are CPU nodes with 2 CPUs each.
 KEYS: tuple[Key, ...] = (
-    Key("defaults", "nodes", "nodes", int, 2, "DEF_NODES: csrun_wse --total-nodes when not given",
-        "--total-nodes"),
+    Key("defaults", "nodes", "nodes", int, 2, f"DEF_NODES: csrun_wse {FLAGS['nodes']} when not given",
+        FLAGS["nodes"]),
     Key("defaults", "tasks_per_node", "tasks_per_node", int, 2,
-        "DEF_TASKS_PER_NODE: csrun_wse --tasks-per-node when not given", "--tasks-per-node"),
+        f"DEF_TASKS_PER_NODE: csrun_wse {FLAGS['tasks_per_node']} when not given", FLAGS["tasks_per_node"]),
     Key("defaults", "cpus_per_task", "cpus_per_task", int, 1,
-        "DEF_CPUS_PER_TASK: csrun_wse --cpus-per-task when not given", "--cpus-per-task"),
+        f"DEF_CPUS_PER_TASK: csrun_wse {FLAGS['cpus_per_task']} when not given", FLAGS["cpus_per_task"]),
     Key("defaults", "node_cpus", "node_cpus", int, 0,
         "CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)", zero_allowed=True),
     Key("gres", "resource", "gres_resource", str, "gpu:1", "GRES_RESOURCE: --gres of the chief's component"),

@@ -11,7 +11,7 @@ tasks with ``cpus_per_task`` CPUs. The shapes are the original ``csrun_wse``'s:
   block or cyclic. Total tasks S + (N−S)·T.
 
 Task roles (see ``docs/CONTRACT.md``): task 0 of het group 0 is the chief; every other
-task is an input worker. With ``--chief-input-cpus N`` the chief's task also runs input
+task is an input worker. With ``chief_input_cpus = N`` the chief's task also runs input
 worker 0 as a process of its own on N of its CPUs (docs/CHIEF-INPUT.md):
 the tasks' input-worker indices then start at 1.
 """
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from csrun_common.errors import CsrunError
-from csrun_common.layout import LayoutSpec
+from csrun_common.layout import LayoutSpec, resolve_counts
 
 CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
+
+__all__ = ["CHIEF", "SINGLE_TASK", "WORKER", "Component", "JobLayout", "plan", "plan_layout", "resolve_counts"]
 
 
 @dataclass(frozen=True)
 class Component:
     """One het component (het group) of the job.
 
-    ``cpus_per_task`` is ``None`` when Slurm chooses (``--tasks-per-node`` given and the
-    default CPUs do not fit). ``task_offset`` is the global ``SLURM_PROCID`` of its first
-    task; ``worker_offset`` the input-worker index of its first input-worker task.
+    ``cpus_per_task`` is ``None`` when Slurm chooses (the tasks per node given and the
+    default CPUs do not fit: :func:`~csrun_common.layout.resolve_counts`). ``task_offset`` is
+    the global ``SLURM_PROCID`` of its first task; ``worker_offset`` the input-worker index of
+    its first input-worker task.
     """
 
     het_group: int
@@ -51,7 +53,7 @@ class Component:
         return self.nodes * self.tasks_per_node
 
     @property
-    def num_workers(self) -> int:
+    def num_input_workers(self) -> int:
         """Input-worker tasks in this component (the chief is not one)."""
         return self.ntasks - 1 if self.role == CHIEF else self.ntasks
 
@@ -74,7 +76,7 @@ class JobLayout:
 
     @property
     def total_nodes(self) -> int:
-        """Nodes in the whole job (``--total-nodes``)."""
+        """Nodes in the whole job (:attr:`LayoutSpec.nodes`)."""
         return sum(c.nodes for c in self.components)
 
     @property
@@ -83,7 +85,7 @@ class JobLayout:
         return sum(c.ntasks for c in self.components)
 
     @property
-    def num_workers(self) -> int:
+    def num_input_workers(self) -> int:
         """Input workers in the whole job: all tasks but the chief, plus the chief's own
         input worker with ``chief_input_cpus``."""
         return self.num_tasks - 1 + (1 if self.chief_input_cpus else 0)
@@ -93,46 +95,6 @@ class JobLayout:
         """The ``worker`` component (the input-worker nodes), or ``None`` when the layout has
         none (a chief alone, or single-task nodes only)."""
         return next((c for c in self.components if c.role == WORKER), None)
-
-
-def resolve_counts(
-    tasks_per_node: int | None,
-    cpus_per_task: int | None,
-    default_tasks: int,
-    default_cpus: int,
-    node_cpus: int,
-) -> tuple[int, int | None]:
-    """Resolve ``(tasks_per_node, cpus_per_task)`` from the flags, the defaults and the
-    CPUs of a node (from Slurm: ``sinfo %c``).
-
-    Rules (csrun_wse issue; the original's help text):
-
-    * both given: kept; ``T × C`` must fit the node.
-    * ``--tasks-per-node`` only: keep the default CPUs if T of them fit, else ``None``
-      (Slurm chooses).
-    * ``--cpus-per-task`` only: ``T = floor(node_cpus / C)``.
-    * neither: the defaults, by the rule for ``--tasks-per-node`` only.
-
-    Raises :class:`CsrunError` naming the flag (or ``defaults.*`` key) and value when T
-    or C alone exceeds the node, or ``T × C`` does.
-    """
-    if node_cpus < 1:
-        raise CsrunError(f"node CPUs {node_cpus}: Slurm reports no CPUs on the nodes")
-    if cpus_per_task is not None and cpus_per_task > node_cpus:
-        raise CsrunError(f"--cpus-per-task {cpus_per_task}: more than the {node_cpus} CPUs of a node")
-    if tasks_per_node is None and cpus_per_task is not None:
-        return node_cpus // cpus_per_task, cpus_per_task
-    t_flag = "--tasks-per-node" if tasks_per_node is not None else "defaults.tasks_per_node"
-    t = tasks_per_node if tasks_per_node is not None else default_tasks
-    if t > node_cpus:
-        raise CsrunError(f"{t_flag} {t}: more tasks than the {node_cpus} CPUs of a node")
-    if cpus_per_task is not None:
-        if t * cpus_per_task > node_cpus:
-            raise CsrunError(
-                f"--tasks-per-node {t} × --cpus-per-task {cpus_per_task} = {t * cpus_per_task}: "
-                f"more than the {node_cpus} CPUs of a node")
-        return t, cpus_per_task
-    return t, (default_cpus if t * default_cpus <= node_cpus else None)
 
 
 def plan_layout(
@@ -146,7 +108,7 @@ def plan_layout(
     chief_input_cpus: int = 0,
 ) -> JobLayout:
     """:func:`plan` of the :class:`~csrun_common.layout.LayoutSpec` of ``N = total_nodes``,
-    ``T``, ``C``, ``S``, ``--cyclic`` and ``--chief-input-cpus`` (the flags' values, ``T``
+    ``T``, ``C``, ``S``, ``cyclic`` and ``chief_input_cpus`` (the layout flags' values, ``T``
     and ``C`` resolved by :func:`resolve_counts`). Raises :class:`CsrunError` as :func:`plan`."""
     spec = LayoutSpec(total_nodes, tasks_per_node, cpus_per_task, single_task_nodes, chief_input_cpus, cyclic)
     return plan(spec, gres, node_cpus)
@@ -156,7 +118,7 @@ def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
     """Build the het components of the layout ``spec`` (shapes: the module docstring).
 
     ``gres`` goes to the chief's component; ``node_cpus`` is given to single-task components
-    (one task owns the node). ``spec.chief_input_cpus`` (``--chief-input-cpus``): CPUs of the
+    (one task owns the node). ``spec.chief_input_cpus``: CPUs of the
     chief's task that run input worker 0 beside the training step; every task's input-worker
     index is then one higher. Raises :class:`CsrunError` naming the flag for N < 1, T < 1,
     C < 1, S < 0, S ≥ N, a negative ``chief_input_cpus``, or one above the chief's CPUs or
@@ -172,7 +134,7 @@ def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
         comp = Component(len(comps), role, nodes, t, c, g, True, distribution, task_off, worker_off)
         comps.append(comp)
         task_off += comp.ntasks
-        worker_off += comp.num_workers
+        worker_off += comp.num_input_workers
 
     n, t, c, s = spec.nodes, spec.tasks_per_node, spec.cpus_per_task, spec.single_task_nodes
     if s == 0:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LAYOUT_FLAGS
 
 __all__ = ["SitePolicy", "parse_time", "format_seconds", "check_slurm_arg", "MANAGED_OPTIONS",
            "constraint_features"]
@@ -36,16 +37,15 @@ _TIME_RE = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>
 #: ``--slurm-arg`` naming one of them is refused (two values of one option on one
 #: component: the last would silently win).
 MANAGED_OPTIONS: dict[str, str] = {
-    "--nodes": "--total-nodes", "-N": "--total-nodes", "--ntasks": "--tasks-per-node",
-    "-n": "--tasks-per-node", "--ntasks-per-node": "--tasks-per-node",
-    "--cpus-per-task": "--cpus-per-task", "-c": "--cpus-per-task", "--gres": "gres.resource",
+    **{option: spec.flag for spec in LAYOUT_FLAGS for option in spec.slurm_options},
+    "--gres": "gres.resource",
     "--exclusive": "the layout (every component is exclusive)", "--exclude": "gres.node",
     "-x": "gres.node", "--job-name": "csrun (it names its jobs)", "-J": "csrun (it names its jobs)",
     "--partition": "--partition", "-p": "--partition", "--account": "--account", "-A": "--account",
     "--qos": "--qos", "-q": "--qos", "--time": "--time", "-t": "--time",
     "--reservation": "--reservation", "--constraint": "--constraint", "-C": "--constraint",
     "--export": "csrun (the role contract travels in --export)", "--het-group": "the layout",
-    "--distribution": "--cyclic", "-m": "--cyclic", "--output": "csrun (the batch output file)",
+    "--output": "csrun (the batch output file)",
     "-o": "csrun (the batch output file)", "--requeue": "--requeue", "--no-requeue": "--requeue",
     "--signal": "--requeue-signal", "--open-mode": "--requeue", "--test-only": "--check",
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from csrun_common.env import VERBOSE
 from csrun_common.errors import CsrunError, SlurmUnavailable
+from csrun_common.layout import flag
 
 from . import slurm
 from .config import SiteConfig
@@ -137,18 +138,19 @@ def cluster_view(partition: str, partition_source: str, cfg: SiteConfig, dry_run
 def offline_node_cpus(view: ClusterView, tasks_per_node: int | None, cpus_per_task: int | None,
                       single_task_nodes: int) -> int:
     """A CPU node's CPUs for a layout planned without Slurm: ``defaults.node_cpus`` when set;
-    else ``T × C`` when both ``--tasks-per-node`` and ``--cpus-per-task`` are given (the
+    else ``T × C`` when both the tasks per node and the CPUs per task are given (the
     layout needs no more of a node) and no single-task node must hold a whole node.
     Raises :class:`CsrunError` naming what is missing."""
     if view.node_cpus:
         return view.node_cpus
     if single_task_nodes:
-        raise CsrunError(f"--single-task-nodes {single_task_nodes}: a single-task node holds all the CPUs of a "
+        raise CsrunError(f"{flag('single_task_nodes')} {single_task_nodes}: a single-task node holds all the CPUs of a "
                          "node, which are unknown while slurmctld does not answer; set defaults.node_cpus in "
                          "the site config")
     if tasks_per_node is None or cpus_per_task is None:
         raise CsrunError("--dry-run: slurmctld does not answer and the CPUs of a node are unknown: give "
-                         "--tasks-per-node and --cpus-per-task, or set defaults.node_cpus in the site config")
+                         f"{flag('tasks_per_node')} and {flag('cpus_per_task')}, or set defaults.node_cpus in the "
+                         "site config")
     return tasks_per_node * cpus_per_task
 
 

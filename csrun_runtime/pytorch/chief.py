@@ -97,13 +97,13 @@ class Chief:
         self.mode = resolved.mode
         self.model_dir = Path(resolved.model_dir)
         self.t_proc = t_proc
-        self.num_workers = 0 if role.single_process else role.num_workers
+        self.num_input_workers = 0 if role.single_process else role.num_input_workers
         self.rdv: Rendezvous | None = None
         self.heartbeat: Heartbeat | None = None
         self.device = self._device()
         self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
-        self.own_input = OwnInput(role, os.environ)  # --chief-input-cpus: input worker 0 in this task
+        self.own_input = OwnInput(role, os.environ)  # CSRUN_CHIEF_INPUT_CPUS: input worker 0 in this task
 
     @staticmethod
     def _device() -> Any:
@@ -156,7 +156,7 @@ class Chief:
         chief's exit is the job step's last."""
         assert self.rdv is not None
         deadline = time.monotonic() + timeout
-        expected = self.num_workers - self.own_input.missing()
+        expected = self.num_input_workers - self.own_input.missing()
         while len(self.rdv.reports()) < expected and time.monotonic() < deadline:
             time.sleep(0.1)
 
@@ -166,7 +166,7 @@ class Chief:
         ``params["csrun"]["data_files"]`` worker 0's files under a shard plan)."""
         data_dir, files = None, None
         if self.role.shard_plan:
-            plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
+            plan = load_shard_plan(self.role.shard_plan, max(1, self.num_input_workers))
             files = list(plan["workers"][0]["files"])
         p = process_params(self.params, 0, 1, True, data_dir, files)
         set_facts(StreamerFacts(1, 0, True))
@@ -177,7 +177,7 @@ class Chief:
         """The contract of the training DataLoader as input worker 0 of ``W`` builds it (not
         iterated), so that a violation is the chief's exit 2 before any worker streams.
         Raises :class:`ContractError`."""
-        w = 1 if self.role.shard_plan else self.num_workers
+        w = 1 if self.role.shard_plan else self.num_input_workers
         set_facts(StreamerFacts(w, 0, True))
         try:
             call_data_fn(self.train_data_fn, process_params(self.params, 0, w, True), "train_input")
@@ -220,7 +220,7 @@ class Chief:
         the target: checkpoints, the allocation record, performance.json and the verdict;
         returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
         Raises what the loop raised (after performance.json, once a step was trained)."""
-        remote = self.rdv is not None and self.num_workers > 0
+        remote = self.rdv is not None and self.num_input_workers > 0
         if remote:
             self.own_input.place()  # before the model: the training CPUs, when the split pins them
         model, opt = self._model()
@@ -233,7 +233,7 @@ class Chief:
             if evaluating:
                 self._evaluate(model, start)
             return 0
-        autoscale = autoscale_spec(os.environ, self.num_workers) if remote else None
+        autoscale = autoscale_spec(os.environ, self.num_input_workers) if remote else None
         if remote and self.rdv is not None:
             self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
             source: Any = RemoteSource(self.rdv, self.role, self.rc, streams=autoscale.initial if autoscale else None)
@@ -245,7 +245,7 @@ class Chief:
                                    device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,
                                    start=start, info=self.own_input.describe)
         setup = LoopSetup(rc=self.rc, model_dir=self.model_dir, mode=self.mode, start=start, t_proc=self.t_proc,
-                          node=self.role.node or None, num_workers=self.num_workers,
+                          node=self.role.node or None, num_input_workers=self.num_input_workers,
                           params_path=self.resolved.params_path, evaluating=evaluating, rdv=self.rdv,
                           autoscale=autoscale, addresses=getattr(source, "addresses", []),
                           registry=getattr(source, "registry", {}))

@@ -72,7 +72,7 @@ class TorchInputBackend:
     def __init__(self, train_data_fn: Callable[..., Any], params: dict[str, Any]):
         self.fn, self.params = train_data_fn, params
 
-    def build(self, worker_index: int, num_workers: int, cpus: int, *,
+    def build(self, worker_index: int, num_input_workers: int, cpus: int, *,
               dataloader_workers: int | None = None, prefetch_factor: int | None = None) -> BuiltInput:
         """See :meth:`csrun_runtime.input_backend.InputBackend.build`. ``dataloader_workers``
         and ``prefetch_factor`` replace ``train_input.num_workers`` / ``prefetch_factor`` (a
@@ -88,7 +88,7 @@ class TorchInputBackend:
             ti["prefetch_factor"] = int(prefetch_factor)
         params["train_input"] = ti
         try:
-            loader, _, seed = build_loader(self.fn, params, worker_index, num_workers, worker_index,
+            loader, _, seed = build_loader(self.fn, params, worker_index, num_input_workers, worker_index,
                                            threads=int(cpus))
         except ContractError as e:
             raise InputBuildError(str(e)) from None

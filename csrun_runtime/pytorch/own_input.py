@@ -1,4 +1,4 @@
-"""``csrun_wse --chief-input-cpus N`` on the PyTorch chief (docs/CHIEF-INPUT.md): input worker 0
+"""``CSRUN_CHIEF_INPUT_CPUS=N`` on the PyTorch chief (docs/CHIEF-INPUT.md): input worker 0
 runs as a supervised process of the chief's own task.
 
 The framework-neutral pieces are :mod:`csrun_runtime.chief_input`'s, as on the TensorFlow chief:
@@ -78,7 +78,7 @@ class OwnInput:
 
     def missing(self) -> int:
         """Input workers that will write no report: 1 when worker 0 was asked for
-        (``--chief-input-cpus``) but not started (a mode that streams nothing, or nothing left
+        (``CSRUN_CHIEF_INPUT_CPUS``) but not started (a mode that streams nothing, or nothing left
         to train), else 0."""
         return 1 if self.requested and self.worker is None else 0
 

@@ -61,18 +61,18 @@ class WorkerFailed(RuntimeError):
         self.index, self.violations = index, violations
 
 
-def autoscale_spec(environ: Mapping[str, str], num_workers: int) -> AutoscaleSpec | None:
+def autoscale_spec(environ: Mapping[str, str], num_input_workers: int) -> AutoscaleSpec | None:
     """``csrun_wse --autoscale``'s spec from ``CSRUN_AUTOSCALE`` in ``environ`` for a job of
     ``num_workers`` input-worker slots (docs/AUTOSCALE.md; logged), or None when unset.
     Raises :class:`csrun_runtime.params.ParamsError` naming the variable and its value when it
     does not parse or does not fit the slots (the chief exits 2)."""
     try:
-        spec = parse_autoscale(environ, num_workers)
+        spec = parse_autoscale(environ, num_input_workers)
     except ValueError as e:
         raise ParamsError(str(e)) from None
     if spec is not None:
         log.info("autoscale (%s policy, %g s windows): reading input workers 0..%d of %d slot(s), "
-                 "between %d and %d at a time", spec.policy, spec.window_s, spec.initial - 1, num_workers,
+                 "between %d and %d at a time", spec.policy, spec.window_s, spec.initial - 1, num_input_workers,
                  spec.min_workers, spec.max_workers)
     return spec
 
@@ -97,7 +97,7 @@ class RemoteSource(StreamMerge):
 
     def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any], adopt: bool | None = None,
                  streams: int | None = None):
-        w = role.num_workers
+        w = role.num_input_workers
         receiver, endpoint = start_receiver(role.host)
         write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
         log.info("data plane: receiving from %d input worker(s) at %s", w, endpoint)

@@ -55,11 +55,11 @@ def _from_env() -> StreamerFacts:
         role = resolve_role()
     except RoleError:
         return StreamerFacts()
-    w = max(1, role.num_workers)
+    w = max(1, role.num_input_workers)
     if role.shard_plan:
         w = 1
     if role.is_chief:
-        return StreamerFacts(w, 0, role.num_workers == 0)
+        return StreamerFacts(w, 0, role.num_input_workers == 0)
     return StreamerFacts(w, 0 if role.shard_plan else int(role.worker_index or 0), True)
 
 

@@ -174,10 +174,10 @@ class InputWorker:
 
     def _build(self) -> Any:
         """The DataLoader as streamer ``index`` of ``W`` (or 0 of 1 over a shard plan's view)."""
-        w, rank, data_dir, files = self.role.num_workers, self.index, None, None
+        w, rank, data_dir, files = self.role.num_input_workers, self.index, None, None
         if self.role.shard_plan:
             try:
-                plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
+                plan = load_shard_plan(self.role.shard_plan, self.role.num_input_workers)
             except ParamsError as e:
                 self._fail(e.problems)
             own, others = plan_files(plan, self.index)
@@ -187,7 +187,7 @@ class InputWorker:
                 view = make_data_dir_view(ti["data_dir"], own, others, self.rdv.dir / "data_views" / str(self.index))
                 data_dir = view.data_dir
             w, rank = 1, 0
-        threads = self.role.cpus_per_task if self.role.chief_input else None  # --chief-input-cpus N: N threads
+        threads = self.role.cpus_per_task if self.role.chief_input else None  # CSRUN_CHIEF_INPUT_CPUS=N: N threads
         try:
             loader, params, seed = build_loader(self.fn, self.resolved.params, rank, w, self.index, data_dir, files,
                                                 threads=threads)

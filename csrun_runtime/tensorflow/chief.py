@@ -99,7 +99,7 @@ class Chief:
 
     @property
     def chief_input(self) -> chief_input.ChiefInputWorker | None:
-        """Input worker 0 in this task (``--chief-input-cpus``) once started, else None."""
+        """Input worker 0 in this task (``CSRUN_CHIEF_INPUT_CPUS``) once started, else None."""
         return self.streams.chief_input
 
     @property

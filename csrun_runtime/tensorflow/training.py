@@ -154,7 +154,7 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
     streamed = isinstance(source, (ServiceSource, DataplaneSource))
     setup = LoopSetup(
         rc=chief.rc, model_dir=chief.model_dir, mode=chief.mode, start=int(step_var.numpy()), t_proc=chief.t_proc,
-        node=chief.node, num_workers=chief.num_workers, params_path=chief.params_path, evaluating=evaluating,
+        node=chief.node, num_input_workers=chief.num_workers, params_path=chief.params_path, evaluating=evaluating,
         ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
         addresses=chief.addresses, registry=chief.registry)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))

@@ -67,7 +67,7 @@ def test_single_task_chief_node_worker_is_a_task_alone_on_the_node():
     assert shared["chief_input_samples_per_sec"] == pytest.approx(m.node_rate(1, 8), rel=1e-6)
     assert rate(shared) == pytest.approx(rate(base) + m.node_rate(1, 8), rel=1e-6)
     # the chief's task is the whole node: more than its CPUs is refused
-    with pytest.raises(ValueError, match="chief input CPUs"):
+    with pytest.raises(ValueError, match=r"--chief-input-cpus 9: more than the chief task.s 8 CPU"):
         R.predict_layout(m, 5, 1, 8, single_task_nodes=1, chief_input_cpus=9)
 
 

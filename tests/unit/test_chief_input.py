@@ -23,15 +23,15 @@ from launcher.layout import plan_layout
 def test_indices_shift_by_one_and_the_job_counts_the_chiefs_worker():
     lay = plan_layout(3, 2, 1, gres="gpu:1", node_cpus=2, chief_input_cpus=1)
     assert [(c.role, c.task_offset, c.worker_offset) for c in lay.components] == [("chief", 0, 1), ("worker", 2, 2)]
-    assert lay.num_tasks == 6 and lay.num_workers == 6  # 5 tasks + the chief's own
+    assert lay.num_tasks == 6 and lay.num_input_workers == 6  # 5 tasks + the chief's own
     # the task indices 1..5 and the chief's 0 cover 0..num_workers-1 exactly once
     last = lay.components[-1]
-    assert last.worker_offset + last.num_workers == lay.num_workers
+    assert last.worker_offset + last.num_input_workers == lay.num_input_workers
 
 
 def test_single_task_layout_gives_the_chief_the_node():
     lay = plan_layout(4, 2, 1, single_task_nodes=2, gres="gpu:1", node_cpus=8, chief_input_cpus=7)
-    assert lay.components[0].cpus_per_task == 8 and lay.num_workers == 1 + 4 + 1
+    assert lay.components[0].cpus_per_task == 8 and lay.num_input_workers == 1 + 4 + 1
     assert [c.worker_offset for c in lay.components] == [1, 1, 2]
 
 

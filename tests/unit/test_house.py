@@ -169,3 +169,63 @@ def test_the_pytorch_runtime_imports_no_tensorflow():
                   if p.stem != "__init__")
     loaded = _imported_at_import(["csrun_runtime.pytorch", *mods])
     assert "tensorflow" not in loaded
+
+
+# --------------------------------------------------------------------------- issue 30: flags once
+#: Where a layout flag's text may not appear twice: every source module but the tests, the
+#: benchmarks and the examples (docs are Markdown, not modules).
+FLAG_SKIP = (*SKIP, "examples")
+
+
+def _layout_flag_modules() -> dict[str, list[str]]:
+    """Layout flag text -> the source modules that write it. Slurm's own options that share a
+    name (srun's ``--cpus-per-task=N``) are always written with their ``=`` by csrun's builders,
+    so an occurrence followed by ``=`` is Slurm's, not the flag's."""
+    import re
+
+    from csrun_common.layout import LAYOUT_FLAGS
+
+    paths = [p for p in sorted(REPO.rglob("*.py")) if not str(p.relative_to(REPO)).startswith(FLAG_SKIP)]
+    out: dict[str, list[str]] = {}
+    for spec in LAYOUT_FLAGS:
+        pattern = re.compile(re.escape(spec.flag) + r"(?![=\w-])")
+        out[spec.flag] = [str(p.relative_to(REPO)) for p in paths if pattern.search(p.read_text())]
+    return out
+
+
+def test_each_layout_flag_is_written_in_one_module():
+    """Every layout flag's text (``--tasks-per-node`` ...) appears in one source module,
+    ``csrun_common/layout.py``: the CLIs' options, messages and help read it from there."""
+    found = _layout_flag_modules()
+    assert "--tasks-per-node" in found and len(found) >= 6  # LAYOUT_FLAGS was read
+    assert {flag: mods for flag, mods in found.items() if mods != ["csrun_common/layout.py"]} == {}
+
+
+def test_the_layout_flag_grep_sees_a_second_module(tmp_path, monkeypatch):
+    (tmp_path / "csrun_common").mkdir()
+    (tmp_path / "csrun_common" / "layout.py").write_text('F = "--tasks-per-node"\n')
+    (tmp_path / "other.py").write_text('X = "--tasks-per-node 2"\nY = "--cpus-per-task=2"\n')
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    found = _layout_flag_modules()
+    assert found["--tasks-per-node"] == ["csrun_common/layout.py", "other.py"]
+    assert found["--cpus-per-task"] == []  # srun's option, with its '='
+
+
+#: At most this many source files change for a new layout flag (issue 30).
+MAX_LAYOUT_FLAG_FILES = 6
+
+
+def test_adding_a_layout_flag_touches_at_most_6_source_files():
+    """docs/ARCHITECTURE.md's recipe "A layout flag" names, in its numbered steps, the source
+    files a new layout flag changes: at most :data:`MAX_LAYOUT_FLAG_FILES` (docs and tests apart)."""
+    import re
+
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    start = text.index("**A layout flag**")
+    section = text[start:text.index("\n**", start + 10)]
+    steps = re.findall(r"^\d+\. .*(?:\n   .*)*", section, flags=re.M)
+    assert len(steps) >= 3  # the numbered steps were read
+    files = set(re.findall(r"`((?:csrun_common|launcher|analyzer|csrun_runtime)/[\w/]+\.py)`", "\n".join(steps)))
+    assert "csrun_common/layout.py" in files  # the recipe was read
+    assert len(files) <= MAX_LAYOUT_FLAG_FILES, sorted(files)
+    assert all((REPO / f).exists() for f in files), sorted(f for f in files if not (REPO / f).exists())

@@ -13,7 +13,7 @@ def shape(layout):
 def test_one_node_is_one_component_with_the_gres():
     lay = plan_layout(1, 4, 2, gres="gpu:1", node_cpus=8)
     assert shape(lay) == [(CHIEF, 1, 4, 2, "gpu:1", True, "block", 0, 0)]
-    assert lay.num_tasks == 4 and lay.num_workers == 3
+    assert lay.num_tasks == 4 and lay.num_input_workers == 3
 
 
 def test_many_nodes_no_single_task():
@@ -22,7 +22,7 @@ def test_many_nodes_no_single_task():
         (CHIEF, 1, 2, 1, "gpu:1", True, "block", 0, 0),
         (WORKER, 2, 2, 1, "", True, "cyclic", 2, 1),
     ]
-    assert lay.num_tasks == 6 and lay.num_workers == 5 and lay.total_nodes == 3
+    assert lay.num_tasks == 6 and lay.num_input_workers == 5 and lay.total_nodes == 3
 
 
 @pytest.mark.parametrize("n,s,t", [(4, 1, 2), (5, 2, 3), (14, 2, 8), (2, 1, 1)])
@@ -37,7 +37,7 @@ def test_single_task_nodes(n, s, t):
     assert lay.num_tasks == s + (n - s) * t  # total tasks S + (N−S)·T
     # offsets are contiguous: task and worker indices cover 0..num-1 exactly once
     assert [c.task_offset for c in comps] == [sum(x.ntasks for x in comps[:i]) for i in range(len(comps))]
-    assert comps[-1].worker_offset + comps[-1].num_workers == lay.num_workers
+    assert comps[-1].worker_offset + comps[-1].num_input_workers == lay.num_input_workers
 
 
 @pytest.mark.parametrize("kw,msg", [

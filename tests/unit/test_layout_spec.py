@@ -63,7 +63,7 @@ def test_bad_flags_name_the_flag(argv, msg):
 
 
 def test_check_node_names_the_flags():
-    with pytest.raises(CsrunError, match=r"--tasks-per-node 3 × --cpus-per-task 3: more than the 8 CPUs"):
+    with pytest.raises(CsrunError, match=r"--tasks-per-node 3 × --cpus-per-task 3 = 9: more than the 8 CPUs"):
         LayoutSpec(2, 3, 3).check_node(8)
     with pytest.raises(CsrunError, match="--chief-input-cpus 3: more than the chief task's 2 CPU"):
         LayoutSpec(2, 2, 2, chief_input_cpus=3).check_node(8)
@@ -77,7 +77,7 @@ def test_the_launcher_plans_the_spec(spec):
     except CsrunError:
         return
     assert lay.spec == spec and lay.total_nodes == spec.nodes and lay.chief_input_cpus == spec.chief_input_cpus
-    assert lay.num_workers == spec.num_workers
+    assert lay.num_input_workers == spec.num_input_workers
     assert lay == plan_layout(spec.nodes, spec.tasks_per_node, spec.cpus_per_task, spec.single_task_nodes,
                               spec.cyclic, "gpu:1", 16, spec.chief_input_cpus)
 

@@ -113,7 +113,8 @@ def test_single_task_nodes_are_refused():
 
     layout = plan_layout(4, 1, 1, single_task_nodes=1, gres="gpu:1", node_cpus=2)
     with pytest.raises(CsrunError, match="--survive-node-loss with --single-task-nodes 1: single-task nodes"):
-        _worker_job(WseFlags(survive_node_loss=True, use_sbatch=False, single_task_nodes=1), layout)
+        flags = WseFlags(survive_node_loss=True, use_sbatch=False, layout={**WseFlags().layout, "single_task_nodes": 1})
+        _worker_job(flags, layout)
 
 
 def test_an_adopted_worker_takes_the_lost_index_and_the_shared_key():

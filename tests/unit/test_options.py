@@ -10,9 +10,10 @@ import click
 import pytest
 import tomllib
 
+from csrun_common.layout import LAYOUT_FLAGS
 from launcher.cli import csrun_cpu, csrun_wse
 from launcher.config import KEYS, SiteConfig, format_config, load_config
-from launcher.flags import CpuFlags, WseFlags
+from launcher.flags import CPU_OPTIONS, WSE_OPTIONS, CpuFlags, WseFlags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,11 +66,27 @@ def test_every_key_is_in_the_readme_table():
     assert not missing, f"site-config keys missing from the README's table: {missing}"
 
 
-@pytest.mark.parametrize(("cmd", "flags"), [(csrun_wse, WseFlags), (csrun_cpu, CpuFlags)], ids=["wse", "cpu"])
-def test_typed_flags_are_the_click_parameters(cmd, flags):
-    """The typed value the command works on declares exactly the parameters click passes."""
+@pytest.mark.parametrize(("cmd", "flags", "specs"),
+                         [(csrun_wse, WseFlags, WSE_OPTIONS), (csrun_cpu, CpuFlags, CPU_OPTIONS)], ids=["wse", "cpu"])
+def test_typed_flags_are_the_declared_flags(cmd, flags, specs):
+    """The click parameters are the declarations (one FlagSpec each), and the typed value the
+    command works on has a field of the same name and default for each, the layout flags
+    in its ``layout`` mapping (WseFlags)."""
     passed = {p.name for p in cmd.params if p.expose_value and p.name != "command"}
-    assert {f.name for f in dataclasses.fields(flags)} == passed
+    assert passed == {s.name for s in specs}
+    typed = {f.name: f.default for f in dataclasses.fields(flags) if f.name != "layout"}
+    layout = {s.name: s.default for s in LAYOUT_FLAGS} if flags is WseFlags else {}
+    assert typed == {s.name: s.default for s in specs if s.name not in layout}
+    if layout:
+        assert WseFlags().layout == layout
+    for p in cmd.params:
+        if isinstance(p, click.Option) and p.name in typed:
+            assert p.default == typed[p.name] or (p.multiple and tuple(p.default or ()) == typed[p.name]), p.name
+
+
+def test_the_layout_flags_reach_the_typed_layout():
+    flags = WseFlags.from_click({"nodes": 3, "cyclic": True, "check": True})
+    assert flags.layout == {**WseFlags().layout, "nodes": 3, "cyclic": True} and flags.check
 
 
 def test_an_undeclared_parameter_is_refused_naming_it():

@@ -58,7 +58,7 @@ def test_the_watch_learns_a_first_registration_that_comes_late(tmp_path):
 def _source(tmp_path, adopt: bool) -> tuple[Rendezvous, RemoteSource]:
     rdv = Rendezvous(tmp_path, "wse-k")
     rdv.reset()
-    role = Role(kind="chief", worker_index=None, num_workers=2, component="chief", host="127.0.0.1")
+    role = Role(kind="chief", worker_index=None, num_input_workers=2, component="chief", host="127.0.0.1")
     return rdv, RemoteSource(rdv, role, {"input_timeout_secs": 5, "worker_start_timeout_secs": 5}, adopt=adopt)
 
 

@@ -20,7 +20,7 @@ def env(**kw):
 def test_no_csrun_role_is_single_process_chief():
     r = resolve_role({})
     assert r.kind == "chief" and r.is_chief and r.single_process and r.in_process_input
-    assert r.worker_index is None and r.num_workers == 0
+    assert r.worker_index is None and r.num_input_workers == 0
     assert r.rendezvous_key is None
 
 
@@ -28,7 +28,7 @@ def test_chief_component_task0_is_chief():
     r = resolve_role(env(CSRUN_ROLE="chief", SLURM_PROCID=0, CSRUN_TASK_OFFSET=0,
                          CSRUN_WORKER_OFFSET=0, CSRUN_NUM_WORKERS=6, CSRUN_HET_GROUP=0))
     assert r.kind == "chief" and not r.single_process and not r.in_process_input
-    assert r.num_workers == 6 and r.node == "node9"
+    assert r.num_input_workers == 6 and r.node == "node9"
     assert r.rendezvous_key == "42.0"
 
 

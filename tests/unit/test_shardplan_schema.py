@@ -112,7 +112,7 @@ def test_input_worker_count_matches_launcher_layout(n, t, s):
         with pytest.raises(ValueError, match="--single-task-nodes"):
             schema.input_worker_count(n, t, s)
         return
-    expected = layout.plan_layout(n, t, None, single_task_nodes=s, node_cpus=64).num_workers
+    expected = layout.plan_layout(n, t, None, single_task_nodes=s, node_cpus=64).num_input_workers
     assert schema.input_worker_count(n, t, s) == expected
 
 
