@@ -7,7 +7,8 @@ user's run.py) on the machine running the analyzer. That process loads run.py in
 as input workers 0 and 1 of 2 would and as one unsharded worker, and reads back the files each
 lists (:func:`csrun_runtime.tensorflow.coverage.check_file_coverage`; names only, no record is read); a
 PyTorch run.py's DataLoaders are iterated for one pass each while the files they open are
-recorded (:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`).
+recorded, and judged by the samples their samplers draw where those can be listed
+(:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`, ``level: sample``).
 Files read by both workers while others are read by none are a warning with the fix (exit 0),
 or an error with ``--strict`` (exit 2, before any probe runs). The outcome goes into
 ``report.json`` (``file_coverage``) and the report's notes.
@@ -69,6 +70,8 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
     note = result.get("note") or ""
     built = ("the DataLoader built as streamers 0 and 1 of 2" if result.get("framework") == "pytorch"
              else "input_fn built as workers 0 and 1 of 2")
+    if result.get("level") == "sample" and verdict == "sharded":
+        verdict = "sharded by sample"  # the note says the sample-level judgement
     notes = [f"input workers' files ({built}): {verdict}"
              + (f" ({note})" if note else "")]
     notes += [f"{level}: {p}" for p in problems]

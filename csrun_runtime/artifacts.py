@@ -81,9 +81,13 @@ PERFORMANCE_FIELDS: dict[str, str] = {
     "steady_steps": "steps 2..N: the steps after the first (trace and compile) step",
     "steady_time": "wall time of steps 2..N, evaluation excluded; includes input waits and checkpoint saves",
     "steady_samples_per_sec": "steady_steps x batch_size / steady_time: the training rate once compiled",
-    "est_samples_per_sec": "compute-only rate: batch_size / median compute seconds per step over steps 2..N "
-                           "(each call's time / its steps), no input wait, no checkpoint: what the train step "
-                           "could take if input were free (cs_input_analyzer's target)",
+    "est_samples_per_sec": "compute-only rate ('train step alone'): steady_steps x batch_size / the seconds "
+                           "steps 2..N spent inside train calls, no input wait, no checkpoint: what the train "
+                           "steps could take if input were free (cs_input_analyzer's target); the same steps "
+                           "as steady_samples_per_sec over a part of the same time, so never below it; null "
+                           "without a step after the first",
+    "compute_fraction": "share of steady_time inside train calls (steps 2..N); with input_wait_fraction, "
+                        "the rest is checkpoint saves, logging and the loop's own work",
     "compile_time": "the first step's time minus the median later step: trace and XLA compile",
     "programming_time": "process start to the start of the first step (imports, contract checks, "
                         "waiting for the input workers)",
@@ -174,18 +178,28 @@ def verdict_lines(v: Mapping[str, Any], *, steps: int, start_step: int, end_step
     """The verdict block the chief prints at the end of training (pure): a header with how
     training ended, then steps, the steady-state rate with compile and programming time
     apart, the input-wait share and :func:`verdict`'s sentence, one clause a line (srun splits
-    output lines longer than about 250 characters)."""
+    output lines longer than about 250 characters). ``compute_samples_per_sec`` is the
+    "train step alone" rate of the same steps 2..N (performance.json's
+    ``est_samples_per_sec``): with it the wait line also gives the train steps' share of the
+    steady-state time and the rest (steady rate / step-alone rate = the train steps' share)."""
     rate = v.get("steady_samples_per_sec")
     clauses = str(v.get("sentence")).split("; ")
+    wait = float(v.get("input_wait_fraction") or 0.0)
+    shares = ""
+    if rate and compute_samples_per_sec:  # the same steps over all their time and over their compute time
+        compute = min(1.0, float(rate) / compute_samples_per_sec)
+        rest = max(0.0, 1.0 - compute - wait)
+        shares = f"; train steps {_pct(compute)}, the rest {_pct(rest)} (checkpoints, logging)"
     return [
         f"verdict ({v.get('ended')}): {steps} step(s) trained, global step {start_step} -> {end_step}, "
         f"batch_size {batch_size}",
         "  steady state: " + (f"{rate:.1f} samples/s over steps 2..N ({steady_steps} steps in {steady_time:.3f} s)"
                               if rate is not None else "none (only the first step ran)")
-        + (f"; train step alone {compute_samples_per_sec:.1f} samples/s" if compute_samples_per_sec else ""),
+        + (f"; train step alone {compute_samples_per_sec:.1f} samples/s (the same steps, their compute time only)"
+           if compute_samples_per_sec else ""),
         f"  apart: first step's trace and compile {compile_time:.3f} s, process start to first step "
         f"{programming_time:.3f} s",
-        f"  input wait: {_pct(float(v.get('input_wait_fraction') or 0.0))} of the steady-state time",
+        f"  input wait: {_pct(wait)} of the steady-state time{shares}",
         *[f"  {c}" + (";" if i < len(clauses) - 1 else "") for i, c in enumerate(clauses)],
     ]
 
@@ -204,8 +218,12 @@ def performance_record(*, batch_size: int, steps: int, total_time: float, first_
     - ``samples_per_sec`` = ``total_samples / total_time``;
     - ``compile_time``: the first step's wall time minus the median later step (seconds;
       tracing + XLA compile of the train step);
-    - ``est_samples_per_sec``: ``batch_size`` / median compute time of steps 2..N, i.e. the
-      rate if input were free (samples/s);
+    - ``est_samples_per_sec``: steps 2..N × ``batch_size`` / their seconds inside train calls,
+      the rate if input were free (samples/s; "train step alone"): the steady state's steps
+      over a part of its time, so never below ``steps 2..N × batch_size /
+      loop_time_after_first``; ``None`` without a step after the first (a median per step
+      could fall below the steady rate when step times are bimodal: issue 33);
+    - ``compute_fraction``: seconds inside train calls over ``loop_time_after_first``;
     - ``programming_time``: seconds from process start to the start of the first step;
     - ``input_wait_fraction``: time waiting for the next batch over loop time, steps 2..N;
     - ``suspected_input_bottleneck``: ``input_wait_fraction > INPUT_BOTTLENECK_THRESHOLD``.
@@ -216,12 +234,16 @@ def performance_record(*, batch_size: int, steps: int, total_time: float, first_
         extra: more keys appended (layout, per-worker batch counts, ...).
     """
     median_compute = statistics.median(compute_times) if compute_times else first_step_time
+    steady_compute = float(sum(compute_times))
     total_samples = int(steps) * int(batch_size)
     wait_total = float(sum(wait_times))
     wait_fraction = (wait_total / loop_time_after_first) if loop_time_after_first > 0 else 0.0
     rec: dict[str, Any] = {
         "compile_time": round(max(0.0, first_step_time - median_compute), 4),
-        "est_samples_per_sec": round(batch_size / median_compute, 2) if median_compute > 0 else None,
+        "est_samples_per_sec": (round(len(compute_times) * batch_size / steady_compute, 2)
+                                if compute_times and steady_compute > 0 else None),
+        "compute_fraction": (round(min(1.0, steady_compute / loop_time_after_first), 4)
+                             if loop_time_after_first > 0 else None),
         "programming_time": round(programming_time, 4),
         "samples_per_sec": round(total_samples / total_time, 2) if total_time > 0 else None,
         "suspected_input_bottleneck": bool(wait_fraction > INPUT_BOTTLENECK_THRESHOLD),

@@ -59,6 +59,8 @@ class Coverage:
         all_files: the whole set (one unsharded worker's files, or the plan's files).
         problems: one message per problem, each ending with the fix.
         note: why the verdict is ``unknown``, or how the pipeline was seen to shard.
+        level: what the verdict judges: ``file`` (the files each worker reads), or ``sample``
+            (the dataset indices each PyTorch streamer draws: :mod:`csrun_runtime.pytorch.samples`).
     """
 
     verdict: str
@@ -67,6 +69,7 @@ class Coverage:
     all_files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     note: str = ""
+    level: str = "file"
 
     @property
     def ok(self) -> bool:
@@ -78,7 +81,7 @@ class Coverage:
         return {"verdict": self.verdict, "num_workers": self.num_workers,
                 "files_per_worker": {str(k): len(v) for k, v in self.files.items()},
                 "total_files": len(self.all_files), "problems": list(self.problems),
-                "note": self.note}
+                "note": self.note, "level": self.level}
 
 
 def _some(paths: set[str] | list[str], n: int = 3) -> str:

@@ -183,8 +183,9 @@ class LoopClock:
         self.win_calls += 1
 
     def add_eval(self, dt: float, after_first: bool) -> None:
-        """An evaluation of ``dt`` seconds during training (``after_first``: after step 2 or
-        later); the rate window leaves it out."""
+        """An evaluation of ``dt`` seconds during training (``after_first``: after the first
+        step ended, so inside the steady state's wall time, which leaves it out; the loop's
+        evaluations all are, the first step's own included); the rate window leaves it out."""
         self.eval_time += dt
         if after_first:
             self.eval_time_after_first += dt
@@ -372,7 +373,8 @@ class TrainingDriver:
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target:
             te = time.monotonic()
             self.backend.evaluate(self.step)
-            self.clock.add_eval(time.monotonic() - te, self.step > self.start + 1)
+            # after the first step's end even at the first step: inside the steady state's wall time
+            self.clock.add_eval(time.monotonic() - te, True)
         return True
 
     def _autoscale_after(self, first: bool, wait_s: float, compute_s: float, steps: int) -> None:

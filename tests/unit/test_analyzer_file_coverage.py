@@ -33,6 +33,16 @@ def test_sound_or_unknown_outcomes_never_stop():
         assert stop is None and said == [] and result["verdict"] in notes[0]
 
 
+def test_a_split_by_sample_is_said_as_such_with_no_warning():
+    result = {"verdict": "sharded", "level": "sample", "problems": [], "framework": "pytorch",
+              "note": "sample-level: disjoint (streamers 0 and 1 of 2 draw 719 and 719 of the 1437 samples)"}
+    said = []
+    notes, stop = findings(result, strict=True, echo=said.append)
+    assert stop is None and said == [] and len(notes) == 1
+    assert notes[0] == ("input workers' files (the DataLoader built as streamers 0 and 1 of 2): sharded by sample "
+                        "(sample-level: disjoint (streamers 0 and 1 of 2 draw 719 and 719 of the 1437 samples))")
+
+
 def test_a_check_process_that_cannot_run_gives_unknown(tmp_path):
     missing = run_check("run.py", [], str(tmp_path), str(tmp_path / "no-python"), tmp_path / "c.json")
     assert missing["verdict"] == "unknown" and "cannot run" in missing["note"]
