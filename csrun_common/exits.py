@@ -26,7 +26,10 @@ OK = 0
 #: A run that failed (a task, a probe, a drain that measured nothing).
 FAILED = 1
 #: Bad input: a one-line ``<prog>: error: ...`` (:class:`csrun_common.errors.CsrunError`, click's
-#: usage errors); nothing has been submitted. The convention of argparse and click.
+#: usage errors); nothing has been submitted. The convention of argparse and click. Also the
+#: chief's status for a mistake the runtime names in the job (a contract violation, an
+#: exception of the user's Dataset on an input worker), which csrun_wse's srun path returns as
+#: the first failing task's own status (launcher/tasklog.py ``TaskOutput.exit_status``).
 USAGE = 2
 #: The chief saved a checkpoint and stopped on ``--requeue``'s signal so that the job be
 #: requeued: EX_TEMPFAIL of sysexits.h ("temporary failure, indicating something that is not
@@ -46,8 +49,10 @@ TERMINATED = 143
 STATUSES: tuple[Status, ...] = (
     Status(OK, "OK", "every command", "success"),
     Status(FAILED, "FAILED", "every command", "the run failed (a task, a probe, a drain that measured nothing)"),
-    Status(USAGE, "USAGE", "csrun_wse, csrun_cpu, cs_input_analyzer, probe processes",
-           "bad input: one line `<prog>: error: <flag> <value>: why`, nothing submitted"),
+    Status(USAGE, "USAGE", "csrun_wse, csrun_cpu, cs_input_analyzer, probe processes; the chief",
+           "bad input: one line `<prog>: error: <flag> <value>: why`, nothing submitted; from a job "
+           "(csrun_wse's srun path: the first failing task's own status), a mistake the runtime named: "
+           "a contract violation, a user's exception on an input worker (docs/ERRORS.md)"),
     Status(REQUEUE, "REQUEUE", "the chief (csrun_runtime.preemption); csrun_wse's srun path and batch script read it",
            "checkpoint saved on --requeue's signal: requeue the job (EX_TEMPFAIL of sysexits.h)"),
     Status(TIMEOUT, "TIMEOUT", "cs_input_analyzer (verify --timeout, a probe past its deadline)",

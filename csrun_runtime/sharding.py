@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from csrun_common.datapaths import resolve_data_path
+
 __all__ = [
     "TF_CONFIG_VAR", "tf_config", "tf_config_for", "file_list_seed", "DataDirView",
     "make_data_dir_view", "plan_files",
@@ -191,11 +193,11 @@ def make_data_dir_view(data_dir: str | Sequence[str] | None, own: set[str], othe
     out: list[str] = []
     covered: set[str] = set()
     for k, entry in enumerate(entries):
-        if not isinstance(entry, str) or not os.path.isdir(entry):
+        if not isinstance(entry, str) or not os.path.isdir(resolve_data_path(entry)):
             view.notes.append(f"train_input.data_dir entry {entry!r} is not a directory; kept as it is")
             out.append(entry)
             continue
-        real = os.path.realpath(entry)
+        real = os.path.realpath(resolve_data_path(entry))  # the launch directory's rule (csrun_common.datapaths)
         covered |= {f for f in own if f.startswith(real + os.sep)}
         dst = Path(root) / str(k)
         view.hidden += _mirror(real, dst, others, hide_dirs)

@@ -68,15 +68,20 @@ def _note(prog: str, message: str) -> None:
 def _presubmit(prog: str, req: WseRequest | CpuRequest, flags: CommonFlags) -> None:
     """The file checks of every launch (:func:`launcher.preflight.presubmit`): a failure is
     one error line (exit 2, nothing submitted); for a ``--dry-run`` a note per failure (the
-    printed line is still printed); nothing with ``--no-path-checks``."""
+    printed line is still printed); a warning line per check that passed with one
+    (:attr:`launcher.preflight.Check.warning`); nothing with ``--no-path-checks``."""
     if flags.no_path_checks:
         return
     if not flags.dry_run:
-        preflight.presubmit(req)
-        return
-    for c in preflight.presubmit_checks(req):
-        if not c.ok:
-            _note(prog, f"{c.message()}: a launch would refuse this ({preflight.SKIP_HINT})")
+        checks = preflight.presubmit(req)
+    else:
+        checks = preflight.presubmit_checks(req)
+        for c in checks:
+            if not c.ok:
+                _note(prog, f"{c.message()}: a launch would refuse this ({preflight.SKIP_HINT})")
+    for c in checks:  # passed, with something to say (a relative data path found only beside the script)
+        if c.ok and c.warning:
+            click.echo(f"{prog}: warning: {c.warning}", err=True)
 
 
 def _warn_options_after_command(prog: str, command: tuple[str, ...]) -> None:

@@ -20,7 +20,6 @@ where the login node does not see the compute nodes' file systems (docs/CHECKS.m
 """
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from csrun_common.datapaths import data_path_exists
 from csrun_common.errors import CsrunError
 from csrun_common.shardplan_schema import load_plan
 
@@ -50,6 +50,7 @@ class Check:
     ok: bool
     detail: str
     where: str = ""  # the flag or params field the checked path comes from ("--params x.yaml")
+    warning: str = ""  # a check that passed but deserves a line (a launch prints it as a warning)
 
     def message(self) -> str:
         """The one-line error of a failed check: where the path came from, then what was found."""
@@ -140,26 +141,23 @@ def _ancestors(path: Path) -> list[Path]:
     return [path, *path.parents]
 
 
-def _data_path_exists(value: str, bases: Sequence[Path]) -> bool:
-    """Whether ``value`` (a path or a glob; relative ones tried from each of ``bases``) names
-    something. A URL (``gs://...``) counts as existing: it cannot be checked from here."""
-    if "://" in value:
-        return True
-    candidates = [Path(value)] if os.path.isabs(value) else [b / value for b in bases]
-    for c in candidates:
-        if glob.has_magic(str(c)) and glob.glob(str(c)):
-            return True
-        if c.exists():
-            return True
-    return False
+def _found_elsewhere(value: str, bases: Sequence[Path]) -> Path | None:
+    """The first of ``bases`` a relative ``value`` (a path or a glob) names something from."""
+    for b in bases:
+        if data_path_exists(value, b):
+            return b
+    return None
 
 
-def data_checks(params: Mapping[str, Any], params_where: str, bases: Sequence[Path]) -> list[Check]:
+def data_checks(params: Mapping[str, Any], params_where: str, launch_dir: Path,
+                elsewhere: Sequence[Path] = ()) -> list[Check]:
     """One check per :data:`DATA_KEYS` entry of the input sections of ``params``: each path
-    (or every path of a list) exists. Relative paths are tried from each of ``bases`` in
-    turn (the current directory, then the script's and the params file's directories and
-    their parents: pipelines resolve them differently, and a check must not refuse a path
-    the pipeline finds). ``params_where`` names the params file in the messages."""
+    (or every path of a list) exists, a relative one taken from ``launch_dir`` as the job's
+    tasks take it (:func:`csrun_common.datapaths.resolve_data_path`, the runtime's rule). A
+    relative path found only from one of ``elsewhere`` (the script's and the params file's
+    directories and their parents: a pipeline may resolve against its own directory, as
+    examples/images does) passes with a ``warning``; one found nowhere fails.
+    ``params_where`` names the params file in the messages."""
     checks = []
     for section in INPUT_SECTIONS:
         body = params.get(section)
@@ -172,14 +170,22 @@ def data_checks(params: Mapping[str, Any], params_where: str, bases: Sequence[Pa
             if not values:
                 continue
             where = f"{section}.{key} ({params_where})"
-            missing = [v for v in values if not _data_path_exists(v, bases)]
+            missing = [v for v in values if not data_path_exists(v, launch_dir)]
+            found = {v: _found_elsewhere(v, elsewhere) for v in missing if not os.path.isabs(v)}
+            lost = [v for v in missing if found.get(v) is None]
+            if lost:
+                more = f" (and {len(lost) - 1} more of {len(values)})" if len(lost) > 1 else ""
+                rel = "" if os.path.isabs(lost[0]) else \
+                    f" (relative: from the launch directory {show(str(launch_dir))}, where the job's tasks resolve it)"
+                checks.append(Check("data", False, f"{show(lost[0])}: no such file or directory{rel}{more}", where))
+                continue
+            warning = ""
             if missing:
-                more = f" (and {len(missing) - 1} more of {len(values)})" if len(missing) > 1 else ""
-                rel = "" if os.path.isabs(missing[0]) else \
-                    " (relative: tried from here and from the script's and the params' directories upward)"
-                checks.append(Check("data", False, f"{show(missing[0])}: no such file or directory{rel}{more}", where))
-            else:
-                checks.append(Check("data", True, f"{section}.{key}: {len(values)} path(s) found", where))
+                v = missing[0]
+                warning = (f"{where}: {show(v)} is not found from the launch directory {show(str(launch_dir))}, "
+                           f"where the job's tasks resolve relative paths, but from {show(str(found[v]))}: "
+                           f"fine only if the pipeline resolves it against its own directory")
+            checks.append(Check("data", True, f"{section}.{key}: {len(values)} path(s) found", where, warning))
     return checks
 
 
@@ -245,11 +251,11 @@ def command_checks(command: Sequence[str], cwd: Path, in_container: bool, *, def
         if params is None:
             checks.append(Check("params", False, f"{show(params_path)}: {why}", params_where))
         elif data:
-            bases = [cwd]
+            bases: list[Path] = []
             for anchor in (script_path, params_path):
                 if anchor is not None:
-                    bases += [b for b in _ancestors(anchor.resolve().parent) if b not in bases]
-            checks += data_checks(params, params_where, bases)
+                    bases += [b for b in _ancestors(anchor.resolve().parent) if b not in bases and b != cwd]
+            checks += data_checks(params, params_where, cwd, bases)
     if model_opt is not None:
         checks.append(_writable_dir_check("model_dir", (cwd / model_opt[1]).resolve(),
                                           f"{model_opt[0]} {show(model_opt[1])}"))

@@ -249,7 +249,9 @@ def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOut
     stderr pass through it (:mod:`launcher.tasklog`): the chief's lines reach this process's
     stdout/stderr live, every line goes to ``log`` (default: a new :func:`task_log`, closed at
     the end), and a failed job ends on its first failing task's first error, once, and the exit
-    status. The status is the same either way."""
+    status, which is then that task's own exit code when it exited with one
+    (:meth:`launcher.tasklog.TaskOutput.exit_status`: 2 for a mistake the runtime named, not the
+    143 of the tasks srun ended after it)."""
     _check_conf()
     env = {**(os.environ if env is None else env), DISABLE_STATUS_ENV: "1"}  # see _forward_signals
     if output is None:
@@ -276,7 +278,8 @@ def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOut
         status, received = _wait_forwarding(proc)
         for t in pumps:
             t.join(timeout=10)
-        with lock:
+        with lock:  # the first failing task's own status, not srun's highest (launcher/tasklog.py)
+            status = output.exit_status(status, interrupted=bool(received))
             _show(output.finish(status, log.shown_path(), interrupted=bool(received)))
     finally:
         if own_log:

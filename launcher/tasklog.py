@@ -21,11 +21,12 @@ reads stdin and writes the log itself.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["TaskGroup", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
-           "is_error_start", "is_supervisor_notice", "summarise"]
+           "is_error_start", "is_supervisor_notice", "last_words", "summarise"]
 
 #: srun's ``--label`` prefix: the task id, right-aligned to the width of the largest (``" 3: "``).
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$", re.DOTALL)
@@ -71,6 +72,11 @@ KEPT_LINES = 400
 HOLD_LINES = 200
 #: Lines of an error shown at most: the first :data:`HEAD` and the last :data:`TAIL`.
 HEAD, TAIL = 8, 30
+#: Each task's last lines kept whatever they say: a task that failed without an error-looking
+#: line (``sys.exit("message")``) is shown with its last words (:func:`last_words`).
+LAST_LINES = 20
+#: Last words shown at most.
+LAST_WORDS = 3
 
 
 def is_error_start(text: str) -> bool:
@@ -126,6 +132,8 @@ def _block_end(lines: Sequence[str], start: int) -> int:
         return i
     while i < len(lines) and lines[i].startswith((" ", "\t")):
         i += 1
+    if i < len(lines) and lines[i].startswith("Traceback (most recent call last):") and _RECORD.match(first):
+        return _block_end(lines, i)  # logging's exception(): the record, then its traceback
     return i
 
 
@@ -148,6 +156,22 @@ def _error_of(lines: Sequence[str]) -> list[str]:
     """The lines of the first error block of ``lines`` (:func:`first_error`), or ``[]``."""
     span = first_error(lines)
     return list(lines[span[0]:span[1]]) if span else []
+
+
+def last_words(lines: Sequence[str]) -> list[str]:
+    """The last lines of a task that printed no error-looking line (label removed): after its
+    last log record, at most :data:`LAST_WORDS`, trailing blank lines dropped; ``[]`` when it
+    ended on a log record or printed nothing (``sys.exit("run.py failed at import: ...")``
+    → that line)."""
+    rest = list(lines)
+    while rest and not rest[-1].strip():
+        rest.pop()
+    out: list[str] = []
+    for text in reversed(rest):
+        if _PROGRESS.match(text) or len(out) >= LAST_WORDS:
+            break
+        out.insert(0, text)
+    return out
 
 
 def _contains(lines: Sequence[str], block: Sequence[str]) -> bool:
@@ -183,12 +207,20 @@ class TaskGroup:
 @dataclass(frozen=True)
 class Failure:
     """A task srun reported failed (``srun: error: node2: task 0: Exited with exit code 2``):
-    its global task id (``None`` when the node is not known), node, srun's status words."""
+    its global task id (``None`` when the node is not known), node, srun's status words, the
+    line, and the id srun printed (``rel``: counted from 0 in its het group; ``None`` when it
+    did not parse)."""
 
     task: int | None
     node: str
     status: str
     line: str
+    rel: int | None = None
+
+    def exit_code(self) -> int | None:
+        """The task's own exit code (``Exited with exit code 2`` → 2), ``None`` for a signal."""
+        m = _EXIT.search(self.status)
+        return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -218,6 +250,10 @@ class TaskOutput:
     _launches: list[tuple[int, str, str]] = field(default_factory=list)
     _node_offset: dict[str, int] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
+    #: Each task's last :data:`LAST_LINES` lines.
+    tails: dict[int, deque[str]] = field(default_factory=dict)
+    #: The chief's last lines shown on the terminal (an error it printed too is not repeated).
+    _shown: deque[str] = field(default_factory=lambda: deque(maxlen=HOLD_LINES))
 
     # ------------------------------------------------------------------ feeding
     def line(self, stream: str, raw: str) -> list[tuple[str, str]]:
@@ -227,6 +263,7 @@ class TaskOutput:
         if task is None or text.startswith("slurmstepd"):  # slurmstepd's notices come labelled too
             return self._srun_line(stream, text)
         self.started = True
+        self.tails.setdefault(task, deque(maxlen=LAST_LINES)).append(text)
         kept = self.lines.get(task)
         if kept is None and is_error_start(text):
             kept = self.lines[task] = []
@@ -236,12 +273,14 @@ class TaskOutput:
             return self._other_task_line(stream, task, text)
         if self.holding and (_PROGRESS.match(text) or len(self.held) >= HOLD_LINES):  # it went on
             shown, self.held, self.holding = [*self.held, (stream, text)], [], False
+            self._shown.extend(t for _, t in shown)
             return shown
         if not self.holding and is_error_start(text):
             self.holding = True
         if self.holding:
             self.held.append((stream, text))
             return []
+        self._shown.append(text)
         return [(stream, text)]
 
     def _other_task_line(self, stream: str, task: int, text: str) -> list[tuple[str, str]]:
@@ -297,15 +336,32 @@ class TaskOutput:
                 continue
 
     def _failure(self, node: str, ranges: str, status: str, raw: str) -> Failure:
-        """The first task of ``ranges`` (component-relative) on ``node``, as a global id when the
-        node's component is known."""
+        """The first task of ``ranges`` on ``node``. srun's error lines count tasks from 0 in
+        each het group while ``--label`` numbers them job-wide: the global id is the group's
+        first task (the layout's offset, :class:`TaskGroup`) plus that number, the group being
+        the one whose launch ran on ``node``; ``None`` while the node is not known (see
+        :meth:`_resolve`)."""
         try:
             rel = parse_ranges(ranges)
         except ValueError:
             rel = []
         if rel and node in self._node_offset:
-            return Failure(self._node_offset[node] + rel[0], node, status, raw)
-        return Failure(None, node, status, raw)
+            return Failure(self._node_offset[node] + rel[0], node, status, raw, rel[0])
+        return Failure(None, node, status, raw, rel[0] if rel else None)
+
+    def _resolve(self, f: Failure) -> int | None:
+        """``f``'s global task id: known from its node, else from the layout alone: the one
+        group with a task of that number, or among several the one task whose output was seen
+        on ``f``'s node or, failing that, the one that printed anything."""
+        if f.task is not None or f.rel is None:
+            return f.task
+        cands = [g.first_task + f.rel for g in self.groups if f.rel < g.ntasks] or [f.rel]
+        if len(cands) == 1:
+            return cands[0]
+        on_node = [t for t in cands if self.nodes.get(t) == f.node]
+        talked = [t for t in cands if t in self.tails]
+        pick = on_node or talked
+        return pick[0] if len(pick) == 1 else None
 
     def _group_of(self, task: int) -> TaskGroup | None:
         for g in self.groups:
@@ -325,11 +381,30 @@ class TaskOutput:
         """The task that failed first: the first srun reported failed (its status not an
         ``ok_statuses`` exit code) whose id is known, else the first task that printed an
         error, else ``None``."""
-        for f in self.failures:
-            m = _EXIT.search(f.status)
-            if f.task is not None and not (m and int(m.group(1)) in self.ok_statuses):
-                return f.task
+        f = self._first_failure()
+        if f is not None:
+            return self._resolve(f)
         return next(iter(self.lines), None)
+
+    def _first_failure(self) -> Failure | None:
+        """The first failure srun reported whose task is known (its status not an ``ok_statuses``
+        exit code)."""
+        for f in self.failures:
+            code = f.exit_code()
+            if self._resolve(f) is not None and not (code is not None and code in self.ok_statuses):
+                return f
+        return None
+
+    def exit_status(self, status: int, interrupted: bool = False) -> int:
+        """csrun_wse's exit status for srun's ``status``: the first failing task's own exit code
+        when the job failed and that task exited with one (2 for a mistake the runtime named),
+        whatever srun made of the tasks it ended after it (143: SIGTERM; srun returns the
+        highest status of all tasks); else ``status`` (a signal, an interrupt, success)."""
+        if interrupted or status in self.ok_statuses:
+            return status
+        f = self._first_failure()
+        code = f.exit_code() if f is not None else None
+        return code if code is not None and code not in self.ok_statuses and code != 0 else status
 
     def finish(self, status: int, log_path: str, interrupted: bool = False) -> list[tuple[str, str]]:
         """The lines to show once srun has ended with csrun_wse's exit ``status``: the chief's
@@ -349,8 +424,13 @@ class TaskOutput:
         if task == 0:  # its first error not shown yet (one it went on after is above already)
             block = _error_of([t for _, t in self.held])
             above = not block and bool(_error_of(self.lines.get(0, [])))
+        words: list[str] = []
+        if task is not None and not block and not above:  # no error-looking line: its last words
+            words = last_words(self.tails.get(task, ()))
+            above = bool(words) and all(t in self._shown for t in words)  # the chief's copy is above
+            words = [] if above else words
         out = self._chief_lines(task, block)
-        out += self._failure_lines(task, block, above)
+        out += self._failure_lines(task, block or words, above, last=bool(words))
         out.append(("err", f"csrun_wse: exit status {status}; every task's output and srun's messages: {log_path}"))
         return out
 
@@ -366,13 +446,17 @@ class TaskOutput:
                     return held[:i] + held[i + n:]
         return held
 
-    def _failure_lines(self, task: int | None, block: Sequence[str], above: bool) -> list[tuple[str, str]]:
+    def _failure_lines(self, task: int | None, block: Sequence[str], above: bool,
+                       last: bool = False) -> list[tuple[str, str]]:
+        """The header naming ``task`` and its error ``block`` (``last``: its last words, not an
+        error-looking block), or srun's line for it when it printed neither."""
         if task is None:
             first = self.failures[0].line if self.failures else "srun: the job step failed"
             return [("err", f"csrun_wse: the job failed: {first}"), *(("err", n) for n in self.notices[:1])]
-        reported = next((f for f in self.failures if f.task == task), None)
+        reported = next((f for f in self.failures if self._resolve(f) == task), None)
         status = f": {reported.status}" if reported else ""
-        tail = ", with this error:" if block else " (its error is above)" if above else ""
+        said = ", its last output:" if last else ", with this error:"
+        tail = said if block else " (its error is above)" if above else ""
         out = [("err", f"csrun_wse: {self.describe(task)} failed first{status}{tail}")]
         out += [("err", f"  {t}") for t in _clip(block)]
         if not block and not above and reported:
@@ -387,7 +471,7 @@ def summarise(lines: Iterable[str], groups: Sequence[TaskGroup], status: int, lo
     :meth:`TaskOutput.finish`. For tests and the batch script's filter."""
     out = TaskOutput(groups=groups)
     shown = [text for raw in lines for _, text in out.line("err", raw.rstrip("\n"))]
-    return shown + [text for _, text in out.finish(status, log_path)]
+    return shown + [text for _, text in out.finish(out.exit_status(status), log_path)]
 
 
 # --------------------------------------------------------------------------- the batch script's filter

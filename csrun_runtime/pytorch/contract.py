@@ -59,12 +59,15 @@ def call_data_fn(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any], se
 
     Raises:
         ContractError: ``fn`` raised (its type and message named, e.g. torch's own
-            ``prefetch_factor`` error at ``num_workers: 0``) or broke rule 1/2.
+            ``prefetch_factor`` error at ``num_workers: 0``, then the last frames in the user's
+            code on indented lines: :func:`.usererror.describe`) or broke rule 1/2.
     """
     try:
         loader = fn(params)
     except Exception as e:  # noqa: BLE001 - any error of the user's data function is reported
-        raise ContractError(f"{section}: the data function raised {type(e).__name__}: {e}") from None
+        from .usererror import describe
+
+        raise ContractError(describe(e, f"{section}: the data function")) from e
     check_loader(loader, section)
     return loader
 

@@ -91,7 +91,7 @@ class TorchInputBackend:
             loader, _, seed = build_loader(self.fn, params, worker_index, num_input_workers, worker_index,
                                            threads=int(cpus))
         except ContractError as e:
-            raise InputBuildError(str(e)) from None
+            raise InputBuildError(str(e).split("\n", 1)[0]) from None  # the first line: a probe table's cell
         import torch
 
         cpuset = set(os.sched_getaffinity(0))

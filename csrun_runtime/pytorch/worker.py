@@ -9,7 +9,9 @@ gives the lost index, read by :func:`csrun_common.roles.resolve_role`, so the sa
 and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that stream nothing, wait for
 ``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
-chief names it and exits 2), register, and send pass after pass (``sampler.set_epoch``) in bundles of
+chief names it and exits 2; so is an exception the user's Dataset, sampler or collate function
+raises while it streams, with its type, message and frames: :mod:`.usererror`), register, and
+send pass after pass (``sampler.set_epoch``) in bundles of
 about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.bundles.MAX_BUNDLE`
 batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.bundles.AUTOSCALE_MAX_BUNDLE`), as the
 TensorFlow workers' bundles. Between sends it looks at ``done.json``, at
@@ -46,6 +48,7 @@ from .contract import (
 )
 from .remote import DATAPLANE_FILE
 from .streamers import StreamerFacts, set_facts
+from .usererror import UserCodeError, guarded
 
 __all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]
 
@@ -210,12 +213,15 @@ class InputWorker:
         # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
+        # what the user's Dataset, sampler or collate function raises: named with its frames
+        # (usererror.describe), registered for the chief to show once and exit 2
+        batches = guarded(epochs(loader), "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
         try:
-            send_batches(sender, epochs(loader), cap=cap, check=self._check, sent=self._sent)
+            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent)
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None
-        except ContractError as e:
+        except (ContractError, UserCodeError) as e:
             self._fail([str(e)])
         finally:
             sender.close(timeout=1.0)

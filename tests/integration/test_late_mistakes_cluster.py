@@ -9,6 +9,7 @@ not refused (the user's script may take the same name) but warned about once. An
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -126,3 +127,38 @@ def test_validate_only_opens_every_file_a_lazy_pipeline_lists(cli_env, tmp_path,
     params = helpers.digits_params(tmp_path, digits_data, model_dir=str(tmp_path / "model_dir"))
     ok = csrun("csrun_cpu", args, cli_env, tmp_path, timeout=300)
     assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
+
+
+# issue 33 items 7 and 9: PyTorch mistakes found in the job, by the chief or on an input worker,
+# each reported once and ending csrun_wse with exit 2 (the chief's own status, not srun's 143 for
+# the tasks it ended after it); a raising Dataset.__getitem__ with its type, message and frames.
+MISTAKES = str(REPO / "tests" / "fixtures" / "pytorch_mistakes" / "run.py")
+
+
+@pytest.mark.parametrize("mistake,expect", [
+    ("loss", "model: [Unsupported PyTorch] The module's forward(batch) must return the loss"),  # the chief
+    ("list", "train_input: [Unsupported PyTorch] The data function must return a torch.utils.data.DataLoader, "
+             "got list"),  # an input worker, at its build
+    ("drop_last", "train_input: [Unsupported PyTorch] Inconsistent batch sizes detected"),
+    ("getitem", "train_input: the DataLoader raised ValueError: sample 5: label out of range (in __getitem__)"),
+])
+def test_pytorch_mistakes_in_the_job_exit_2_shown_once(cli_env, tmp_path, mistake, expect):
+    pytest.importorskip("torch")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "train_input": {"batch_size": 4, "shuffle_seed": 1, "mistake": mistake},
+        "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.01},
+        "runconfig": {"model_dir": str(tmp_path / "md"), "max_steps": 4, "log_steps": 2}}))
+    proc = csrun("csrun_wse", ["--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", "1", "python-pt",
+                               MISTAKES, "--params", str(params), "--mode", "train"], cli_env, tmp_path, timeout=300)
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 2, shown[-3000:]
+    assert shown.count(expect) == 1 and "Traceback" not in shown, shown[-3000:]
+    assert re.search(r"csrun_wse: task 0 \(het group 0, chief\) on node1 failed first: Exited with exit code 2",
+                     shown), shown[-3000:]
+    if mistake == "getitem":  # the frame in the user's code, after the message
+        lines = shown.splitlines()
+        at = next(i for i, ln in enumerate(lines) if expect in ln)
+        assert lines[at + 1].strip() == f'File "{MISTAKES}", line 25, in __getitem__', shown[-3000:]
+        assert lines[at + 2].strip() == 'raise ValueError(f"sample {i}: label out of range")'
+        assert "site-packages" not in shown

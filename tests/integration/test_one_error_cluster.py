@@ -33,6 +33,13 @@ if mode == "worker_fails":
     if rank == 3:
         raise ValueError("train_input.data_dir /no/such/dir: no such directory")
     time.sleep(60)
+if mode == "worker_import":  # issue 33 item 5: sys.exit at import in het group 1's first task
+    if rank == 2:
+        sys.exit("run.py failed at import: no module named 'modelzoo'")
+    if rank == 0:
+        time.sleep(3)
+        sys.exit("chief: run.py failed at import: its own message")
+    time.sleep(60)
 if mode == "live" and rank == 0:
     go = sys.argv[2]
     deadline = time.time() + 60
@@ -93,6 +100,21 @@ def test_a_worker_failing_first_is_named_with_its_node(cli_env, tmp_path, job):
     log = log_path(proc.stderr, tmp_path).read_text()
     assert re.search(r"^\s*2: INFO: task 2 of role worker starting$", log, re.M), log[-3000:]
     assert re.search(rf"^srun: launching StepId=\S+ on host {header.group(1)}, ", log, re.M)
+
+
+def test_a_worker_failing_at_import_without_a_traceback_is_shown_once(cli_env, tmp_path, job):
+    """srun's error line names the task by its het group's own id (``node2: task 0``), ``--label``
+    by the job-wide one (``2:``); the message ``sys.exit`` printed is no error-looking line."""
+    proc = csrun_wse([*LAYOUT, "python", str(job), "worker_import"], cli_env, tmp_path)
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1, shown  # the worker's own status
+    message = "run.py failed at import: no module named 'modelzoo'"
+    assert shown.count(message) == 1, shown
+    lines = proc.stderr.strip().splitlines()
+    at = next(i for i, ln in enumerate(lines) if message in ln)
+    assert lines[at - 1].startswith("csrun_wse: task 2 (het group 1, worker) on node2 failed first: "
+                                    "Exited with exit code 1"), shown
+    assert len(lines) - (at - 1) <= 3 and lines[-1].startswith("csrun_wse: exit status 1; "), shown
 
 
 def test_the_chief_lines_arrive_live_and_a_good_run_ends_quietly(cli_env, tmp_path, job):

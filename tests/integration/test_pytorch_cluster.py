@@ -102,22 +102,6 @@ def test_pytorch_job_eval_reports_accuracy(trained, digits, cli_env):
     assert "Eval results at global step 300 (360 samples)" in proc.stdout + proc.stderr
 
 
-def test_pytorch_contract_violation_on_the_workers_exits_2(digits, cli_env):
-    import yaml
-
-    params = json.loads(json.dumps(digits["yaml"]))
-    params["train_input"]["drop_last"] = False
-    bad = digits["root"] / "bad.yaml"
-    bad.write_text(yaml.safe_dump(params))
-    proc = csrun_wse(["--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", "1", "python-pt", RUN_PY,
-                      "--params", str(bad), "--model_dir", str(digits["root"] / "bad_md"), "--mode", "train",
-                      "--max_steps", "20"], cli_env, digits["root"])
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 2, log[-3000:]
-    assert "train_input: [Unsupported PyTorch] Inconsistent batch sizes detected" in log
-    assert "Traceback" not in log
-
-
 def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     import yaml
 

@@ -138,7 +138,8 @@ def test_data_paths_of_the_params(tmp_path):
     bad = failed(preflight.command_checks([PY, "run.py", "--params", "p.yaml"], tmp_path, False))
     assert [c.where for c in bad] == ["train_input.data_files (--params p.yaml)",
                                       "eval_input.data_dir (--params p.yaml)"]
-    assert bad[0].detail.startswith("data/nope-*: no such file or directory (relative: tried from here")
+    assert bad[0].detail.startswith(f"data/nope-*: no such file or directory (relative: from the launch directory "
+                                    f"{tmp_path}, where the job's tasks resolve it)")
     assert bad[0].detail.endswith("(and 1 more of 2)")
     assert bad[1].detail == f"{'/nonexistent/' + HOSTILE!r}: no such file or directory"
     # csrun_cpu's kind of check (data=False) leaves the data to the command
@@ -146,7 +147,8 @@ def test_data_paths_of_the_params(tmp_path):
 
 
 def test_relative_data_dir_found_from_the_scripts_directory(tmp_path):
-    """examples/images resolves data_dir against its own directory: not refused from elsewhere."""
+    """examples/images resolves data_dir against its own directory: not refused from elsewhere,
+    but the job's tasks resolve relative paths from the launch directory: a warning says so."""
     ex = tmp_path / "examples" / "images"
     (ex / "configs").mkdir(parents=True)
     (ex / "data").mkdir()
@@ -155,11 +157,40 @@ def test_relative_data_dir_found_from_the_scripts_directory(tmp_path):
     elsewhere = tmp_path / "work"
     elsewhere.mkdir()
     run_py = str(ex / "run.py")
-    assert not failed(preflight.command_checks([PY, run_py], elsewhere, False, default_params=True))
+    checks = preflight.command_checks([PY, run_py], elsewhere, False, default_params=True)
+    assert not failed(checks)
+    (warned,) = [c for c in checks if c.warning]
+    assert warned.warning.startswith(f"train_input.data_dir (the default params {ex / 'configs' / 'params.yaml'}): "
+                                     f"./data is not found from the launch directory {elsewhere}, ")
+    (elsewhere / "data").mkdir()  # found where the tasks look: no warning
+    assert not any(c.warning for c in preflight.command_checks([PY, run_py], elsewhere, False, default_params=True))
     write_params(ex / "configs" / "params.yaml", train_input={"data_dir": "./dataa"})
     (bad,) = failed(preflight.command_checks([PY, run_py], elsewhere, False, default_params=True))
     assert bad.where == f"train_input.data_dir (the default params {ex / 'configs' / 'params.yaml'})"
     assert not failed(preflight.command_checks([PY, run_py], elsewhere, False))  # csrun_cpu: explicit only
+
+
+def test_the_check_and_the_runtime_resolve_a_relative_data_dir_alike(tmp_path, monkeypatch):
+    """issue 33 item 10: one rule (csrun_common.datapaths), the launch directory's, in the
+    pre-submission check and in the runtime's data_dir view (csrun_runtime.sharding)."""
+    from csrun_common.datapaths import data_path_exists, resolve_data_path
+    from csrun_runtime.sharding import make_data_dir_view
+
+    launch = tmp_path / "launch"
+    (launch / "data").mkdir(parents=True)
+    (launch / "data" / "a.tfrecord").write_text("")
+    assert resolve_data_path("data", launch) == str(launch / "data")
+    assert resolve_data_path("/abs/data", launch) == "/abs/data" and resolve_data_path("gs://b/d", launch) == "gs://b/d"
+    assert data_path_exists("data/*.tfrecord", launch) and not data_path_exists("data/*.png", launch)
+    monkeypatch.chdir(launch)  # a task runs in the launch directory
+    assert resolve_data_path("data") == str(launch / "data")
+    own = {str((launch / "data" / "a.tfrecord").resolve())}
+    view = make_data_dir_view("data", own, set(), tmp_path / "view")
+    assert view.data_dir != "data" and not view.notes  # the runtime found it where the check does
+    write_params(tmp_path / "p.yaml", train_input={"data_dir": "data"})
+    (tmp_path / "run.py").write_text("")
+    assert not failed(preflight.command_checks([PY, str(tmp_path / "run.py"), "--params", str(tmp_path / "p.yaml")],
+                                               launch, False))
 
 
 def test_model_dir_parent(tmp_path):

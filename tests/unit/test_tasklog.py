@@ -16,6 +16,7 @@ from launcher.tasklog import (
     TaskOutput,
     first_error,
     is_supervisor_notice,
+    last_words,
     parse_label,
     parse_ranges,
     summarise,
@@ -43,7 +44,9 @@ def test_the_error_is_shown_once_though_every_task_printed_it(name, status):
     shown = summarise(lines, GROUPS, status, LOG)
     assert sum(marker in ln for ln in shown) == 1, shown
     assert not any(ln.startswith("srun: error:") for ln in shown), shown
-    assert shown[-1] == f"csrun_wse: exit status {status}; every task's output and srun's messages: {LOG}"
+    # the first failing task's own exit code (1), not srun's 143 for the tasks it ended after it
+    own = {"misspelled": 2, "all_fail": 1}[name]
+    assert shown[-1] == f"csrun_wse: exit status {own}; every task's output and srun's messages: {LOG}"
 
 
 def test_a_failing_worker_is_named_with_its_het_group_role_and_node():
@@ -164,3 +167,58 @@ def test_a_supervisors_notice_that_a_worker_starts_again_reaches_the_terminal():
     assert is_supervisor_notice(adopted) and out.line("err", f"3: {adopted}")[0][1].endswith(adopted)
     assert out.line("err", "2: csrun: cannot execute 'x': No such file or directory") == []
     assert not is_supervisor_notice("INFO:csrun:input worker 1 died")
+
+
+# issue 33 item 5: a worker of het group 1 fails at import with sys.exit("...") (no error-looking
+# line); recorded on the test cluster (--total-nodes 3 --tasks-per-node 2, the chief killed before
+# its own sys.exit). srun's error line says "node2: task 0" (het group 1's own id), --label "2:".
+WORKER_IMPORT = "run.py failed at import: no module named 'modelzoo' (worker)"
+
+
+def test_a_worker_failing_at_import_is_shown_once_with_its_last_words():
+    lines = (RECORDED / "worker_import.txt").read_text().splitlines()
+    assert "srun: error: node2: task 0: Exited with exit code 1" in lines and f"2: {WORKER_IMPORT}" in lines
+    shown = summarise(lines, GROUPS, 143, LOG)
+    assert_golden("tasklog_worker_import.txt", "\n".join(shown) + "\n")
+    assert sum(WORKER_IMPORT in ln for ln in shown) == 1 and len(shown[-3:]) == 3
+    assert shown[-3:] == ["csrun_wse: task 2 (het group 1, worker) on node2 failed first: Exited with exit code 1, "
+                          "its last output:", f"  {WORKER_IMPORT}",
+                          f"csrun_wse: exit status 1; every task's output and srun's messages: {LOG}"]
+
+
+def test_the_failing_task_is_found_from_the_layout_when_srun_named_no_launch():
+    """Without srun's ``launching ... on host`` lines the node's het group is unknown: the
+    layout's offsets give the candidates (task 0 of group 0 or of group 1: global 0 or 2), and
+    the one that printed anything is it."""
+    lines = [ln for ln in (RECORDED / "worker_import.txt").read_text().splitlines()
+             if not ln.startswith("srun: launching")]
+    shown = summarise(lines, GROUPS, 143, LOG)
+    assert shown[-3].startswith("csrun_wse: task 2 (het group 1, worker) failed first: Exited with exit code 1")
+    assert shown[-2] == f"  {WORKER_IMPORT}"
+
+
+def test_exit_status_is_the_first_failing_tasks_own():
+    out = TaskOutput(groups=GROUPS)
+    for raw in ["srun: launching StepId=5.0 on host node1, 2 tasks: [0-1]",
+                "srun: launching StepId=6.0 on host node2, 2 tasks: [0-1]",
+                "srun: launching StepId=6.0 on host node3, 2 tasks: [2-3]",
+                "0: ERROR:csrun:[chief node1] train_input: [Unsupported PyTorch] ... got list",
+                "srun: error: node1: task 0: Exited with exit code 2",
+                "srun: error: node3: tasks 2-3: Terminated"]:
+        out.line("err", raw)
+    assert out.exit_status(143) == 2  # not srun's highest status (the workers it ended: 143)
+    assert out.exit_status(143, interrupted=True) == 143 and out.exit_status(0) == 0
+    killed = TaskOutput(groups=GROUPS)
+    killed.line("err", "srun: launching StepId=5.0 on host node1, 2 tasks: [0-1]")
+    killed.line("err", "srun: error: node1: task 0: Killed")
+    assert killed.exit_status(137) == 137  # a signal: srun's status stands
+
+
+def test_last_words_and_a_logged_exception_with_its_traceback():
+    assert last_words(["INFO: start", "run.py failed at import: x", "", ""]) == ["run.py failed at import: x"]
+    assert last_words(["a", "b", "c", "d"]) == ["b", "c", "d"]
+    assert last_words(["INFO: going on"]) == []
+    logged = ["ERROR:csrun:[worker 1 node3] input worker failed", "Traceback (most recent call last):",
+              '  File "/u/data.py", line 9, in __getitem__', "    raise ValueError(i)", "ValueError: 7",
+              "INFO: leaving"]
+    assert first_error(logged) == (0, 5)  # logging's exception(): the record and its whole traceback
