@@ -20,7 +20,7 @@ The merge itself (the receiver, the slots and what the autoscaler drives: ``add_
 ``pause`` / ``resume`` at the receiver, per-worker ``counts``, ``streaming()``,
 ``buffered_batches()``; the watch; stall detection; a worker's pipeline error file) is the
 framework-neutral core's :class:`csrun_runtime.streams.StreamMerge`, which the TensorFlow
-chief's :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` shares: :class:`RemoteSource` is
+chief's :class:`csrun_runtime.tensorflow.remote.DataplaneSource` shares: :class:`RemoteSource` is
 its PyTorch adapter (single batches, the start timeout, the registrations' ``status: failed``,
 ``dataplane.json``). A paused worker's replacement starts paused (the receiver keeps the
 pause); one of a slot never opened is left unread (:meth:`RemoteSource.reopen` returns

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from csrun_common.autoscale import AutoscaleSpec
 
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
-from .dataplane_source import DataplaneSource
+from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
