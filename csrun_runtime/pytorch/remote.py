@@ -45,7 +45,7 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
-__all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
+__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -188,3 +188,7 @@ class RemoteSource(StreamMerge):
                                "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
                                "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())}}
+
+
+#: The chief's sources of its input workers' batches (:class:`csrun_runtime.backend.RemoteModule`).
+SOURCES: tuple[type, ...] = (RemoteSource,)

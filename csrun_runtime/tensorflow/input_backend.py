@@ -9,7 +9,7 @@ from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError, samples_in
 
-__all__ = ["TFInputBackend", "tf_passes", "tf_samples_and_bytes"]
+__all__ = ["INPUT_BACKEND", "TFInputBackend", "tf_passes", "tf_samples_and_bytes"]
 
 
 class TFInputBackend:
@@ -72,3 +72,7 @@ def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
         ne = t.shape.num_elements()
         nbytes += (ne or 0) * (t.dtype.size or 1)
     return samples_in(flat), nbytes
+
+
+#: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).
+INPUT_BACKEND = TFInputBackend
