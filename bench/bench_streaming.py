@@ -28,7 +28,7 @@ Figures per pipeline and ``k``: medians and IQRs over ``repeats`` repetitions (t
 service, data plane and standalone rotated each time) of the delivered and the
 concurrent-standalone rates (samples/s), ``efficiency`` = median delivered through the
 service / median standalone sum, ``efficiency_dataplane`` the same through the data plane
-(the chief's :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource`, bundles converted to
+(the chief's :class:`csrun_runtime.tensorflow.remote.DataplaneSource`, bundles converted to
 tensors as for training), ``dataplane_vs_service``, and ``paired`` (per-repetition ratios).
 
 The processes are this script: ``python bench/bench_streaming.py --chief|--worker|--standalone SPEC``.
@@ -54,7 +54,7 @@ from csrun_common.roles import resolve_role
 from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import resolve_params
-from csrun_runtime.tensorflow import contract, dataplane_source, service
+from csrun_runtime.tensorflow import contract, remote, service
 from csrun_runtime.tensorflow.worker import run_worker
 from launcher.slurm import stop_process_group
 
@@ -133,7 +133,7 @@ def child_chief(spec: dict) -> None:
     servers: list = []
     receiver = None
     if dataplane:  # runconfig.transport: dataplane, as ChiefStreams.start_dispatchers does it
-        receiver, addresses = dataplane_source.start_for_chief(rdv, "localhost", k, {
+        receiver, addresses = remote.start_for_chief(rdv, "localhost", k, {
             "chief_host": socket.gethostname(), "bench": True})
     else:
         servers, ports = service.start_dispatchers(k)
@@ -152,7 +152,7 @@ def child_chief(spec: dict) -> None:
                 raise RuntimeError(f"{len(regs)} of {k} workers registered in {spec['start_timeout_s']} s")
             time.sleep(0.1)
         res["registered_s"] = time.monotonic() - t0
-        source: Any = (dataplane_source.chief_source(rdv, receiver, regs) if dataplane
+        source: Any = (remote.chief_source(rdv, receiver, regs) if dataplane
                        else service.ServiceSource(rdv, addresses, regs))
         # whole elements, as the training loop takes them (a bundle is several batches)
         first = source.get_chunk(1 << 30, spec["start_timeout_s"])
@@ -267,7 +267,7 @@ def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, wo
                     timeout_s: float = 240.0, transport: str = "service") -> float:
     """Delivered samples/s at the chief from ``k`` input workers (see the module docstring),
     through ``transport``: ``service`` (tf.data service) or ``dataplane`` (csrun's data plane,
-    :mod:`csrun_runtime.tensorflow.dataplane_source`)."""
+    :mod:`csrun_runtime.tensorflow.remote`)."""
     wd, base = _measurement(pipeline, k, warmup_s, measure_s, workdir, tag)
     base.update(job_id=f"bench{os.getpid()}{tag}", start_timeout_s=timeout_s * 0.6, transport=transport)
     with _Procs(wd) as procs:

@@ -1,18 +1,19 @@
 """The task runtime: what runs inside every task that ``csrun_wse`` / ``csrun_cpu`` launch.
 
-``from csrun_runtime import run`` is all a run.py needs (docs/CONTRACT.md); importing this
-package does not import TensorFlow; ``run`` (:mod:`.runner`, loaded on first use) does in a
-launched task (``CSRUN_ROLE`` set), at once and without its two start-up lines (:mod:`.quiet`).
-A PyTorch run.py imports :mod:`csrun_runtime.pytorch` instead, which never imports TensorFlow.
+``from csrun_runtime import run`` is all a TensorFlow run.py needs (docs/CONTRACT.md); importing
+this package does not import TensorFlow; ``run`` (the TensorFlow backend's runner, loaded on
+first use through :mod:`.registry`) does in a launched task (``CSRUN_ROLE`` set), at once and
+without its two start-up lines (:mod:`csrun_runtime.tensorflow.quiet`). A PyTorch run.py imports
+:mod:`csrun_runtime.pytorch` instead, which never imports TensorFlow.
 
-Modules: :mod:`.runner` (``run``: role and params, then chief or input worker), :mod:`.chief`
-(the chief's modes), :mod:`.training` (the training loop), :mod:`.worker` (the input-worker
-task), :mod:`.service` (tf.data service dispatchers and the chief's batch sources),
-:mod:`.rendezvous` (files on the shared file system: dispatchers, registrations,
-heartbeats, done), :mod:`.params` (command line, params YAML, per-worker params, shard
-plan; no TF), :mod:`.contract` (the input_fn contract), :mod:`.artifacts`
-(performance.json, params YAML), :mod:`.capture` (``load_entry``: run.py without training).
-The role of a task comes from :mod:`csrun_common.roles`.
+The top level is the framework-neutral core (docs/ARCHITECTURE.md): :mod:`.backend` (the
+Protocols a backend implements), :mod:`.registry` (the one module naming both backends),
+:mod:`.loop` (the training loop), :mod:`.streams` (the chief's merge of the workers' streams),
+:mod:`.dataplane` (numpy batches over zmq), :mod:`.rendezvous`, :mod:`.params`,
+:mod:`.capture` (``load_entry``: run.py without training), :mod:`.artifacts`, and the rest. The
+backends are :mod:`csrun_runtime.tensorflow` and :mod:`csrun_runtime.pytorch`, with the same
+entry modules (``runner``, ``chief``, ``remote``, ``worker``, ...). The role of a task comes
+from :mod:`csrun_common.roles`.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def __getattr__(name: str) -> Any:
     which ``csrun_runtime.pytorch`` (a subpackage, so this file runs first) must not do.
     ``from csrun_runtime import run`` imports it at once, as before."""
     if name == "run":
-        from .tensorflow.runner import run
+        from .registry import entry
 
-        return run
+        return entry("tensorflow", "runner").run
     if name in ("load_entry", "CapturedRun"):
         from . import capture
 

@@ -34,7 +34,7 @@ Rules (:func:`decide`), with ``HIGH_WAIT`` = 0.10 and ``LOW_WAIT`` = 0.02:
 - otherwise hold.
 
 Pure Python except the source it drives (a :class:`csrun_runtime.tensorflow.service.ServiceSource`, or
-on the data plane a :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource`).
+on the data plane a :class:`csrun_runtime.tensorflow.remote.DataplaneSource`).
 """
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def decide(spec: AutoscaleSpec, window: Window, workers: int, floor: int = 0,
 
 class Autoscaler:
     """The chief's autoscaler over a :class:`csrun_runtime.tensorflow.service.ServiceSource` or a
-    :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` (the same stream API).
+    :class:`csrun_runtime.tensorflow.remote.DataplaneSource` (the same stream API).
 
     Args:
         spec: the ``--autoscale`` bounds and policy.

@@ -109,6 +109,18 @@ def record(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
     return entry
 
 
+def _forget_other_dirs(here: str) -> None:
+    """Drop the modules earlier captures imported from run.py directories other than ``here``
+    (and those directories from ``sys.path``), so that two run.py files with a ``data.py``
+    each do not collide."""
+    for name, where in list(_STATE.loaded.items()):
+        if where != here:
+            sys.modules.pop(name, None)
+            _STATE.loaded.pop(name, None)
+            if where in sys.path:
+                sys.path.remove(where)
+
+
 def load_entry(run_py: str | os.PathLike, argv: Sequence[str] = ()) -> CapturedRun:
     """Execute ``run_py`` in capture mode and return what it passed to ``run()``.
 
@@ -136,12 +148,7 @@ def load_entry(run_py: str | os.PathLike, argv: Sequence[str] = ()) -> CapturedR
     if _STATE.active:
         raise CaptureError("load_entry is not re-entrant")
     here = str(path.parent)
-    for name, where in list(_STATE.loaded.items()):
-        if where != here:
-            sys.modules.pop(name, None)
-            _STATE.loaded.pop(name, None)
-            if where in sys.path:
-                sys.path.remove(where)
+    _forget_other_dirs(here)
     before = set(sys.modules)
     saved_argv = sys.argv
     sys.argv = [str(path), *map(str, argv)]

@@ -66,9 +66,9 @@ class InputBackend(Protocol):
     #: ``"tensorflow"`` or ``"pytorch"``.
     framework: str
 
-    def build(self, worker_index: int, num_workers: int, cpus: int, *,
+    def build(self, worker_index: int, num_input_workers: int, cpus: int, *,
               dataloader_workers: int | None = None, prefetch_factor: int | None = None) -> BuiltInput:
-        """Input worker ``worker_index`` of ``num_workers`` (``0 <= worker_index < num_workers``)
+        """Input worker ``worker_index`` of ``num_input_workers`` (``0 <= worker_index < num_input_workers``)
         with ``cpus`` CPUs (>= 1). ``dataloader_workers`` / ``prefetch_factor``: the PyTorch
         DataLoader's ``train_input.num_workers`` / ``prefetch_factor`` (``None``: the params'
         value; TensorFlow ignores both).

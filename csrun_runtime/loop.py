@@ -6,7 +6,7 @@ Model Zoo's logging, checkpoint and evaluation cadence and the measurements behi
 The loop is the framework-neutral core's; what a framework does is behind
 :class:`StepBackend` (the next chunk of batches, train its steps, save, evaluate, write
 scalars): :mod:`csrun_runtime.tensorflow.training` is TensorFlow's (a chunk is one received element, its
-steps one ``tf.function`` call), :mod:`csrun_runtime.pytorch.trainloop` PyTorch's (a chunk is
+steps one ``tf.function`` call), :mod:`csrun_runtime.pytorch.training` PyTorch's (a chunk is
 one batch, one optimizer step). Imports neither TensorFlow nor PyTorch.
 
 A chunk never crosses a step the loop must stop at: the first step (trained alone: it traces

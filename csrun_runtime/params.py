@@ -308,6 +308,55 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- validation
+def _checked_runconfig(rc_in: Mapping[str, Any], problems: list[str], warnings: list[str]) -> dict[str, Any]:
+    """``runconfig`` with each known key checked (:data:`RUNCONFIG_KEYS`), defaults filled and
+    ``mode`` reconciled with ``validate_only``/``compile_only``; problems and warnings appended."""
+    rc: dict[str, Any] = {}
+    for key, value in rc_in.items():
+        if key in RUNCONFIG_KEYS:
+            try:
+                rc[key] = RUNCONFIG_KEYS[key].check(value)
+            except ValueError as e:
+                problems.append(f"runconfig.{key} {e}, got {value!r}")
+        elif key in IGNORED_MODELZOO_KEYS:
+            warnings.append(f"runconfig.{key} is a Model Zoo key that csrun's runtime does not "
+                            f"implement; ignored")
+            rc[key] = value
+        else:
+            warnings.append(f"runconfig.{key} is not a known runconfig key; ignored")
+            rc[key] = value
+    for key, spec in RUNCONFIG_KEYS.items():
+        rc.setdefault(key, copy.deepcopy(spec.default))
+    if rc.get("validate_only") is True and rc.get("compile_only") is True:
+        problems.append("runconfig.validate_only and runconfig.compile_only are both true")
+    elif rc.get("validate_only") is True:
+        rc["mode"] = "validate_only"
+    elif rc.get("compile_only") is True:
+        rc["mode"] = "compile_only"
+    return rc
+
+
+def _check_mode_needs(out: Mapping[str, Any], rc: Mapping[str, Any], problems: list[str]) -> None:
+    """The sections and step count ``rc``'s mode needs, and the input sections' ``batch_size``:
+    problems appended."""
+    mode = rc.get("mode")
+    if mode in MODES:
+        needs = {"train": ["train_input"], "train_and_eval": ["train_input", "eval_input"],
+                 "eval": ["eval_input"], "compile_only": ["train_input"]}.get(mode, [])
+        for section in needs:
+            if not isinstance(out.get(section), dict):
+                problems.append(f"params.{section} is required for mode {mode}")
+        if mode in TRAIN_MODES and rc.get("max_steps") is None and rc.get("num_steps") is None:
+            problems.append(f"runconfig.max_steps or runconfig.num_steps is required for mode "
+                            f"{mode} (or --max_steps)")
+    for section in ("train_input", "eval_input"):
+        sec = out.get(section)
+        if isinstance(sec, dict) and "batch_size" in sec:
+            bs = sec["batch_size"]
+            if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+                problems.append(f"{section}.batch_size must be an integer >= 1, got {bs!r}")
+
+
 def validate_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Check sections and runconfig; fill runconfig defaults.
 
@@ -339,46 +388,9 @@ def validate_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], list[str
             out[name] = {}
         if name in out and not isinstance(out[name], dict):
             problems.append(f"params.{name} must be a mapping, got {type(out[name]).__name__}")
-    rc_in: dict[str, Any] = out["runconfig"] if isinstance(out.get("runconfig"), dict) else {}
-    rc: dict[str, Any] = {}
-    for key, value in rc_in.items():
-        if key in RUNCONFIG_KEYS:
-            try:
-                rc[key] = RUNCONFIG_KEYS[key].check(value)
-            except ValueError as e:
-                problems.append(f"runconfig.{key} {e}, got {value!r}")
-        elif key in IGNORED_MODELZOO_KEYS:
-            warnings.append(f"runconfig.{key} is a Model Zoo key that csrun's runtime does not "
-                            f"implement; ignored")
-            rc[key] = value
-        else:
-            warnings.append(f"runconfig.{key} is not a known runconfig key; ignored")
-            rc[key] = value
-    for key, spec in RUNCONFIG_KEYS.items():
-        rc.setdefault(key, copy.deepcopy(spec.default))
-    if rc.get("validate_only") is True and rc.get("compile_only") is True:
-        problems.append("runconfig.validate_only and runconfig.compile_only are both true")
-    elif rc.get("validate_only") is True:
-        rc["mode"] = "validate_only"
-    elif rc.get("compile_only") is True:
-        rc["mode"] = "compile_only"
+    rc = _checked_runconfig(out["runconfig"] if isinstance(out.get("runconfig"), dict) else {}, problems, warnings)
     out["runconfig"] = rc
-    mode = rc.get("mode")
-    if mode in MODES:
-        needs = {"train": ["train_input"], "train_and_eval": ["train_input", "eval_input"],
-                 "eval": ["eval_input"], "compile_only": ["train_input"]}.get(mode, [])
-        for section in needs:
-            if not isinstance(out.get(section), dict):
-                problems.append(f"params.{section} is required for mode {mode}")
-        if mode in TRAIN_MODES and rc.get("max_steps") is None and rc.get("num_steps") is None:
-            problems.append(f"runconfig.max_steps or runconfig.num_steps is required for mode "
-                            f"{mode} (or --max_steps)")
-    for section in ("train_input", "eval_input"):
-        sec = out.get(section)
-        if isinstance(sec, dict) and "batch_size" in sec:
-            bs = sec["batch_size"]
-            if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
-                problems.append(f"{section}.batch_size must be an integer >= 1, got {bs!r}")
+    _check_mode_needs(out, rc, problems)
     if problems:
         raise ParamsError(problems)
     return out, warnings

@@ -22,7 +22,7 @@ everything around that receiver which the framework backends share:
 - ``describe()``'s common performance.json keys and ``close()``.
 
 The framework adapters are thin: the TensorFlow chief's
-:class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` hands out the bundles as
+:class:`csrun_runtime.tensorflow.remote.DataplaneSource` hands out the bundles as
 :class:`csrun_runtime.tensorflow.service.Chunk` s (converted to tensors), the PyTorch chief's
 :class:`csrun_runtime.pytorch.remote.RemoteSource` one batch at a time. The helpers at the top
 (:func:`open_slot`, :func:`announce_stopped`, :func:`raise_if_stalled`, :func:`stall_report`)

@@ -49,7 +49,7 @@ from .own_input import OwnInput
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
-from .trainloop import TorchStepBackend
+from .training import TorchStepBackend
 
 __all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
 
@@ -216,7 +216,7 @@ class Chief:
     # ------------------------------------------------------------------ train
     def _train(self) -> int:
         """``train`` / ``train_and_eval``: restore, then the core's training loop
-        (:class:`csrun_runtime.loop.TrainingDriver` over :class:`.trainloop.TorchStepBackend`) to
+        (:class:`csrun_runtime.loop.TrainingDriver` over :class:`.training.TorchStepBackend`) to
         the target: checkpoints, the allocation record, performance.json and the verdict;
         returns 0, or the stop signal's exit code (:func:`csrun_runtime.preemption.exit_code`).
         Raises what the loop raised (after performance.json, once a step was trained)."""

@@ -22,7 +22,7 @@ from ..input_backend import BuiltInput, InputBuildError
 from .contract import ContractError, batch_size_of, epochs
 from .worker import build_loader
 
-__all__ = ["TorchInputBackend", "pin_children", "samples_and_bytes"]
+__all__ = ["INPUT_BACKEND", "TorchInputBackend", "pin_children", "samples_and_bytes"]
 
 
 def samples_and_bytes(batch: Any) -> tuple[int, int]:
@@ -131,3 +131,7 @@ def _new_pass(loader: Any, n: int) -> bool:
         return n % len(loader) == 0
     except TypeError:
         return False
+
+
+#: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).
+INPUT_BACKEND = TorchInputBackend

@@ -20,7 +20,7 @@ The merge itself (the receiver, the slots and what the autoscaler drives: ``add_
 ``pause`` / ``resume`` at the receiver, per-worker ``counts``, ``streaming()``,
 ``buffered_batches()``; the watch; stall detection; a worker's pipeline error file) is the
 framework-neutral core's :class:`csrun_runtime.streams.StreamMerge`, which the TensorFlow
-chief's :class:`csrun_runtime.tensorflow.dataplane_source.DataplaneSource` shares: :class:`RemoteSource` is
+chief's :class:`csrun_runtime.tensorflow.remote.DataplaneSource` shares: :class:`RemoteSource` is
 its PyTorch adapter (single batches, the start timeout, the registrations' ``status: failed``,
 ``dataplane.json``). A paused worker's replacement starts paused (the receiver keeps the
 pause); one of a slot never opened is left unread (:meth:`RemoteSource.reopen` returns
@@ -45,7 +45,7 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
-__all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
+__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -188,3 +188,7 @@ class RemoteSource(StreamMerge):
                                "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
                                "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())}}
+
+
+#: The chief's sources of its input workers' batches (:class:`csrun_runtime.backend.RemoteModule`).
+SOURCES: tuple[type, ...] = (RemoteSource,)

@@ -23,7 +23,7 @@ from .. import chief_input
 from ..coverage import check_job_files
 from ..params import ParamsError
 from ..rendezvous import Rendezvous
-from . import dataplane_source
+from . import remote
 from .contract import Refused, check_dataset, check_signature, check_workers
 from .pipeline import build_worker_input
 from .service import (
@@ -70,7 +70,7 @@ class ChiefStreams:
         self.input_split: chief_input.CpuSplit | None = None
         self.chief_input: chief_input.ChiefInputWorker | None = None
         self._servers: list[Any] = []  # the dispatchers, referenced for the job's life
-        self._receiver: Any = None  # runconfig.transport: dataplane (csrun_runtime/tensorflow/dataplane_source.py)
+        self._receiver: Any = None  # runconfig.transport: dataplane (csrun_runtime/tensorflow/remote.py)
         self._all_files: list[str] | None = None  # the training files (rule 7's whole set)
         self._view_root: str | None = None  # shard-plan data_dir views of in-process pipelines
         self._shards = False  # the training pipeline shards by the input-worker count
@@ -175,10 +175,10 @@ class ChiefStreams:
                      "between %d and %d at a time", self.autoscale.policy, self.autoscale.window_s, n - 1,
                      len(addresses), self.autoscale.min_workers, self.autoscale.max_workers)
             if self._receiver is not None:
-                return dataplane_source.chief_source(self.rendezvous, self._receiver, registry, n)
+                return remote.chief_source(self.rendezvous, self._receiver, registry, n)
             return ServiceSource(self.rendezvous, addresses[:n], registry, queue_size=2)  # a short buffer
         if self._receiver is not None:
-            return dataplane_source.chief_source(self.rendezvous, self._receiver, registry)
+            return remote.chief_source(self.rendezvous, self._receiver, registry)
         return ServiceSource(self.rendezvous, addresses, registry)
 
     # ------------------------------------------------------------------ the input workers
@@ -193,9 +193,9 @@ class ChiefStreams:
         """One tf.data service dispatcher per input worker, published in the rendezvous;
         returns their ``host:port`` addresses (dispatcher ``i`` serves worker ``i``). With
         ``runconfig.transport: dataplane``: one data-plane receiver instead, its endpoint
-        published for every worker (:func:`csrun_runtime.tensorflow.dataplane_source.start_for_chief`)."""
-        if self.rc.get("transport") == dataplane_source.TRANSPORT:
-            self._receiver, addresses = dataplane_source.start_for_chief(
+        published for every worker (:func:`csrun_runtime.tensorflow.remote.start_for_chief`)."""
+        if self.rc.get("transport") == remote.TRANSPORT:
+            self._receiver, addresses = remote.start_for_chief(
                 self.rendezvous, self.role.host, self.num_workers, {
                     "num_workers": self.num_workers, "mode": self.mode,
                     "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})

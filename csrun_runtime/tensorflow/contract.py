@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functio
     import tensorflow as tf
 
 __all__ = [
-    "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
+    "VIOLATION", "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
     "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
     "shuffle_seeds", "check_shuffle_seeds", "check_workers", "check_model", "synthetic_batch",
     "validate", "build_eval_input", "check_input_files", "Refused",
@@ -150,6 +150,71 @@ def _is_none_spec(s: Any) -> bool:
     return type(s).__name__ == "NoneTensorSpec" or s is None
 
 
+def _batch_tensors(tf: Any, spec: Any) -> list[tuple[str, Any]] | None:
+    """``(name, TensorSpec)`` of the features and labels of an element spec of the contract's
+    structure (``(features, labels)``, features a tensor or a dict of them, labels a tensor or
+    ``None``); ``None`` when the structure is another."""
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        return None
+    tensors: list[tuple[str, Any]] = []
+    features, labels = spec
+    if _is_tensor_spec(tf, features):
+        tensors.append(("features", features))
+    elif isinstance(features, Mapping) and features and all(
+            isinstance(k, str) and _is_tensor_spec(tf, v) for k, v in features.items()):
+        tensors += [(f"features[{k!r}]", v) for k, v in features.items()]
+    else:
+        return None
+    if _is_tensor_spec(tf, labels):
+        tensors.append(("labels", labels))
+    elif not _is_none_spec(labels):
+        return None
+    return tensors
+
+
+def _check_batch(rep: Report, info: dict[str, Any], section: str, tensors: list[tuple[str, Any]],
+                 batch_size: int | None) -> None:
+    """Rule 3 (batched, one static batch dimension) into ``rep``; ``info["batch_size"]`` set."""
+    dims = {}
+    problems = []
+    for name, s in tensors:
+        if s.shape.rank is None or s.shape.rank == 0:
+            problems.append(f"{name} has shape {s.shape}: elements are not batched")
+        elif s.shape[0] is None:
+            problems.append(f"{name} has static batch dimension None (shape {s.shape})")
+        else:
+            dims[name] = int(s.shape[0])
+    if not problems and len(set(dims.values())) > 1:
+        problems.append("batch dimensions differ: "
+                        + ", ".join(f"{k}={v}" for k, v in dims.items()))
+    if problems:
+        rep.violations.append(f"{section}: {MSG_BATCH} ({'; '.join(problems)})")
+    elif dims:
+        bs = next(iter(dims.values()))
+        info["batch_size"] = bs
+        if batch_size is not None and batch_size != bs:
+            rep.warnings.append(f"{section}: batch_size is {batch_size} in params but the "
+                                f"Dataset's batches have {bs} elements")
+
+
+def _check_cardinality(tf: Any, rep: Report, info: dict[str, Any], section: str, card: int, purpose: str,
+                       eval_steps: int | None) -> None:
+    """Rules 4-5 (training repeats, eval ends unless ``eval_steps``) into ``rep``;
+    ``info["cardinality"]`` set (-1 infinite, -2 unknown)."""
+    info["cardinality"] = card
+    if purpose == "train":
+        if card >= 0:
+            rep.violations.append(f"{section}: {MSG_REPEAT} (the Dataset has {card} batch(es))")
+        elif card == tf.data.UNKNOWN_CARDINALITY:
+            rep.warnings.append(f"{section}: cannot verify that the Dataset repeats indefinitely "
+                                f"(cardinality unknown, e.g. after filter); make sure it ends "
+                                f"with .repeat()")
+    else:
+        if card == tf.data.INFINITE_CARDINALITY and eval_steps is None:
+            rep.violations.append(f"{section}: the eval Dataset repeats indefinitely; set "
+                                  f"runconfig.eval_steps or do not repeat it")
+
+
 def check_dataset(ds: tf.data.Dataset, purpose: str = "train", section: str | None = None,
                   eval_steps: int | None = None,
                   batch_size: int | None = None) -> Report:
@@ -176,57 +241,12 @@ def check_dataset(ds: tf.data.Dataset, purpose: str = "train", section: str | No
     spec = ds.element_spec
     info: dict[str, Any] = {"element_spec": _spec_text(spec), "batch_size": None}
     rep.info[section] = info
-    tensors: list[tuple[str, Any]] = []
-    structure_ok = isinstance(spec, tuple) and len(spec) == 2
-    if structure_ok:
-        features, labels = spec
-        if _is_tensor_spec(tf, features):
-            tensors.append(("features", features))
-        elif isinstance(features, Mapping) and features and all(
-                isinstance(k, str) and _is_tensor_spec(tf, v) for k, v in features.items()):
-            tensors += [(f"features[{k!r}]", v) for k, v in features.items()]
-        else:
-            structure_ok = False
-        if _is_tensor_spec(tf, labels):
-            tensors.append(("labels", labels))
-        elif not _is_none_spec(labels):
-            structure_ok = False
-    if not structure_ok:
+    tensors = _batch_tensors(tf, spec)
+    if tensors is None:
         rep.violations.append(f"{section}: {MSG_STRUCTURE} (element_spec: {_spec_text(spec)})")
     else:
-        dims = {}
-        problems = []
-        for name, s in tensors:
-            if s.shape.rank is None or s.shape.rank == 0:
-                problems.append(f"{name} has shape {s.shape}: elements are not batched")
-            elif s.shape[0] is None:
-                problems.append(f"{name} has static batch dimension None (shape {s.shape})")
-            else:
-                dims[name] = int(s.shape[0])
-        if not problems and len(set(dims.values())) > 1:
-            problems.append("batch dimensions differ: "
-                            + ", ".join(f"{k}={v}" for k, v in dims.items()))
-        if problems:
-            rep.violations.append(f"{section}: {MSG_BATCH} ({'; '.join(problems)})")
-        elif dims:
-            bs = next(iter(dims.values()))
-            info["batch_size"] = bs
-            if batch_size is not None and batch_size != bs:
-                rep.warnings.append(f"{section}: batch_size is {batch_size} in params but the "
-                                    f"Dataset's batches have {bs} elements")
-    card = int(ds.cardinality().numpy())
-    info["cardinality"] = card
-    if purpose == "train":
-        if card >= 0:
-            rep.violations.append(f"{section}: {MSG_REPEAT} (the Dataset has {card} batch(es))")
-        elif card == tf.data.UNKNOWN_CARDINALITY:
-            rep.warnings.append(f"{section}: cannot verify that the Dataset repeats indefinitely "
-                                f"(cardinality unknown, e.g. after filter); make sure it ends "
-                                f"with .repeat()")
-    else:
-        if card == tf.data.INFINITE_CARDINALITY and eval_steps is None:
-            rep.violations.append(f"{section}: the eval Dataset repeats indefinitely; set "
-                                  f"runconfig.eval_steps or do not repeat it")
+        _check_batch(rep, info, section, tensors, batch_size)
+    _check_cardinality(tf, rep, info, section, int(ds.cardinality().numpy()), purpose, eval_steps)
     return rep
 
 
@@ -523,3 +543,7 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         mrep, _ = check_model(model_fn, params, spec)
         rep.extend(mrep)
     return rep
+
+
+#: The exception the contract's checks raise (:class:`csrun_runtime.backend.ContractModule`).
+VIOLATION = Refused

@@ -4,7 +4,7 @@ dataplane``; docs/DATAPLANE.md "The TensorFlow path").
 The input worker (:class:`csrun_runtime.tensorflow.worker.InputWorker`) gets here once the chief's
 ``dispatchers.json`` says ``transport: dataplane`` (its ``dispatchers[i]``: the chief's
 receiver, ``tcp://host:port``). :func:`serve` builds, checks and plans the dataset's
-bundling with the service path's own method (:meth:`InputWorker._build_and_plan`: the
+bundling with the service path's own method (:meth:`InputWorker.build_and_plan`: the
 contract, :func:`csrun_runtime.tensorflow.service.plan_bundle`; then
 :func:`csrun_runtime.tensorflow.service.limit_threads`), stacks ``B`` batches per element with
 ``Dataset.batch(B)`` (the bundle; :data:`PREFETCH` bundles prepared ahead), and sends each
@@ -26,19 +26,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from csrun_common.atomic import write_json
+from csrun_common.roles import Role
 
-from ..rendezvous import SUPERSEDED
+from ..bundles import map_nest
+from ..rendezvous import SUPERSEDED, Heartbeat, Rendezvous
 from ..streams import STREAM_ERROR
-from .dataplane_source import _map
-from .service import bundle_dataset, limit_threads
+from .pipeline import WorkerInput
+from .service import BundlePlan, bundle_dataset, limit_threads
 
-if TYPE_CHECKING:
-    from .worker import InputWorker
-
-__all__ = ["serve", "Pump"]
+__all__ = ["serve", "Pump", "ServedWorker"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -75,7 +74,7 @@ class Pump(threading.Thread):
         try:
             for el in self.ds.as_numpy_iterator():
                 if self.bundle <= 1:
-                    el = _map(lambda a: a[None], el)
+                    el = map_nest(lambda a: a[None], el)
                 while not self._halt.is_set():
                     try:
                         sender.send_bundle(el, self.bundle, timeout=SEND_POLL_SECS)
@@ -97,14 +96,47 @@ class Pump(threading.Thread):
             sender.close(timeout=2.0 if self.ended else 0.2)
 
 
-def serve(worker: InputWorker, endpoint: str) -> int:
+class ServedWorker(Protocol):
+    """What :func:`serve` uses of an input worker
+    (:class:`csrun_runtime.tensorflow.worker.InputWorker` implements it): its identity, rendezvous
+    and counters, and the steps it shares with the tf.data service path."""
+
+    role: Role
+    rdv: Rendezvous
+    heartbeat: Heartbeat
+    index: int
+    attempt: int
+    me: dict[str, Any]  # what every registration and report says of the worker
+    counter: list[int]  # ``counter[0]``: elements (bundles) sent
+    bundling: BundlePlan
+    files: list[str] | None  # the files its pipeline lists
+
+    def build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
+        """``(batch_size, built input)`` checked and with ``bundling`` planned, or ``None``
+        after registering the violations."""
+        ...
+
+    def left_unserved(self, chief_status: str | None, status: str = "left") -> None:
+        """The report of a worker that leaves without having served."""
+        ...
+
+    def serve_until_done(self) -> tuple[int, str | None]:
+        """Wait while serving; ``(exit code, the chief's status or SUPERSEDED)``."""
+        ...
+
+    def write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
+        """The report of what the worker produced."""
+        ...
+
+
+def serve(worker: ServedWorker, endpoint: str) -> int:
     """Build, check, register and serve ``worker``'s dataset to the chief's receiver at
     ``endpoint`` until the chief is done; returns the exit code (as
     :meth:`csrun_runtime.tensorflow.worker.InputWorker.run`: 0 done or superseded, 1 chief lost, 2 the
     input_fn violates the contract, registered as ``status: failed``)."""
-    got = worker._build_and_plan()
+    got = worker.build_and_plan()
     if got is None:
-        worker._left_unserved(None, "failed")
+        worker.left_unserved(None, "failed")
         return 2
     batch_size, built = got
     ds = built.dataset
@@ -128,11 +160,11 @@ def serve(worker: InputWorker, endpoint: str) -> int:
              "%s; bundling %s)", endpoint, worker.attempt, batch_size, ti.get("shuffle_seed"),
              f"{len(worker.files)} file(s) listed by its pipeline" if worker.files is not None else "files not seen",
              worker.bundling.reason)
-    code, status = worker._serve_until_done()
+    code, status = worker.serve_until_done()
     pump.stop()
     pump.join(timeout=3.0)
     worker.heartbeat.stop()
     if status != SUPERSEDED:
-        worker._write_report(built, batch_size, status)
+        worker.write_report(built, batch_size, status)
     return code
 

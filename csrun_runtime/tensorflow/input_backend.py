@@ -9,7 +9,7 @@ from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError, samples_in
 
-__all__ = ["TFInputBackend", "tf_passes", "tf_samples_and_bytes"]
+__all__ = ["INPUT_BACKEND", "TFInputBackend", "tf_passes", "tf_samples_and_bytes"]
 
 
 class TFInputBackend:
@@ -24,25 +24,25 @@ class TFInputBackend:
     def __init__(self, input_fn: Callable[..., Any], params: dict[str, Any]):
         self.input_fn, self.params = input_fn, params
 
-    def build(self, worker_index: int, num_workers: int, cpus: int, *,
+    def build(self, worker_index: int, num_input_workers: int, cpus: int, *,
               dataloader_workers: int | None = None, prefetch_factor: int | None = None) -> BuiltInput:
         """See :meth:`InputBackend.build`; the dataset of ``(features, labels)`` elements,
         ``private_threadpool_size = cpus``. Raises :class:`InputBuildError` with the
         contract's violations, or what ``input_fn`` raises."""
-        ds = self.dataset(worker_index, num_workers, cpus)
+        ds = self.dataset(worker_index, num_input_workers, cpus)
         import tensorflow as tf
 
         restarts = [0]
         return BuiltInput(batches=tf_passes(ds, restarts), measure=lambda el: tf_samples_and_bytes(el, tf.nest.flatten),
                           info={"framework": self.framework, "cpus": int(cpus)}, restarts=restarts)
 
-    def dataset(self, worker_index: int, num_workers: int, cpus: int) -> Any:
+    def dataset(self, worker_index: int, num_input_workers: int, cpus: int) -> Any:
         """The ``tf.data.Dataset`` :meth:`build` iterates (the ingest probes serve it).
         Raises :class:`InputBuildError` with the contract's violations, or what ``input_fn``
         raises."""
         from . import contract, pipeline, service
 
-        ds = pipeline.build_worker_input(self.input_fn, self.params, worker_index, num_workers).dataset
+        ds = pipeline.build_worker_input(self.input_fn, self.params, worker_index, num_input_workers).dataset
         rep = contract.check_dataset(ds, "train")
         if rep.violations:
             raise InputBuildError("; ".join(rep.violations))
@@ -72,3 +72,7 @@ def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
         ne = t.shape.num_elements()
         nbytes += (ne or 0) * (t.dtype.size or 1)
     return samples_in(flat), nbytes
+
+
+#: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).
+INPUT_BACKEND = TFInputBackend

@@ -44,7 +44,8 @@ from ..streams import InputStalled, announce_stopped, open_slot, raise_if_stalle
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
 
-__all__ = ["BatchSource", "ServiceSource", "LocalSource", "InputStalled", "Chunk", "BundlePlan",
+__all__ = ["BatchSource", "ServiceSource", "LocalSource", "ChunkedSource", "Pending", "InputStalled", "Chunk",
+           "BundlePlan", "map_structure",
            "start_dispatchers", "start_worker_server", "plan_bundle", "batch_nbytes", "bundle_dataset",
            "register_stream", "limit_threads", "count_elements", "DATASET_ID", "BUNDLE_TARGET_BYTES",
            "MAX_BUNDLE"]
@@ -264,14 +265,16 @@ def _steps_in(element: Any) -> int:
     raise ValueError("an element without tensors")
 
 
-def _map(fn: Any, element: Any) -> Any:
+def map_structure(fn: Any, element: Any) -> Any:
+    """``fn`` on every tensor of ``element`` (a nest of tensors; ``None`` leaves stay ``None``),
+    with ``tf.nest.map_structure``: e.g. batch ``a`` of a bundle is ``map_structure(lambda t: t[a], el)``."""
     import tensorflow as tf
 
     return tf.nest.map_structure(lambda t: None if t is None else fn(t), element)
 
 
 @dataclass
-class _Pending:
+class Pending:
     """The element the chief is handing out, and how much of it is left."""
 
     worker: int
@@ -281,7 +284,7 @@ class _Pending:
     offset: int = 0
 
 
-class _ChunkedSource:
+class ChunkedSource:
     """Hands out the elements of input streams as chunks or single batches (the bundling's
     other end). Subclasses give ``_next_element(timeout, what) -> (worker, element)`` and
     ``_bundles`` (batches per element, by worker). Counts are batches handed out."""
@@ -289,19 +292,19 @@ class _ChunkedSource:
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
         self._bundles: dict[int, int] = {}
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
         raise NotImplementedError
 
-    def _fill(self, timeout: float, what: str) -> _Pending:
+    def _fill(self, timeout: float, what: str) -> Pending:
         if self._pending is None:
             i, el = self._next_element(timeout, what)
             bundled = self._bundles.get(i, 1) > 1
-            self._pending = _Pending(i, el, bundled, _steps_in(el) if bundled else 1)
+            self._pending = Pending(i, el, bundled, _steps_in(el) if bundled else 1)
         return self._pending
 
-    def _took(self, p: _Pending, m: int) -> None:
+    def _took(self, p: Pending, m: int) -> None:
         p.offset += m
         if p.offset >= p.size:
             self._pending = None
@@ -316,7 +319,7 @@ class _ChunkedSource:
 
         p = self._fill(timeout, what)
         m = min(max(1, int(max_steps)), p.size - p.offset)
-        batches = p.element if p.bundled else _map(lambda t: tf.expand_dims(t, 0), p.element)
+        batches = p.element if p.bundled else map_structure(lambda t: tf.expand_dims(t, 0), p.element)
         chunk = Chunk(p.worker, batches, p.offset, m)
         self._took(p, m)
         return chunk
@@ -326,14 +329,14 @@ class _ChunkedSource:
         p = self._fill(timeout, what)
         if p.bundled:
             a = p.offset
-            batch = _map(lambda t: t[a], p.element)
+            batch = map_structure(lambda t: t[a], p.element)
         else:
             batch = p.element
         self._took(p, 1)
         return p.worker, batch
 
 
-class LocalSource(_ChunkedSource):
+class LocalSource(ChunkedSource):
     """Batches from a dataset iterated in-process (single-process mode, zero workers).
 
     Args:
@@ -364,7 +367,7 @@ class LocalSource(_ChunkedSource):
         pass
 
 
-class ServiceSource(_ChunkedSource):
+class ServiceSource(ChunkedSource):
     """Merge the streams of every input worker (one reader thread per worker's dispatcher).
 
     Args:
@@ -410,9 +413,9 @@ class ServiceSource(_ChunkedSource):
         for i, addr in enumerate(addresses):
             self._start_stream(i, addr)
 
-    def add_stream(self, index: int, dispatcher_address: str, registration: Mapping | None = None) -> None:
+    def add_stream(self, index: int, address: str, registration: Mapping | None = None) -> None:
         """Open (or reopen) input worker ``index``'s stream while training: the dataset
-        :data:`DATASET_ID` of the dispatcher at ``dispatcher_address`` (``host:port``), read
+        :data:`DATASET_ID` of the dispatcher at ``address`` (``host:port``), read
         by a new reader thread into the shared merge queue. ``registration`` is the worker's
         ``workers/<index>.json`` (node, pid, ``bundle``: its batches per service element);
         it replaces the old one. ``index`` may be new (``>= n``: the source grows to
@@ -422,8 +425,8 @@ class ServiceSource(_ChunkedSource):
         that stream fails. Call it from the training loop's thread (between chunks)."""
         open_slot(self, index, registration)
         self.addresses += [""] * (self.n - len(self.addresses))
-        self.addresses[index] = dispatcher_address
-        self._start_stream(index, dispatcher_address)
+        self.addresses[index] = address
+        self._start_stream(index, address)
 
     def _start_stream(self, i: int, address: str) -> None:
         """Open worker ``i``'s stream and start its reader thread (the merge queue is shared
@@ -620,3 +623,8 @@ def limit_threads(ds: tf.data.Dataset, cpus_per_task: int | None) -> tf.data.Dat
         opts.threading.max_intra_op_parallelism = 1
         changed = True
     return ds.with_options(opts) if changed else ds
+
+
+#: Deprecated alias of :func:`map_structure`, kept only while ``analyzer/probe_worker.py`` (whose
+#: TensorFlow code moves to ``csrun_runtime/tensorflow/probe.py``) still calls ``service._map``.
+_map = map_structure

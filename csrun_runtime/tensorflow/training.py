@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 from csrun_common.autoscale import AutoscaleSpec
 
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
-from .dataplane_source import DataplaneSource
+from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import TrainSteps
 
 if TYPE_CHECKING:
     from ..rendezvous import Rendezvous
 
-__all__ = ["training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
+__all__ = ["STEP_BACKEND", "training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
 
 def write_scalar(tag: str, value: float, step: int) -> None:
@@ -158,3 +158,7 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
         ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
         addresses=chief.addresses, registry=chief.registry)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))
+
+
+#: This backend's :class:`csrun_runtime.loop.StepBackend` (:class:`csrun_runtime.backend.TrainingModule`).
+STEP_BACKEND = TFStepBackend

@@ -105,14 +105,14 @@ class InputWorker:
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
         if not self._load_plan():
-            self._left_unserved(None, "failed")
+            self.left_unserved(None, "failed")
             return 2
         address = self._wait_for_dispatcher()
         if address is None:
             done = self.rdv.done()
             if done is None:
                 return 1
-            self._left_unserved(done.get("status"))
+            self.left_unserved(done.get("status"))
             return 0
         if (self.rdv.dispatchers() or {}).get("transport") == "dataplane":  # runconfig.transport
             from .dataplane_serve import serve  # the chief's receiver instead of a dispatcher
@@ -122,19 +122,19 @@ class InputWorker:
         # dispatcher's running job at once, whose graph (registered by its predecessor) looks its
         # tf.py_function callbacks up by name in this process; they must exist by then (measured:
         # "Could not find callback with key=pyfunc_1" when the server started first).
-        served = self._build_and_plan()
+        served = self.build_and_plan()
         if served is None:
-            self._left_unserved(None, "failed")
+            self.left_unserved(None, "failed")
             return 2
         register_stream(address, limit_threads(served[1].dataset, self.role.cpus_per_task), self.bundling,
                         self.counter)
         server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)
-        code, status = self._serve_until_done()
+        code, status = self.serve_until_done()
         self.heartbeat.stop()
         if status != SUPERSEDED:  # the replacement's report is the one for this index
-            self._write_report(built, batch_size, status)
+            self.write_report(built, batch_size, status)
         return code
 
     # ------------------------------------------------------------------ steps
@@ -152,7 +152,7 @@ class InputWorker:
             d = self.rdv.done()
             if d is not None:
                 log.info("chief done (%s); leaving", d.get("status"))
-                self._left_unserved(d.get("status"))
+                self.left_unserved(d.get("status"))
                 return 0
             gone = self._chief_gone()
             if gone:
@@ -221,7 +221,7 @@ class InputWorker:
                             len(built.view.outside))
         return built
 
-    def _build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
+    def build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
         """Build the dataset, check the contract, plan its bundling (``self.bundling``:
         :func:`csrun_runtime.tensorflow.service.plan_bundle`) and list its files (``self.files``), for
         either transport. Returns ``(batch_size, built input)``, or ``None`` after registering
@@ -273,7 +273,7 @@ class InputWorker:
                  else "files not seen", ", file list shuffled with the job-wide seed"
                  if built.file_list_job_wide else "", self.bundling.reason)
 
-    def _serve_until_done(self) -> tuple[int, str | None]:
+    def serve_until_done(self) -> tuple[int, str | None]:
         """Serve until ``done.json`` (exit 0 and the chief's status), the chief is lost (1) or
         a later attempt of this worker registered (0 and :data:`SUPERSEDED`)."""
         while True:
@@ -306,7 +306,7 @@ class InputWorker:
             return reg
         return None
 
-    def _left_unserved(self, chief_status: str | None, status: str = "left") -> None:
+    def left_unserved(self, chief_status: str | None, status: str = "left") -> None:
         """The report of a worker that leaves without having served (``status``: ``left`` on
         the chief's ``done.json``, ``failed`` after registering its violations): the chief,
         exiting after its workers, counts it (:func:`csrun_runtime.preemption.wait_workers_left`)."""
@@ -314,7 +314,7 @@ class InputWorker:
                                            "chief_status": chief_status,
                                            "seconds": round(time.monotonic() - self.t0, 3)})
 
-    def _write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
+    def write_report(self, built: WorkerInput, batch_size: int | None, status: str | None) -> None:
         ti = built.params["train_input"]
         files = ti.get("data_files")
         elements = self.counter[0] * self.bundling.bundle  # batches produced (served or buffered)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from csrun_runtime.rendezvous import Rendezvous
-from csrun_runtime.tensorflow.dataplane_source import STREAM_ERROR, DataplaneSource
+from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
 from csrun_runtime.tensorflow.service import InputStalled
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,20 +1,28 @@
-"""The house rules of issue 22 ("One house for two frameworks"), checked on the source tree:
-no import circle among csrun's packages, no function over 80 lines outside tests and
-benchmarks, no class over 250 lines in the task runtime. Read from the files with ``ast``:
-nothing is imported or run."""
+"""The house rules of issues 22 ("One house for two frameworks") and 30 ("Symmetric backends"),
+checked on the source tree: no import circle among csrun's packages (``TYPE_CHECKING`` imports
+counted), no module importing another's private name, TensorFlow and torch imported only in
+their own backend folder, the backend folders never importing each other and holding the same
+entry modules, each implementing the core's Protocols (:mod:`csrun_runtime.backend`), no
+function over 60 lines and no class over 250 lines outside tests, benchmarks and examples. Read
+from the files with ``ast``, except the Protocol check (imports the backends' modules, which
+import neither framework) and the import-time checks (``python -X importtime``)."""
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("csrun_common", "launcher", "analyzer", "csrun_runtime")
-#: Where the length rules do not apply: the tests, the benchmarks, generated and installed files.
-SKIP = ("tests", "bench", ".venv", "slurm-test-cluster/run", "build")
-MAX_FUNCTION_LINES = 80
-MAX_RUNTIME_CLASS_LINES = 250
+#: Where the length rules do not apply: the tests, the benchmarks, the examples, generated and
+#: installed files.
+SKIP = ("tests", "bench", "examples", ".venv", "slurm-test-cluster/run", "build")
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 250
+#: Each framework's package, by the backend folder that alone may import it.
+FRAMEWORK_OF_FOLDER = {"csrun_runtime.tensorflow": "tensorflow", "csrun_runtime.pytorch": "torch"}
 
 
 def _modules() -> dict[str, Path]:
@@ -28,21 +36,40 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that runs: module level and inside functions, but not the ones
-    under ``if TYPE_CHECKING:`` (they exist for the type checker only)."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skipped]
+def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement at any level: module level, inside functions and under
+    ``if TYPE_CHECKING:`` (a circle through an annotation is still a circle of the design)."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def _absolute(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from`` import of module ``name`` (file ``path``) names."""
+    if not node.level:
+        return node.module or ""
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = ".".join(here[:len(here) - node.level + 1])
+    return f"{base}.{node.module}".strip(".") if node.module else base
+
+
+def _imported(name: str, path: Path, modules: dict[str, Path] | None = None) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` of every import of module ``name``; ``from m import x`` counts
+    as ``m.x`` where that is one of ``modules``."""
+    out = []
+    for node in _imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+            continue
+        base = _absolute(name, path, node)
+        subs = [f"{base}.{a.name}" for a in node.names if modules and f"{base}.{a.name}" in modules]
+        out += [(node.lineno, m) for m in subs or [base]]
+    return out
 
 
 def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     is_pkg = path.name == "__init__.py"
     here = name.split(".") if is_pkg else name.split(".")[:-1]
     targets: set[str] = set()
-    for node in _runtime_imports(ast.parse(path.read_text())):
+    for node in _imports(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             bases = [a.name for a in node.names]
             names: list[str] = []
@@ -93,7 +120,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_circle_among_csruns_modules():
+def test_no_import_circle_among_csruns_modules_type_checking_imports_counted():
     modules = _modules()
     graph = {name: _edges(name, path, modules) for name, path in modules.items()}
     assert sum(len(v) for v in graph.values()) > 100  # the graph was read, not empty
@@ -102,6 +129,13 @@ def test_no_import_circle_among_csruns_modules():
 
 def test_the_circle_finder_finds_a_circle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_an_import_under_type_checking_is_an_edge(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    a = tmp_path / "pkg" / "a.py"
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    assert _edges("pkg.a", a, {"pkg.a": a, "pkg.b": a}) == {"pkg.b"}
 
 
 def _sources() -> list[Path]:
@@ -119,16 +153,17 @@ def _long(kind: tuple[type, ...], limit: int, paths: list[Path]) -> list[str]:
     return found
 
 
-def test_no_function_over_80_lines_outside_tests_and_benchmarks():
+def test_no_function_over_60_lines_outside_tests_benchmarks_and_examples():
     paths = _sources()
     assert any(p.parts[-2:] == ("launcher", "cli.py") for p in paths)
+    assert not any(p.relative_to(REPO).parts[0] in ("tests", "bench", "examples") for p in paths)
     assert _long((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES, paths) == []
 
 
-def test_no_class_over_250_lines_in_the_task_runtime():
-    paths = [p for p in _sources() if p.relative_to(REPO).parts[0] == "csrun_runtime"]
-    assert len(paths) > 20
-    assert _long((ast.ClassDef,), MAX_RUNTIME_CLASS_LINES, paths) == []
+def test_no_class_over_250_lines_outside_tests_benchmarks_and_examples():
+    paths = _sources()
+    assert len([p for p in paths if p.relative_to(REPO).parts[0] == "csrun_runtime"]) > 20
+    assert _long((ast.ClassDef,), MAX_CLASS_LINES, paths) == []
 
 
 @pytest.mark.parametrize("limit, expected", [(3, 1), (10, 0)])
@@ -143,7 +178,13 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
-        "loop", "input_backend", "streams")
+        "loop", "input_backend", "streams", "bundles", "backend", "registry")
+
+
+def test_core_lists_every_top_level_module_of_the_runtime():
+    tops = {p.stem for p in (REPO / "csrun_runtime").glob("*.py") if p.stem != "__init__"}
+    tops |= {p.name for p in (REPO / "csrun_runtime").iterdir() if (p / "__init__.py").exists()}
+    assert tops - set(CORE) == {"tensorflow", "pytorch"}
 
 
 def _imported_at_import(modules: list[str]) -> set[str]:
@@ -164,11 +205,14 @@ def test_the_runtime_core_imports_neither_framework():
     assert not {"tensorflow", "torch"} & loaded, sorted({"tensorflow", "torch"} & loaded)
 
 
-def test_the_pytorch_runtime_imports_no_tensorflow():
-    mods = sorted(f"csrun_runtime.pytorch.{p.stem}" for p in (REPO / "csrun_runtime" / "pytorch").glob("*.py")
+@pytest.mark.parametrize("backend, other", [("pytorch", "tensorflow"), ("tensorflow", "torch")])
+def test_a_backend_loads_not_the_other_framework(backend, other):
+    mods = sorted(f"csrun_runtime.{backend}.{p.stem}" for p in (REPO / "csrun_runtime" / backend).glob("*.py")
                   if p.stem != "__init__")
-    loaded = _imported_at_import(["csrun_runtime.pytorch", *mods])
-    assert "tensorflow" not in loaded
+    loaded = _imported_at_import([f"csrun_runtime.{backend}", *mods])
+    assert "csrun_runtime" in loaded
+    assert other not in loaded
+
 
 
 # --------------------------------------------------------------------------- issue 30: flags once
@@ -229,3 +273,252 @@ def test_adding_a_layout_flag_touches_at_most_6_source_files():
     assert "csrun_common/layout.py" in files  # the recipe was read
     assert len(files) <= MAX_LAYOUT_FLAG_FILES, sorted(files)
     assert all((REPO / f).exists() for f in files), sorted(f for f in files if not (REPO / f).exists())
+
+
+# --------------------------------------------------------------------------- the backends (issue 30)
+BACKENDS = tuple(FRAMEWORK_OF_FOLDER)
+
+
+def _folder_of(name: str) -> str | None:
+    """The backend folder module ``name`` lies in, or ``None`` for the core and the other packages."""
+    return next((b for b in BACKENDS if name == b or name.startswith(b + ".")), None)
+
+
+def _everything() -> list[tuple[str, Path, int, str]]:
+    """``(module, path, line, imported module)`` of every import in csrun's packages."""
+    modules = _modules()
+    return [(name, path, line, m) for name, path in modules.items() for line, m in _imported(name, path, modules)]
+
+
+def test_tensorflow_and_torch_are_imported_only_in_their_own_backend_folder():
+    found = [f"{p.relative_to(REPO)}:{line} imports {m}" for name, p, line, m in _everything()
+             if m.split(".")[0] in FRAMEWORK_OF_FOLDER.values()
+             and FRAMEWORK_OF_FOLDER.get(_folder_of(name) or "") != m.split(".")[0]]
+    assert found == []
+
+
+def test_the_framework_rule_sees_an_import_inside_a_function_and_under_type_checking(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+                 "def f():\n    import tensorflow as tf\n    from tensorflow.python import x\n")
+    assert [m for _, m in _imported("csrun_runtime.m", f)] == ["typing", "torch", "tensorflow", "tensorflow.python"]
+
+
+def test_the_backend_folders_never_import_each_other():
+    found = [f"{p.relative_to(REPO)}:{line} imports {m}" for name, p, line, m in _everything()
+             if _folder_of(name) and _folder_of(m) and _folder_of(m) != _folder_of(name)]
+    assert found == []
+
+
+def test_only_the_registry_names_both_backends():
+    both: dict[str, set[str]] = {}
+    for name, _p, _line, m in _everything():
+        if _folder_of(m) and not _folder_of(name):
+            both.setdefault(name, set()).add(_folder_of(m) or "")
+    assert sorted(n for n, b in both.items() if len(b) > 1) == []
+    from csrun_runtime import registry
+
+    assert tuple(f"csrun_runtime.{fw}" for fw in registry.FRAMEWORKS) == BACKENDS
+
+
+def test_the_core_reaches_a_backend_only_through_the_registry():
+    """The core (the top of csrun_runtime, csrun_common, launcher) imports no backend module;
+    ``csrun_runtime.run`` is the registry's ``entry("tensorflow", "runner").run``."""
+    found = [f"{p.relative_to(REPO)}:{line} imports {m}" for name, p, line, m in _everything()
+             if _folder_of(m) and not _folder_of(name) and not name.startswith("analyzer")]
+    assert found == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_both_backend_folders_hold_the_entry_modules(backend):
+    from csrun_runtime.registry import ENTRY_MODULES
+
+    folder = REPO / backend.replace(".", "/")
+    assert sorted(m for m in ENTRY_MODULES if not (folder / f"{m}.py").exists()) == []
+
+
+# -- the Protocols: each backend's entry modules against csrun_runtime.backend
+def _params(sig: inspect.Signature, drop_self: bool) -> list[inspect.Parameter]:
+    ps = list(sig.parameters.values())
+    return ps[1:] if drop_self and ps and ps[0].name == "self" else ps
+
+
+def _incompatible(proto: inspect.Signature, impl: inspect.Signature, impl_has_self: bool) -> list[str]:
+    """Why ``impl`` cannot be called the way the Protocol's ``proto`` (a method: ``self``
+    dropped) is: each positional parameter at its place (by name too, where the Protocol's may be
+    passed by name), each keyword one by name (a default where the Protocol has one), and no
+    required parameter of ``impl`` left unfilled."""
+    P = inspect.Parameter
+    pp, ip = _params(proto, True), _params(impl, impl_has_self)
+    ipos = [p for p in ip if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    ikw = {p.name: p for p in ip if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)}
+    ivar, ivarkw = (any(p.kind == k for p in ip) for k in (P.VAR_POSITIONAL, P.VAR_KEYWORD))
+    ppos = [p for p in pp if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    pvar, pvarkw = (any(p.kind == k for p in pp) for k in (P.VAR_POSITIONAL, P.VAR_KEYWORD))
+    why = []
+    for k, p in enumerate(ppos):
+        if k >= len(ipos) and not ivar:
+            why.append(f"no positional parameter {k} ({p.name})")
+        elif p.kind == P.POSITIONAL_OR_KEYWORD and (k >= len(ipos) or ipos[k].name != p.name):
+            why.append(f"positional parameter {k} is not named {p.name}")
+    for p in (p for p in pp if p.kind == P.KEYWORD_ONLY):
+        q = ikw.get(p.name)
+        if q is None and not ivarkw:
+            why.append(f"no parameter {p.name}")
+        elif q is not None and p.default is not P.empty and q.default is P.empty:
+            why.append(f"{p.name} has no default")
+    names = {p.name for p in pp if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)}
+    for k, q in enumerate(ipos):
+        if q.default is P.empty and k >= len(ppos) and not pvar and q.name not in names:
+            why.append(f"required parameter {q.name} is never passed")
+    why += [f"required keyword-only {q.name} is never passed" for q in ip
+            if q.kind == P.KEYWORD_ONLY and q.default is P.empty and q.name not in names and not pvarkw]
+    return why
+
+
+def _members(proto: type) -> dict[str, object]:
+    """A Protocol's own members: its methods and its annotated attributes (``None``)."""
+    out: dict[str, object] = {n: None for n in getattr(proto, "__annotations__", {})}
+    out.update({n: v for n, v in vars(proto).items() if inspect.isfunction(v) and not n.startswith("_")})
+    return out
+
+
+def _implements(cls: type, proto: type) -> list[str]:
+    """Why instances of ``cls`` do not implement the instance Protocol ``proto`` (its methods)."""
+    why = []
+    for n, fn in _members(proto).items():
+        if fn is None:
+            continue  # instance data, set by the constructor: read by the runtime, not checked here
+        got = getattr(cls, n, None)
+        if not callable(got):
+            why.append(f"{cls.__qualname__}.{n} missing")
+            continue
+        why += [f"{cls.__qualname__}.{n}: {w}" for w in
+                _incompatible(inspect.signature(fn), inspect.signature(got), impl_has_self=True)]
+    return why
+
+
+def _protocol_problems(framework: str, module: str) -> list[str]:
+    from csrun_runtime import backend
+    from csrun_runtime.registry import entry
+
+    proto = backend.MODULES[module]
+    assert proto is not None
+    mod = entry(framework, module)
+    why = []
+    for n, fn in _members(proto).items():
+        if not hasattr(mod, n):
+            why.append(f"{n} missing")
+            continue
+        got = getattr(mod, n)
+        if fn is not None:
+            why += [f"{n}: {w}" for w in _incompatible(inspect.signature(fn), inspect.signature(got),
+                                                       impl_has_self=False)]
+        inst = backend.INSTANCES.get((module, n))
+        if inst is not None:
+            for cls in got if isinstance(got, tuple) else (got,):
+                why += _implements(cls, inst)
+    return [f"csrun_runtime.{framework}.{module}: {w}" for w in why]
+
+
+def _protocol_cases() -> list[tuple[str, str]]:
+    from csrun_runtime import backend
+    from csrun_runtime.registry import FRAMEWORKS
+
+    return [(fw, m) for fw in FRAMEWORKS for m, p in backend.MODULES.items() if p is not None]
+
+
+@pytest.mark.parametrize("framework, module", _protocol_cases())
+def test_each_backend_implements_the_cores_protocols(framework, module):
+    assert _protocol_problems(framework, module) == []
+
+
+def test_every_entry_module_has_its_protocol_entry():
+    from csrun_runtime import backend
+    from csrun_runtime.registry import ENTRY_MODULES
+
+    assert set(backend.MODULES) == set(ENTRY_MODULES)
+
+
+@pytest.mark.parametrize("module", ["probe", "drain"])
+def test_the_modules_without_a_protocol_yet_match_across_backends(module):
+    """``probe`` and ``drain``: the same public names in both backends, each callable alike."""
+    import importlib
+
+    from csrun_runtime.registry import FRAMEWORKS
+
+    mods = [importlib.import_module(f"csrun_runtime.{fw}.{module}") for fw in FRAMEWORKS]
+    names = [sorted(getattr(m, "__all__", [n for n in vars(m) if not n.startswith("_")])) for m in mods]
+    assert names[0] == names[1]
+    for n in names[0]:
+        a, b = (getattr(m, n) for m in mods)
+        if callable(a) and callable(b):
+            assert _incompatible(inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+                                                    *inspect.signature(a).parameters.values()]),
+                                 inspect.signature(b), impl_has_self=False) == [], n
+
+
+def test_the_protocol_check_finds_a_mismatch():
+    class Proto:
+        def run(self, role: int, *, argv: list | None = None) -> int: ...
+
+    def ok(role, argv=None, env=None):
+        return 0
+
+    def bad(rank, env, *, argv):
+        return 0
+
+    assert _incompatible(inspect.signature(Proto.run), inspect.signature(ok), impl_has_self=False) == []
+    assert _incompatible(inspect.signature(Proto.run), inspect.signature(bad), impl_has_self=False) == [
+        "positional parameter 0 is not named role", "argv has no default", "required parameter env is never passed"]
+
+
+# -- private names
+#: Private names the analyzer still imports, to be fixed where its node-side code moves to the
+#: backends' probe.py and drain.py (issue 30, item 2): "path: what".
+KNOWN_PRIVATE = {
+    "analyzer/probe_worker.py: service._map",
+    "analyzer/verify_task_pt.py: from analyzer.verify_task import _train_argv",
+    "analyzer/verify_task_pt.py: from analyzer.verify_task import _write",
+    "analyzer/reshard.py: tfrecord._check_not_compressed",
+}
+
+
+def _private_uses(name: str, path: Path, ours: set[str]) -> list[str]:
+    """``from m import _x`` and ``m._x`` where ``m`` is one of csrun's modules (``ours``)."""
+    rel = str(path.relative_to(REPO))
+    tree = ast.parse(path.read_text())
+    bound: dict[str, str] = {}
+    found = []
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            bound.update({a.asname or a.name.split(".")[0]: a.name for a in node.names})
+            continue
+        base = _absolute(name, path, node)
+        for a in node.names:
+            bound[a.asname or a.name] = f"{base}.{a.name}"
+            if a.name.startswith("_") and not a.name.startswith("__") and base.split(".")[0] in ours:
+                found.append(f"{rel}: from {base} import {a.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_")
+                and not node.attr.startswith("__") and bound.get(node.value.id, "").split(".")[0] in ours
+                and bound[node.value.id] in _modules()):
+            found.append(f"{rel}: {node.value.id}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_module_imports_another_modules_private_name():
+    ours = set(PACKAGES)
+    found = {u for name, p in _modules().items() for u in _private_uses(name, p, ours)}
+    assert sorted(found - KNOWN_PRIVATE) == []
+    assert sorted(KNOWN_PRIVATE - found) == [], "fixed: remove it from KNOWN_PRIVATE"
+
+
+def test_the_private_rule_sees_both_forms(tmp_path, monkeypatch):
+    (tmp_path / "csrun_common").mkdir()
+    f = tmp_path / "csrun_common" / "m.py"
+    f.write_text("from csrun_common.x import _y\nfrom csrun_common import x\nimport os\nx._z()\nos._exit(0)\n")
+    (tmp_path / "csrun_common" / "x.py").write_text("")
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert _private_uses("csrun_common.m", f, {"csrun_common"}) == [
+        "csrun_common/m.py: from csrun_common.x import _y", "csrun_common/m.py: x._z"]

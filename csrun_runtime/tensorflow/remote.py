@@ -1,7 +1,11 @@
-"""The chief's training batches over csrun's data plane (``runconfig.transport: dataplane``).
+"""The TensorFlow chief's sources of the input workers' batches (the backend entry module
+``remote``, :class:`csrun_runtime.backend.RemoteModule`): :data:`SOURCES`, the tf.data service
+merge (:class:`csrun_runtime.tensorflow.service.ServiceSource`, the default) and the data plane's
+(:class:`DataplaneSource`, ``runconfig.transport: dataplane``), both with the stream interface the
+core's autoscaler and training loop drive (:class:`csrun_runtime.backend.StreamSource`).
 
-The alternative to tf.data service (:class:`csrun_runtime.tensorflow.service.ServiceSource`) on the
-TensorFlow path (docs/DATAPLANE.md "The TensorFlow path"): the chief binds one
+The data plane is the alternative to tf.data service on the TensorFlow path (docs/DATAPLANE.md
+"The TensorFlow path"): the chief binds one
 :class:`csrun_runtime.dataplane.Receiver` (a zmq ROUTER, one endpoint for every input worker:
 :func:`start_receiver`) and publishes it in ``dispatchers.json`` (``transport: dataplane``,
 ``dispatchers[i]`` the endpoint for worker ``i``); each input worker sends its bundles to it
@@ -25,11 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..bundles import map_nest
 from ..rendezvous import Rendezvous
 from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
-from .service import Chunk, _ChunkedSource, _Pending
+from .service import Chunk, ChunkedSource, Pending, ServiceSource
 
-__all__ = ["DataplaneSource", "start_receiver", "TRANSPORT", "STREAM_ERROR"]
+__all__ = ["SOURCES", "DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
+           "TRANSPORT", "STREAM_ERROR"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -37,18 +43,8 @@ log = logging.getLogger("csrun.runtime")
 TRANSPORT = "dataplane"
 
 
-def _map(fn: Callable[[Any], Any], nest: Any) -> Any:
-    """``fn`` on every leaf of a nest of tuples, lists and dicts (``None`` stays ``None``)."""
-    if isinstance(nest, tuple):
-        return tuple(_map(fn, x) for x in nest)
-    if isinstance(nest, list):
-        return [_map(fn, x) for x in nest]
-    if isinstance(nest, dict):
-        return {k: _map(fn, v) for k, v in nest.items()}
-    return None if nest is None else fn(nest)
 
-
-class DataplaneSource(StreamMerge, _ChunkedSource):
+class DataplaneSource(StreamMerge, ChunkedSource):
     """The TensorFlow chief's adapter over :class:`csrun_runtime.streams.StreamMerge`: the
     bundles every input worker sends to the chief's receiver, as chunks.
 
@@ -73,7 +69,7 @@ class DataplaneSource(StreamMerge, _ChunkedSource):
 
     def __init__(self, rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping],
                  streams: int | None = None, convert: Callable[[Any], Any] | None = None):
-        _ChunkedSource.__init__(self)
+        ChunkedSource.__init__(self)
         StreamMerge.__init__(self, rdv, receiver, registry, len(registry) if streams is None else int(streams))
         self.convert = convert
         self._bundles = self.slots.bundle_n  # batches per bundle, by worker (the chunks' sizes)
@@ -93,15 +89,15 @@ class DataplaneSource(StreamMerge, _ChunkedSource):
                 continue
             nest = b.nest
             if b.n == 0:  # an unstacked message (not from csrun's input workers): one batch
-                nest = _map(lambda a: a[None], nest)
+                nest = map_nest(lambda a: a[None], nest)
             if self.convert is not None:
-                nest = _map(self.convert, nest)
+                nest = map_nest(self.convert, nest)
             return b.worker, nest
 
-    def _fill(self, timeout: float, what: str) -> _Pending:
+    def _fill(self, timeout: float, what: str) -> Pending:
         if self._pending is None:
             i, el = self._next_element(timeout, what)
-            self._pending = _Pending(i, el, True, self._bundles[i])
+            self._pending = Pending(i, el, True, self._bundles[i])
         return self._pending
 
     def get_chunk(self, max_steps: int, timeout: float, what: str = "runconfig.input_timeout_secs") -> Chunk:
@@ -119,7 +115,7 @@ class DataplaneSource(StreamMerge, _ChunkedSource):
         :class:`~csrun_runtime.streams.InputStalled`."""
         p = self._fill(timeout, what)
         a = p.offset
-        batch = _map(lambda t: t[a], p.element)
+        batch = map_nest(lambda t: t[a], p.element)
         self._took(p, 1)
         return p.worker, batch
 
@@ -160,3 +156,8 @@ def chief_source(rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping]
     import tensorflow as tf
 
     return DataplaneSource(rdv, receiver, registry, streams=streams, convert=tf.convert_to_tensor)
+
+
+#: The chief's sources of its input workers' batches, by transport (``runconfig.transport``):
+#: tf.data service (the default) and the data plane.
+SOURCES: tuple[type, ...] = (ServiceSource, DataplaneSource)

@@ -21,7 +21,7 @@ from . import checkpoint
 from .contract import batch_size_of, to_torch
 from .events import EventWriter
 
-__all__ = ["TorchStepBackend", "OneBatch"]
+__all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -119,3 +119,6 @@ class TorchStepBackend:
         """``framework``, ``device`` and the chief's ``info()`` keys."""
         return {"framework": "pytorch", "device": str(self.device), **self._info()}
 
+
+#: This backend's :class:`csrun_runtime.loop.StepBackend` (:class:`csrun_runtime.backend.TrainingModule`).
+STEP_BACKEND = TorchStepBackend
