@@ -2,10 +2,13 @@
 test cluster (issue 25: "files disjoint and covering across 6 workers (tap the sample ids)";
 docs/PYTORCH.md "Seeds" and "Shard plans"): 6 input workers (the chief on a single-task node,
 3 nodes × 2 tasks) each record the sample ids their DataLoader reads and the files it opens
-(tests/fixtures/pytorch_tap/run.py).
+(tests/fixtures/pytorch_tap/run.py). The data function is a Model Zoo-style processor's
+``train_input_dataloader`` used as it is (tests/fixtures/modelzoo_pt, the R1.6.1 layout: it
+learns its share from ``modelzoo.common.pytorch.cb_model``), with no binding line in run.py:
+csrun binds ``cb_model`` itself (issue 33).
 
-- ``DistributedSampler`` with csrun's streamer facts and the job-wide ``shuffle_seed``: the first
-  pass of the 6 workers is disjoint and covers the 600 samples.
+- ``DistributedSampler`` with the streamer facts ``cb_model`` answers and the job-wide
+  ``shuffle_seed``: the first pass of the 6 workers is disjoint and covers the 600 samples.
 - ``--shard-plan`` over a data_dir-only dataset: every worker's ``data_dir`` is its view of the
   plan, so it opens exactly its plan files (and one streamer's share of them is everything): the
   files are disjoint and cover the set, and so are the ids.
