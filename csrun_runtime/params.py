@@ -197,6 +197,9 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                          "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
     "steps_per_execution": _Key(_auto_or_int, "auto",
                                 "most training steps per call (auto: every batch of a received element)"),
+    "input_read_ahead_batches": _Key(_int_min(0), 4,
+                                     "PyTorch: batches an input worker reads at most ahead of what the chief "
+                                     "took (0: bounded by the data plane's 4 MiB byte window only)"),
     "transport": _Key(_transport, "service",
                       "how input workers' batches reach the chief: service (tf.data service) or "
                       "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
@@ -212,6 +215,8 @@ IGNORED_MODELZOO_KEYS = frozenset({
     "target_device", "use_cs_grad_accum", "wsc_log_level", "save_summary_steps",
     "save_checkpoints_steps", "save_checkpoints_secs", "tf_random_seed", "log_step_count_steps",
     "multireplica", "max_checkpoints", "experimental",
+    # Model Zoo R1.6.x PyTorch YAMLs and run code (docs/PYTORCH.md "Model Zoo params")
+    "show_debug_metrics", "summary_dir", "is_pretrained_checkpoint",
 })
 
 

@@ -62,15 +62,17 @@ class InputStalled(RuntimeError):
     ``csrun_runtime.pytorch.remote`` re-export it."""
 
 
-def start_receiver(host: str, window_bytes: int | None = None) -> tuple[Any, str]:
+def start_receiver(host: str, window_bytes: int | None = None,
+                   window_batches: int | None = None) -> tuple[Any, str]:
     """Bind the chief's receiver on every interface, on a free port, with a credit window of
-    ``window_bytes`` bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`).
+    ``window_bytes`` bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`) and,
+    when given, of ``window_batches`` batches not taken by the chief (the read-ahead bound).
     Returns ``(receiver, endpoint)``: the endpoint is ``tcp://<host>:<port>`` with ``host`` the
     address the input workers reach the chief by. Raises ``zmq.ZMQError`` when nothing can be
     bound."""
     from .dataplane import WINDOW_BYTES, Receiver
 
-    r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES)
+    r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES, window_batches=window_batches or None)
     port = r.endpoint.rsplit(":", 1)[1]
     return r, f"tcp://{host}:{port}"
 
@@ -212,12 +214,15 @@ class StreamSlots:
 
     def buffered_batches(self, streaming: set[int]) -> int:
         """At most how many batches the chief holds ahead of training from the ``streaming``
-        workers: one credit window each (in batches of that worker's size) and one bundle."""
+        workers: one credit window each (in batches of that worker's size, at most the
+        receiver's ``window_batches``) and one bundle."""
         window = int(getattr(self.r, "window_bytes", 0))
+        wb = getattr(self.r, "window_batches", None)
         total = 0
         for i in streaming:
             b, bundle = self._batch_bytes.get(i), max(1, self.bundle_n.get(i, 1))
-            total += (window // b if b else bundle) + bundle
+            credit = window // b if b else bundle
+            total += (min(credit, int(wb)) if wb else credit) + bundle
         return total
 
 

@@ -9,7 +9,7 @@ from       frames               meaning
 sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host"}``
 sender     ``D``, header, bufs  data: one bundle (:mod:`.framing`)
 sender     ``E``, JSON          end of stream: ``{"bundles", "batches"}`` the sender sent
-receiver   ``W``, JSON          welcome: ``{"window": bytes, "paused": bool}``
+receiver   ``W``, JSON          welcome: ``{"window": bytes, "window_batches": n | null, "paused": bool}``
 receiver   ``A``                one data message consumed (the sender may send more)
 receiver   ``P`` / ``R``        pause / resume this sender
 receiver   ``X``, reason        refused (an older attempt than the worker's current one)
@@ -24,6 +24,13 @@ no data before the receiver's welcome, which says whether it starts paused; the 
 acknowledges a message when :meth:`Receiver.get_bundle` hands it out. So the chief buffers at
 most about ``window`` bytes per worker (in zmq's pipes and the kernel's socket buffers), and
 a consumer that stops reading stops every sender within one window.
+
+With ``window_batches`` (:class:`Receiver`), credit is counted in batches too: a sender keeps at
+most that many batches not taken by the chief, where a bundle counts as taken when the chief asks
+for the next one (the receiver acknowledges a bundle at the next :meth:`Receiver.get_bundle`
+call, when it is consumed, instead of when it is handed out); :meth:`Sender.room` tells an input
+worker whether it may take one more batch from its input, so that what it read and the chief
+has not taken stays within ``window_batches`` (docs/DATAPLANE.md "Read-ahead in batches").
 """
 from __future__ import annotations
 
@@ -107,8 +114,9 @@ class Sender:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
         self._window: int | None = None  # None until welcomed
-        self._inflight: deque[int] = deque()  # bytes of each unacknowledged data message
-        self._inflight_bytes = 0
+        self._window_batches: int | None = None  # the welcome's batch window (None: bytes only)
+        self._inflight: deque[tuple[int, int]] = deque()  # (bytes, batches) of each unacknowledged data message
+        self._inflight_bytes = self._inflight_batches = 0
         self._paused = False
         self._refused: str | None = None
         self._ended = False
@@ -121,9 +129,9 @@ class Sender:
         self._hello()
 
     def _hello(self) -> None:
-        self._window, self._paused = None, False
+        self._window, self._window_batches, self._paused = None, None, False
         self._inflight.clear()
-        self._inflight_bytes = 0
+        self._inflight_bytes = self._inflight_batches = 0
         self._sock.send_multipart([b"H", json.dumps({
             "v": PROTOCOL, "worker": self.worker_index, "attempt": self.attempt, "pid": os.getpid(),
             "host": socket.gethostname()}).encode()])
@@ -133,10 +141,13 @@ class Sender:
         kind = frames[0]
         if kind == b"A":
             if self._inflight:
-                self._inflight_bytes -= self._inflight.popleft()
+                nbytes, n = self._inflight.popleft()
+                self._inflight_bytes -= nbytes
+                self._inflight_batches -= n
         elif kind == b"W":
             info = json.loads(frames[1])
             self._window, self._paused = int(info["window"]), bool(info["paused"])
+            self._window_batches = int(info.get("window_batches") or 0) or None
         elif kind == b"P":
             self._paused = True
         elif kind == b"R":
@@ -163,15 +174,24 @@ class Sender:
             raise ReceiverGone(f"input worker {self.worker_index} (attempt {self.attempt}) at {self.endpoint}: "
                                f"{self._refused}")
 
-    def _wait_credit(self, deadline: float | None) -> None:
+    def _full(self, n: int) -> bool:
+        """Whether a message of ``n`` batches must wait for credit (one always goes when none is in flight)."""
+        if not self._inflight:
+            return False
+        assert self._window is not None
+        wb = self._window_batches
+        return self._inflight_bytes >= self._window or (wb is not None and self._inflight_batches + n > wb)
+
+    def _wait_credit(self, deadline: float | None, n: int = 1) -> None:
         self._drain(0)
         # no data before the welcome: it gives the window and says whether to start paused
-        while self._window is None or self._paused or (self._inflight and self._inflight_bytes >= self._window):
+        while self._window is None or self._paused or self._full(n):
             self._check()
             if not self._drain(_ms(deadline)) and deadline is not None and time.monotonic() >= deadline:
                 state = ("not welcomed (receiver unreachable?)" if self._window is None else
                          "paused by the receiver" if self._paused else
-                         f"{self._inflight_bytes} bytes unacknowledged (window {self._window})")
+                         f"{self._inflight_bytes} bytes / {self._inflight_batches} batches unacknowledged "
+                         f"(window {self._window} bytes / {self._window_batches} batches)")
                 raise TimeoutError(f"input worker {self.worker_index} at {self.endpoint}: {state}")
         self._check()
 
@@ -233,14 +253,41 @@ class Sender:
                 self._headers.clear()
             header = self._headers[hkey] = framing.encode_header(tree, leaves, n)
         nbytes = sum(a.nbytes for a in leaves)
-        self._wait_credit(_deadline(timeout))
+        self._wait_credit(_deadline(timeout), max(1, n))
         frames: list[Any] = [b"D", header, *leaves]
         self._sock.send_multipart(frames, copy=False)
-        self._inflight.append(nbytes)
+        self._inflight.append((nbytes, max(1, n)))
         self._inflight_bytes += nbytes
+        self._inflight_batches += max(1, n)
         self.bundles_sent += 1
         self.batches_sent += n
         self.bytes_sent += nbytes
+
+    @property
+    def window_batches(self) -> int | None:
+        """The receiver's batch window (its welcome's ``window_batches``); None before the welcome
+        or when the receiver bounds bytes only."""
+        return self._window_batches
+
+    def room(self, pending: int = 0, timeout: float = 0.0) -> bool:
+        """Whether this worker may take one more batch from its input, with ``pending`` batches
+        taken but not sent yet: welcomed, and, under a batch window, the batches sent and not
+        taken by the chief plus ``pending`` fewer than ``window_batches``. Handles the control
+        messages arriving within ``timeout`` seconds and returns as soon as there is room.
+
+        Raises:
+            ReceiverGone: the receiver refused this attempt or closed.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self._drain(0)
+            self._check()
+            wb = self._window_batches
+            if self._window is not None and (wb is None or self._inflight_batches + pending < wb):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self._drain(_ms(deadline))
 
     def paused(self, timeout: float = 0.0) -> bool:
         """Whether the receiver has paused this sender, after handling the control messages that
@@ -294,6 +341,7 @@ class Bundle:
     nest: Any
     _tree: Any = field(repr=False, default=None)
     _leaves: list = field(repr=False, default_factory=list)
+    _identity: bytes = field(repr=False, default=b"")
 
     def batches(self) -> Iterator[Any]:
         """Each batch of the bundle in order: the nest with every leaf's ``[j]`` (views)."""
@@ -351,7 +399,47 @@ def _layout(cache: dict[bytes, framing.Layout], raw: bytes) -> framing.Layout:
     return layout
 
 
-class Receiver:
+class _Streams:
+    """The receiver's per-worker control and record (:class:`Receiver` has it): pause, resume,
+    counts and the bad messages."""
+
+    _workers: dict[int, _Worker]
+    _paused: set[int]
+    _errors: list[str]
+
+    def _tell(self, identity: bytes, *frames: bytes) -> None:
+        raise NotImplementedError
+
+    def pause(self, i: int) -> None:
+        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
+        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
+        self._pause(i, True)
+
+    def resume(self, i: int) -> None:
+        """Let paused worker ``i`` send again."""
+        self._pause(i, False)
+
+    def _pause(self, i: int, paused: bool) -> None:
+        (self._paused.add if paused else self._paused.discard)(i)
+        if (w := self._workers.get(i)) is not None:
+            w.paused = paused
+            self._tell(w.identity, b"P" if paused else b"R")
+
+    def counts(self) -> dict[int, dict[str, Any]]:
+        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
+        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
+        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
+        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
+        now = time.monotonic()
+        return {i: w.count(now) for i, w in sorted(self._workers.items())}
+
+    def errors(self) -> list[str]:
+        """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
+        return list(self._errors)
+
+
+
+class Receiver(_Streams):
     """The chief's end: one ROUTER socket bound once, read by the calling thread.
 
     Args:
@@ -359,6 +447,10 @@ class Receiver:
             port; :attr:`endpoint` says which). Senders connect to it.
         window_bytes: bytes each sender may have unacknowledged (flow control); the chief
             buffers at most about this per sender (plus one bundle).
+        window_batches: batches each sender may have sent and the chief not taken (None: bytes
+            only). With it a bundle is acknowledged when the next one is asked for (consumed),
+            not when it is handed out, so that an input worker that checks :meth:`Sender.room`
+            reads at most this many batches ahead of the chief.
         expected: how many workers (indices ``0..expected-1``) end the stream: once all have
             sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
         strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
@@ -372,8 +464,13 @@ class Receiver:
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
-                 expected: int | None = None, strict: bool = False, io_threads: int = 1):
+                 expected: int | None = None, strict: bool = False, io_threads: int = 1,
+                 window_batches: int | None = None):
+        if window_batches is not None and window_batches < 1:
+            raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
         self.window_bytes, self.expected, self.strict = window_bytes, expected, strict
+        self.window_batches = window_batches
+        self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
         self._ctx = zmq.Context(io_threads)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
@@ -431,7 +528,8 @@ class Receiver:
             w.carry_counts(cur)
         w.paused = index in self._paused  # also when paused before it ever connected
         self._workers[index] = w
-        self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "paused": w.paused}).encode())
+        self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "window_batches": self.window_batches,
+                                                "paused": w.paused}).encode())
 
     def _handle(self, frames: list, ack: bool = True) -> Bundle | None:
         identity = frames[0].bytes
@@ -476,7 +574,7 @@ class Receiver:
         w.batches += n
         w.bytes += nbytes
         w.last = time.monotonic()
-        return Bundle(w.index, w.attempt, layout.n, nbytes, nest, layout.tree, leaves)
+        return Bundle(w.index, w.attempt, layout.n, nbytes, nest, layout.tree, leaves, w.identity)
 
     def _ended(self) -> bool:
         return self.expected is not None and all(
@@ -492,7 +590,7 @@ class Receiver:
                     frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                b = self._handle(frames)
+                b = self._handle(frames, ack=self.window_batches is None)
                 if b is not None:
                     return b
             if deadline is not None and time.monotonic() >= deadline:
@@ -509,10 +607,12 @@ class Receiver:
             EndOfStream: every expected sender has ended (see ``expected``).
             FrameError: only with ``strict``: a bad message, naming its worker.
         """
+        if self._taken is not None:  # window_batches: the last bundle is consumed now
+            self._tell(self._taken, b"A")
+            self._taken = None
         if self._ready:
-            b, identity = self._ready.popleft()
-            self._tell(identity, b"A")  # handed out: the sender may send again
-            return b
+            b, _ = self._ready.popleft()
+            return self._hand(b)
         deadline = _deadline(timeout)
         while True:
             if self._ended():
@@ -521,10 +621,18 @@ class Receiver:
             step = None if self.expected is None else time.monotonic() + 0.5
             got = self._read(step if deadline is None else deadline if step is None else min(step, deadline))
             if got is not None:
-                return got
+                return got if self.window_batches is None else self._hand(got)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"no batch from any input worker for {timeout} s "
                                    f"(last bundle per worker: {_last_bundles(self._workers)})")
+
+    def _hand(self, b: Bundle) -> Bundle:
+        """Hand ``b`` out: acknowledged now, or with ``window_batches`` at the next call."""
+        if self.window_batches is None:
+            self._tell(b._identity, b"A")  # handed out: the sender may send again
+        else:
+            self._taken = b._identity
+        return b
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
         """The next single batch: ``(worker_index, nest)``, a batch of the current bundle (views
@@ -558,33 +666,6 @@ class Receiver:
                 if b is not None:
                     self._ready.append((b, frames[0].bytes))
         return time.monotonic() - t0
-
-    def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
-        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
-        self._pause(i, True)
-
-    def resume(self, i: int) -> None:
-        """Let paused worker ``i`` send again."""
-        self._pause(i, False)
-
-    def _pause(self, i: int, paused: bool) -> None:
-        (self._paused.add if paused else self._paused.discard)(i)
-        if (w := self._workers.get(i)) is not None:
-            w.paused = paused
-            self._tell(w.identity, b"P" if paused else b"R")
-
-    def counts(self) -> dict[int, dict[str, Any]]:
-        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
-        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
-        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
-        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
-        now = time.monotonic()
-        return {i: w.count(now) for i, w in sorted(self._workers.items())}
-
-    def errors(self) -> list[str]:
-        """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
-        return list(self._errors)
 
     def close(self) -> None:
         """Tell every sender the receiver is closing (their next send raises

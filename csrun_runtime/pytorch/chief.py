@@ -34,6 +34,7 @@ from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
 from .contract import (
     ContractError,
+    build_lr_scheduler,
     build_optimizer,
     call_data_fn,
     check_module,
@@ -243,7 +244,8 @@ class Chief:
         self._source = source  # closed after done.json (run()), so the workers read the chief's status
         backend = TorchStepBackend(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
                                    device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,
-                                   start=start, info=self.own_input.describe)
+                                   start=start, info=self.own_input.describe,
+                                   scheduler=build_lr_scheduler(model, opt, self.params, start))
         setup = LoopSetup(rc=self.rc, model_dir=self.model_dir, mode=self.mode, start=start, t_proc=self.t_proc,
                           node=self.role.node or None, num_input_workers=self.num_input_workers,
                           params_path=self.resolved.params_path, evaluating=evaluating, rdv=self.rdv,

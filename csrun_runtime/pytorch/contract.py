@@ -13,8 +13,9 @@ Rules and messages:
    -> :data:`MSG_LOSS`.
 4. The optimizer is the module's ``configure_optimizer(params)`` when it defines one, else
    built from ``params["optimizer"]``: ``optimizer_type`` (sgd, momentum, adam, adamw; any
-   case), ``learning_rate`` (a number > 0), optional ``momentum``, ``weight_decay``
-   (``weight_decay_rate`` too), ``betas`` -> :class:`ContractError` naming the key.
+   case), ``learning_rate`` (a number > 0, or the Model Zoo's schedules: :mod:`.lr_schedule`),
+   optional ``momentum``, ``weight_decay`` (``weight_decay_rate`` too), ``betas`` (or
+   ``beta1``/``beta2``), ``eps`` (or ``epsilon``) -> :class:`ContractError` naming the key.
 
 Seeds (issue 25, "Limitations of the CerebrasEstimator": "each worker node must shuffle its
 data differently"): what is *split* across streamers uses one job-wide seed, the YAML's
@@ -35,8 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["epochs", "MSG_NOT_LOADER", "MSG_BATCH", "MSG_NOT_MODULE", "MSG_LOSS", "ContractError", "check_loader",
-           "check_module", "loss_of", "build_optimizer", "torch_seed", "seed_process", "worker_init_fn",
-           "process_params", "to_numpy", "to_torch", "batch_size_of", "call_data_fn"]
+           "check_module", "loss_of", "build_optimizer", "build_lr_scheduler", "torch_seed", "seed_process",
+           "worker_init_fn", "process_params", "to_numpy", "to_torch", "batch_size_of", "call_data_fn"]
 
 MSG_NOT_LOADER = "[Unsupported PyTorch] The data function must return a torch.utils.data.DataLoader"
 MSG_BATCH = ("[Unsupported PyTorch] Inconsistent batch sizes detected. To ensure a fixed batch size across all "
@@ -118,19 +119,48 @@ def build_optimizer(model: Any, params: Mapping[str, Any]) -> Any:
     if kind not in OPTIMIZERS:
         raise ContractError(f"optimizer.optimizer_type {spec.get('optimizer_type')!r} is not supported "
                             f"(one of {', '.join(OPTIMIZERS)}; or define configure_optimizer(params) on the module)")
-    lr = spec.get("learning_rate", 0.01)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
-        raise ContractError(f"optimizer.learning_rate must be a number > 0 (schedules: define "
-                            f"configure_optimizer(params) on the module), got {lr!r}")
-    kw: dict[str, Any] = {"lr": float(lr)}
-    wd = spec.get("weight_decay", spec.get("weight_decay_rate"))
-    if wd is not None:
-        kw["weight_decay"] = float(wd)
-    if OPTIMIZERS[kind] == "SGD":
-        kw["momentum"] = float(spec.get("momentum", 0.9 if kind == "momentum" else 0.0))
-    elif spec.get("betas") is not None:
-        kw["betas"] = tuple(float(b) for b in spec["betas"])
+    lr = _learning_rate(spec)  # a schedule sets the rate at every step (build_lr_scheduler)
+    kw: dict[str, Any] = {"lr": lr if isinstance(lr, float) else lr.rate(0)}
+    try:
+        wd = spec.get("weight_decay", spec.get("weight_decay_rate"))
+        if wd is not None:
+            kw["weight_decay"] = float(wd)
+        if OPTIMIZERS[kind] == "SGD":
+            kw["momentum"] = float(spec.get("momentum", 0.9 if kind == "momentum" else 0.0))
+        else:
+            if spec.get("betas") is not None:
+                kw["betas"] = tuple(float(b) for b in spec["betas"])
+            elif "beta1" in spec or "beta2" in spec:  # the Model Zoo's spelling
+                kw["betas"] = (float(spec.get("beta1", 0.9)), float(spec.get("beta2", 0.999)))
+            eps = spec.get("eps", spec.get("epsilon"))
+            if eps is not None:
+                kw["eps"] = float(eps)  # YAML reads 1e-6 as a string: float() takes it
+    except (TypeError, ValueError) as e:
+        raise ContractError(f"optimizer: a weight decay, momentum, beta or eps that is not a number ({e})") from None
     return getattr(torch.optim, OPTIMIZERS[kind])(model.parameters(), **kw)
+
+
+def build_lr_scheduler(model: Any, optimizer: Any, params: Mapping[str, Any], start: int) -> Any:
+    """The learning-rate scheduler of the optimizer :func:`build_optimizer` built from a
+    schedule in ``optimizer.learning_rate`` (a ``LambdaLR`` at global step ``start``; call its
+    ``step()`` after every optimizer step), or None: a constant rate, or the module's own
+    ``configure_optimizer``. Raises :class:`ContractError` as :func:`build_optimizer`."""
+    if callable(getattr(model, "configure_optimizer", None)):
+        return None
+    from .lr_schedule import attach
+
+    lr = _learning_rate(params.get("optimizer") or {})
+    return None if isinstance(lr, float) else attach(optimizer, lr, start)
+
+
+def _learning_rate(spec: Mapping[str, Any]) -> Any:
+    """:func:`.lr_schedule.parse_learning_rate`, its error as a :class:`ContractError`."""
+    from .lr_schedule import ScheduleError, parse_learning_rate
+
+    try:
+        return parse_learning_rate(spec)
+    except ScheduleError as e:
+        raise ContractError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- seeds and params

@@ -45,9 +45,14 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
-__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS", "autoscale_spec"]
+__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS",
+           "READ_AHEAD_BATCHES", "autoscale_spec"]
 
 log = logging.getLogger("csrun.runtime")
+
+#: Default of ``runconfig.input_read_ahead_batches``: batches an input worker reads at most ahead
+#: of what the chief took from it (the receiver's ``window_batches``; docs/DATAPLANE.md).
+READ_AHEAD_BATCHES = 4
 
 #: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
 DATAPLANE_FILE = "dataplane.json"
@@ -84,7 +89,9 @@ class RemoteSource(StreamMerge):
     Args:
         rdv: the job step's rendezvous (``dataplane.json`` is written there at once).
         role: the chief's role (``num_workers``; ``host``: the address workers reach it by).
-        rc: ``runconfig`` (``input_timeout_secs``, ``worker_start_timeout_secs``: seconds).
+        rc: ``runconfig`` (``input_timeout_secs``, ``worker_start_timeout_secs``: seconds;
+            ``input_read_ahead_batches``: the receiver's batch window, default
+            :data:`READ_AHEAD_BATCHES`, 0: bytes only).
         adopt: order adoptions of workers lost with their node; default ``CSRUN_WORKER_JOB=1``
             in the environment (``csrun_wse --survive-node-loss``).
         streams: slots read from the start (``0 .. streams-1``, clamped to ``[1, W]``), default
@@ -98,7 +105,9 @@ class RemoteSource(StreamMerge):
     def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any], adopt: bool | None = None,
                  streams: int | None = None):
         w = role.num_input_workers
-        receiver, endpoint = start_receiver(role.host)
+        # runconfig.input_read_ahead_batches: what a worker reads ahead of what this chief took
+        ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
+        receiver, endpoint = start_receiver(role.host, window_batches=ahead or None)
         write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
         log.info("data plane: receiving from %d input worker(s) at %s", w, endpoint)
         # the workers register after the endpoint is published: their registrations are read in poll()

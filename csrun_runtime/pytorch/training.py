@@ -48,6 +48,8 @@ class TorchStepBackend:
         forward_loss: ``forward_loss(model, batch) -> scalar loss tensor``.
         start: the restored global step; ``info``: performance.json's extra keys at the end
             (``chief_input``, ...).
+        scheduler: a learning-rate scheduler stepped after every optimizer step (the schedule of
+            ``optimizer.learning_rate``, :func:`.contract.build_lr_scheduler`), or None.
 
     Each chunk is one batch (``steps_per_execution`` does not apply: a PyTorch step is one
     Python call anyway). Raises RuntimeError on a non-finite loss.
@@ -55,8 +57,9 @@ class TorchStepBackend:
 
     def __init__(self, *, model: Any, opt: Any, source: Any, rc: Mapping[str, Any], model_dir: Path, device: Any,
                  evaluate: Callable[[Any, int], Any], forward_loss: Callable[[Any, Any], Any],
-                 start: int = 0, info: Callable[[], dict[str, Any]] = dict):
+                 start: int = 0, info: Callable[[], dict[str, Any]] = dict, scheduler: Any = None):
         self.model, self.opt, self.source, self.rc = model, opt, source, rc
+        self.scheduler = scheduler
         self.model_dir, self.device = model_dir, device
         self._evaluate, self.forward_loss, self._info = evaluate, forward_loss, info
         self.keep = int(rc["keep_checkpoint_max"])
@@ -80,6 +83,8 @@ class TorchStepBackend:
         loss = self.forward_loss(self.model, batch)
         loss.backward()
         self.opt.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         value = float(loss.detach())
         if not math.isfinite(value):
             raise RuntimeError(f"loss is {value} at global step {self.step + 1}")

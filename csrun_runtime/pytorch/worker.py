@@ -231,6 +231,9 @@ class InputWorker:
         self.samples += batch_size_of(batch) or 0
 
 
+_END = object()
+
+
 def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
                  check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None) -> None:
     """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
@@ -245,6 +248,12 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     :data:`POLL_SECS` seconds and whenever a send times out (the same bundle is sent again
     after it); what it raises ends the stream. ``sent(batch)`` is called for each batch taken.
     The sender is not closed here.
+
+    Under the receiver's batch window (``sender.window_batches``, the chief's
+    ``runconfig.input_read_ahead_batches``) a batch is taken from ``batches`` only while
+    :meth:`~csrun_runtime.dataplane.Sender.room` says so (the batches sent and not taken by the
+    chief, plus those pending, fewer than the window), and bundles hold at most half the window,
+    so that the worker reads the next bundle while the chief trains on the last one.
 
     Raises:
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
@@ -272,7 +281,21 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
                 check()
         pending, nbytes = [], 0
 
-    for batch in batches:
+    room = getattr(sender, "room", None)
+    it = iter(batches)
+    while True:
+        if room is not None:
+            while not room(len(pending), POLL_SECS):  # the read-ahead bound: wait for the chief
+                if pending:
+                    send_pending()
+                else:
+                    check()
+            wb = sender.window_batches
+            if wb:
+                cap = min(cap, max(1, wb // 2))
+        batch = next(it, _END)
+        if batch is _END:
+            break
         t, leaves = flatten(to_numpy(batch))
         k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
         if pending and k != key:

@@ -2,10 +2,15 @@
 test cluster (issue 25: "files disjoint and covering across 6 workers (tap the sample ids)";
 docs/PYTORCH.md "Seeds" and "Shard plans"): 6 input workers (the chief on a single-task node,
 3 nodes × 2 tasks) each record the sample ids their DataLoader reads and the files it opens
-(tests/fixtures/pytorch_tap/run.py).
+(tests/fixtures/pytorch_tap/run.py). The data function is a Model Zoo-style processor's
+``train_input_dataloader`` used as it is (tests/fixtures/modelzoo_pt, the R1.6.1 layout: it
+learns its share from ``modelzoo.common.pytorch.cb_model``), with no binding line in run.py:
+csrun binds ``cb_model`` itself (issue 33).
 
-- ``DistributedSampler`` with csrun's streamer facts and the job-wide ``shuffle_seed``: the first
-  pass of the 6 workers is disjoint and covers the 600 samples.
+- ``DistributedSampler`` with the streamer facts ``cb_model`` answers and the job-wide
+  ``shuffle_seed``: the first pass of the 6 workers is disjoint and covers the 600 samples; each
+  worker read at most ``runconfig.input_read_ahead_batches`` (4) batches more than the chief
+  trained from it.
 - ``--shard-plan`` over a data_dir-only dataset: every worker's ``data_dir`` is its view of the
   plan, so it opens exactly its plan files (and one streamer's share of them is everything): the
   files are disjoint and cover the set, and so are the ids.
@@ -81,6 +86,11 @@ def test_distributed_sampler_shares_are_disjoint_and_cover_the_samples(cli_env, 
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["global_step_end"] == 300
     assert sum(perf["batches_per_worker"].values()) == 300, perf["batches_per_worker"]
+    # the read-ahead bound (runconfig.input_read_ahead_batches, default 4): what each worker took from
+    # its DataLoader beyond what the chief trained from it (issue 33: 940 batches read for 60 steps)
+    reports = {int(p.name.split(".")[0]): json.loads(p.read_text()) for p in md.glob(".csrun/*/workers/*.report.json")}
+    ahead = {i: r["batches"] - perf["batches_per_worker"].get(str(i), 0) for i, r in reports.items()}
+    assert all(0 <= a <= 4 for a in ahead.values()), ahead
 
 
 def test_a_shard_plan_gives_each_worker_its_files_through_data_dir(cli_env, tmp_path):

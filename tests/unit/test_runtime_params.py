@@ -248,3 +248,15 @@ def test_drop_options_removes_both_spellings_and_keeps_order():
         ["--params", "p.yaml", "--mode"]
     assert drop_options(argv) == argv  # nothing named: unchanged
     assert drop_options(["--mode"], valued=("--mode",)) == ["--mode"]  # no value after it: kept
+
+
+def test_the_model_zoo_r16_pytorch_runconfig_keys_are_known(tmp_path):
+    """bert_base_classifier_sst2.yaml's and params_gpt2_xl.yaml's runconfig blocks (Model Zoo
+    R1.6.x; issue 33): no key is "not a known runconfig key" (docs/PYTORCH.md "Model Zoo params")."""
+    rc = {"max_steps": 20000, "log_steps": 1000, "checkpoint_steps": 5000, "seed": 1, "show_debug_metrics": False,
+          "save_losses": True, "model_dir": "./model_dir", "save_initial_checkpoint": True, "eval_steps": 71,
+          "validate_only": False, "compile_only": False, "mode": "train", "num_csx": 1, "num_act_servers": 4,
+          "num_wgt_servers": 1, "num_workers_per_csx": 16}
+    r = resolve_params(["--params", write(tmp_path, {**BASE, "runconfig": rc})])
+    assert not [w for w in r.warnings if "not a known runconfig key" in w], r.warnings
+    assert any("runconfig.show_debug_metrics is a Model Zoo key" in w for w in r.warnings)
