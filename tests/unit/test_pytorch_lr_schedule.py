@@ -97,7 +97,7 @@ def test_the_optimizer_rule_reports_a_bad_schedule_as_a_contract_error():
 def test_torch_steps_the_rate_from_the_global_step_a_run_starts_at(tmp_path):
     torch = pytest.importorskip("torch")
     from csrun_runtime.pytorch.contract import build_lr_scheduler
-    from csrun_runtime.pytorch.trainloop import OneBatch, TorchStepBackend
+    from csrun_runtime.pytorch.training import OneBatch, TorchStepBackend
 
     class M(torch.nn.Module):
         def __init__(self):
