@@ -73,7 +73,7 @@ def child_chief(spec: dict) -> None:
     rdv = rendezvous.Rendezvous(spec["model_dir"], role.rendezvous_key or "")
     rdv.reset()
     hb = rendezvous.Heartbeat(rdv, "chief").start()
-    source = RemoteSource(rdv, role, {**rc, "worker_start_timeout_secs": spec["start_timeout_s"],
+    source = RemoteSource(rdv, role, {**rc, **spec.get("rc", {}), "worker_start_timeout_secs": spec["start_timeout_s"],
                                       "input_timeout_secs": 60})
     res: dict[str, Any] = {}
     try:
@@ -173,17 +173,20 @@ def _read(path: Path, wd: Path, name: str) -> dict:
 
 
 def measure(kind: str, pipeline: str, k: int, warmup_s: float, measure_s: float, workdir: Path,
-            tag: str, timeout_s: float = 180.0) -> float:
+            tag: str, timeout_s: float = 180.0, rc: dict | None = None) -> float:
     """Samples/s of ``pipeline`` (a PyTorch run.py in :data:`common.PIPELINES`) with ``k``
     input workers of :data:`CPUS_PER_WORKER` CPU each: ``kind`` ``"dataplane"`` the rate the
     chief receives, ``"standalone"`` the summed in-process rate of the same DataLoaders run
-    concurrently. Raises ``RuntimeError`` naming the process that failed, with its log's tail."""
+    concurrently. ``rc``: runconfig keys the chief's source gets over the YAML's (e.g.
+    ``input_read_ahead_batches``). Raises ``RuntimeError`` naming the process that failed, with
+    its log's tail."""
     run_py, argv = common.PIPELINES[pipeline]
     wd = workdir / tag
     wd.mkdir(parents=True)
     spec = {"run_py": str(run_py), "argv": argv, "model_dir": str(wd / "model_dir"), "num_workers": k,
             "cpus": CPUS_PER_WORKER, "warmup_s": warmup_s, "measure_s": measure_s, "workdir": str(wd),
-            "job_id": f"benchpt{os.getpid()}{tag}", "start_timeout_s": timeout_s * 0.6, "tag": "sa", "barrier": k}
+            "job_id": f"benchpt{os.getpid()}{tag}", "start_timeout_s": timeout_s * 0.6, "tag": "sa", "barrier": k,
+            "rc": dict(rc or {})}
     procs: list[subprocess.Popen] = []
     try:
         if kind == "standalone":

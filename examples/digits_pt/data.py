@@ -3,14 +3,17 @@
 through ``DistributedSampler`` (the job-wide ``shuffle_seed`` on every streamer, so the shares
 are disjoint; docs/PYTORCH.md "Seeds").
 
-Data: scikit-learn's ``load_digits`` split 80/20 exactly as ``examples/digits`` splits it
-(1,437 training and 360 eval examples, 64 floats in [0, 1] and an int64 label), read from
+Data: the digits of ``examples/digits`` (scikit-learn's ``load_digits``, the UCI ML hand-written
+digits data set, CC BY 4.0) split 80/20 exactly as that example splits them (1,437 training and
+360 eval examples, 64 floats in [0, 1] and an int64 label), shipped with this example as
+``digits.npz`` (47 KB: the pixel counts 0..16 as uint8, so that a PyTorch-only install needs
+neither scikit-learn nor TensorFlow; ``tests/unit/test_digits_pt_data.py`` checks it against
+scikit-learn's split where scikit-learn is installed), read from
 ``<data_dir>/digits-train.npz`` / ``digits-eval.npz`` (``prepare_data.py``) or, when those are
-absent, computed in memory from scikit-learn's copy (it ships with the package: no download).
+absent, from ``digits.npz`` directly.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -26,12 +29,11 @@ REPO = HERE.parents[1]
 
 
 def _split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """examples/digits/prepare_data.py's ``split()`` (the same examples in each set)."""
-    spec = importlib.util.spec_from_file_location("digits_prepare", REPO / "examples" / "digits" / "prepare_data.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.split()
+    """``(x_train, y_train, x_eval, y_eval)`` from the shipped ``digits.npz``: examples/digits'
+    split (its ``prepare_data.split()``), float32 [N, 64] in [0, 1] and int64 [N]."""
+    with np.load(HERE / "digits.npz") as z:
+        x_tr, x_ev = (z[k].astype(np.float32) / 16.0 for k in ("x_train", "x_eval"))
+        return x_tr, z["y_train"].astype(np.int64), x_ev, z["y_eval"].astype(np.int64)
 
 
 def load(data_dir: str | None, kind: str) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,7 @@
 """Write the digits split of examples/digits as ``digits-train.npz`` / ``digits-eval.npz``
-(``x`` float32 [N, 64] in [0, 1], ``y`` int64 [N]) for examples/digits_pt. No TensorFlow::
+(``x`` float32 [N, 64] in [0, 1], ``y`` int64 [N]) for examples/digits_pt, from the
+``digits.npz`` shipped beside it. No TensorFlow, no scikit-learn (a ``pip install -e '.[pt]'``
+runs it)::
 
     .venv/bin/python examples/digits_pt/prepare_data.py --out-dir /shared/digits_pt
 """
