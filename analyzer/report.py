@@ -25,22 +25,25 @@ from typing import Any
 
 from csrun_common import atomic
 from csrun_common.layout import LayoutSpec
+from csrun_runtime.probing import DEFAULT_FRAMEWORK, facts
+from csrun_runtime.registry import LAUNCHERS
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
 
 _MODE_FLAGS = ("--validate_only", "--compile_only")
 
 
-def train_command(command: Sequence[str], framework: str = "tensorflow") -> list[str]:
+def train_command(command: Sequence[str], framework: str = DEFAULT_FRAMEWORK) -> list[str]:
     """The user's command as a training command for csrun_wse: the first word (``python``,
-    a python path, ``python-ws``, ``python-pt``) becomes ``python-ws`` (``python-pt`` for
+    a python path, a launcher word) becomes ``framework``'s launcher word
+    (:data:`csrun_runtime.registry.LAUNCHERS`: ``python-ws``, ``python-pt`` for
     ``framework="pytorch"``); ``--mode X`` / ``--mode=X`` becomes
     ``--mode train`` and ``--validate_only`` / ``--compile_only`` are dropped (``--mode
     train`` is added when no mode was given)."""
     words = list(command)
     if not words:
         return words
-    launcher = "python-pt" if framework == "pytorch" else "python-ws"
+    launcher = LAUNCHERS[framework]
     out = [launcher] if _is_python(words[0]) else [words[0]]
     rest = words[1:]
     i, has_mode = 0, False
@@ -66,11 +69,11 @@ def train_command(command: Sequence[str], framework: str = "tensorflow") -> list
 
 def _is_python(word: str) -> bool:
     base = os.path.basename(word)
-    return base.startswith("python") or base in ("python-ws", "python-pt")
+    return base.startswith("python") or base in LAUNCHERS.values()
 
 
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
-                      shard_plan: str | None = None, framework: str = "tensorflow") -> str:
+                      shard_plan: str | None = None, framework: str = DEFAULT_FRAMEWORK) -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
     (``--chief-input-cpus L`` when the recommendation gives the chief's task an input worker
     of ``L`` CPUs; ``python-pt`` for ``framework="pytorch"``). The layout's flags:
@@ -162,7 +165,7 @@ def _again_clause(d: dict[str, Any], stopped: Any) -> str:
 def _header_lines(report: dict[str, Any]) -> list[str]:
     where = report.get("probed_on") or {}
     probes = report.get("probes", [])
-    fw = " (PyTorch: train_data_fn's DataLoader)" if report.get("framework") == "pytorch" else ""
+    fw = facts(report.get("framework")).input_note
     return [f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}{fw}",
             f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
             f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
@@ -240,7 +243,7 @@ def _bottleneck_lines(report: dict[str, Any]) -> list[str]:
                      f"tf.data service worker ({(ing.get('cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per "
                      f"sample, both ends{'; CPU-bound' if ing.get('cpu_bound') else ''})")
     if ing.get("worker_hop_cpu_seconds_per_sample") is not None:
-        via = "over csrun's data plane" if report.get("framework") == "pytorch" else "through the tf.data service"
+        via = facts(report.get("framework")).via
         lines.append(f"  - serving the real pipeline {via} costs an input worker "
                      f"{ing['worker_hop_cpu_seconds_per_sample'] * 1e3:.3f} CPU-ms per sample more and the "
                      f"chief {(ing.get('chief_cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per sample")
