@@ -492,22 +492,31 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
         _dataloader_parts(rep, rows, rec, fw)
     rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"),
                                                     framework=fw)
+    if notes := _layout_notes(topology, ingest):
+        rep["notes"] = list(rep.get("notes") or []) + notes
+    return rep
+
+
+def _layout_notes(topology: dict[str, Any] | None, ingest: dict[str, Any]) -> list[str]:
+    """The report's notes on what bounds every layout's prediction: hosts the nodes share, an
+    ingest probe that left CPUs idle (a fixed cap), a served probe that did not run."""
+    notes: list[str] = []
     if topology:
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
             f"{', '.join(topology['shared_hosts'])} with {', '.join(str(v) for v in topology['host_cores'].values())} "
             f"CPU(s): predictions cap the whole job by those cores"]
     if ingest.get("samples_per_sec") and not ingest.get("cpu_bound"):
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             "the chief's ingest probe left CPUs idle: its rate caps every layout with input workers "
             "(a latency or GIL limit of the chief's stream)"]
     if ingest.get("worker_hop_cpu_seconds_per_sample") is None and ingest.get("cpu_seconds_per_sample"):
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             "no served probe ran: what serving costs the input workers is unknown (taken as 0) and the "
             "chief's share is the whole hop" + ("" if ingest.get("samples_per_sec") else
                                               " (a prior from the element size)")
             + "; give a larger --time-budget to measure it"]
-    return rep
+    return notes
 
 
 def _dataloader_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[str, Any], framework: str) -> None:

@@ -358,30 +358,47 @@ def write_text(out: Path, report: dict[str, Any]) -> str:
 
 
 def plot(out: Path, report: dict[str, Any]) -> Path | None:
-    """Write ``throughput.png`` (matplotlib, Agg); ``None`` when there is nothing to plot."""
+    """Write ``throughput.png`` (matplotlib, Agg): the node's throughput against tasks per node
+    (:func:`_plot_node`) and the predicted rate against nodes (:func:`_plot_nodes_curve`);
+    ``None`` when there is nothing to plot."""
     # matplotlib and pandas are imported here, not at the CLI's start-up.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-    from matplotlib.ticker import MaxNLocator
 
     from .dataloader_plan import at_best
 
     # numpy + pandas (the model): when a report is written, not at the CLI's start-up.
-    from .model import NodeModel, aggregate
+    from .model import NodeModel
 
-    # PyTorch: each CPUs per task at its best DataLoader num_workers, as the model was fitted
+    # a DataLoader sweep's: each CPUs per task at its best num_workers, as the model was fitted
     probes = pd.DataFrame(at_best(list(report.get("probes") or [])))
     if probes.empty or report.get("model") is None:
         return None
     model = NodeModel.from_dict(report["model"])
-    agg = aggregate(probes)
-    rec = report.get("recommendation") or {}
-    n = model.node_cpus
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax = axes[0]
+    _plot_node(axes[0], model, probes, report.get("recommendation") or {})
+    _plot_nodes_curve(axes[1], report)
+    fig.tight_layout()
+    path = Path(out) / PLOT_PNG
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_node(ax: Any, model: Any, probes: Any, rec: dict[str, Any]) -> None:
+    """The left panel: one node's throughput (samples/s) against tasks per node, one colour per
+    CPUs per task: the measured means with their spread, the model (``NodeModel``) dashed, the
+    chosen layout ``rec`` starred."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from .model import aggregate
+
+    agg = aggregate(probes)
+    n = model.node_cpus
     cs = sorted(set(agg["cpus_per_task"].astype(int)) | {1, n})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     t_max = max([int(agg["tasks"].max()) if len(agg) else 1, n])
@@ -406,30 +423,34 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
     ax.set_title(f"One node ({n} CPUs): throughput vs tasks and CPUs per task")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    ax = axes[1]
+
+
+def _plot_nodes_curve(ax: Any, report: dict[str, Any]) -> None:
+    """The right panel: the rate delivered to the chief (samples/s) predicted against nodes for
+    the chosen tasks × CPUs, its interval, the chosen point and the target (nothing without a
+    ``nodes_curve``)."""
+    from matplotlib.ticker import MaxNLocator
+
     curve = report.get("nodes_curve") or []
-    if curve:
-        xs = [p["nodes"] for p in curve]
-        ax.plot(xs, [p["predicted_samples_per_sec"] for p in curve], "o-", label="predicted")
-        ax.fill_between(xs, [p["interval"][0] for p in curve], [p["interval"][1] for p in curve], alpha=0.2,
-                        label="interval")
-        if rec:
-            ax.plot([rec["nodes"]], [rec["predicted_samples_per_sec"]], marker="*", markersize=18,
-                    color="crimson", linestyle="none", label="chosen")
-        tgt = (report.get("target") or {}).get("samples_per_sec")
-        if tgt:
-            ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
-        ax.set_xlabel("nodes (csrun_wse --total-nodes)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("delivered to the chief (samples/s)")
-        if rec:
-            ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
-                         + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
-                            else ""))
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(out) / PLOT_PNG
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    if not curve:
+        return
+    rec = report.get("recommendation") or {}
+    xs = [p["nodes"] for p in curve]
+    ax.plot(xs, [p["predicted_samples_per_sec"] for p in curve], "o-", label="predicted")
+    ax.fill_between(xs, [p["interval"][0] for p in curve], [p["interval"][1] for p in curve], alpha=0.2,
+                    label="interval")
+    if rec:
+        ax.plot([rec["nodes"]], [rec["predicted_samples_per_sec"]], marker="*", markersize=18,
+                color="crimson", linestyle="none", label="chosen")
+    tgt = (report.get("target") or {}).get("samples_per_sec")
+    if tgt:
+        ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
+    ax.set_xlabel("nodes (csrun_wse --total-nodes)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("delivered to the chief (samples/s)")
+    if rec:
+        ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
+                     + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
+                        else ""))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
