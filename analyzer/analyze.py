@@ -39,6 +39,7 @@ import click
 
 from csrun_common import exits
 from csrun_common.errors import CsrunError
+from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
 from launcher.config import SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
@@ -76,7 +77,7 @@ def split_command(words: Sequence[str], cwd: str) -> Command:
         py_word, script, rest = None, first, words[1:]
     else:
         base = os.path.basename(first)
-        if not (base.startswith("python") or base in ("python-ws", "python-pt")):
+        if not (base.startswith("python") or base in LAUNCHERS.values()):
             raise CsrunError(f"COMMAND {first!r}: expected `python run.py ...` (a Python run.py)")
         if len(words) < 2 or not words[1].endswith(".py"):
             raise CsrunError(f"COMMAND {' '.join(words[:2])!r}: expected a run.py after {first}")
@@ -452,6 +453,9 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     # pandas and numpy (the model) are imported here, not at the CLI's start-up.
     import pandas as pd
 
+    # the backend's facts (not its framework) once the analysis runs
+    from csrun_runtime.probing import facts, framework_of_report
+
     # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
     from . import dataloader_plan as dlp
     from . import recommend as rc
@@ -462,16 +466,19 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep["topology"] = topology
     # probes only ever measured while other processes were busy: they lead report.txt
     rep["disturbed"] = disturbed(rows)
-    pytorch = base.get("framework") == "pytorch" or any(dlp.is_pytorch_row(r) for r in rows)
-    # PyTorch: the per-task rate at C CPUs is the best measured over DataLoader num_workers
-    df = pd.DataFrame(dlp.at_best(rows) if pytorch else rows)
+    sweep = any(dlp.has_dataloader_workers(r) for r in rows)
+    fw = framework_of_report(base.get("framework"), sweep)
+    fw_facts = facts(fw)
+    sweep = sweep or fw_facts.dataloader_workers
+    # a DataLoader's: the per-task rate at C CPUs is the best measured over its num_workers
+    df = pd.DataFrame(dlp.at_best(rows) if sweep else rows)
     try:
         model = fit(df, base.get("node_cpus"))
     except ModelError as exc:
         rep["error"] = f"{exc}" + (f" (last error: {rows[-1].get('error')})" if rows else "")
         return rep
-    # PyTorch streams over csrun's data plane: its served probes measure that; no tf.data service prior
-    ingest = ingest_limits(df, prior=not pytorch)
+    # no ingest hop of its own (PyTorch: its served probes measure the data plane): no prior
+    ingest = ingest_limits(df, prior=fw_facts.ingest_probe and not sweep)
     rep["model"] = model.to_dict()
     rep["ingest"] = ingest
     rep["bottleneck"] = classify(df, model)
@@ -481,64 +488,77 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep["nodes_curve"] = [rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
                                             topology, rec.get("chief_input_cpus") or 0)
                           for n in range(1, int(base.get("available_nodes") or 1) + 1)]
-    if pytorch:
-        _pytorch_parts(rep, rows, rec)
+    if sweep:
+        _dataloader_parts(rep, rows, rec, fw)
     rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"),
-                                                    framework="pytorch" if pytorch else "tensorflow")
+                                                    framework=fw)
+    if notes := _layout_notes(topology, ingest):
+        rep["notes"] = list(rep.get("notes") or []) + notes
+    return rep
+
+
+def _layout_notes(topology: dict[str, Any] | None, ingest: dict[str, Any]) -> list[str]:
+    """The report's notes on what bounds every layout's prediction: hosts the nodes share, an
+    ingest probe that left CPUs idle (a fixed cap), a served probe that did not run."""
+    notes: list[str] = []
     if topology:
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
             f"{', '.join(topology['shared_hosts'])} with {', '.join(str(v) for v in topology['host_cores'].values())} "
             f"CPU(s): predictions cap the whole job by those cores"]
     if ingest.get("samples_per_sec") and not ingest.get("cpu_bound"):
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             "the chief's ingest probe left CPUs idle: its rate caps every layout with input workers "
             "(a latency or GIL limit of the chief's stream)"]
     if ingest.get("worker_hop_cpu_seconds_per_sample") is None and ingest.get("cpu_seconds_per_sample"):
-        rep["notes"] = list(rep.get("notes") or []) + [
+        notes += [
             "no served probe ran: what serving costs the input workers is unknown (taken as 0) and the "
             "chief's share is the whole hop" + ("" if ingest.get("samples_per_sec") else
                                               " (a prior from the element size)")
             + "; give a larger --time-budget to measure it"]
-    return rep
+    return notes
 
 
-def _pytorch_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[str, Any]) -> None:
-    """A PyTorch report's own parts: ``framework``, the DataLoader ``num_workers`` of the
-    recommendation and of each alternative (:func:`analyzer.dataloader_plan.workers_for`),
-    the best count measured at each CPUs per task (``dataloader_workers``), and the notes
-    saying what the served probes measured of the chief's ingest over the data plane (or that
-    none ran) and how to set ``num_workers``."""
+def _dataloader_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[str, Any], framework: str) -> None:
+    """The parts of a report whose probes swept a DataLoader's worker count (PyTorch):
+    ``framework``, the DataLoader ``num_workers`` of the recommendation and of each alternative
+    (:func:`analyzer.dataloader_plan.workers_for`), the best count measured at each CPUs per
+    task (``dataloader_workers``), and the notes saying what the served probes measured of the
+    chief's ingest (or that none ran) and how to set ``num_workers``."""
+    from csrun_runtime.probing import facts
+
     from . import dataloader_plan as dlp
 
-    rep["framework"] = "pytorch"
+    rep["framework"] = framework
     rep["dataloader_workers"] = {str(c): k for c, k in dlp.best_workers(rows).items()}
     rec["dataloader"] = dlp.workers_for(rows, int(rec["cpus_per_task"]))
     rec["dataloader_workers"] = rec["dataloader"].get("num_workers")
     for alt in rec.get("alternatives") or []:
         alt["dataloader_workers"] = dlp.workers_for(rows, int(alt["cpus_per_task"])).get("num_workers")
     invalid = sorted({int(r["dataloader_workers"]) for r in rows
-                      if dlp.is_pytorch_row(r) and r.get("status") == dlp.INVALID})
+                      if dlp.has_dataloader_workers(r) and r.get("status") == dlp.INVALID})
     notes = list(rep.get("notes") or [])
-    notes.append(_pytorch_ingest_note(rep.get("ingest") or {}, rows))
+    f = facts(framework)
+    notes.append(_served_ingest_note(rep.get("ingest") or {}, rows, f.title, f.via))
     if invalid:
         notes.append(f"DataLoader num_workers {', '.join(map(str, invalid))}: the data function could not build "
                      f"its DataLoader there (skipped; see the probes' errors)")
     rep["notes"] = notes
 
 
-def _pytorch_ingest_note(ingest: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    """The note on the chief's ingest over csrun's data plane: what the ``served`` probes
+def _served_ingest_note(ingest: dict[str, Any], rows: list[dict[str, Any]], title: str, via: str) -> str:
+    """The note on the chief's ingest ``via`` the framework's transport (``title``: its name,
+    e.g. ``PyTorch``; ``via``: ``"over csrun's data plane"``): what the ``served`` probes
     measured and how the prediction uses it, or that none ran (the prediction then has no
     chief-ingest term)."""
     served = [r for r in rows if r.get("kind") == "served" and r.get("status") == "ok"]
     k_c = ingest.get("chief_cpu_seconds_per_sample")
     if not served or k_c is None:
-        return ("PyTorch: no served probe ran (the time budget): the chief's ingest over csrun's data plane "
+        return (f"{title}: no served probe ran (the time budget): the chief's ingest {via} "
                 "was not measured and the prediction leaves it out; give a larger --time-budget")
     h = ingest.get("worker_hop_cpu_seconds_per_sample")
     rate = ingest.get("served_samples_per_sec")
-    return (f"PyTorch: the chief's ingest over csrun's data plane was measured by {len(served)} served "
+    return (f"{title}: the chief's ingest {via} was measured by {len(served)} served "
             f"probe(s) (an input worker streaming the DataLoader, the chief draining it one batch at a time"
             + (f": {rate:.0f} samples/s delivered" if rate else "") + f"): the chief spends "
             f"{k_c * 1e6:.2f} CPU-µs per sample (at most {1 / k_c if k_c > 0 else math.inf:.0f} samples/s "

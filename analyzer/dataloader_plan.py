@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["candidates", "best_workers", "at_best", "next_point", "workers_for", "is_pytorch_row",
+__all__ = ["candidates", "best_workers", "at_best", "next_point", "workers_for", "has_dataloader_workers",
            "STOP_BELOW", "TIE", "INVALID"]
 
 #: A sweep stops once its two largest counts both run below this share of the best so far.
@@ -42,8 +42,8 @@ def candidates(cpus: int) -> list[int]:
     return sorted(dict.fromkeys(out))
 
 
-def is_pytorch_row(r: dict[str, Any]) -> bool:
-    """A PyTorch pipeline probe row (it has a ``dataloader_workers`` value)."""
+def has_dataloader_workers(r: dict[str, Any]) -> bool:
+    """A pipeline probe row of a DataLoader sweep (PyTorch: it has a ``dataloader_workers`` value)."""
     v = r.get("dataloader_workers")
     return r.get("kind", "pipeline") == "pipeline" and v is not None and not _nan(v)
 
@@ -58,7 +58,7 @@ def _nan(x: Any) -> bool:
 def _rates(rows: list[dict[str, Any]], cpus: int) -> dict[int, float]:
     """Mean per-task rate (samples/s per task) by ``num_workers`` of the ok PyTorch pipeline
     rows at ``cpus`` CPUs per task, at the tasks count of the first such row (the sweep's)."""
-    at_c = [r for r in rows if is_pytorch_row(r) and int(r["cpus_per_task"]) == cpus]
+    at_c = [r for r in rows if has_dataloader_workers(r) and int(r["cpus_per_task"]) == cpus]
     if not at_c:
         return {}
     t_sweep = int(at_c[0]["tasks"])
@@ -73,7 +73,7 @@ def best_workers(rows: list[dict[str, Any]]) -> dict[int, int]:
     """``{C: num_workers}``: at each CPUs per task with an ok PyTorch probe, the fewest
     DataLoader workers whose per-task rate is within :data:`TIE` of the best."""
     out = {}
-    for c in sorted({int(r["cpus_per_task"]) for r in rows if is_pytorch_row(r)}):
+    for c in sorted({int(r["cpus_per_task"]) for r in rows if has_dataloader_workers(r)}):
         rates = _rates(rows, c)
         if rates:
             top = max(rates.values())
@@ -88,7 +88,7 @@ def at_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     best = best_workers(rows)
     out = []
     for r in rows:
-        if is_pytorch_row(r):
+        if has_dataloader_workers(r):
             if r.get("status") == INVALID:
                 continue
             c = int(r["cpus_per_task"])
@@ -100,7 +100,7 @@ def at_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _sweep_next(rows: list[dict[str, Any]], cpus: int) -> tuple[int, int] | None:
     """``(tasks, num_workers)`` of the next point of the sweep at ``cpus`` (None: done)."""
-    at_c = [r for r in rows if is_pytorch_row(r) and int(r["cpus_per_task"]) == cpus]
+    at_c = [r for r in rows if has_dataloader_workers(r) and int(r["cpus_per_task"]) == cpus]
     if not at_c:
         return None
     t_sweep = int(at_c[0]["tasks"])
@@ -131,7 +131,7 @@ def next_point(rows: list[dict[str, Any]], n: int, max_tasks: int,
     With ``served`` the first ``served`` probe (2 tasks × 1 CPU: the chief and one input worker)
     comes as soon as the sweeps are done and one at 1 CPU per task was (its best count), before
     the planner's other layouts: the chief's ingest caps every layout."""
-    for c in dict.fromkeys(int(r["cpus_per_task"]) for r in rows if is_pytorch_row(r)):
+    for c in dict.fromkeys(int(r["cpus_per_task"]) for r in rows if has_dataloader_workers(r)):
         nxt = _sweep_next(rows, c)
         if nxt is not None:
             return "pipeline", nxt[0], c, nxt[1]

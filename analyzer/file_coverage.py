@@ -8,13 +8,14 @@ as input workers 0 and 1 of 2 would and as one unsharded worker, and reads back 
 lists (:func:`csrun_runtime.tensorflow.coverage.check_file_coverage`; names only, no record is read); a
 PyTorch run.py's DataLoaders are iterated for one pass each while the files they open are
 recorded, and judged by the samples their samplers draw where those can be listed
-(:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`, ``level: sample``).
+(:func:`csrun_runtime.pytorch.coverage.check_dataloader_files`, ``level: sample``); the backend's
+``probe`` module runs its framework's check (``file_coverage``, through :mod:`csrun_runtime.registry`).
 Files read by both workers while others are read by none are a warning with the fix (exit 0),
 or an error with ``--strict`` (exit 2, before any probe runs). The outcome goes into
 ``report.json`` (``file_coverage``) and the report's notes.
 
-This module is imported by the CLI lazily; the task side imports TensorFlow only in its
-process.
+This module is imported by the CLI lazily; the task side imports the framework only in its
+process, through the backend.
 """
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
     for p in problems:
         echo(f"cs_input_analyzer: {level}: train_input: {p}")
     note = result.get("note") or ""
-    built = ("the DataLoader built as streamers 0 and 1 of 2" if result.get("framework") == "pytorch"
-             else "input_fn built as workers 0 and 1 of 2")
+    # the backend's wording (its probe module's facts, not its framework)
+    from csrun_runtime.probing import facts
+
+    built = facts(result.get("framework")).coverage_built
     if result.get("level") == "sample" and verdict == "sharded":
         verdict = "sharded by sample"  # the note says the sample-level judgement
     notes = [f"input workers' files ({built}): {verdict}"
@@ -79,16 +82,13 @@ def findings(result: dict[str, Any], strict: bool, echo: Callable[[str], None]) 
 
 
 def _task(run_py: str, argv: list[str]) -> dict[str, Any]:
-    # The task's process only (TensorFlow runs there), never the analyzer's.
+    """The check in the task's process (the framework runs there, never in the analyzer's):
+    run.py captured, its backend's ``probe.file_coverage``, with ``framework``."""
+    from csrun_runtime import registry
     from csrun_runtime.capture import load_entry
-    from csrun_runtime.tensorflow.coverage import check_file_coverage
 
     entry = load_entry(run_py, argv)
-    if entry.framework == "pytorch":  # the DataLoader watched while it reads (no TensorFlow)
-        from csrun_runtime.pytorch.coverage import check_dataloader_files
-
-        return {**check_dataloader_files(entry.input_fn, entry.params).to_dict(), "framework": "pytorch"}
-    return check_file_coverage(entry.input_fn, entry.params).to_dict()
+    return {**registry.entry(entry.framework, "probe").file_coverage(entry), "framework": entry.framework}
 
 
 def main(args: Sequence[str] | None = None) -> int:

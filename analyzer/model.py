@@ -336,22 +336,11 @@ def ingest_limits(probes: pd.DataFrame, prior: bool = True) -> dict[str, Any]:
     bad = _contended(ok)
     clean_kinds = set(ok.loc[~bad, "kind"])
     ok = ok[~(bad & ok["kind"].isin(clean_kinds) & ok["kind"].isin(["ingest", "served"]))]
-
-    def med(df: pd.DataFrame, col: str) -> float | None:
-        if col not in df:
-            return None
-        v = pd.to_numeric(df[col], errors="coerce").dropna()
-        return float(v.median()) if len(v) else None
-
     ing = ok[ok["kind"] == "ingest"]
     srv = ok[ok["kind"] == "served"]
     sources = []
     if len(ing):
-        out["samples_per_sec"] = float(ing["samples_per_sec"].median())
-        util = med(ing, "cpu_util")
-        out["cpu_bound"] = util is not None and util >= 0.85
-        out["cpu_seconds_per_sample"] = med(ing, "cpu_seconds_per_sample")
-        out["chief_cpu_seconds_per_sample"] = med(ing, "chief_cpu_seconds_per_sample")
+        out.update(_ingest_probe_figures(ing))
         sources.append("ingest probe")
     elif prior:
         prior_hop = _hop_prior(probes)
@@ -359,23 +348,51 @@ def ingest_limits(probes: pd.DataFrame, prior: bool = True) -> dict[str, Any]:
             out["cpu_seconds_per_sample"] = prior_hop["cpu_seconds_per_sample"]
             sources.append(prior_hop["source"])
     if len(srv):
-        out["served_samples_per_sec"] = med(srv, "samples_per_sec")
-        kc = med(srv, "chief_cpu_seconds_per_sample")
-        if kc is not None:
-            out["chief_cpu_seconds_per_sample"] = kc
-        pipe = _ok_pipeline(probes)
-        cpus = int(srv["cpus_per_task"].iloc[0])
-        kp = med(pipe[(pipe["tasks"] == 1) & (pipe["cpus_per_task"] == cpus)], "cpu_seconds_per_sample")
-        kw = pd.to_numeric(srv["worker_cpu_seconds_per_sample"], errors="coerce") \
-            if "worker_cpu_seconds_per_sample" in srv else None
-        kl = pd.to_numeric(srv["worker_local_cpu_seconds_per_sample"], errors="coerce") \
-            if "worker_local_cpu_seconds_per_sample" in srv else pd.Series(math.nan, index=srv.index)
-        base = kl.fillna(kp if kp is not None else math.nan)
-        hop = (kw - base).dropna() if kw is not None else pd.Series(dtype=float)
-        if len(hop):
-            out["worker_hop_cpu_seconds_per_sample"] = max(0.0, float(hop.median()))
+        out.update({k: v for k, v in _served_figures(srv, probes).items()
+                    if v is not None or k != "chief_cpu_seconds_per_sample"})
         sources.append("served probe")
     out["source"] = ", ".join(sources) or "none"
+    return out
+
+
+def _median(df: pd.DataFrame, col: str) -> float | None:
+    """The median of ``df[col]`` read as numbers, ``None`` without the column or a number."""
+    if col not in df:
+        return None
+    v = pd.to_numeric(df[col], errors="coerce").dropna()
+    return float(v.median()) if len(v) else None
+
+
+def _ingest_probe_figures(ing: pd.DataFrame) -> dict[str, Any]:
+    """:func:`ingest_limits`'s figures from the successful ``ingest`` probes ``ing``: the
+    rate, whether it was CPU-bound (≥ 85 % of the node's CPUs), the hop's and the chief's
+    CPU-seconds per sample (medians)."""
+    util = _median(ing, "cpu_util")
+    return {"samples_per_sec": float(ing["samples_per_sec"].median()),
+            "cpu_bound": util is not None and util >= 0.85,
+            "cpu_seconds_per_sample": _median(ing, "cpu_seconds_per_sample"),
+            "chief_cpu_seconds_per_sample": _median(ing, "chief_cpu_seconds_per_sample")}
+
+
+def _served_figures(srv: pd.DataFrame, probes: pd.DataFrame) -> dict[str, Any]:
+    """:func:`ingest_limits`'s figures from the successful ``served`` probes ``srv``: the
+    delivered rate, the chief's CPU-seconds per sample (``None``: unknown, the ingest probe's
+    kept) and what serving adds to an input worker's (its CPU per sample serving minus the
+    same worker's in-process just before, else the pipeline probes' median at ``1 × C``;
+    the median, floored at 0; ``None`` when unknown)."""
+    out: dict[str, Any] = {"served_samples_per_sec": _median(srv, "samples_per_sec"),
+                           "chief_cpu_seconds_per_sample": _median(srv, "chief_cpu_seconds_per_sample")}
+    pipe = _ok_pipeline(probes)
+    cpus = int(srv["cpus_per_task"].iloc[0])
+    kp = _median(pipe[(pipe["tasks"] == 1) & (pipe["cpus_per_task"] == cpus)], "cpu_seconds_per_sample")
+    kw = pd.to_numeric(srv["worker_cpu_seconds_per_sample"], errors="coerce") \
+        if "worker_cpu_seconds_per_sample" in srv else None
+    kl = pd.to_numeric(srv["worker_local_cpu_seconds_per_sample"], errors="coerce") \
+        if "worker_local_cpu_seconds_per_sample" in srv else pd.Series(math.nan, index=srv.index)
+    base = kl.fillna(kp if kp is not None else math.nan)
+    hop = (kw - base).dropna() if kw is not None else pd.Series(dtype=float)
+    if len(hop):
+        out["worker_hop_cpu_seconds_per_sample"] = max(0.0, float(hop.median()))
     return out
 
 

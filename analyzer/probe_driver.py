@@ -31,7 +31,7 @@ The planner (:func:`next_probe`, pure) chooses probes adaptively:
 For a PyTorch run.py (the workers' hellos say ``framework: pytorch``) the tf.data service
 ingest probe is left out (PyTorch streams over csrun's data plane, not tf.data service); its
 ``served`` probes (step 2, 4b) measure the chief's ingest over the data plane instead
-(:mod:`analyzer.probe_plane`: input workers streaming the DataLoader, the chief draining it),
+(:mod:`csrun_runtime.pytorch.probe`: input workers streaming the DataLoader, the chief draining it),
 and every pipeline probe also has a DataLoader ``num_workers``: :func:`analyzer.dataloader_plan.next_point`
 sweeps it at each CPUs per task and runs the planner above at each one's best count; a probe
 whose DataLoader cannot be built there is ``invalid`` (skipped, not a failure).
@@ -57,6 +57,7 @@ import psutil
 
 from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
+from csrun_runtime.probing import DEFAULT_FRAMEWORK
 from launcher import slurm
 from launcher.container import Container
 from launcher.slurm import stop_process_group
@@ -201,10 +202,10 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     node rate (samples/s), used to rank unmeasured layouts (default: rank by ``T × C``).
     ``want_served``: plan the ``served`` probes (default: ``want_ingest``; PyTorch: served
     probes over the data plane without the tf.data service ingest probe). The order is the
-    module docstring's."""
-    served_wanted = want_ingest if want_served is None else want_served
+    module docstring's: the brackets here, then :func:`_ingest_step` (2, 2b),
+    :func:`_spread_step` (3, 4, 4b) and :func:`_refine_step` (5)."""
+    served_ok = (want_ingest if want_served is None else want_served) and max_tasks >= 2
     cands = candidates(n, max_tasks)
-    inside = [c for c in cands if c[0] * c[1] <= n]
     attempted: dict[tuple[int, int], int] = {}
     for r in rows:
         if r.get("kind", PROBE_KIND) == PROBE_KIND:
@@ -217,39 +218,55 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
             return PROBE_KIND, key[0], key[1]
     if not st:
         return None  # every bracket failed: nothing to refine
-    # 2. the chief's ingest (it caps every multi-node layout: measure it early)
+    return (_ingest_step(rows, n, cands, st, attempted, want_ingest, served_ok)
+            or _spread_step(rows, n, cands, st, attempted, served_ok)
+            or _refine_step(rows, n, cands, st, attempted, predict, served_ok))
+
+
+def _ingest_step(rows: list[dict], n: int, cands: list[tuple[int, int]],
+                 st: dict[tuple[int, int], dict[str, float]], attempted: dict[tuple[int, int], int],
+                 want_ingest: bool, served_ok: bool) -> tuple[str, int, int] | None:
+    """Steps 2 and 2b of :func:`next_probe`: the chief's ingest (it caps every multi-node
+    layout: measured early) and the first served probe; then a layout or the ingest probe
+    measured only while other processes were busy, once more (:func:`_measure_again`)."""
     if want_ingest and not any(r.get("kind") == INGEST_KIND for r in rows):
         return INGEST_KIND, 1, n
-    if served_wanted and max_tasks >= 2 and not any(r.get("kind") == SERVED_KIND for r in rows):
+    if served_ok and not any(r.get("kind") == SERVED_KIND for r in rows):
         return SERVED_KIND, 2, 1
-    # 2b. a layout (the brackets first) or the ingest probe measured only while other
-    # processes were busy: measure it once more
-    again = _measure_again(rows, n, cands, st, attempted, want_ingest)
-    if again is not None:
-        return again
+    return _measure_again(rows, n, cands, st, attempted, want_ingest)
+
+
+def _spread_step(rows: list[dict], n: int, cands: list[tuple[int, int]],
+                 st: dict[tuple[int, int], dict[str, float]], attempted: dict[tuple[int, int], int],
+                 served_ok: bool) -> tuple[str, int, int] | None:
+    """Steps 3, 4 and 4b of :func:`next_probe`: one repeat of the best layout (the spread is
+    known early), oversubscription when ``n × 1`` left CPUs idle, a second served probe (its
+    worker and chief costs are single windows otherwise)."""
     best = max(st, key=lambda k: st[k]["mean"])
-    # 3. one repeat of the best
     if all(v["count"] < 2 for v in st.values()) and attempted.get(best, 0) < 3:
         return PROBE_KIND, best[0], best[1]
-    # 4. oversubscription when n x 1 left CPUs idle
     over = [c for c in cands if c[0] * c[1] > n]
     util_all = st.get((n, 1), {}).get("util", math.nan)
     if over and over[0] not in attempted and not is_nan(util_all) and util_all < 0.8:
         return PROBE_KIND, over[0][0], over[0][1]
-    # 4b. a second served probe: its worker and chief costs are single windows otherwise
-    served = sum(1 for r in rows if r.get("kind") == SERVED_KIND)
-    served_ok = served_wanted and max_tasks >= 2
-    if served_ok and served < 2:
+    if served_ok and sum(1 for r in rows if r.get("kind") == SERVED_KIND) < 2:
         return SERVED_KIND, 2, 1
-    # 5. refine where the curve bends / repeat the best
+    return None
+
+
+def _refine_step(rows: list[dict], n: int, cands: list[tuple[int, int]],
+                 st: dict[tuple[int, int], dict[str, float]], attempted: dict[tuple[int, int], int],
+                 predict: Callable[[int, int], float] | None, served_ok: bool) -> tuple[str, int, int] | None:
+    """Step 5 of :func:`next_probe`: alternate the unmeasured layout the fit (``predict``, else
+    ``T × C``) rates highest and repeats of the best three until each has three; then the
+    rest unmeasured, a third served probe, and repeats of noisy layouts (spread over 5 %)."""
     rank = predict or (lambda t, c: float(t * c))
-    unmeasured = [c for c in inside if c not in attempted]
-    best_rate = st[best]["mean"]
+    unmeasured = [c for c in cands if c[0] * c[1] <= n and c not in attempted]
+    best_rate = max(v["mean"] for v in st.values())
     promising = sorted((c for c in unmeasured if rank(*c) >= 0.7 * best_rate), key=lambda c: -rank(*c))
     top = sorted(st, key=lambda k: -st[k]["mean"])[:3]
     need_repeat = [k for k in top if st[k]["count"] < 3 and attempted.get(k, 0) < 4]
-    n_done = len(rows)
-    if promising and (not need_repeat or n_done % 2 == 0):
+    if promising and (not need_repeat or len(rows) % 2 == 0):
         return PROBE_KIND, promising[0][0], promising[0][1]
     if need_repeat:
         k = min(need_repeat, key=lambda k: (st[k]["count"], -st[k]["mean"]))
@@ -257,7 +274,7 @@ def next_probe(rows: list[dict], n: int, max_tasks: int, want_ingest: bool = Tru
     if unmeasured:
         k = max(unmeasured, key=lambda c: rank(*c))
         return PROBE_KIND, k[0], k[1]
-    if served_ok and served < 3:
+    if served_ok and sum(1 for r in rows if r.get("kind") == SERVED_KIND) < 3:
         return SERVED_KIND, 2, 1
     noisy = [k for k in top if not is_nan(st[k]["cv"]) and st[k]["cv"] > 0.05 and attempted.get(k, 0) < 6]
     if noisy:
@@ -688,7 +705,7 @@ class ProbeRun:
     hellos: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stopped: str = ""
-    framework: str = "tensorflow"
+    framework: str = DEFAULT_FRAMEWORK
     node_cpus: int = 0
     load_s: float = 0.0
     load_times: list[float] = field(default_factory=list)
@@ -767,16 +784,13 @@ class _Driver:
         self.sessions = 0
         self.elapsed_by_key: dict[tuple[str, int, int], float] = {}
         self.failures: list[str] = []
-        self.pytorch = False  # the hellos say; then the grid adds DataLoader num_workers
-        self.loader_workers: int | None = None  # the next PyTorch probe's DataLoader num_workers
+        self.sweep = False  # the hellos' framework says; then the grid adds DataLoader num_workers
+        self.loader_workers: int | None = None  # the next probe's DataLoader num_workers (a sweep's)
 
     def run(self) -> ProbeRun:
         """Probe until done; returns what was found (``stopped`` says why it ended)."""
         self.session = self._new_session(self.base_workers)
-        if any(h.get("framework") == "pytorch" for h in self.out.hellos):
-            # no tf.data service hop to measure; the served probes measure the chief's ingest over
-            # csrun's data plane instead (docs/INPUT-ANALYZER.md "PyTorch")
-            self.pytorch, self.want_ingest, self.out.framework = True, False, "pytorch"
+        self._learn_framework()
         try:
             while self._step():
                 pass
@@ -787,6 +801,23 @@ class _Driver:
                 self.session.close()
             self.bar.close()
         return self.out
+
+    def _learn_framework(self) -> None:
+        """The framework the probe processes loaded (their hellos) and what it changes
+        (:class:`csrun_runtime.probing.ProbeFacts`): without an ingest hop of its own
+        (PyTorch) no ``ingest`` probe, the ``served`` probes measure the chief's ingest over
+        csrun's data plane (docs/INPUT-ANALYZER.md "PyTorch"); a DataLoader's worker count is
+        swept (:func:`analyzer.dataloader_plan.next_point`)."""
+        # the backend's facts (not its framework): once the probe processes are up
+        from csrun_runtime.probing import facts
+
+        fw = next((h["framework"] for h in self.out.hellos if h.get("framework")), None)
+        if fw is None:
+            return
+        f = facts(fw)
+        self.out.framework = fw
+        self.sweep = f.dataloader_workers
+        self.want_ingest = self.want_ingest and f.ingest_probe
 
     def _tick(self) -> None:
         self.bar.update(time.monotonic() - self.t_start)
@@ -847,9 +878,9 @@ class _Driver:
         return nxt, have, remaining
 
     def _plan(self, max_tasks: int, predict: Callable[[int, int], float] | None) -> tuple[str, int, int] | None:
-        """:func:`next_probe`; for PyTorch :func:`analyzer.dataloader_plan.next_point`, its
-        DataLoader ``num_workers`` kept in ``self.loader_workers``."""
-        if not self.pytorch:
+        """:func:`next_probe`; where DataLoader workers are swept
+        :func:`analyzer.dataloader_plan.next_point`, its ``num_workers`` kept in ``self.loader_workers``."""
+        if not self.sweep:
             return next_probe(self.out.rows, self.n, max_tasks, self.want_ingest, predict)
         got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict,
                                          served=self.want_served)
@@ -892,11 +923,11 @@ class _Driver:
             T = min(session.workers, 3)
         if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
             # One CPU cannot hold the input worker and the chief apart: the chief runs here.
-            extra = {"dataloader_workers": self.loader_workers} if self.pytorch else {}
+            extra = {"dataloader_workers": self.loader_workers} if self.sweep else {}
             row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick, extra)
-            if self.pytorch:
+            if self.sweep:
                 row["dataloader_workers"] = self.loader_workers
-        elif self.pytorch:
+        elif self.sweep:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick,
                                 extra={"dataloader_workers": self.loader_workers})
             row["dataloader_workers"] = self.loader_workers

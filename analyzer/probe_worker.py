@@ -15,28 +15,33 @@ A probe command ``{"seq", "probe_id", "kind": "pipeline"|"ingest"|"served", "tas
 by the processes with index ``< T`` (index: ``spec["index"]``, else ``$CSRUN_PROBE_INDEX``,
 else ``$SLURM_PROCID``); each pins all its threads to its own ``C`` CPUs
 (``os.sched_setaffinity`` on every thread; CPUs ``[i·C, (i+1)·C)`` of the allowed set,
-wrapping when the node is oversubscribed), builds worker 0 of 1's input through the
-input-backend interface (:mod:`csrun_runtime.input_backend`, :func:`backend_for`): TensorFlow's
-``input_fn(params)`` with ``threading.private_threadpool_size = C`` and
-``max_intra_op_parallelism = 1``, or PyTorch's DataLoader with the command's
-``"dataloader_workers"`` as ``train_input.num_workers`` and ``torch.set_num_threads(C)`` (a
-DataLoader that cannot be built there: ``"invalid": true`` in the result), iterates it
-for the warm-up, meets the other processes at a file barrier, measures ``measure_s``
-seconds (samples/s, CPU-seconds, bytes read from psutil's I/O counters), keeps iterating
-until every process has measured (so each window sees the full load), and writes
+wrapping when the node is oversubscribed), builds what it iterates, iterates it for the
+warm-up, meets the other processes at a file barrier, measures ``measure_s`` seconds
+(samples/s, CPU-seconds, bytes read from psutil's I/O counters), keeps iterating until every
+process has measured (so each window sees the full load), and writes
 ``<workdir>/res/<seq>_<index>.json``.
 
-``kind == "ingest"`` measures the chief's ingest path instead (:func:`_ingest_role`):
-process 0 hosts the tf.data service dispatchers and drains the streams as the runtime's
-chief does, processes 1..T-1 are service workers serving the first ``cache_elements``
-elements of the pipeline from a cache — the rate and the CPU-seconds per sample of the
-service hop alone (with ``T == 1`` the worker servers live in the chief's process).
+This module is the framework-neutral harness; what differs per framework is the backend's
+``probe`` module (:class:`csrun_runtime.probing.ProbeBackend`, picked with
+``csrun_runtime.registry.entry(framework, "probe")``: :mod:`csrun_runtime.tensorflow.probe`,
+:mod:`csrun_runtime.pytorch.probe`):
 
-``kind == "served"`` is the same split with the real pipeline: processes 1..T-1 serve
-``input_fn``'s dataset exactly as the runtime's input workers do (held to ``C`` CPUs each,
-pinned to their own CPUs where the node has them), process 0 drains it as the chief. Each
-process measures its own CPU, so the input workers' CPU-seconds per sample *with* the
-service (the pipeline plus serving its elements) and the chief's per sample are known apart.
+* ``kind == "pipeline"``: worker 0 of 1's input built through the input-backend interface
+  (:mod:`csrun_runtime.input_backend`, :func:`backend_for`): TensorFlow's ``input_fn(params)``
+  with ``threading.private_threadpool_size = C`` and ``max_intra_op_parallelism = 1``, or
+  PyTorch's DataLoader with the command's ``"dataloader_workers"`` as
+  ``train_input.num_workers`` and ``torch.set_num_threads(C)`` (a DataLoader that cannot be
+  built there: ``"invalid": true`` in the result);
+* ``kind == "ingest"`` (TensorFlow's only) measures the chief's ingest path on cached
+  elements: process 0 hosts the tf.data service dispatchers and drains the streams as the
+  runtime's chief does, processes 1..T-1 serve the first ``cache_elements`` elements of the
+  pipeline from a cache (with ``T == 1`` the worker servers live in the chief's process);
+* ``kind == "served"`` is the same split with the real pipeline: processes 1..T-1 serve the
+  input exactly as the runtime's input workers do (TensorFlow: through the tf.data service;
+  PyTorch: the DataLoader streamed over csrun's data plane), process 0 drains it as the chief.
+  Each process measures its own CPU, so the input workers' CPU-seconds per sample *with*
+  serving and the chief's per sample are known apart.
+
 With ``"chief_apart": true`` in the command the chief is not one of the node's processes:
 the driver runs it elsewhere (``"mode": "once"``, index 0; on a node with a single CPU the
 chief would otherwise share the worker's CPU and inflate both costs), node process ``i``
@@ -48,10 +53,9 @@ CPUs, load time, or the load error) are written atomically (temp file + rename).
 process leaves with ``os._exit`` (a pipeline with ``tf.py_function`` can hang interpreter
 exit); the driver still enforces a timeout.
 
-TensorFlow is imported inside the functions that run a pipeline (and by :func:`main`
-once run.py is loaded, so that the load time counts it); for a PyTorch run.py torch instead,
-and never TensorFlow (the ingest kind is TensorFlow's only; a PyTorch ``served`` probe is the
-chief's ingest over csrun's data plane instead: :mod:`analyzer.probe_plane`).
+No framework is imported here: the backend imports its own (by :func:`main` once run.py is
+loaded, ``ProbeBackend.prepare``, so that the load time counts it), and a PyTorch run.py's
+probe never imports TensorFlow.
 """
 from __future__ import annotations
 
@@ -63,22 +67,28 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
 from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.env import PROBE_INDEX, PROBE_PARENT
-from csrun_runtime import rendezvous
+from csrun_runtime import registry
 from csrun_runtime.capture import load_entry
-from csrun_runtime.input_backend import BuiltInput, InputBackend, InputBuildError, samples_in
-from csrun_runtime.tensorflow import contract, service
-from csrun_runtime.tensorflow.input_backend import TFInputBackend, tf_passes
-from csrun_runtime.tensorflow.input_backend import tf_samples_and_bytes as samples_and_bytes
+from csrun_runtime.input_backend import InputBackend, InputBuildError, samples_in
+from csrun_runtime.probing import (
+    DEFAULT_FRAMEWORK,
+    ContractViolation,
+    Counter,
+    InvalidPoint,
+    ProbeBackend,
+    Stepper,
+    host_busy_seconds,
+)
 
-__all__ = ["pin_all_threads", "cpus_for", "probe_cpus", "samples_in", "samples_and_bytes", "ProbedPipeline",
-           "backend_for", "Counter", "run_probe", "serve", "main"]
+__all__ = ["pin_all_threads", "cpus_for", "probe_cpus", "samples_in", "ProbedPipeline", "backend_for",
+           "Counter", "host_busy_seconds", "run_probe", "serve", "main"]
 
 POLL_S = 0.05
 
@@ -143,116 +153,32 @@ class Marker:
         return self.count(phase) >= self.tasks
 
 
-class Stepper(Protocol):
-    """What a probe process iterates: :class:`Counter`, :class:`IdleCounter` or the PyTorch
-    served probe's :class:`analyzer.probe_plane.PlaneCounter` / ``PlaneSender``."""
-
-    samples: int
-    batches: int
-    bytes: int
-
-    @property
-    def restarts(self) -> int: ...
-
-    def step(self) -> None: ...
-
-
-class ContractViolation(RuntimeError):
-    """input_fn broke the runtime's contract (the message is csrun_runtime.tensorflow.contract's)."""
-
-
-class InvalidPoint(RuntimeError):
-    """The input cannot be built at the probe's point (e.g. DataLoader ``num_workers: 0`` with
-    a ``prefetch_factor``): the probe is recorded ``invalid`` and the planner skips it."""
-
-
 def backend_for(entry: Any) -> InputBackend:
     """The input backend of a captured run.py (:class:`csrun_runtime.capture.CapturedRun`: its
-    ``framework``, ``input_fn`` and ``params``): :class:`csrun_runtime.tensorflow.input_backend.TFInputBackend`
-    or :class:`csrun_runtime.pytorch.input_backend.TorchInputBackend` (torch's side imported only
-    then). Raises ``ValueError`` for another framework."""
-    fw = getattr(entry, "framework", "tensorflow")
-    if fw == "tensorflow":
-        return TFInputBackend(entry.input_fn, entry.params)
-    if fw == "pytorch":
-        from csrun_runtime.pytorch.input_backend import TorchInputBackend
-
-        return TorchInputBackend(entry.input_fn, entry.params)
-    raise ValueError(f"framework {fw!r}: no input backend (tensorflow or pytorch)")
+    ``framework``, ``input_fn`` and ``params``), from its backend's ``probe`` module
+    (``registry.entry(framework, "probe").backend``; the framework's side imported only then).
+    Raises :class:`csrun_runtime.registry.UnknownFramework` (a ``ValueError``) for another
+    framework, :class:`csrun_runtime.probing.ContractViolation` for an input function that
+    breaks the contract."""
+    backend: InputBackend = registry.entry(getattr(entry, "framework", DEFAULT_FRAMEWORK), "probe").backend(entry)
+    return backend
 
 
 class ProbedPipeline:
     """The captured run.py (:func:`csrun_runtime.capture.load_entry`): ``input_fn`` (PyTorch:
     ``train_data_fn``), the params input worker 0 of 1 receives (the single-process view:
-    every probe process reads all the data, as an unsharded worker would), ``framework`` and
-    its input backend (:func:`csrun_runtime.input_backend.backend_for`)."""
+    every probe process reads all the data, as an unsharded worker would), ``framework``, its
+    backend's ``probe`` module (``probe``: :class:`csrun_runtime.probing.ProbeBackend`) and its
+    input backend (``backend``). Raises :class:`csrun_runtime.probing.ContractViolation` when
+    the input function breaks the contract."""
 
     def __init__(self, run_py: str, argv: list[str]):
         self.captured = load_entry(run_py, list(argv))
         self.framework = self.captured.framework
         self.input_fn = self.captured.input_fn
         self.params = self.captured.worker_params(0, 1)
-        self.backend = backend_for(self.captured)
-        if self.framework == "tensorflow":
-            problems = contract.check_signature(self.input_fn)
-            if problems:
-                raise ContractViolation("train_input: " + "; ".join(problems))
-
-
-def build_dataset(entry: ProbedPipeline, cpus_per_task: int) -> Any:
-    """``input_fn(params)`` (a ``tf.data.Dataset``) checked against the runtime's contract
-    (:func:`csrun_runtime.tensorflow.contract.check_dataset`), held to ``cpus_per_task`` cores as
-    the runtime holds its input workers (:func:`csrun_runtime.tensorflow.service.limit_threads`).
-
-    Raises :class:`ContractViolation` with the contract's messages, or what input_fn raises.
-    """
-    # as an input worker builds it: TF_CONFIG of one worker, its seeds (csrun_runtime.tensorflow.pipeline)
-    if not isinstance(entry.backend, TFInputBackend):
-        raise ContractViolation("the chief's ingest probes measure tf.data service: TensorFlow only")
-    try:
-        return entry.backend.dataset(0, 1, cpus_per_task)
-    except InputBuildError as e:
-        raise ContractViolation(str(e)) from None
-
-
-class Counter:
-    """Iterates a built input (:class:`csrun_runtime.input_backend.BuiltInput`: endless, pass
-    after pass), counting samples, batches and bytes."""
-
-    def __init__(self, built: BuiltInput):
-        self.built = built
-        self.samples = self.batches = self.bytes = 0
-
-    @property
-    def restarts(self) -> int:
-        """Passes begun after the first."""
-        return self.built.restarts[0]
-
-    def step(self) -> None:
-        """Take one batch and count it."""
-        self.count(next(self.built.batches))
-
-    def count(self, el: Any) -> None:
-        """Add one element's samples and bytes (the backend's ``measure``)."""
-        s, b = self.built.measure(el)
-        self.samples += s
-        self.batches += 1
-        self.bytes += b
-
-
-def tf_counter(ds: Any) -> Counter:
-    """A :class:`Counter` over a ``tf.data.Dataset`` (restarted at its end)."""
-    import tensorflow as tf  # loaded already: ds is a tf.data.Dataset
-
-    restarts = [0]
-    return Counter(BuiltInput(batches=tf_passes(ds, restarts), restarts=restarts,
-                              measure=lambda el: samples_and_bytes(el, tf.nest.flatten)))
-
-
-def host_busy_seconds() -> float:
-    """CPU-seconds the whole machine has been busy (all processes, all CPUs) so far."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+        self.probe: ProbeBackend = registry.entry(self.framework, "probe")
+        self.backend = self.probe.backend(self.captured)
 
 
 def _cpu_with_children(proc: psutil.Process) -> float:
@@ -326,40 +252,22 @@ def run_probe(entry: ProbedPipeline, cmd: dict[str, Any], index: int, allowed: l
 
 def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
                  workdir: Path) -> tuple[Stepper, Any, int]:
-    """What process ``index`` iterates for the probe ``cmd``: the pipeline (``pipeline``),
-    the chief's ingest path on cached elements in one process (``ingest`` with one task), or
-    its role in a multi-process ``ingest`` / ``served`` probe (:func:`_ingest_role`; a PyTorch
-    ``served`` probe: :func:`analyzer.probe_plane.plane_role`, over csrun's data plane). Returns
-    the counter, the objects to keep referenced, and the batches the warm-up must at least
-    take (an ingest probe fills its caches first)."""
+    """What process ``index`` iterates for the probe ``cmd``: the pipeline built through the
+    input backend (``pipeline``), or its role in an ``ingest`` / ``served`` probe, which the
+    backend's ``probe`` module plays (:meth:`csrun_runtime.probing.ProbeBackend.role`: tf.data
+    service, csrun's data plane). Returns the counter, the objects to keep referenced (or to
+    close), and the batches the warm-up must at least take (an ingest probe fills its caches
+    first). A build error is an :class:`~csrun_runtime.probing.InvalidPoint` where the backend
+    sweeps DataLoader workers (the planner skips it), else a
+    :class:`~csrun_runtime.probing.ContractViolation` (the contract's messages)."""
     kind = cmd.get("kind", "pipeline")
-    T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
-    cache = int(cmd.get("cache_elements", 16))
-    if kind == "ingest" and T == 1:
-        counter, servers = _ingest_counter(entry, C, cache, workdir)
-        return counter, servers, 2 * 2 * cache  # every cached element served twice: the cache is full
-    if kind == "served" and entry.framework == "pytorch":  # the chief's ingest over csrun's data plane
-        from .probe_plane import plane_role
-
-        try:
-            plane = plane_role(entry, cmd, index, workdir)
-        except InputBuildError as e:
-            raise InvalidPoint(str(e)) from None
-        return plane, plane, 2
-    if kind in ("ingest", "served"):
-        warmup, measure = float(cmd["warmup_s"]), float(cmd["measure_s"])
-        counter, servers = _ingest_role(entry, C, cache, workdir, int(cmd["seq"]), index, T,
-                                        float(cmd.get("barrier_timeout_s", 30.0)), cached=kind == "ingest",
-                                        local_s=(min(warmup, 2.0), measure / 2.0),
-                                        apart=bool(cmd.get("chief_apart")))
-        return counter, servers, 2 * (T - 1) * cache if index == 0 and kind == "ingest" else 2
+    if kind != "pipeline":
+        return entry.probe.role(entry, cmd, index, workdir)
     try:
-        built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
+        built = entry.backend.build(0, 1, int(cmd["cpus_per_task"]), dataloader_workers=cmd.get("dataloader_workers"),
                                     prefetch_factor=cmd.get("prefetch_factor"))
-    except InputBuildError as e:  # PyTorch: a DataLoader count it cannot be built at (the planner skips it)
-        if entry.framework == "pytorch":
-            raise InvalidPoint(str(e)) from None
-        raise ContractViolation(str(e)) from None  # TensorFlow: the contract's messages, as before
+    except InputBuildError as e:
+        raise (InvalidPoint if entry.probe.FACTS.dataloader_workers else ContractViolation)(str(e)) from None
     return Counter(built), None, 2
 
 
@@ -420,183 +328,32 @@ def _measure(counter: Stepper, measure_s: float) -> dict[str, Any]:
     }
 
 
-#: tf.data service servers and sources of ingest probes: never destroyed before ``os._exit``
-#: (their destructors can block forever, holding the GIL).
+#: an ingest or served probe's servers and sources: never destroyed before ``os._exit``
+#: (a tf.data service server's destructor can block forever, holding the GIL).
 _KEEP: list[Any] = []
 
 
 def _drop(counter: Any, servers: Any) -> None:
-    """Release a probe's iterator in a daemon thread (tearing a tf.data pipeline down can
-    block); service servers and sources are kept until the process leaves; a PyTorch
-    DataLoader is closed here (its worker processes joined: none left to load the next probe)."""
+    """Release a probe's iterator: an object the backend gave to close is closed (a data-plane
+    receiver, or a sender and its DataLoader); other servers and sources are kept until the
+    process leaves; a built input is closed (a DataLoader's worker processes end before the
+    next probe starts) and its iterator released in a daemon thread (tearing a tf.data
+    pipeline down can block)."""
     if servers is not None and servers is counter and hasattr(servers, "close"):
-        servers.close()  # a PyTorch served probe: the receiver, or the sender and its DataLoader
+        servers.close()
         return
     if servers is not None:
         _KEEP.append((counter, servers))
         return
     built = getattr(counter, "built", None)
-    if built is not None and built.info.get("framework") == "pytorch":
-        built.close()  # its DataLoader worker processes end before the next probe starts
-        return
+    if built is not None:
+        built.close()
     holder = [counter]
 
     def drop() -> None:
         holder.clear()
 
     threading.Thread(target=drop, daemon=True).start()
-
-
-def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
-    """Register ``ds`` with the dispatcher at ``address`` as the runtime's input workers do:
-    bundled by :func:`csrun_runtime.tensorflow.service.plan_bundle` (``input_bundle: auto``), each service
-    element counted in ``counter[0]``, no compression. Returns the batches per element."""
-    plan = service.plan_bundle(ds.element_spec, "auto")
-    service.register_stream(address, ds, plan, counter)
-    return plan.bundle
-
-
-class SourceCounter(Counter):
-    """A :class:`Counter` over the runtime's chief-side batch source
-    (:class:`csrun_runtime.tensorflow.service.ServiceSource`: one reader thread per worker stream and
-    a merge queue, the workers' elements bundled as the runtime's: exactly the chief's ingest
-    path)."""
-
-    def __init__(self, source: service.ServiceSource, timeout_s: float = 60.0):
-        import tensorflow as tf  # loaded already: the source reads tf.data service streams
-
-        self.source, self.timeout_s = source, timeout_s
-        self.built = BuiltInput(batches=iter(()), measure=lambda el: samples_and_bytes(el, tf.nest.flatten))
-        self.samples = self.batches = self.bytes = 0
-
-    def step(self) -> None:
-        """Take the rest of the element being handed out (a chunk, as the training loop takes
-        it: no Python per batch of a bundle) and count its batches."""
-        chunk = self.source.get_chunk(1 << 30, self.timeout_s)
-        a = chunk.offset
-        s, b = self.built.measure(service._map(lambda t: t[a], chunk.batches))  # one batch of it
-        self.samples += s * chunk.steps
-        self.batches += chunk.steps
-        self.bytes += b * chunk.steps
-
-
-class IdleCounter:
-    """The :class:`Counter` interface for a process that only serves (a tf.data service
-    worker of an ingest probe): ``step`` waits 10 ms; nothing is consumed here."""
-
-    def __init__(self, local_cpu_seconds_per_sample: float | None = None) -> None:
-        self.samples = self.bytes = self.restarts = 0
-        self.batches = 0
-        self.local_cpu_seconds_per_sample = local_cpu_seconds_per_sample
-
-    def step(self) -> None:
-        time.sleep(0.01)
-        self.batches += 1
-
-
-def _ingest_role(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir: Path, seq: int, index: int,
-                 tasks: int, timeout_s: float, cached: bool = True,
-                 local_s: tuple[float, float] = (0.0, 0.0), apart: bool = False):
-    """One process of a multi-process ingest or served probe: the runtime's chief/worker
-    split with a cached pipeline (``cached``) or the real one. Process 0 is the chief: one dispatcher per worker
-    (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), the addresses in
-    ``<workdir>/ingest_<seq>.json``, and :class:`csrun_runtime.tensorflow.service.ServiceSource` reading
-    the streams. Processes 1..T-1 are input workers: a ``WorkerServer`` attached to their
-    dispatcher serving the first ``cache_elements`` elements of the pipeline from a cache,
-    wrapped and registered as :func:`csrun_runtime.tensorflow.worker.run_worker` does (with
-    ``cached=False``: the whole pipeline, repeated at its end; before it registers, the
-    worker iterates the same pipeline in-process for ``local_s = (warm-up, window)``
-    seconds while the chief waits, and keeps its CPU-seconds per sample as
-    ``local_cpu_seconds_per_sample``: the pipeline alone on the same CPUs just before it is
-    served, so the cost of serving is a difference of two back-to-back measurements).
-    Every process
-    measures its own CPU, so the probe's CPU-seconds per sample are the service hop's on both
-    ends, each in its own process. Returns ``(counter, objects to keep alive)``.
-    Raises ``TimeoutError`` when the other side does not appear within ``timeout_s``.
-    ``apart``: the chief runs on another host (addresses by host name)."""
-    import tensorflow as tf  # loaded already by the pipeline's module
-
-    svc = tf.data.experimental.service
-    host = socket.gethostname() if apart else "localhost"
-    addr_file = workdir / f"ingest_{seq}.json"
-    deadline = time.monotonic() + timeout_s
-    if index == 0:
-        servers, ports = service.start_dispatchers(tasks - 1)
-        addresses = [f"{host}:{p}" for p in ports]
-        write_json(addr_file, {"addresses": addresses})
-        regs = [workdir / f"ingest_{seq}_w{i}.json" for i in range(1, tasks)]
-        while not all(r.exists() for r in regs):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the ingest probe's workers did not register")
-            time.sleep(POLL_S)
-        rdv = rendezvous.Rendezvous(workdir / "ingest", f"probe{seq}")
-        rdv.reset()
-        bundles = [int(json.loads(r.read_text()).get("bundle") or 1) for r in regs]
-        source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "bundle": bundles[i]}
-                                                        for i in range(tasks - 1)})
-        return SourceCounter(source), (servers, source)
-    while not addr_file.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the ingest probe's chief did not publish its dispatchers")
-        time.sleep(POLL_S)
-    address = json.loads(addr_file.read_text())["addresses"][index - 1]
-    ds = build_dataset(entry, cpus)
-    ds = ds.take(max(1, cache_elements)).cache().repeat() if cached else ds.repeat()
-    local = None if cached or local_s[1] <= 0 else _local_cost(ds, *local_s)
-    counter = [0]
-    worker = svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address, worker_address=f"{host}:%port%",
-                                               port=0, protocol="grpc", heartbeat_interval_ms=1000))
-    bundle = _serve_bundled(address, ds, counter)
-    write_json(workdir / f"ingest_{seq}_w{index}.json", {"pid": os.getpid(), "bundle": bundle})
-    return IdleCounter(local[0] if local else None), (worker, counter, local)
-
-
-def _local_cost(ds: Any, warmup_s: float, measure_s: float) -> tuple[float, Any]:
-    """Iterate ``ds`` in this process for ``warmup_s`` then ``measure_s`` seconds; returns
-    ``(CPU-seconds per sample, the counter)``. The counter must stay referenced (its
-    iterator idles once its prefetch buffers are full; deleting it can block)."""
-    proc = psutil.Process()
-    c = tf_counter(ds)
-    t_end = time.monotonic() + warmup_s
-    c.step()
-    while time.monotonic() < t_end:
-        c.step()
-    ct0, s0 = proc.cpu_times(), c.samples
-    t_end = time.monotonic() + measure_s
-    while time.monotonic() < t_end or c.samples == s0:
-        c.step()
-    ct1 = proc.cpu_times()
-    cpu = (ct1.user - ct0.user) + (ct1.system - ct0.system)
-    return cpu / max(c.samples - s0, 1), c
-
-
-def _ingest_counter(entry: ProbedPipeline, cpus: int, cache_elements: int, workdir: Path, streams: int = 2):
-    """The chief's ingest path on cached elements: ``streams`` tf.data service dispatchers
-    (:func:`csrun_runtime.tensorflow.service.start_dispatchers`), each with a worker in this process
-    serving the first ``cache_elements`` elements of the pipeline from a cache, wrapped and
-    registered as the runtime's input workers do (``count_elements``, ``compression=None``),
-    and read by :class:`csrun_runtime.tensorflow.service.ServiceSource` (a reader thread per stream
-    and a merge queue). Its CPU-seconds per sample are the cost of the service hop on both
-    ends. Returns the counter and what must stay referenced."""
-    import tensorflow as tf  # loaded already by the pipeline's module
-
-    svc = tf.data.experimental.service
-    servers, ports = service.start_dispatchers(streams)
-    addresses = [f"localhost:{p}" for p in ports]
-    workers, counters, bundles = [], [], []
-    for address in addresses:
-        ds = build_dataset(entry, cpus).take(max(1, cache_elements)).cache().repeat()
-        counter = [0]
-        counters.append(counter)
-        workers.append(svc.WorkerServer(svc.WorkerConfig(
-            dispatcher_address=address, worker_address="localhost:%port%", port=0, protocol="grpc",
-            heartbeat_interval_ms=1000)))
-        bundles.append(_serve_bundled(address, ds, counter))
-    rdv = rendezvous.Rendezvous(workdir / "ingest", f"probe{os.getpid()}_{time.time_ns()}")
-    rdv.reset()
-    source = service.ServiceSource(rdv, addresses, {i: {"node": socket.gethostname(), "pid": os.getpid(),
-                                                        "bundle": bundles[i]} for i in range(streams)})
-    return SourceCounter(source), (servers, workers, source, counters)
 
 
 def _error(exc: BaseException) -> dict:
@@ -672,8 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         if spec.get("cwd"):
             os.chdir(spec["cwd"])
         entry = ProbedPipeline(spec["run_py"], spec.get("argv", []))
-        # the framework loaded here so that the hello's load time counts it (never the other one)
-        __import__("torch" if entry.framework == "pytorch" else "tensorflow")
+        entry.probe.prepare()  # the framework loaded here: the hello's load time counts it
         hello["framework"] = entry.framework
         hello["load_s"] = time.monotonic() - t0
         hello_path = Path(spec.get("hello") or workdir / f"hello_{index}.json")

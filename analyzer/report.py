@@ -25,22 +25,25 @@ from typing import Any
 
 from csrun_common import atomic
 from csrun_common.layout import LayoutSpec, flag
+from csrun_runtime.probing import DEFAULT_FRAMEWORK, facts
+from csrun_runtime.registry import LAUNCHERS
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
 
 _MODE_FLAGS = ("--validate_only", "--compile_only")
 
 
-def train_command(command: Sequence[str], framework: str = "tensorflow") -> list[str]:
+def train_command(command: Sequence[str], framework: str = DEFAULT_FRAMEWORK) -> list[str]:
     """The user's command as a training command for csrun_wse: the first word (``python``,
-    a python path, ``python-ws``, ``python-pt``) becomes ``python-ws`` (``python-pt`` for
+    a python path, a launcher word) becomes ``framework``'s launcher word
+    (:data:`csrun_runtime.registry.LAUNCHERS`: ``python-ws``, ``python-pt`` for
     ``framework="pytorch"``); ``--mode X`` / ``--mode=X`` becomes
     ``--mode train`` and ``--validate_only`` / ``--compile_only`` are dropped (``--mode
     train`` is added when no mode was given)."""
     words = list(command)
     if not words:
         return words
-    launcher = "python-pt" if framework == "pytorch" else "python-ws"
+    launcher = LAUNCHERS[framework]
     out = [launcher] if _is_python(words[0]) else [words[0]]
     rest = words[1:]
     i, has_mode = 0, False
@@ -66,11 +69,11 @@ def train_command(command: Sequence[str], framework: str = "tensorflow") -> list
 
 def _is_python(word: str) -> bool:
     base = os.path.basename(word)
-    return base.startswith("python") or base in ("python-ws", "python-pt")
+    return base.startswith("python") or base in LAUNCHERS.values()
 
 
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,
-                      shard_plan: str | None = None, framework: str = "tensorflow") -> str:
+                      shard_plan: str | None = None, framework: str = DEFAULT_FRAMEWORK) -> str:
     """The exact csrun_wse line for recommendation ``rec`` and the user's ``command``
     (the chief's input CPUs ``L`` when the recommendation gives the chief's task an input worker
     of ``L`` CPUs; ``python-pt`` for ``framework="pytorch"``). The layout's flags:
@@ -162,7 +165,7 @@ def _again_clause(d: dict[str, Any], stopped: Any) -> str:
 def _header_lines(report: dict[str, Any]) -> list[str]:
     where = report.get("probed_on") or {}
     probes = report.get("probes", [])
-    fw = " (PyTorch: train_data_fn's DataLoader)" if report.get("framework") == "pytorch" else ""
+    fw = facts(report.get("framework")).input_note
     return [f"Input function: {report.get('run_py')} {' '.join(report.get('argv', []))}{fw}",
             f"Probed on {where.get('node', '?')} ({report.get('node_cpus')} CPUs"
             f"{', local' if report.get('local') else ''}) for {report.get('probing_s', 0):.0f} s: "
@@ -240,7 +243,7 @@ def _bottleneck_lines(report: dict[str, Any]) -> list[str]:
                      f"tf.data service worker ({(ing.get('cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per "
                      f"sample, both ends{'; CPU-bound' if ing.get('cpu_bound') else ''})")
     if ing.get("worker_hop_cpu_seconds_per_sample") is not None:
-        via = "over csrun's data plane" if report.get("framework") == "pytorch" else "through the tf.data service"
+        via = facts(report.get("framework")).via
         lines.append(f"  - serving the real pipeline {via} costs an input worker "
                      f"{ing['worker_hop_cpu_seconds_per_sample'] * 1e3:.3f} CPU-ms per sample more and the "
                      f"chief {(ing.get('chief_cpu_seconds_per_sample') or 0) * 1e3:.3f} CPU-ms per sample")
@@ -355,30 +358,47 @@ def write_text(out: Path, report: dict[str, Any]) -> str:
 
 
 def plot(out: Path, report: dict[str, Any]) -> Path | None:
-    """Write ``throughput.png`` (matplotlib, Agg); ``None`` when there is nothing to plot."""
+    """Write ``throughput.png`` (matplotlib, Agg): the node's throughput against tasks per node
+    (:func:`_plot_node`) and the predicted rate against nodes (:func:`_plot_nodes_curve`);
+    ``None`` when there is nothing to plot."""
     # matplotlib and pandas are imported here, not at the CLI's start-up.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-    from matplotlib.ticker import MaxNLocator
 
     from .dataloader_plan import at_best
 
     # numpy + pandas (the model): when a report is written, not at the CLI's start-up.
-    from .model import NodeModel, aggregate
+    from .model import NodeModel
 
-    # PyTorch: each CPUs per task at its best DataLoader num_workers, as the model was fitted
+    # a DataLoader sweep's: each CPUs per task at its best num_workers, as the model was fitted
     probes = pd.DataFrame(at_best(list(report.get("probes") or [])))
     if probes.empty or report.get("model") is None:
         return None
     model = NodeModel.from_dict(report["model"])
-    agg = aggregate(probes)
-    rec = report.get("recommendation") or {}
-    n = model.node_cpus
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax = axes[0]
+    _plot_node(axes[0], model, probes, report.get("recommendation") or {})
+    _plot_nodes_curve(axes[1], report)
+    fig.tight_layout()
+    path = Path(out) / PLOT_PNG
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_node(ax: Any, model: Any, probes: Any, rec: dict[str, Any]) -> None:
+    """The left panel: one node's throughput (samples/s) against tasks per node, one colour per
+    CPUs per task: the measured means with their spread, the model (``NodeModel``) dashed, the
+    chosen layout ``rec`` starred."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from .model import aggregate
+
+    agg = aggregate(probes)
+    n = model.node_cpus
     cs = sorted(set(agg["cpus_per_task"].astype(int)) | {1, n})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     t_max = max([int(agg["tasks"].max()) if len(agg) else 1, n])
@@ -403,30 +423,34 @@ def plot(out: Path, report: dict[str, Any]) -> Path | None:
     ax.set_title(f"One node ({n} CPUs): throughput vs tasks and CPUs per task")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    ax = axes[1]
+
+
+def _plot_nodes_curve(ax: Any, report: dict[str, Any]) -> None:
+    """The right panel: the rate delivered to the chief (samples/s) predicted against nodes for
+    the chosen tasks × CPUs, its interval, the chosen point and the target (nothing without a
+    ``nodes_curve``)."""
+    from matplotlib.ticker import MaxNLocator
+
     curve = report.get("nodes_curve") or []
-    if curve:
-        xs = [p["nodes"] for p in curve]
-        ax.plot(xs, [p["predicted_samples_per_sec"] for p in curve], "o-", label="predicted")
-        ax.fill_between(xs, [p["interval"][0] for p in curve], [p["interval"][1] for p in curve], alpha=0.2,
-                        label="interval")
-        if rec:
-            ax.plot([rec["nodes"]], [rec["predicted_samples_per_sec"]], marker="*", markersize=18,
-                    color="crimson", linestyle="none", label="chosen")
-        tgt = (report.get("target") or {}).get("samples_per_sec")
-        if tgt:
-            ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
-        ax.set_xlabel(f"nodes (csrun_wse {flag('nodes')})")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("delivered to the chief (samples/s)")
-        if rec:
-            ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
-                         + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
-                            else ""))
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(out) / PLOT_PNG
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    if not curve:
+        return
+    rec = report.get("recommendation") or {}
+    xs = [p["nodes"] for p in curve]
+    ax.plot(xs, [p["predicted_samples_per_sec"] for p in curve], "o-", label="predicted")
+    ax.fill_between(xs, [p["interval"][0] for p in curve], [p["interval"][1] for p in curve], alpha=0.2,
+                    label="interval")
+    if rec:
+        ax.plot([rec["nodes"]], [rec["predicted_samples_per_sec"]], marker="*", markersize=18,
+                color="crimson", linestyle="none", label="chosen")
+    tgt = (report.get("target") or {}).get("samples_per_sec")
+    if tgt:
+        ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
+    ax.set_xlabel(f"nodes (csrun_wse {flag('nodes')})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("delivered to the chief (samples/s)")
+    if rec:
+        ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
+                     + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
+                        else ""))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)

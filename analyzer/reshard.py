@@ -357,7 +357,7 @@ def _check_sources(sources: Sequence[str], pattern: str | None, output: str) -> 
             raise ValueError(f"SRC {p}: inside --output {output}")
         if not tfrecord.looks_like_tfrecord(p):
             with open(p, "rb") as fh:
-                tfrecord._check_not_compressed(fh.read(2), p)
+                tfrecord.check_not_compressed(fh.read(2), p)
             raise ValueError(f"SRC {p}: not an uncompressed TFRecord file (bad first record header)")
     return paths
 

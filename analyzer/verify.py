@@ -95,21 +95,26 @@ def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single
 
 def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] | LayoutSpec, seconds: float,
                   warmup: float, mount_dirs: str | None) -> list[str]:
-    """The ``csrun_wse ... python-ws -m analyzer.verify_task ...`` argv (a PyTorch report:
-    ``python-pt -m analyzer.verify_task_pt --dataloader-workers K``) for ``layout`` (a
+    """The ``csrun_wse ... python-ws -m analyzer.verify_task --framework tensorflow ...`` argv
+    (the report's framework's launcher word, :data:`csrun_runtime.registry.LAUNCHERS`; where its
+    probes swept DataLoader workers, ``--dataloader-workers K``) for ``layout`` (a
     :class:`~csrun_common.layout.LayoutSpec`, or its record ``{"nodes", "tasks_per_node",
     "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``, the last two optional); its
     flags: :meth:`~csrun_common.layout.LayoutSpec.to_flags`."""
+    # the registry and the backend's facts (not its framework) only when verify runs
+    from csrun_runtime.probing import facts, framework_of_report
+    from csrun_runtime.registry import LAUNCHERS
+
     argv = [console_script("csrun_wse"), *LayoutSpec.from_record(layout).to_flags()]
     md = mount_dirs or rep.get("mount_dirs")
     if md:
         argv += ["--mount-dirs", md]
     user = _strip_model_dir(rep.get("argv") or [])
-    if rep.get("framework") == "pytorch":  # the DataLoader count the report gives for the layout's C
+    fw = framework_of_report(rep.get("framework"), False)
+    argv += [LAUNCHERS[fw], "-m", "analyzer.verify_task", "--framework", fw]
+    if facts(fw).dataloader_workers:  # the DataLoader count the report gives for the layout's C
         cpus = LayoutSpec.from_record(layout).record()["cpus_per_task"]
-        argv += ["python-pt", "-m", "analyzer.verify_task_pt", *_dataloader_flag(rep, int(cpus))]
-    else:
-        argv += ["python-ws", "-m", "analyzer.verify_task"]
+        argv += _dataloader_flag(rep, int(cpus))
     argv += ["--seconds", f"{seconds:g}", "--warmup", f"{warmup:g}",
              "--out", str(out_dir / "drain.json"), rep["run_py"], *user,
              "--model_dir", str(out_dir / "model_dir")]
@@ -117,7 +122,7 @@ def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] 
 
 
 def _dataloader_flag(rep: dict[str, Any], cpus: int) -> list[str]:
-    """``["--dataloader-workers", K]``: the PyTorch report's count for ``cpus`` CPUs per task
+    """``["--dataloader-workers", K]``: the report's DataLoader worker count for ``cpus`` CPUs per task
     (the recommendation's at its own C, else :func:`analyzer.dataloader_plan.workers_for` of
     the probes); ``[]`` when the report has none (the params' count is used)."""
     from .dataloader_plan import workers_for

@@ -29,7 +29,7 @@ from typing import BinaryIO
 __all__ = [
     "TFRecordError", "crc32c", "masked_crc32c", "frame", "TFRecordWriter", "write_records",
     "iter_frames", "iter_records", "read_records", "RecordCount", "count_records",
-    "looks_like_tfrecord", "HEADER_BYTES", "FOOTER_BYTES", "FRAME_OVERHEAD",
+    "looks_like_tfrecord", "check_not_compressed", "HEADER_BYTES", "FOOTER_BYTES", "FRAME_OVERHEAD",
 ]
 
 HEADER_BYTES = 12   # uint64 length + uint32 masked crc of the length
@@ -153,7 +153,9 @@ def write_records(path: os.PathLike[str] | str, records: Iterable[bytes]) -> tup
     return w.records, w.bytes_written
 
 
-def _check_not_compressed(head: bytes, path: str) -> None:
+def check_not_compressed(head: bytes, path: str) -> None:
+    """Raise :class:`TFRecordError` naming ``path`` when ``head`` (the file's first 2 bytes)
+    is gzip's magic number: only uncompressed TFRecord files are read."""
     if head[:2] == b"\x1f\x8b":
         raise TFRecordError(f"{path}: GZIP-compressed TFRecord (or other gzip file); only "
                             f"uncompressed TFRecord files are supported")
@@ -181,7 +183,7 @@ def iter_frames(path: os.PathLike[str] | str, *, verify_crc: bool = False,
             if not hdr:
                 return
             if offset == 0:
-                _check_not_compressed(hdr, p)
+                check_not_compressed(hdr, p)
             if len(hdr) < HEADER_BYTES:
                 raise _bad_header(p, offset, f"truncated header ({len(hdr)} of 12 bytes)")
             length, lcrc = _HDR.unpack(hdr)
@@ -247,7 +249,7 @@ def count_records(path: os.PathLike[str] | str, *, deadline: float | None = None
             if len(hdr) < HEADER_BYTES:
                 raise _bad_header(p, offset, f"truncated header ({len(hdr)} of 12 bytes)")
             if offset == 0:
-                _check_not_compressed(hdr, p)
+                check_not_compressed(hdr, p)
             length, lcrc = read_hdr(hdr)
             if (check_length_crc == "all" or (offset == 0 and check_length_crc == "first")) \
                     and masked_crc32c(hdr[:8]) != lcrc:

@@ -27,6 +27,7 @@ from .coverage import Coverage
 from .input_backend import InputBackend
 from .loop import StepBackend
 from .params import Resolved
+from .probing import ChiefDrain, DrainBackend, ProbeBackend
 
 __all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RunnerModule", "ChiefModule",
            "RemoteModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
@@ -185,17 +186,16 @@ class InputBackendModule(Protocol):
         ...
 
 
-#: entry module -> the Protocol it implements. ``probe`` and ``drain`` (the analyzer's node-side
-#: probe and ``verify``'s drain) are checked for the same public names and signatures in both
-#: backends until their Protocol is declared here.
+#: entry module -> the Protocol it implements (``probe`` and ``drain``, the analyzer's node-side
+#: probe and ``verify``'s drain: :mod:`csrun_runtime.probing`'s ``ProbeBackend`` and ``DrainBackend``).
 MODULES: dict[str, type | None] = {
     "runner": RunnerModule, "chief": ChiefModule, "remote": RemoteModule, "worker": WorkerModule,
     "contract": ContractModule, "coverage": CoverageModule, "evaluation": EvaluationModule,
-    "training": TrainingModule, "input_backend": InputBackendModule, "probe": None, "drain": None,
+    "training": TrainingModule, "input_backend": InputBackendModule, "probe": ProbeBackend, "drain": DrainBackend,
 }
 #: what the classes a module Protocol names must implement: (module, member) -> instance Protocol.
 INSTANCES: dict[tuple[str, str], type] = {
     ("remote", "SOURCES"): StreamSource, ("chief", "Chief"): Task, ("worker", "InputWorker"): Task,
     ("evaluation", "Evaluator"): Evaluates, ("training", "STEP_BACKEND"): StepBackend,
-    ("input_backend", "INPUT_BACKEND"): InputBackend,
+    ("input_backend", "INPUT_BACKEND"): InputBackend, ("drain", "ChiefDrain"): ChiefDrain,
 }

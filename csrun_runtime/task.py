@@ -1,6 +1,6 @@
 """A task's start and end, the same for every framework's runner (:mod:`csrun_runtime.tensorflow.runner`,
 :mod:`csrun_runtime.pytorch.runner`) and the analyzer's drain tasks (``analyzer/verify_task.py``,
-``analyzer/verify_task_pt.py``): the process's start time, the role and its log prefix, the
+``csrun_runtime/pytorch/drain.py``): the process's start time, the role and its log prefix, the
 ``LEVEL:csrun:<prefix><message>`` log lines on stderr, and a flushed ``os._exit``.
 
 Framework-neutral: imports neither TensorFlow nor torch.

@@ -259,54 +259,77 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
         ContractError: a batch is not a nest of tensors/arrays.
     """
-    from ..dataplane import BUNDLE_BYTES, flatten, unflatten
-
-    pending: list[list[np.ndarray]] = []
-    key: Any = None
-    tree: Any = None
-    nbytes = 0
-    last_check = time.monotonic()
-
-    def send_pending() -> None:
-        nonlocal pending, nbytes
-        if not pending:
-            return
-        leaves = [np.stack(col) for col in zip(*pending, strict=True)]
-        n = len(pending)
-        while True:  # send_bundle sends nothing when it times out: retry the same bundle
-            try:
-                sender.send_bundle(unflatten(tree, leaves), n, timeout=POLL_SECS)
-                break
-            except TimeoutError:
-                check()
-        pending, nbytes = [], 0
-
+    bundler = _Bundler(sender, cap, check)
     room = getattr(sender, "room", None)
     it = iter(batches)
+    last_check = time.monotonic()
     while True:
         if room is not None:
-            while not room(len(pending), POLL_SECS):  # the read-ahead bound: wait for the chief
-                if pending:
-                    send_pending()
-                else:
-                    check()
-            wb = sender.window_batches
-            if wb:
-                cap = min(cap, max(1, wb // 2))
+            bundler.wait_for_room(room)
         batch = next(it, _END)
         if batch is _END:
             break
-        t, leaves = flatten(to_numpy(batch))
-        k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
-        if pending and k != key:
-            send_pending()
-        key, tree = k, t
-        pending.append(leaves)
-        nbytes += sum(a.nbytes for a in leaves)
+        bundler.add(batch)
         sent(batch)
-        if nbytes >= BUNDLE_BYTES or len(pending) >= cap:
-            send_pending()
         if time.monotonic() - last_check >= POLL_SECS:
             last_check = time.monotonic()
-            send_pending()
+            bundler.flush()
             check()
+    bundler.flush()
+
+
+class _Bundler:
+    """:func:`send_batches`' pending bundle: batches of one structure made numpy and stacked
+    into one data-plane bundle when it is full (:data:`csrun_runtime.dataplane.BUNDLE_BYTES`,
+    ``cap`` batches) or flushed."""
+
+    def __init__(self, sender: Any, cap: int, check: Callable[[], None]):
+        self.sender, self.cap, self.check = sender, cap, check
+        self.pending: list[list[np.ndarray]] = []
+        self.key: Any = None
+        self.tree: Any = None
+        self.nbytes = 0
+
+    def wait_for_room(self, room: Callable[[int, float], bool]) -> None:
+        """Wait until the receiver's batch window has room for one more batch (the read-ahead
+        bound), sending what is pending meanwhile; bundles then hold at most half the window."""
+        while not room(len(self.pending), POLL_SECS):
+            if self.pending:
+                self.flush()
+            else:
+                self.check()
+        wb = self.sender.window_batches
+        if wb:
+            self.cap = min(self.cap, max(1, wb // 2))
+
+    def add(self, batch: Any) -> None:
+        """Take one batch (a nest of tensors/arrays; :class:`ContractError` otherwise): a batch
+        of another structure than the pending ones sends those first; a full bundle is sent."""
+        from ..dataplane import BUNDLE_BYTES, flatten
+
+        t, leaves = flatten(to_numpy(batch))
+        k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
+        if self.pending and k != self.key:
+            self.flush()
+        self.key, self.tree = k, t
+        self.pending.append(leaves)
+        self.nbytes += sum(a.nbytes for a in leaves)
+        if self.nbytes >= BUNDLE_BYTES or len(self.pending) >= self.cap:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the pending batches as one bundle (nothing when none is pending); a send that
+        times out runs ``check()`` and sends the same bundle again."""
+        from ..dataplane import unflatten
+
+        if not self.pending:
+            return
+        leaves = [np.stack(col) for col in zip(*self.pending, strict=True)]
+        n = len(self.pending)
+        while True:  # send_bundle sends nothing when it times out: retry the same bundle
+            try:
+                self.sender.send_bundle(unflatten(self.tree, leaves), n, timeout=POLL_SECS)
+                break
+            except TimeoutError:
+                self.check()
+        self.pending, self.nbytes = [], 0

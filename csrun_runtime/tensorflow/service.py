@@ -623,8 +623,3 @@ def limit_threads(ds: tf.data.Dataset, cpus_per_task: int | None) -> tf.data.Dat
         opts.threading.max_intra_op_parallelism = 1
         changed = True
     return ds.with_options(opts) if changed else ds
-
-
-#: Deprecated alias of :func:`map_structure`, kept only while ``analyzer/probe_worker.py`` (whose
-#: TensorFlow code moves to ``csrun_runtime/tensorflow/probe.py``) still calls ``service._map``.
-_map = map_structure

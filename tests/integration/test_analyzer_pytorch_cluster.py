@@ -66,7 +66,7 @@ def test_cluster_gil_bound_and_cpu_parallel_dataloaders_get_different_num_worker
                         "--warmup", "1", "--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", n],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env)
     assert v.returncode == 0, v.stdout + v.stderr
-    assert "python-pt -m analyzer.verify_task_pt --dataloader-workers" in v.stderr
+    assert "python-pt -m analyzer.verify_task --framework pytorch --dataloader-workers" in v.stderr
     res = json.loads((tmp_path / "gil" / "verify.json").read_text())
     assert res["drain"]["framework"] == "pytorch" and res["drain"]["num_workers"] == 1
     assert res["drain"]["dataloader_workers"] == gil["dataloader_workers"][n]

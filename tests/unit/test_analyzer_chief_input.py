@@ -17,8 +17,8 @@ from analyzer import model as M
 from analyzer import recommend as R
 from analyzer import report as RP
 from analyzer import verify as V
-from analyzer import verify_task as D
 from csrun_common.errors import CsrunError
+from csrun_runtime import probing as D
 
 
 def node_model(n=8, r1=1000.0, p=0.9, k=None, **kw) -> M.NodeModel:

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from analyzer import probe_driver as P
-from analyzer.probe_worker import cpus_for, samples_and_bytes
+from analyzer.probe_worker import cpus_for
+from csrun_runtime.tensorflow.input_backend import tf_samples_and_bytes as samples_and_bytes
 
 
 def row(t, c, rate, util=0.95, kind="pipeline", status="ok", contended=False):

@@ -79,7 +79,8 @@ def test_drain_command_for_a_pytorch_report_launches_python_pt_with_the_recommen
     rep = V.load_report(d)
     argv = V.drain_command(rep, d / "verify", {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1}, 10, 3, None)
     i = argv.index("python-pt")
-    assert argv[i:i + 5] == ["python-pt", "-m", "analyzer.verify_task_pt", "--dataloader-workers", "3"]
+    assert argv[i:i + 7] == ["python-pt", "-m", "analyzer.verify_task", "--framework", "pytorch",
+                             "--dataloader-workers", "3"]
     other = V.drain_command(rep, d / "verify", {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 2}, 10, 3, None)
     j = other.index("--dataloader-workers")
     assert other[j + 1] == "2"  # another C: the best count measured there

@@ -178,7 +178,7 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
-        "loop", "input_backend", "streams", "bundles", "backend", "registry")
+        "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():
@@ -440,24 +440,6 @@ def test_every_entry_module_has_its_protocol_entry():
     assert set(backend.MODULES) == set(ENTRY_MODULES)
 
 
-@pytest.mark.parametrize("module", ["probe", "drain"])
-def test_the_modules_without_a_protocol_yet_match_across_backends(module):
-    """``probe`` and ``drain``: the same public names in both backends, each callable alike."""
-    import importlib
-
-    from csrun_runtime.registry import FRAMEWORKS
-
-    mods = [importlib.import_module(f"csrun_runtime.{fw}.{module}") for fw in FRAMEWORKS]
-    names = [sorted(getattr(m, "__all__", [n for n in vars(m) if not n.startswith("_")])) for m in mods]
-    assert names[0] == names[1]
-    for n in names[0]:
-        a, b = (getattr(m, n) for m in mods)
-        if callable(a) and callable(b):
-            assert _incompatible(inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
-                                                    *inspect.signature(a).parameters.values()]),
-                                 inspect.signature(b), impl_has_self=False) == [], n
-
-
 def test_the_protocol_check_finds_a_mismatch():
     class Proto:
         def run(self, role: int, *, argv: list | None = None) -> int: ...
@@ -476,12 +458,7 @@ def test_the_protocol_check_finds_a_mismatch():
 # -- private names
 #: Private names the analyzer still imports, to be fixed where its node-side code moves to the
 #: backends' probe.py and drain.py (issue 30, item 2): "path: what".
-KNOWN_PRIVATE = {
-    "analyzer/probe_worker.py: service._map",
-    "analyzer/verify_task_pt.py: from analyzer.verify_task import _train_argv",
-    "analyzer/verify_task_pt.py: from analyzer.verify_task import _write",
-    "analyzer/reshard.py: tfrecord._check_not_compressed",
-}
+KNOWN_PRIVATE: set[str] = set()
 
 
 def _private_uses(name: str, path: Path, ours: set[str]) -> list[str]:

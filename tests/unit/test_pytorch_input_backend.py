@@ -140,7 +140,7 @@ def test_a_pytorch_pipeline_probe_never_imports_tensorflow(tmp_path):
 
 
 def test_a_pytorch_served_probe_streams_over_the_data_plane_without_tensorflow(tmp_path):
-    """The served probe's two processes (analyzer/probe_plane.py): input worker 1 streams its DataLoader
+    """The served probe's two processes (csrun_runtime/pytorch/probe.py): input worker 1 streams its DataLoader
     with a data-plane Sender, the chief (0) drains it through the PyTorch chief's RemoteSource; each
     measures its own CPU."""
     run_py = _run_py(tmp_path)

@@ -1,23 +1,24 @@
-"""The PyTorch ``served`` probe: the chief's ingest over csrun's data plane
-(docs/INPUT-ANALYZER.md "PyTorch"; the TensorFlow ``served`` probe measures tf.data service).
+"""PyTorch's part of the analyzer's probes (:class:`csrun_runtime.probing.ProbeBackend`, driven
+by :mod:`analyzer.probe_worker`): the input backend (:class:`.input_backend.TorchInputBackend`:
+the DataLoader at the probe's ``dataloader_workers``), and the ``served`` probe: the chief's
+ingest over csrun's data plane (docs/INPUT-ANALYZER.md "PyTorch"; there is no ``ingest`` kind:
+no tf.data service hop). One process of a served probe (:func:`plane_role`):
 
-One process of the probe (:func:`plane_role`, called by :mod:`analyzer.probe_worker` for a
-``served`` command of a PyTorch run.py):
-
-* process 0 is the chief: the PyTorch chief's own :class:`csrun_runtime.pytorch.remote.RemoteSource`
-  (one :class:`csrun_runtime.dataplane.Receiver`; its endpoint published as ``dataplane.json`` in
-  a rendezvous directory under the probe's work directory) hands it one batch at a time, as it
+* process 0 is the chief: the PyTorch chief's own :class:`.remote.RemoteSource` (one
+  :class:`csrun_runtime.dataplane.Receiver`; its endpoint published as ``dataplane.json`` in a
+  rendezvous directory under the probe's work directory) hands it one batch at a time, as it
   hands them to the training loop; :class:`PlaneCounter` counts them, so the probe window gives
   the delivered samples/s and the chief's CPU-seconds per sample;
 * processes 1..T-1 are input workers: each builds its DataLoader through the input backend
-  exactly as a pipeline probe does (:meth:`csrun_runtime.pytorch.input_backend.TorchInputBackend.build`:
-  the command's ``dataloader_workers``, ``torch.set_num_threads(C)``, its worker processes
-  pinned to the process's CPUs) and streams it with a :class:`csrun_runtime.dataplane.Sender`
-  through the input worker's own :func:`csrun_runtime.pytorch.worker.send_batches` (bundles,
-  ``MAX_BUNDLE``) in a thread (:class:`PlaneSender`); its process (DataLoader workers included)
-  measures its own CPU, so what the workers spend with sending is known apart from the chief's.
+  exactly as a pipeline probe does (:meth:`.input_backend.TorchInputBackend.build`: the
+  command's ``dataloader_workers``, ``torch.set_num_threads(C)``, its worker processes pinned to
+  the process's CPUs) and streams it with a :class:`csrun_runtime.dataplane.Sender` through the
+  input worker's own :func:`.worker.send_batches` (bundles, ``MAX_BUNDLE``) in a thread
+  (:class:`PlaneSender`); its process (DataLoader workers included) measures its own CPU, so
+  what the workers spend with sending is known apart from the chief's.
 
-torch is imported by the backend only; never TensorFlow.
+torch is imported inside the functions (importing this module for :data:`FACTS` imports
+neither it nor numpy); never TensorFlow.
 """
 from __future__ import annotations
 
@@ -29,12 +30,53 @@ from typing import Any
 
 from csrun_common.atomic import read_json
 from csrun_common.roles import Role
-from csrun_runtime.input_backend import BuiltInput
-from csrun_runtime.rendezvous import Rendezvous
 
-__all__ = ["PlaneCounter", "PlaneSender", "plane_role"]
+from ..input_backend import BuiltInput, InputBackend, InputBuildError
+from ..probing import InvalidPoint, ProbeFacts, Stepper
+from ..rendezvous import Rendezvous
+
+__all__ = ["FACTS", "prepare", "backend", "role", "file_coverage", "PlaneCounter", "PlaneSender", "plane_role"]
 
 POLL_S = 0.05
+
+FACTS = ProbeFacts(title="PyTorch", ingest_probe=False, dataloader_workers=True,
+                   via="over csrun's data plane", input_note=" (PyTorch: train_data_fn's DataLoader)",
+                   coverage_built="the DataLoader built as streamers 0 and 1 of 2")
+
+
+def prepare() -> None:
+    """Import torch (the probe process's load time counts it); never TensorFlow."""
+    import torch  # noqa: F401
+
+
+def backend(captured: Any) -> InputBackend:
+    """The input backend of a captured PyTorch run.py (``input_fn``: ``train_data_fn``, ``params``)."""
+    from .input_backend import TorchInputBackend
+
+    return TorchInputBackend(captured.input_fn, captured.params)
+
+
+def file_coverage(captured: Any) -> dict[str, Any]:
+    """Which files streamers 0 and 1 of 2 read, the DataLoader watched while it reads
+    (:func:`.coverage.check_dataloader_files`), as a dict."""
+    from .coverage import check_dataloader_files
+
+    return check_dataloader_files(captured.input_fn, captured.params).to_dict()
+
+
+def role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> tuple[Stepper, Any, int]:
+    """Process ``index``'s part in a ``served`` probe command (:func:`plane_role`): ``(stepper,
+    the same object to close when the probe ends, 2)``. Raises ``ValueError`` for another kind
+    (PyTorch has no ``ingest`` probe), :class:`csrun_runtime.probing.InvalidPoint` when the
+    DataLoader cannot be built at the command's point."""
+    kind = cmd.get("kind", "pipeline")
+    if kind != "served":
+        raise ValueError(f"probe kind {kind!r}: PyTorch's own kind is served (over csrun's data plane)")
+    try:
+        plane = plane_role(entry, cmd, index, workdir)
+    except InputBuildError as e:
+        raise InvalidPoint(str(e)) from None
+    return plane, plane, 2
 
 
 class _Stopped(Exception):
@@ -42,12 +84,12 @@ class _Stopped(Exception):
 
 
 class PlaneCounter:
-    """The chief's side: the :class:`analyzer.probe_worker.Counter` interface over a
-    :class:`csrun_runtime.pytorch.remote.RemoteSource` (``step`` takes one batch, a numpy nest,
-    and counts its samples and bytes)."""
+    """The chief's side: the :class:`csrun_runtime.probing.Counter` interface over a
+    :class:`.remote.RemoteSource` (``step`` takes one batch, a numpy nest, and counts its
+    samples and bytes)."""
 
     def __init__(self, source: Any):
-        from csrun_runtime.pytorch.input_backend import samples_and_bytes
+        from .input_backend import samples_and_bytes
 
         self.source = source
         self.built = BuiltInput(batches=iter(()), measure=samples_and_bytes)
@@ -55,7 +97,7 @@ class PlaneCounter:
 
     def step(self) -> None:
         """Take the next batch from the data plane. Raises ``RuntimeError`` on a stop signal and
-        :class:`csrun_runtime.pytorch.remote.InputStalled` when no batch comes in time."""
+        :class:`csrun_runtime.streams.InputStalled` when no batch comes in time."""
         nest, _worker = self.source.next()
         if nest is None:
             raise RuntimeError("a stop signal ended the served probe")
@@ -72,11 +114,11 @@ class PlaneCounter:
 class PlaneSender:
     """An input worker's side: its DataLoader (``built``) streamed to ``endpoint`` as input
     worker ``worker_index`` in a daemon thread, until :meth:`close`. The
-    :class:`analyzer.probe_worker.Counter` interface: ``step`` waits 10 ms (nothing is consumed
+    :class:`csrun_runtime.probing.Counter` interface: ``step`` waits 10 ms (nothing is consumed
     here) and raises what ended the thread early."""
 
     def __init__(self, built: BuiltInput, endpoint: str, worker_index: int):
-        from csrun_runtime.dataplane import Sender
+        from ..dataplane import Sender
 
         self.built = built
         self.sender = Sender(endpoint, worker_index, 0)
@@ -95,8 +137,8 @@ class PlaneSender:
         self.sent += 1
 
     def _run(self) -> None:
-        from csrun_runtime.dataplane import ReceiverGone
-        from csrun_runtime.pytorch.worker import send_batches
+        from ..dataplane import ReceiverGone
+        from .worker import send_batches
 
         try:
             send_batches(self.sender, self.built.batches, check=self._check, sent=self._count)
@@ -127,7 +169,7 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
     """Process ``index``'s part in the PyTorch ``served`` probe ``cmd`` (``seq``, ``tasks`` T ≥ 2,
     ``cpus_per_task`` C, ``dataloader_workers``, ``prefetch_factor``, ``barrier_timeout_s``,
     ``chief_apart``): the chief (index 0) or input worker ``index - 1`` (module docstring).
-    ``entry``: :class:`analyzer.probe_worker.ProbedPipeline`. Each returned object has
+    ``entry``: the harness's probed pipeline (its ``backend``). Each returned object has
     ``step()`` and ``close()``.
 
     Raises:
@@ -135,7 +177,7 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
         TimeoutError: the chief did not publish its endpoint within ``barrier_timeout_s``.
         csrun_runtime.input_backend.InputBuildError: the DataLoader cannot be built at the command's point.
     """
-    from csrun_runtime.pytorch.remote import DATAPLANE_FILE, RemoteSource
+    from .remote import DATAPLANE_FILE, RemoteSource
 
     T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
     if T < 2:
@@ -145,9 +187,9 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
     if index == 0:
         host = socket.gethostname() if cmd.get("chief_apart") else "localhost"
         rdv.reset()
-        role = Role(kind="chief", worker_index=None, num_input_workers=T - 1, node=socket.gethostname(), host=host)
+        chief = Role(kind="chief", worker_index=None, num_input_workers=T - 1, node=socket.gethostname(), host=host)
         rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0)}
-        return PlaneCounter(RemoteSource(rdv, role, rc, adopt=False))
+        return PlaneCounter(RemoteSource(rdv, chief, rc, adopt=False))
     deadline = time.monotonic() + timeout
     while (rec := read_json(rdv.dir / DATAPLANE_FILE)) is None:
         if time.monotonic() > deadline:
@@ -156,4 +198,3 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
     built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
                                 prefetch_factor=cmd.get("prefetch_factor"))
     return PlaneSender(built, str(rec["endpoint"]), index - 1)
-
