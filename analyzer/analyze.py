@@ -508,7 +508,7 @@ def _pytorch_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[st
     recommendation and of each alternative (:func:`analyzer.dataloader_plan.workers_for`),
     the best count measured at each CPUs per task (``dataloader_workers``), and the notes
     saying what the served probes measured of the chief's ingest over the data plane (or that
-    none ran) and how to set ``num_workers``."""
+    none ran) and how to set ``train_input.num_workers``."""
     from . import dataloader_plan as dlp
 
     rep["framework"] = "pytorch"
