@@ -343,7 +343,7 @@ def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) ->
     with their fixes, where it was written and how to use it."""
     from . import shardplan as sp  # NumPy: when the command runs
 
-    num_input_workers = plan.num_workers
+    num_input_workers = plan.num_input_workers
     tot_rec = plan.total_records
     rec_text = (f", {tot_rec:,} records" if tot_rec is not None else
                 (f", ~{plan.records_estimate:,} records (estimated)" if plan.records_estimate else ""))

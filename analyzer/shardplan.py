@@ -178,20 +178,20 @@ def _heap_stretch(x: np.ndarray, pos: int, count: int, loads: np.ndarray, own: n
     return pos + count
 
 
-def lpt_assign(weights: Sequence[int] | np.ndarray, num_workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact LPT assignment of F items onto ``num_workers`` workers.
+def lpt_assign(weights: Sequence[int] | np.ndarray, num_input_workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact LPT assignment of F items onto ``num_input_workers`` workers.
 
     ``weights``: F non-negative integers (bytes or records); a weight of 0 counts as 1.
     Items are taken by decreasing weight (ties: input order); each goes to the least
     loaded worker (ties: lower index). Returns ``(owner, loads)``: ``owner`` int64 (F,)
     the worker of each item, ``loads`` int64 (W,) the per-worker sums of the effective
     weights ``max(w, 1)``. Guarantees ``loads.max() <= loads.sum()/W + max(eff)``.
-    Raises ``ValueError`` for ``num_workers < 1`` or a negative weight.
+    Raises ``ValueError`` for ``num_input_workers < 1`` or a negative weight.
     O(F log F) time (sort) plus the assignment, mostly in NumPy.
     """
-    if not isinstance(num_workers, (int, np.integer)) or num_workers < 1:
-        raise ValueError(f"num_workers {num_workers!r}: must be an integer >= 1")
-    W = int(num_workers)
+    if not isinstance(num_input_workers, (int, np.integer)) or num_input_workers < 1:
+        raise ValueError(f"num_input_workers {num_input_workers!r}: must be an integer >= 1")
+    W = int(num_input_workers)
     w = np.asarray(weights, dtype=np.int64).reshape(-1)
     if w.size and w.min() < 0:
         raise ValueError(f"weights: must be >= 0, got {int(w.min())}")
@@ -355,11 +355,11 @@ def _count_records(paths: list[str], required: bool, deadline: float) -> _Tally:
 
 # --------------------------------------------------------------------------- the plan
 
-def suggest_num_shards(total_bytes: int, num_workers: int, target_shard_bytes: int = TARGET_SHARD_BYTES) -> int:
-    """Shards to reshard into: ``k × num_workers`` with the smallest ``k >= 1`` that keeps
+def suggest_num_shards(total_bytes: int, num_input_workers: int, target_shard_bytes: int = TARGET_SHARD_BYTES) -> int:
+    """Shards to reshard into: ``k × num_input_workers`` with the smallest ``k >= 1`` that keeps
     shards at or below ``target_shard_bytes`` (bytes). Equal shards balance exactly."""
-    k = max(1, math.ceil(total_bytes / (num_workers * max(1, target_shard_bytes))))
-    return k * num_workers
+    k = max(1, math.ceil(total_bytes / (num_input_workers * max(1, target_shard_bytes))))
+    return k * num_input_workers
 
 
 def _imbalance(loads: np.ndarray | None) -> float | None:
@@ -380,7 +380,7 @@ class ShardPlan:
     ``shuffle`` dicts (or None) describe the worker layout and the shuffle-memory check.
     """
 
-    num_workers: int
+    num_input_workers: int
     mode: str
     balance_by: str
     base_seed: int
@@ -443,7 +443,7 @@ class ShardPlan:
             "schema": schema.SCHEMA,
             "version": schema.VERSION,
             "created_by": self.created_by,
-            "num_workers": self.num_workers,
+            "num_workers": self.num_input_workers,
             "mode": self.mode,
             "balance_by": self.balance_by,
             "base_seed": self.base_seed,
@@ -465,7 +465,7 @@ class ShardPlan:
         recs = None if self.worker_records is None else self.worker_records.tolist()
         wb = self.worker_bytes.tolist()
         allp = self.paths if self.mode == "replicate" else None
-        for i in range(self.num_workers):
+        for i in range(self.num_input_workers):
             yield {"index": i, "seed": self.seeds[i], "bytes": wb[i],
                    "records": None if recs is None else recs[i],
                    "files": list(allp) if allp is not None else self.worker_files(i)}
@@ -517,7 +517,7 @@ class ShardPlan:
         recs = [w.get("records") for w in workers]
         tot = data.get("totals") or {}
         plan = cls(
-            num_workers=W, mode=data["mode"], balance_by=data["balance_by"],
+            num_input_workers=W, mode=data["mode"], balance_by=data["balance_by"],
             base_seed=int(data.get("base_seed", 0)), paths=paths, order=order, offsets=offsets,
             worker_bytes=np.asarray([w["bytes"] for w in workers], dtype=np.int64),
             worker_records=None if any(r is None for r in recs) else np.asarray(recs, dtype=np.int64),
@@ -637,9 +637,9 @@ class _Assignment(NamedTuple):
     worker_records: np.ndarray | None
 
 
-def plan_shards(files: FileTable | Sequence[FileInfo], num_workers: int,
+def plan_shards(files: FileTable | Sequence[FileInfo], num_input_workers: int,
                 options: PlanOptions | None = None) -> ShardPlan:
-    """Plan which files each of ``num_workers`` input workers reads.
+    """Plan which files each of ``num_input_workers`` input workers reads.
 
     ``files``: a :class:`FileTable` (or list of :class:`FileInfo`): F paths with sizes
     (bytes) and, when counted, records. ``options`` (:class:`PlanOptions`): the mode, what
@@ -664,7 +664,7 @@ def plan_shards(files: FileTable | Sequence[FileInfo], num_workers: int,
     """
     opts = options or PlanOptions()
     table = files if isinstance(files, FileTable) else FileTable.from_infos(list(files))
-    W = _check_workers(num_workers)
+    W = _check_workers(num_input_workers)
     balance_by = _check_inputs(table, opts)
     records_exact = table.records is not None if opts.records_exact is None else opts.records_exact
     total_bytes = int(table.sizes.sum())
@@ -681,7 +681,7 @@ def plan_shards(files: FileTable | Sequence[FileInfo], num_workers: int,
     if warn is not None:
         warnings.append(warn)
     return ShardPlan(
-        num_workers=W, mode=use_mode, balance_by=balance_by, base_seed=base_seed,
+        num_input_workers=W, mode=use_mode, balance_by=balance_by, base_seed=base_seed,
         paths=list(table.paths), order=assignment.order, offsets=assignment.offsets,
         worker_bytes=assignment.worker_bytes, worker_records=assignment.worker_records,
         seeds=[worker_seed(base_seed, i) for i in range(W)], warnings=warnings, layout=opts.layout,
@@ -689,10 +689,11 @@ def plan_shards(files: FileTable | Sequence[FileInfo], num_workers: int,
         records_estimate=(int(table.records.sum()) if table.records is not None else opts.records_estimate))
 
 
-def _check_workers(num_workers: int) -> int:
-    if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ValueError(f"workers {num_workers!r}: must be an integer >= 1")
-    return int(num_workers)
+def _check_workers(num_input_workers: int) -> int:
+    n = num_input_workers
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"workers {n!r}: must be an integer >= 1")
+    return int(n)
 
 
 def _check_inputs(table: FileTable, opts: PlanOptions) -> str:

@@ -108,7 +108,7 @@ def child_standalone(spec: dict) -> None:
 
 def child_worker(spec: dict) -> None:
     """An input-worker task: :func:`csrun_runtime.tensorflow.worker.run_worker` with the srun
-    environment of worker ``index`` of ``num_workers``."""
+    environment of worker ``index`` of ``spec["num_workers"]``."""
     os.environ.update(TaskEnv("worker", 1, 0, 0, spec["num_workers"], spec["num_workers"] + 1,
                               spec["cpus"]).encode())
     os.environ.update({"SLURM_PROCID": str(spec["index"]), "SLURM_JOB_ID": spec["job_id"], "SLURM_STEP_ID": "0",

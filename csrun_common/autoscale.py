@@ -83,12 +83,12 @@ def plan_autoscale(slots: int, initial: int | None, min_workers: int | None, max
 
 
 def parse_env(env: Mapping[str, str], num_input_workers: int) -> AutoscaleSpec | None:
-    """The spec of :data:`ENV` in ``env`` for a job of ``num_workers`` input-worker tasks;
+    """The spec of :data:`ENV` in ``env`` for a job of ``num_input_workers`` input-worker tasks;
     ``None`` when unset or empty.
 
     Raises:
         ValueError: naming :data:`ENV` and its value when it does not parse or its bounds do
-            not fit ``num_workers`` (:func:`plan_autoscale`'s rules).
+            not fit ``num_input_workers`` (:func:`plan_autoscale`'s rules).
     """
     raw = (env.get(ENV) or "").strip()
     if not raw:

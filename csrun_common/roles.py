@@ -97,13 +97,6 @@ class Role:
     rendezvous: str | None = None
 
     @property
-    def num_workers(self) -> int:
-        """Deprecated name of :attr:`num_input_workers`, kept while the TensorFlow runtime's
-        modules move to ``csrun_runtime/tensorflow/`` (issue 30); new code reads
-        ``num_input_workers`` (``num_workers`` elsewhere is the DataLoader's process count)."""
-        return self.num_input_workers
-
-    @property
     def is_chief(self) -> bool:
         """True for the chief (in single-process mode too)."""
         return self.kind == "chief"

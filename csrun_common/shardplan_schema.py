@@ -242,7 +242,7 @@ def worker_assignment(plan: dict, index: int) -> dict:
     """The entry of input worker ``index`` of a validated plan.
 
     Returns ``{"index", "files" (list of paths), "seed" (int), "bytes", "records"}``.
-    Raises ``ValueError`` when ``index`` is outside ``[0, num_workers)``.
+    Raises ``ValueError`` when ``index`` is outside ``[0, plan["num_workers"])``.
     """
     num = plan["num_workers"]
     if not _is_int(index) or not 0 <= index < num:

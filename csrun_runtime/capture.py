@@ -63,11 +63,11 @@ class CapturedRun:
     #: ``"tensorflow"`` (``csrun_runtime.run``) or ``"pytorch"`` (``csrun_runtime.pytorch.run``).
     framework: str = "tensorflow"
 
-    def worker_params(self, worker_index: int = 0, num_workers: int = 1,
+    def worker_params(self, worker_index: int = 0, num_input_workers: int = 1,
                       plan: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Params as input worker ``worker_index`` of ``num_workers`` would receive them
+        """Params as input worker ``worker_index`` of ``num_input_workers`` would receive them
         (see :func:`csrun_runtime.params.worker_params`)."""
-        return worker_params(self.params, worker_index, num_workers, plan)
+        return worker_params(self.params, worker_index, num_input_workers, plan)
 
 
 class _State:

@@ -54,7 +54,7 @@ class Coverage:
     Attributes:
         verdict: ``sharded``, ``replicated``, ``planned`` (sound); ``overlap`` (a problem);
             ``unknown`` (the files could not be read back).
-        num_workers: the worker count simulated (2, or the plan's).
+        num_input_workers: the worker count simulated (2, or the plan's).
         files: real paths each simulated worker lists, by worker index.
         all_files: the whole set (one unsharded worker's files, or the plan's files).
         problems: one message per problem, each ending with the fix.
@@ -64,7 +64,7 @@ class Coverage:
     """
 
     verdict: str
-    num_workers: int
+    num_input_workers: int
     files: dict[int, list[str]] = field(default_factory=dict)
     all_files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -78,7 +78,7 @@ class Coverage:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (file lists as counts plus a few names)."""
-        return {"verdict": self.verdict, "num_workers": self.num_workers,
+        return {"verdict": self.verdict, "num_workers": self.num_input_workers,
                 "files_per_worker": {str(k): len(v) for k, v in self.files.items()},
                 "total_files": len(self.all_files), "problems": list(self.problems),
                 "note": self.note, "level": self.level}
@@ -105,7 +105,7 @@ def coverage_of_files(files: Mapping[int, list[str]], all_files: list[str],
     sets = {k: set(v) for k, v in files.items()}
     every = set(all_files) | set().union(*sets.values())
     n = len(files)
-    cov = Coverage(verdict="overlap", num_workers=n, files=dict(files), all_files=sorted(every))
+    cov = Coverage(verdict="overlap", num_input_workers=n, files=dict(files), all_files=sorted(every))
     idle = sorted(k for k, v in sets.items() if not v)
     if idle:
         cov.problems.append(
@@ -149,7 +149,7 @@ def check_job_files(files: Mapping[int, list[str]], plan: Mapping[str, Any] | No
 def plan_coverage(files: Mapping[int, list[str]], plan: Mapping[str, Any]) -> Coverage:
     entries = {int(w["index"]): {os.path.realpath(f) for f in w["files"]} for w in plan["workers"]}
     every = sorted(set().union(*entries.values()))
-    cov = Coverage(verdict="planned", num_workers=int(plan["num_workers"]), files=dict(files),
+    cov = Coverage(verdict="planned", num_input_workers=int(plan["num_workers"]), files=dict(files),
                    all_files=every)
     for k, read in sorted(files.items()):
         extra, missing = set(read) - entries[k], entries[k] - set(read)

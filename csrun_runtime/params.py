@@ -492,7 +492,7 @@ def training_target(start_step: int, runconfig: Mapping[str, Any]) -> int:
 
 # --------------------------------------------------------------------------- workers, shard plan
 def load_shard_plan(path: str | os.PathLike, num_input_workers: int) -> dict[str, Any]:
-    """Load and check a shard plan (``CSRUN_SHARD_PLAN``) for a job with ``num_workers``.
+    """Load and check a shard plan (``CSRUN_SHARD_PLAN``) for a job with ``num_input_workers`` input workers.
 
     The format, loader and checks are :mod:`csrun_common.shardplan_schema`'s (``csrun.shard_plan``
     version 1: ``{"num_workers": W, "workers": [{"index": i, "files": [...], "seed": s, ...}]}``).
@@ -524,7 +524,7 @@ def worker_params(params: Mapping[str, Any], worker_index: int, num_input_worker
 
     Args:
         params: resolved params (not modified).
-        worker_index: this worker's index, ``0 <= worker_index < num_workers``.
+        worker_index: this worker's index, ``0 <= worker_index < num_input_workers``.
         num_input_workers: input workers in the job (>= 1; 1 for an in-process pipeline).
         plan: a shard plan from :func:`load_shard_plan`, or ``None``.
         job_key: ``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"`` of the job step (``None`` outside a

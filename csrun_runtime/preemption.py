@@ -333,14 +333,14 @@ def record_allocation(model_dir: str | os.PathLike[str], alloc: Allocation,
             "stopped_by": alloc.stopped_by}
 
 
-def wait_workers_left(reports: Callable[[], Mapping[int, Any]], num_workers: int, timeout: float = 10.0) -> bool:
+def wait_workers_left(reports: Callable[[], Mapping[int, Any]], num_input_workers: int, timeout: float = 10.0) -> bool:
     """After ``done.json``, wait until every input worker wrote its report (it leaves right
     after, with status 0) or ``timeout`` seconds passed; returns whether all did. The chief
     then exits last, so that the job step's status is the chief's (srun reports a task ended
     by its termination as a failure of its own)."""
     deadline = time.monotonic() + timeout
     while True:  # looks at least once, however late this process is scheduled
-        if len(reports()) >= num_workers:
+        if len(reports()) >= num_input_workers:
             time.sleep(0.2)  # the workers' os._exit right after their report
             return True
         if time.monotonic() >= deadline:

@@ -45,8 +45,8 @@ TF_CONFIG_VAR = "TF_CONFIG"
 _SEED_MOD = 2 ** 31 - 1
 
 
-def tf_config(worker_index: int, num_workers: int) -> dict[str, Any]:
-    """``TF_CONFIG`` of input worker ``worker_index`` of ``num_workers``, in the form the
+def tf_config(worker_index: int, num_input_workers: int) -> dict[str, Any]:
+    """``TF_CONFIG`` of input worker ``worker_index`` of ``num_input_workers``, in the form the
     Model Zoo's ``shard_dataset`` reads (``len(cluster["worker"])`` shards, shard
     ``task["index"]``).
 
@@ -55,21 +55,21 @@ def tf_config(worker_index: int, num_workers: int) -> dict[str, Any]:
     the list's length and ``task.index`` carry meaning.
 
     Raises:
-        ValueError: ``num_workers < 1`` or ``worker_index`` outside ``[0, num_workers)``.
+        ValueError: ``num_input_workers < 1`` or ``worker_index`` outside ``[0, num_input_workers)``.
     """
-    if num_workers < 1 or not 0 <= worker_index < num_workers:
-        raise ValueError(f"worker_index {worker_index} outside [0, {num_workers})")
-    return {"cluster": {"worker": [f"input-worker-{k}:0" for k in range(num_workers)]},
+    if num_input_workers < 1 or not 0 <= worker_index < num_input_workers:
+        raise ValueError(f"worker_index {worker_index} outside [0, {num_input_workers})")
+    return {"cluster": {"worker": [f"input-worker-{k}:0" for k in range(num_input_workers)]},
             "task": {"type": "worker", "index": worker_index}}
 
 
-def tf_config_for(worker_index: int, num_workers: int, has_plan: bool) -> dict[str, Any]:
-    """The ``TF_CONFIG`` the runtime sets for input worker ``worker_index`` of ``num_workers``:
+def tf_config_for(worker_index: int, num_input_workers: int, has_plan: bool) -> dict[str, Any]:
+    """The ``TF_CONFIG`` the runtime sets for input worker ``worker_index`` of ``num_input_workers``:
     :func:`tf_config` without a shard plan; one worker (index 0) with a plan, whose files are
     already this worker's share."""
     if has_plan:
         return tf_config(0, 1)
-    return tf_config(worker_index, max(1, num_workers))
+    return tf_config(worker_index, max(1, num_input_workers))
 
 
 def file_list_seed(base: int | None, job_key: str | None) -> int:

@@ -163,7 +163,7 @@ def check_dataloader_files(train_data_fn: Callable[..., Any], params: Mapping[st
         if isinstance(by_sample, str) and by_file.verdict != "sharded":
             by_file.note += f"; samples not judged: {by_sample}"
         return by_file
-    return Coverage(verdict=by_sample.verdict, num_workers=2, files=by_file.files, all_files=by_file.all_files,
+    return Coverage(verdict=by_sample.verdict, num_input_workers=2, files=by_file.files, all_files=by_file.all_files,
                     problems=[f"{p}; {FIX_STREAMERS}" for p in by_sample.problems],
                     note=f"{by_sample.line}; files not judged, the split being by sample: {_files_seen(by_file)}",
                     level="sample")
@@ -172,7 +172,7 @@ def check_dataloader_files(train_data_fn: Callable[..., Any], params: Mapping[st
 def _by_file(seen: Mapping[int, Seen], whole: Seen, max_seconds: float) -> Coverage:
     files = {k: v.files for k, v in seen.items()}
     if not whole.files and not any(files.values()):
-        return Coverage(verdict="unknown", num_workers=2,
+        return Coverage(verdict="unknown", num_input_workers=2,
                         note="file-level: no data file was opened while the DataLoader was built and iterated "
                              "(data made in memory?); not checked")
     cov = coverage_of_files(files, whole.files, fix=FIX_STREAMERS)

@@ -68,7 +68,7 @@ class WorkerFailed(RuntimeError):
 
 def autoscale_spec(environ: Mapping[str, str], num_input_workers: int) -> AutoscaleSpec | None:
     """``csrun_wse --autoscale``'s spec from ``CSRUN_AUTOSCALE`` in ``environ`` for a job of
-    ``num_workers`` input-worker slots (docs/AUTOSCALE.md; logged), or None when unset.
+    ``num_input_workers`` input-worker slots (docs/AUTOSCALE.md; logged), or None when unset.
     Raises :class:`csrun_runtime.params.ParamsError` naming the variable and its value when it
     does not parse or does not fit the slots (the chief exits 2)."""
     try:
@@ -88,7 +88,7 @@ class RemoteSource(StreamMerge):
 
     Args:
         rdv: the job step's rendezvous (``dataplane.json`` is written there at once).
-        role: the chief's role (``num_workers``; ``host``: the address workers reach it by).
+        role: the chief's role (``num_input_workers``; ``host``: the address workers reach it by).
         rc: ``runconfig`` (``input_timeout_secs``, ``worker_start_timeout_secs``: seconds;
             ``input_read_ahead_batches``: the receiver's batch window, default
             :data:`READ_AHEAD_BATCHES`, 0: bytes only).

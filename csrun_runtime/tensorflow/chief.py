@@ -65,7 +65,7 @@ class Chief:
         self.input_fn, self.model_fn, self.eval_input_fn = input_fn, model_fn, eval_input_fn
         self.t_proc = t_proc
         self.model_dir = Path(self.rc["model_dir"])
-        self.num_workers = role.num_workers
+        self.num_input_workers = role.num_input_workers
         self.jit_note = ""
         self.streams = ChiefStreams(role, self.params, self.mode, input_fn)
         self.evaluator = Evaluator(input_fn, eval_input_fn, self.params, self.model_dir)
@@ -125,7 +125,7 @@ class Chief:
     # ------------------------------------------------------------------ top level
     def run(self) -> int:
         self.model_dir.mkdir(parents=True, exist_ok=True)
-        if self.num_workers > 0:
+        if self.num_input_workers > 0:
             assert self.role.rendezvous_key is not None  # resolve_role requires SLURM_JOB_ID
             self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
             self.rdv.reset()
@@ -159,25 +159,25 @@ class Chief:
                 if code != 0:  # exit after the workers: the step's status is then ours, not a
                     # killed worker's 143 (srun --kill-on-bad-exit ends them when we fail first);
                     # a worker still importing TensorFlow needs more than the stop's 10 s
-                    preemption.wait_workers_left(self.rdv.reports, self.num_workers, 10.0 if stopped else 30.0)
+                    preemption.wait_workers_left(self.rdv.reports, self.num_input_workers, 10.0 if stopped else 30.0)
             self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
         return code
 
     def _run_mode(self) -> int:
-        if self.num_workers:
+        if self.num_input_workers:
             try:
-                self.streams.autoscale = parse_autoscale(os.environ, self.num_workers)
+                self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)
             except ValueError as e:
                 raise ParamsError(str(e)) from None
             if self.mode in TRAIN_MODES:
                 self.place_chief_input()
         if self.role.shard_plan:
-            self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_workers))
+            self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_input_workers))
         log.info("Checkpoints and summaries will be saved in: %s", self.model_dir)
         log.info("mode %s; %s", self.mode, self.role.describe())
         if self.mode == "validate_only":
             return chief_modes.validate_only(self.input_fn, self.model_fn, self.params, self.eval_input_fn,
-                                             self.plan, self.num_workers, self.model_dir)
+                                             self.plan, self.num_input_workers, self.model_dir)
         if self.mode == "compile_only":
             return self._compile_only()
         return self._train_eval()
@@ -249,7 +249,7 @@ class Chief:
             eds = self.evaluator.dataset()
             if spec is None:
                 spec = eds.element_spec
-        addresses = self.streams.start_dispatchers() if training and self.num_workers > 0 else []
+        addresses = self.streams.start_dispatchers() if training and self.num_input_workers > 0 else []
         if addresses:
             self.start_chief_input()
         model = self._build_model(spec)
@@ -275,7 +275,7 @@ class Chief:
         s = self.streams
         return LoopContext(
             rc=self.rc, model_dir=self.model_dir, mode=self.mode, t_proc=self.t_proc, node=self.role.node,
-            num_workers=self.num_workers, params_path=self.resolved.params_path, save=self.save,
+            num_input_workers=self.num_input_workers, params_path=self.resolved.params_path, save=self.save,
             evaluate=self.evaluate, train_steps=self.train_steps, jit_note=lambda: self.jit_note,
             ingest_info=self.ingest_info, rdv=self.rdv, autoscale=s.autoscale, addresses=s.addresses,
             registry=s.registry)

@@ -29,13 +29,13 @@ log = logging.getLogger("csrun.runtime")
 
 
 def validate_only(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params: dict[str, Any],
-                  eval_input_fn: Callable[..., Any] | None, plan: dict[str, Any] | None, num_workers: int,
+                  eval_input_fn: Callable[..., Any] | None, plan: dict[str, Any] | None, num_input_workers: int,
                   model_dir: Path) -> int:
     """Mode ``validate_only``: :func:`csrun_runtime.tensorflow.contract.validate` as input workers
-    ``0..num_workers-1`` (at least 1) would build the input, the report written to
+    ``0..num_input_workers-1`` (at least 1) would build the input, the report written to
     ``model_dir/validate_report.txt`` and logged. Returns the exit code: 0 when the contract
     holds, 2 with violations."""
-    rep = validate(input_fn, model_fn, params, eval_input_fn, plan=plan, num_workers=max(1, num_workers),
+    rep = validate(input_fn, model_fn, params, eval_input_fn, plan=plan, num_input_workers=max(1, num_input_workers),
                    strict=bool(params["runconfig"].get("strict")))
     text = rep.text()
     cov = rep.info.get("file_coverage")

@@ -60,7 +60,7 @@ class ChiefStreams:
     def __init__(self, role: Role, params: dict[str, Any], mode: str, input_fn: Callable[..., Any]):
         self.role, self.params, self.mode, self.input_fn = role, params, mode, input_fn
         self.rc = params["runconfig"]
-        self.num_workers = role.num_workers
+        self.num_input_workers = role.num_input_workers
         self.rdv: Rendezvous | None = None
         self.plan: dict[str, Any] | None = None
         self.autoscale: AutoscaleSpec | None = None
@@ -117,14 +117,14 @@ class ChiefStreams:
         if self.plan is not None and self._view_root is None:
             self._view_root = tempfile.mkdtemp(prefix="csrun-views-")
         try:
-            built = build_worker_input(self.input_fn, self.params, 0, max(1, self.num_workers),
+            built = build_worker_input(self.input_fn, self.params, 0, max(1, self.num_input_workers),
                                        self.plan, job_key=self.role.rendezvous_key,
                                        view_root=self._view_root)
         except Exception as e:  # noqa: BLE001
             raise Refused([f"train_input: the input function raised {type(e).__name__}: {e}"]) from None
         ds = built.dataset
         rep = check_dataset(ds, "train", batch_size=built.params["train_input"].get("batch_size"))
-        if rep.ok and self.num_workers > 1:
+        if rep.ok and self.num_input_workers > 1:
             rep.extend(check_workers(self.input_fn, self.params, self.plan,
                                      strict=bool(self.rc.get("strict"))))
             cov = rep.info.get("file_coverage") or {}
@@ -196,14 +196,14 @@ class ChiefStreams:
         published for every worker (:func:`csrun_runtime.tensorflow.remote.start_for_chief`)."""
         if self.rc.get("transport") == remote.TRANSPORT:
             self._receiver, addresses = remote.start_for_chief(
-                self.rendezvous, self.role.host, self.num_workers, {
-                    "num_workers": self.num_workers, "mode": self.mode,
+                self.rendezvous, self.role.host, self.num_input_workers, {
+                    "num_workers": self.num_input_workers, "mode": self.mode,
                     "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})
             return addresses
-        self._servers, ports = start_dispatchers(self.num_workers)
+        self._servers, ports = start_dispatchers(self.num_input_workers)
         addresses = [f"{self.role.host}:{p}" for p in ports]
         self.rendezvous.publish_dispatchers(addresses, {
-            "num_workers": self.num_workers, "mode": self.mode,
+            "num_workers": self.num_input_workers, "mode": self.mode,
             "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})
         log.info("tf.data service: %d dispatcher(s) on %s, one per input worker",
                  len(addresses), self.role.host)
@@ -220,26 +220,26 @@ class ChiefStreams:
         t0 = time.monotonic()
         last_log = t0
         while True:
-            regs = {i: self.rendezvous.worker(i) for i in range(self.num_workers)}
+            regs = {i: self.rendezvous.worker(i) for i in range(self.num_input_workers)}
             failed = {i: r for i, r in regs.items() if r and r.get("status") == "failed"}
             if failed:
                 raise Refused([f"input worker {i} on {r.get('node')}: {v}"
                                for i, r in sorted(failed.items()) for v in r.get("violations", [])])
             ok = {i: r for i, r in regs.items() if r and r.get("status") == "ok"}
-            if len(ok) == self.num_workers:
+            if len(ok) == self.num_input_workers:
                 self.ingest_info["workers_registered_secs"] = round(time.monotonic() - t0, 3)
-                log.info("all %d input worker(s) registered in %.1f s: %s", self.num_workers,
+                log.info("all %d input worker(s) registered in %.1f s: %s", self.num_input_workers,
                          time.monotonic() - t0,
                          ", ".join(f"{i} on {r.get('node')}" for i, r in sorted(ok.items())))
                 self._check_job_files(ok)
                 return ok
             now = time.monotonic()
             if now - t0 > timeout:
-                missing = [i for i in range(self.num_workers) if i not in ok]
+                missing = [i for i in range(self.num_input_workers) if i not in ok]
                 raise InputStalled(_not_registered(missing, timeout, ok, self.rendezvous))
             if now - last_log > 15:
                 log.info("waiting for input workers: %d of %d registered", len(ok),
-                         self.num_workers)
+                         self.num_input_workers)
                 last_log = now
             time.sleep(0.25)
 
@@ -248,11 +248,11 @@ class ChiefStreams:
         (``pipeline_files``) against the whole set (logged; with ``runconfig.strict`` a
         problem refuses the run)."""
         files = {i: r.get("pipeline_files") for i, r in registrations.items()}
-        if self.num_workers < 2 or any(f is None for f in files.values()):
+        if self.num_input_workers < 2 or any(f is None for f in files.values()):
             return
         cov = check_job_files({i: list(f or []) for i, f in files.items()}, self.plan, self._all_files,
                               self._shards)
-        log.info("the %d input workers read %d distinct training file(s): %s", self.num_workers,
+        log.info("the %d input workers read %d distinct training file(s): %s", self.num_input_workers,
                  len(set().union(*map(set, cov.files.values()))), cov.verdict)
         for p in cov.problems:
             log.warning("train_input: %s", p)

@@ -487,17 +487,17 @@ def build_eval_input(input_fn: Callable[..., Any], params: dict[str, Any],
 
 
 def _build_train(input_fn: Callable[..., Any], params: dict[str, Any],
-                 plan: Mapping[str, Any] | None, num_workers: int) -> Any:
+                 plan: Mapping[str, Any] | None, num_input_workers: int) -> Any:
     root = tempfile.mkdtemp(prefix="csrun-validate-")
     try:
-        return build_worker_input(input_fn, params, 0, num_workers, plan, view_root=root).dataset
+        return build_worker_input(input_fn, params, 0, num_input_workers, plan, view_root=root).dataset
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params: dict[str, Any],
              eval_input_fn: Callable[..., Any] | None = None,
-             plan: Mapping[str, Any] | None = None, num_workers: int = 1,
+             plan: Mapping[str, Any] | None = None, num_input_workers: int = 1,
              build_model: bool = True, strict: bool = False) -> Report:
     """Every check of ``--mode validate_only``: rules 1-7 on the training input (if
     ``train_input`` exists) and 1-4 on the eval input (if ``eval_input`` exists), every input
@@ -507,7 +507,7 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
     Args:
         params: resolved params.
         plan: shard plan (worker 0's params are used to build the datasets).
-        num_workers: input workers of the job (>= 1).
+        num_input_workers: input workers of the job (>= 1).
         strict: rule 7's problems are violations, not warnings.
     """
 
@@ -524,7 +524,7 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
             continue
         try:
             if purpose == "train":
-                ds = _build_train(input_fn, params, plan, max(1, num_workers))
+                ds = _build_train(input_fn, params, plan, max(1, num_input_workers))
             else:
                 ds = build_eval_input(input_fn, params, eval_input_fn)
         except Exception as e:  # noqa: BLE001

@@ -38,7 +38,7 @@ def check_file_coverage(input_fn: Callable[..., Any], params: Mapping[str, Any],
     """
     num = int(plan["num_workers"]) if plan is not None else 2
     if num < 2:
-        return Coverage(verdict="unknown", num_workers=num,
+        return Coverage(verdict="unknown", num_input_workers=num,
                         note="one input worker: nothing to share")
     root = tempfile.mkdtemp(prefix="csrun-coverage-")
     try:
@@ -48,7 +48,7 @@ def check_file_coverage(input_fn: Callable[..., Any], params: Mapping[str, Any],
                 workers[k] = _built(input_fn, params, k, num, plan, root)
         files = {k: pipeline_files(w.dataset) for k, w in workers.items()}
         if any(v is None for v in files.values()):
-            return Coverage(verdict="unknown", num_workers=num,
+            return Coverage(verdict="unknown", num_input_workers=num,
                             note="could not tell which files input_fn reads (no dataset of file "
                                  "names feeding a reader in its pipeline); not checked")
         known = {k: list(v or []) for k, v in files.items()}

@@ -92,7 +92,7 @@ class WorkerInput:
     Attributes:
         dataset: what ``input_fn`` returned (normally a ``tf.data.Dataset``).
         params: the params ``input_fn`` received.
-        worker_index: the worker's index; ``num_workers``: the job's input-worker count.
+        worker_index: the worker's index; ``num_input_workers``: the job's input-worker count.
         tf_config: the ``TF_CONFIG`` set while ``input_fn`` ran.
         global_seed: TensorFlow's global seed while it ran (the worker's ``shuffle_seed``).
         file_list_seed: the job-wide seed of file-list shuffles.
@@ -107,7 +107,7 @@ class WorkerInput:
     dataset: Any
     params: dict[str, Any]
     worker_index: int
-    num_workers: int
+    num_input_workers: int
     tf_config: dict[str, Any]
     global_seed: int | None
     file_list_seed: int
@@ -389,16 +389,16 @@ def _plan_view(params: dict[str, Any], plan: Mapping[str, Any], index: int,
 
 
 def build_worker_input(input_fn: Callable[..., Any], params: Mapping[str, Any], index: int,
-                       num_workers: int, plan: Mapping[str, Any] | None = None, *,
+                       num_input_workers: int, plan: Mapping[str, Any] | None = None, *,
                        job_key: str | None = None, view_root: str | os.PathLike | None = None,
                        restore: bool = True) -> WorkerInput:
-    """Call ``input_fn`` as input worker ``index`` of ``num_workers`` (see the module docstring).
+    """Call ``input_fn`` as input worker ``index`` of ``num_input_workers`` (see the module docstring).
 
     Args:
         input_fn: the training input function (``input_fn(params)``).
         params: resolved params (not modified).
-        index: the worker's index in ``[0, num_workers)``.
-        num_workers: the job's input workers (1 for a chief that reads in-process).
+        index: the worker's index in ``[0, num_input_workers)``.
+        num_input_workers: the job's input workers (1 for a chief that reads in-process).
         plan: a shard plan (:func:`csrun_runtime.params.load_shard_plan`) or ``None``.
         job_key: ``"<job>.<step>"`` (job-wide ``file_list_seed`` without a base seed).
         view_root: where to write the plan's ``data_dir`` view (``<view_root>/<index>/``);
@@ -412,13 +412,13 @@ def build_worker_input(input_fn: Callable[..., Any], params: Mapping[str, Any], 
     Raises:
         Whatever ``input_fn`` raises; ``OSError`` when the view cannot be written.
     """
-    wp = worker_params(params, index, num_workers, plan, job_key=job_key)
+    wp = worker_params(params, index, num_input_workers, plan, job_key=job_key)
     ti = wp["train_input"]
     view = _plan_view(wp, plan, index, view_root) if plan is not None else None
-    conf = tf_config_for(index, num_workers, plan is not None)
+    conf = tf_config_for(index, num_input_workers, plan is not None)
     count = len(conf["cluster"]["worker"])
     seed = ti.get("shuffle_seed")
-    out = WorkerInput(dataset=None, params=wp, worker_index=index, num_workers=num_workers,
+    out = WorkerInput(dataset=None, params=wp, worker_index=index, num_input_workers=num_input_workers,
                       tf_config=conf, global_seed=seed, file_list_seed=int(ti["file_list_seed"]),
                       view=view)
     first = _ListFilesHook(None)

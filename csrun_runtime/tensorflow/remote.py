@@ -136,16 +136,17 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         }
 
 
-def start_for_chief(rdv: Rendezvous, host: str, num_workers: int, info: Mapping[str, Any]) -> tuple[Any, list[str]]:
+def start_for_chief(rdv: Rendezvous, host: str, num_input_workers: int,
+                    info: Mapping[str, Any]) -> tuple[Any, list[str]]:
     """The chief with ``runconfig.transport: dataplane``: bind the receiver
     (:func:`start_receiver`) and publish it in ``dispatchers.json`` for every input worker
     (``transport: dataplane``, ``dispatchers[i]`` the endpoint, ``info`` added). Returns
     ``(receiver, addresses)``: keep the receiver for :func:`chief_source`."""
     receiver, endpoint = start_receiver(host)
-    addresses = [endpoint] * num_workers
+    addresses = [endpoint] * num_input_workers
     rdv.publish_dispatchers(addresses, {**dict(info), "transport": TRANSPORT})
     log.info("data plane: one receiver at %s for %d input worker(s) (runconfig.transport = dataplane)",
-             endpoint, num_workers)
+             endpoint, num_input_workers)
     return receiver, addresses
 
 

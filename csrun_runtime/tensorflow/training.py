@@ -50,7 +50,7 @@ class LoopContext:
         rc: the resolved ``runconfig``; ``model_dir``: where checkpoints, events and
             ``performance/`` go; ``mode``: ``runconfig.mode``.
         t_proc: the chief's process start (``time.time()`` seconds); ``node``: its node.
-        num_workers: input workers of the job (0: in-process pipeline).
+        num_input_workers: input workers of the job (0: in-process pipeline).
         params_path: the params YAML the run read (for the verdict's cs_input_analyzer command).
         save: ``save(mgr, step)`` writes a checkpoint; ``evaluate(model, step)`` evaluates.
         train_steps: ``train_steps(model, step_var) -> TrainSteps``, with the first-step XLA fallback.
@@ -66,7 +66,7 @@ class LoopContext:
     mode: str
     t_proc: float
     node: str | None
-    num_workers: int
+    num_input_workers: int
     params_path: str | None
     save: Callable[[Any, int], None]
     evaluate: Callable[[Any, int], Any]
@@ -154,7 +154,8 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
     streamed = isinstance(source, (ServiceSource, DataplaneSource))
     setup = LoopSetup(
         rc=chief.rc, model_dir=chief.model_dir, mode=chief.mode, start=int(step_var.numpy()), t_proc=chief.t_proc,
-        node=chief.node, num_input_workers=chief.num_workers, params_path=chief.params_path, evaluating=evaluating,
+        node=chief.node, num_input_workers=chief.num_input_workers, params_path=chief.params_path,
+        evaluating=evaluating,
         ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
         addresses=chief.addresses, registry=chief.registry)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))

@@ -169,7 +169,7 @@ class InputWorker:
         self.plan = None
         try:
             if self.role.shard_plan:
-                self.plan = load_shard_plan(self.role.shard_plan, self.role.num_workers)
+                self.plan = load_shard_plan(self.role.shard_plan, self.role.num_input_workers)
         except ParamsError as e:
             self.rdv.register_worker(self.index, {**self.me, "status": "failed", "violations": e.problems})
             log.error("%s", e)
@@ -193,9 +193,9 @@ class InputWorker:
                 time.sleep(0.25)
         self.heartbeat.start()
         addresses = disp["dispatchers"]
-        if len(addresses) != self.role.num_workers:
+        if len(addresses) != self.role.num_input_workers:
             log.error("the chief published %d dispatchers for %d workers", len(addresses),
-                      self.role.num_workers)
+                      self.role.num_input_workers)
             return None
         return str(addresses[self.index])
 
@@ -209,7 +209,7 @@ class InputWorker:
         if os.environ.get(TF_CONFIG_VAR):
             log.info("replacing the inherited TF_CONFIG with this input worker's")
         built = build_worker_input(self.input_fn, self.resolved.params, self.index,
-                                   self.role.num_workers, self.plan,
+                                   self.role.num_input_workers, self.plan,
                                    job_key=self.role.rendezvous_key,
                                    view_root=self.rdv.dir / "data_views", restore=False)
         if built.view is not None:
@@ -245,7 +245,7 @@ class InputWorker:
         self.files = pipeline_files(ds)
         rc = self.resolved.params["runconfig"]
         steps = [int(rc[k]) for k in ("max_steps", "num_steps") if rc.get(k)]
-        cap = min(steps) // (4 * max(1, self.role.num_workers)) if steps else None
+        cap = min(steps) // (4 * max(1, self.role.num_input_workers)) if steps else None
         if os.environ.get(AUTOSCALE_ENV):
             # finer elements: the chief's buffers hold whole elements and its autoscale windows
             # must see a removed worker (csrun_runtime.autoscale)

@@ -107,19 +107,19 @@ def test_shard_plan_for_another_worker_count_is_refused(data, tmp_path):
     assert all(c is not None for c in codes)  # nobody hangs
 
 
-def _srun_het(argv, num_workers, extra_export="", kill_on_bad_exit=True):
+def _srun_het(argv, num_input_workers, extra_export="", kill_on_bad_exit=True):
     exp0 = (f"ALL,CSRUN_ROLE=chief,CSRUN_HET_GROUP=0,CSRUN_TASK_OFFSET=0,CSRUN_WORKER_OFFSET=0,"
-            f"CSRUN_NUM_WORKERS={num_workers},CSRUN_NUM_TASKS={num_workers + 1},"
+            f"CSRUN_NUM_WORKERS={num_input_workers},CSRUN_NUM_TASKS={num_input_workers + 1},"
             f"CSRUN_CPUS_PER_TASK=1,TF_CPP_MIN_LOG_LEVEL=2{extra_export}")
     exp1 = (f"ALL,CSRUN_ROLE=worker,CSRUN_HET_GROUP=1,CSRUN_TASK_OFFSET=1,CSRUN_WORKER_OFFSET=0,"
-            f"CSRUN_NUM_WORKERS={num_workers},CSRUN_NUM_TASKS={num_workers + 1},"
+            f"CSRUN_NUM_WORKERS={num_input_workers},CSRUN_NUM_TASKS={num_input_workers + 1},"
             f"CSRUN_CPUS_PER_TASK=1,TF_CPP_MIN_LOG_LEVEL=2{extra_export}")
     cmd = [helpers.PY, str(helpers.DIGITS / "run.py"), *argv]
-    nodes = min(num_workers, 2)
+    nodes = min(num_input_workers, 2)
     return (["srun", "--job-name=csrun-runtime-test", "-t", "10"]
             + (["--kill-on-bad-exit=1"] if kill_on_bad_exit else [])
             + ["-N1", "-n1", "-c1", f"--export={exp0}", *cmd, ":",
-               f"-N{nodes}", f"-n{num_workers}", "-c1", f"--export={exp1}", *cmd])
+               f"-N{nodes}", f"-n{num_input_workers}", "-c1", f"--export={exp1}", *cmd])
 
 
 @pytest.mark.cluster

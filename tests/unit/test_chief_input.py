@@ -24,7 +24,7 @@ def test_indices_shift_by_one_and_the_job_counts_the_chiefs_worker():
     lay = plan_layout(3, 2, 1, gres="gpu:1", node_cpus=2, chief_input_cpus=1)
     assert [(c.role, c.task_offset, c.worker_offset) for c in lay.components] == [("chief", 0, 1), ("worker", 2, 2)]
     assert lay.num_tasks == 6 and lay.num_input_workers == 6  # 5 tasks + the chief's own
-    # the task indices 1..5 and the chief's 0 cover 0..num_workers-1 exactly once
+    # the task indices 1..5 and the chief's 0 cover 0..num_input_workers-1 exactly once
     last = lay.components[-1]
     assert last.worker_offset + last.num_input_workers == lay.num_input_workers
 
@@ -75,7 +75,7 @@ def test_the_chiefs_worker_resolves_as_input_worker_zero_of_the_job():
     split = split_cpus([4, 5, 6], 3, 1)
     env = worker_env(chief_env, chief, split)
     role = resolve_role(env)
-    assert role.kind == "worker" and role.worker_index == 0 and role.num_workers == 4 and role.chief_input
+    assert role.kind == "worker" and role.worker_index == 0 and role.num_input_workers == 4 and role.chief_input
     assert role.cpus_per_task == 1 and role.rendezvous_key == chief.rendezvous_key
     assert role.describe() == "input worker 0 in the chief's task on node1"
     assert env[PIN_ENV] == "6" and env[NICE_ENV] == str(NICE) and CHIEF_INPUT_ENV not in env

@@ -200,6 +200,6 @@ def test_task_env_decode_errors_name_the_variable():
 def test_resolve_role_reads_what_the_encoder_writes():
     enc = dict(TaskEnv("worker", 1, 2, 3, 8, 9, 2).encode(), SLURM_PROCID="4", SLURM_JOB_ID="7")
     role = resolve_role(enc)
-    assert (role.kind, role.worker_index, role.num_workers, role.cpus_per_task) == ("worker", 5, 8, 2)
+    assert (role.kind, role.worker_index, role.num_input_workers, role.cpus_per_task) == ("worker", 5, 8, 2)
     with pytest.raises(RoleError):  # a RoleError is an EnvError, naming the variable
         resolve_role({"CSRUN_ROLE": "worker", "SLURM_PROCID": "0", "CSRUN_NUM_WORKERS": "-1"})

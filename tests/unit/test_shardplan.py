@@ -64,7 +64,7 @@ def test_lpt_large_worker_counts_match_reference():
 
 
 def test_lpt_rejects_bad_input():
-    with pytest.raises(ValueError, match="num_workers"):
+    with pytest.raises(ValueError, match="num_input_workers"):
         sp.lpt_assign([1, 2], 0)
     with pytest.raises(ValueError, match="weights"):
         sp.lpt_assign([1, -2], 2)

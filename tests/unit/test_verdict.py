@@ -223,7 +223,7 @@ def test_the_train_step_alone_is_never_slower_than_the_steady_state(tmp_path, ca
     rc = {"max_steps": 61, "log_steps": 1000, "checkpoint_steps": 0, "steps_per_execution": "auto",
           "input_timeout_secs": None, "worker_start_timeout_secs": None}
     setup = LoopSetup(rc=rc, model_dir=tmp_path, mode="train", start=0, t_proc=time.time(), node=None,
-                      num_workers=0, params_path=None, evaluating=False)
+                      num_input_workers=0, params_path=None, evaluating=False)
     with caplog.at_level(logging.INFO, logger="csrun.runtime"):
         TrainingDriver(setup, BimodalSteps()).run()
     perf = json.loads((tmp_path / "performance" / "performance.json").read_text())
