@@ -785,7 +785,7 @@ class _Driver:
         self.elapsed_by_key: dict[tuple[str, int, int], float] = {}
         self.failures: list[str] = []
         self.sweep = False  # the hellos' framework says; then the grid adds DataLoader num_workers
-        self.loader_workers: int | None = None  # the next probe's DataLoader num_workers (a sweep's)
+        self.dataloader_workers: int | None = None  # the next probe's DataLoader num_workers (a sweep's)
 
     def run(self) -> ProbeRun:
         """Probe until done; returns what was found (``stopped`` says why it ended)."""
@@ -879,14 +879,14 @@ class _Driver:
 
     def _plan(self, max_tasks: int, predict: Callable[[int, int], float] | None) -> tuple[str, int, int] | None:
         """:func:`next_probe`; where DataLoader workers are swept
-        :func:`analyzer.dataloader_plan.next_point`, its ``num_workers`` kept in ``self.loader_workers``."""
+        :func:`analyzer.dataloader_plan.next_point`, its ``num_workers`` kept in ``self.dataloader_workers``."""
         if not self.sweep:
             return next_probe(self.out.rows, self.n, max_tasks, self.want_ingest, predict)
         got = dataloader_plan.next_point(self.out.rows, self.n, max_tasks, next_probe, predict,
                                          served=self.want_served)
         if got is None:
             return None
-        self.loader_workers = got[3]
+        self.dataloader_workers = got[3]
         return got[0], got[1], got[2]
 
     def _predict(self) -> Callable[[int, int], float] | None:
@@ -923,14 +923,14 @@ class _Driver:
             T = min(session.workers, 3)
         if kind == SERVED_KIND and not self.spec.target.local and self.n < 2:
             # One CPU cannot hold the input worker and the chief apart: the chief runs here.
-            extra = {"dataloader_workers": self.loader_workers} if self.sweep else {}
+            extra = {"dataloader_workers": self.dataloader_workers} if self.sweep else {}
             row = ChiefApart(session).run(T, C, timing, timeout, cache, self._tick, extra)
             if self.sweep:
-                row["dataloader_workers"] = self.loader_workers
+                row["dataloader_workers"] = self.dataloader_workers
         elif self.sweep:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick,
-                                extra={"dataloader_workers": self.loader_workers})
-            row["dataloader_workers"] = self.loader_workers
+                                extra={"dataloader_workers": self.dataloader_workers})
+            row["dataloader_workers"] = self.dataloader_workers
         else:
             row = session.probe(kind, T, C, timing, timeout, cache, self._tick)
         return row, kind, T, C

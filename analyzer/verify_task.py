@@ -218,7 +218,8 @@ def _chief(ns: argparse.Namespace, backend: Any, role: Role, entry: CapturedRun,
         source, local_pids = side.open()
         res = drain(source, ns.warmup, ns.seconds, float(rc["worker_start_timeout_secs"]),
                     float(rc["input_timeout_secs"]), t_proc, local_pids, side.samples_of)
-        res.update(num_workers=role.num_input_workers, node=role.node, **side.describe())
+        res["num_workers"] = role.num_input_workers  # drain.json's key
+        res.update(node=role.node, **side.describe())
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
         res, code = failed_result(exc, role.num_input_workers), 1

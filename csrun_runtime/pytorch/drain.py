@@ -106,7 +106,7 @@ class ChiefDrain:
 
         role, params = self.role, self.resolved.params
         Path(self.resolved.model_dir).mkdir(parents=True, exist_ok=True)
-        if role.num_workers == 0:
+        if role.num_input_workers == 0:
             loader, _, _ = build_loader(self.train_data_fn, params, 0, 1, 0, threads=role.cpus_per_task or None)
             return _Local(loader), []
         if role.rendezvous_key is None:

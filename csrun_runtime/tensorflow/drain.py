@@ -104,7 +104,7 @@ class ChiefDrain:
         """The stream (:meth:`_service_source`, or :meth:`_local_source` with no input worker)
         and the pids of the input workers on this host (their CPU is reported apart)."""
         self.chief.model_dir.mkdir(parents=True, exist_ok=True)
-        if self.role.num_workers > 0:
+        if self.role.num_input_workers > 0:
             self.chief.place_chief_input()  # before the source is built: the chief's threads pinned
             self.rdv = self._rendezvous()
             return self._service_source(self.rdv)
@@ -148,11 +148,11 @@ class ChiefDrain:
         from . import service
 
         role, chief = self.role, self.chief
-        servers, ports = service.start_dispatchers(role.num_workers)
+        servers, ports = service.start_dispatchers(role.num_input_workers)
         _KEEP.append(servers)
         addresses = [f"{role.host}:{p}" for p in ports]
         rdv.publish_dispatchers(addresses, {
-            "num_workers": role.num_workers, "mode": "train (drain)",
+            "num_workers": role.num_input_workers, "mode": "train (drain)",
             "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
         chief.start_chief_input()
         registry = chief.wait_workers()

@@ -1,5 +1,5 @@
 """One name per concept (issue 30, item 4): csrun's input-worker count is ``num_input_workers``
-and the DataLoader's worker-process count is ``loader_workers``; the identifier ``num_workers``
+and the DataLoader's worker-process count is ``dataloader_workers``; the identifier ``num_workers``
 appears in csrun's packages only where it is someone else's name:
 
 - as a string key (``"num_workers"`` of the shard plan, drain.json, performance.json,
@@ -18,11 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("csrun_common", "launcher", "analyzer", "csrun_runtime")
 NAME = "num_workers"
 #: Files not checked yet, with the reason.
-EXCLUDED = {
-    f"analyzer/{f}": "restructured by issue 30 item 2, renamed at merge"
-    for f in ("probe_worker.py", "probe_plane.py", "verify_task.py", "verify_task_pt.py", "probe_driver.py",
-              "file_coverage.py", "model.py")
-}
+EXCLUDED: dict[str, str] = {}
 #: ``(file, expression)`` uses of the name that are torch's, with the reason.
 ALLOWED = {
     ("csrun_runtime/pytorch/report.py", "loader.num_workers"): "torch DataLoader's own attribute (validate report)",
@@ -84,5 +80,5 @@ def test_num_workers_is_never_a_name_of_csrun():
             else:
                 found.append(f"{rel}:{line}: {text}")
     assert not found, ("`num_workers` as a csrun identifier (the input-worker count is num_input_workers, the "
-                       "DataLoader's processes loader_workers; keys stay strings):\n" + "\n".join(found))
+                       "DataLoader's processes dataloader_workers; keys stay strings):\n" + "\n".join(found))
     assert seen == set(ALLOWED), f"stale entries in ALLOWED: {sorted(set(ALLOWED) - seen)}"
