@@ -162,6 +162,9 @@ VERBOSE = Var("CSRUN_VERBOSE", "1 | true | yes", "user", "the user", "launcher.r
               "let the tasks print every TensorFlow C++ log line (as --verbose)")
 NO_PATH_CHECKS = Var("CSRUN_NO_PATH_CHECKS", "1 | true | yes", "user", "the user", "launcher.cli (click envvar)",
                      "skip the path checks of every launch (as --no-path-checks)")
+BATCH_CHECK_SECS = Var("CSRUN_BATCH_CHECK_SECS", "int >= 0 (seconds)", "user", "the user, tests/conftest.py",
+                       "launcher.batchcheck", "bound of the one-batch check before queueing, over checks.batch_secs "
+                       "(0: off)")
 LOG_DIR = Var("CSRUN_LOG_DIR", "path", "user", "the user", "launcher.slurm.task_log",
               "where csrun_wse writes its task logs (default ./csrun_logs)")
 ADVERTISE_HOST = Var("CSRUN_ADVERTISE_HOST", "host name or address", "user", "the user or site", _ROLES,
@@ -194,7 +197,7 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
     ROLE, HET_GROUP, TASK_OFFSET, WORKER_OFFSET, NUM_WORKERS, NUM_TASKS, CPUS_PER_TASK, EXECUTION_MODE,
     STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT,
     WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR,
-    ADVERTISE_HOST,
+    BATCH_CHECK_SECS, ADVERTISE_HOST,
     PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT)}
 
 #: Values of :data:`ROLE` (docs/CONTRACT.md): the three het-component roles csrun_wse sets,

@@ -185,6 +185,12 @@ class InputBackendModule(Protocol):
         captured run's training data function and params."""
         ...
 
+    def describe_error(self, error: BaseException, what: str, /) -> str:
+        """The lines an input worker shows for ``error``, raised by the user's input code while
+        building or iterating the input: ``"{what} raised {Type}: {message} (in {function})"``
+        then the last frames in the user's code, indented (``csrun_runtime.first_batch``)."""
+        ...
+
 
 #: entry module -> the Protocol it implements (``probe`` and ``drain``, the analyzer's node-side
 #: probe and ``verify``'s drain: :mod:`csrun_runtime.probing`'s ``ProbeBackend`` and ``DrainBackend``).

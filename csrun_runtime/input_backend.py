@@ -34,7 +34,12 @@ __all__ = ["InputBackend", "BuiltInput", "InputBuildError", "samples_in"]
 class InputBuildError(ValueError):
     """The input could not be built at the requested point (the data function raised, or the
     contract rejected what it returned; e.g. ``prefetch_factor`` given with DataLoader
-    ``num_workers: 0``, which torch 2 rejects). ``str()`` is one line."""
+    ``num_workers: 0``, which torch 2 rejects). ``str()`` is one line; ``detail`` the whole
+    report when it has more (the user's frames on indented lines), else ``""``."""
+
+    def __init__(self, message: str, detail: str = ""):
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass

@@ -23,7 +23,7 @@ from csrun_common.layout import FLAGS, LayoutSpec, flag, resolve_counts
 from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
-from . import preflight, slurm
+from . import batchcheck, preflight, slurm
 from .builders import EXECUTION_MODES, CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
@@ -192,7 +192,31 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
     if flags.check:
         return _check("csrun_wse", req, flags.use_sbatch, not flags.no_path_checks)
     _presubmit("csrun_wse", req, flags)
+    _batch_check("csrun_wse", req, flags, cfg)
     return _launch(req, flags.use_sbatch, flags.dry_run)
+
+
+def _batch_check(prog: str, req: WseRequest, flags: WseFlags, cfg: SiteConfig) -> None:
+    """Pull one batch of the training input on this host before queueing
+    (:mod:`launcher.batchcheck`): the user's input code raising is refused with the worker's
+    lines (:class:`CsrunError`, exit 2, nothing submitted); over the bound, or not checkable
+    here, one note line and the launch goes on."""
+    skipped = next((name for name, on in (("--no-batch-check", flags.no_batch_check), ("--dry-run", flags.dry_run),
+                                          ("--check", flags.check), ("--no-path-checks", flags.no_path_checks))
+                    if on), "")
+    secs = 0 if skipped else batchcheck.bound(cfg.batch_check_secs)
+    spec = req.layout.spec
+    check = batchcheck.plan(req.command, secs=secs, container=req.container.runtime != "none",
+                            workers=req.layout.num_input_workers, cpus=(spec.cpus_per_task if spec else None) or 1,
+                            skipped_by=skipped)
+    if check is None:
+        return
+    outcome = batchcheck.run(check)
+    if outcome.status == "user_error":
+        raise CsrunError(f"{outcome.text}\n{batchcheck.HINT}")
+    line = batchcheck.note(outcome, check.secs)
+    if line:
+        _note(prog, line)
 
 
 #: csrun_wse flags that the PyTorch runtime does not act on yet (docs/PYTORCH.md "Not yet for

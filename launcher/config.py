@@ -94,6 +94,9 @@ KEYS: tuple[Key, ...] = (
     Key("checks", "paths", "path_checks", bool, True,
         "check the script, --params, data paths, model_dir and shard plan before every launch",
         "--no-path-checks"),
+    Key("checks", "batch_secs", "batch_check_secs", int, 30,
+        "seconds a launch may spend pulling one batch locally before queueing; 0 = off "
+        "($CSRUN_BATCH_CHECK_SECS overrides)", "--no-batch-check", zero_allowed=True),
     Key("python", "executable", "python_executable", str, "",
         "interpreter of python-ws/python-pt; \"\" = the one running csrun"),
 )
@@ -156,6 +159,7 @@ class SiteConfig:
     requeue_signal: str = DEFAULT_SIGNAL
     max_requeues: int = DEFAULT_MAX_REQUEUES
     path_checks: bool = True
+    batch_check_secs: int = 30
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:

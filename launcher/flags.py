@@ -119,6 +119,9 @@ WSE_OPTIONS: tuple[FlagSpec, ...] = (
              "Seconds of training measured between two autoscale decisions.", metavar="SECONDS",
              show_default=True),
     *POLICY_OPTIONS,
+    FlagSpec("no_batch_check", "--no-batch-check", bool, False, "Do not pull one batch of the training input "
+             "on this host before queueing (by default a training run's first batch is pulled, bounded by "
+             "checks.batch_secs seconds, and a launch whose input code raises is refused; docs/CHECKS.md)."),
     _USE_SBATCH,
     _DRY_RUN,
 )
@@ -209,6 +212,7 @@ class WseFlags(CommonFlags):
     initial_workers: int | None = None
     autoscale_policy: str = "rate"
     autoscale_window: float = 10.0
+    no_batch_check: bool = False
 
 
 @dataclass(frozen=True)

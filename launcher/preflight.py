@@ -37,7 +37,7 @@ from . import slurm
 from .builders import CpuRequest, WseRequest
 from .container import Container
 
-__all__ = ["Check", "command_checks", "data_checks", "shard_plan_checks", "presubmit_checks", "presubmit",
+__all__ = ["Check", "script_of", "command_checks", "data_checks", "shard_plan_checks", "presubmit_checks", "presubmit",
            "container_checks", "slurm_check", "run_check", "format_report", "load_params", "show", "DATA_KEYS"]
 
 
@@ -106,7 +106,7 @@ def _writable_dir_check(name: str, path: Path, where: str = "") -> Check:
 _PYTHON_VALUED = ("-W", "-X", "--check-hash-based-pycs")
 
 
-def _script_of(command: Sequence[str]) -> tuple[str | None, list[str]]:
+def script_of(command: Sequence[str]) -> tuple[str | None, list[str]]:
     """The script a Python command runs and the arguments after it: ``python run.py --x``
     → ``("run.py", ["--x"])``; ``None`` for ``python -m mod`` / ``-c`` or a non-Python
     command."""
@@ -227,7 +227,7 @@ def command_checks(command: Sequence[str], cwd: Path, in_container: bool, *, def
         checks.append(Check("program", found is not None,
                             f"{show(prog)}: {show(found) if found else 'not found on PATH or not executable'}",
                             "COMMAND"))
-    script, args = _script_of(command)
+    script, args = script_of(command)
     script_path = None
     if script is not None:
         script_path = cwd / script

@@ -19,6 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from csrun_common.env import BATCH_CHECK_SECS
+
+# No one-batch check before queueing (launcher/batchcheck.py, issue 33 item 9) in the suite's
+# hundreds of csrun_wse launches, in-process (CliRunner) or not: each would load TensorFlow or
+# torch on this host first. The tests of the check set CSRUN_BATCH_CHECK_SECS in their own env.
+os.environ[BATCH_CHECK_SECS] = "0"
+
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "slurm-test-cluster" / "cluster"
 BIN = Path(sys.executable).parent
@@ -90,6 +97,9 @@ def slurm_cluster() -> dict:
     os.environ["SLURM_CONF"] = str(conf)
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # no one-batch check before queueing (launcher/batchcheck.py) in the hundreds of launches of the
+    # suite: the tests of the check set CSRUN_BATCH_CHECK_SECS themselves
+    env[BATCH_CHECK_SECS] = "0"
     return {"conf": conf, "env": env, "accounting": _has_accounting(conf), "engine": cluster_engine()}
 
 

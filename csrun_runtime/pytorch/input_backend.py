@@ -22,7 +22,7 @@ from ..input_backend import BuiltInput, InputBuildError
 from .contract import ContractError, batch_size_of, epochs
 from .worker import build_loader
 
-__all__ = ["INPUT_BACKEND", "TorchInputBackend", "pin_children", "samples_and_bytes"]
+__all__ = ["INPUT_BACKEND", "TorchInputBackend", "describe_error", "pin_children", "samples_and_bytes"]
 
 
 def samples_and_bytes(batch: Any) -> tuple[int, int]:
@@ -91,7 +91,7 @@ class TorchInputBackend:
             loader, _, seed = build_loader(self.fn, params, worker_index, num_input_workers, worker_index,
                                            threads=int(cpus))
         except ContractError as e:
-            raise InputBuildError(str(e).split("\n", 1)[0]) from None  # the first line: a probe table's cell
+            raise InputBuildError(str(e).split("\n", 1)[0], detail=str(e)) from None  # one line: a probe table's cell
         import torch
 
         cpuset = set(os.sched_getaffinity(0))
@@ -131,6 +131,18 @@ def _new_pass(loader: Any, n: int) -> bool:
         return n % len(loader) == 0
     except TypeError:
         return False
+
+
+def describe_error(error: BaseException, what: str) -> str:
+    """The lines an input worker shows for ``error``, raised while building or iterating the
+    DataLoader: a :class:`.contract.ContractError`'s own message, else ``"{what} raised
+    {Type}: {message} (in {function})"`` and the last frames in the user's code
+    (:func:`.usererror.describe`; a DataLoader worker process's error read from its message)."""
+    if isinstance(error, ContractError):
+        return str(error)
+    from .usererror import describe
+
+    return describe(error, what)
 
 
 #: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).

@@ -4,12 +4,16 @@ harness in :mod:`csrun_runtime.input_backend` holds the Protocol and :class:`Bui
 TensorFlow is imported inside the functions."""
 from __future__ import annotations
 
+import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError, samples_in
 
-__all__ = ["INPUT_BACKEND", "TFInputBackend", "tf_passes", "tf_samples_and_bytes"]
+__all__ = ["INPUT_BACKEND", "TFInputBackend", "describe_error", "tf_passes", "tf_samples_and_bytes"]
 
 
 class TFInputBackend:
@@ -72,6 +76,48 @@ def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
         ne = t.shape.num_elements()
         nbytes += (ne or 0) * (t.dtype.size or 1)
     return samples_in(flat), nbytes
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_HEAD = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
+_NOT_USER = (*(str(Path(__file__).resolve().parents[2] / p) for p in ("csrun_runtime", "csrun_common", "launcher",
+                                                                       "analyzer")),
+             *{p for k in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(k))})
+#: Frames of the user's code shown at most (the last ones: nearest the raise).
+FRAMES = 3
+
+
+def _user(filename: str) -> bool:
+    return bool(filename) and not filename.startswith("<") and not filename.startswith(_NOT_USER) \
+        and "__autograph_generated_file" not in filename
+
+
+def describe_error(error: BaseException, what: str) -> str:
+    """The lines an input worker shows for ``error``, raised by ``input_fn`` or by a function of
+    its pipeline (a ``map`` function: TensorFlow reports one traced by AutoGraph, or run by
+    ``tf.py_function``, with the user's traceback as text in its message): ``"{what} raised
+    {Type}: {message} (in {function})"`` then the last :data:`FRAMES` frames in the user's code
+    (file, line, function, and the code line), indented by two spaces."""
+    lines = str(error).splitlines()
+    frames, last = [], -1
+    for i, ln in enumerate(lines):
+        m = _FRAME.match(ln)
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
+            frames.append((m.group(1), int(m.group(2)), m.group(3), code))
+            last = i
+    head = next((ln.strip() for ln in lines[last + 2:] if _HEAD.match(ln.strip())), "") if frames else ""
+    if not head:
+        first = next((ln.strip() for ln in lines if ln.strip()), "")
+        head = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    outer = [(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
+             for f in traceback.extract_tb(error.__traceback__)]
+    frames = outer + frames  # the message's frames (a map function's) are the innermost
+    mine = [f for f in frames if _user(f[0])][-FRAMES:]
+    out = [f"{what} raised {head}" + (f" (in {mine[-1][2]})" if mine else "")]
+    for file, line, name, code in mine:
+        out += [f'  File "{file}", line {line}, in {name}'] + ([f"    {code}"] if code else [])
+    return "\n".join(out)
 
 
 #: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).

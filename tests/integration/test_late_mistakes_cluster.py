@@ -162,3 +162,60 @@ def test_pytorch_mistakes_in_the_job_exit_2_shown_once(cli_env, tmp_path, mistak
         assert lines[at + 1].strip() == f'File "{MISTAKES}", line 25, in __getitem__', shown[-3000:]
         assert lines[at + 2].strip() == 'raise ValueError(f"sample {i}: label out of range")'
         assert "site-packages" not in shown
+
+
+# issue 33 item 9: before queueing, csrun_wse pulls one batch of the training input on the login
+# node (launcher/batchcheck.py): a raising Dataset is refused in seconds with its type, message and
+# frame, nothing submitted; a data function slower than the bound gets one note and is queued.
+# (The suite's other launches run with CSRUN_BATCH_CHECK_SECS=0: tests/conftest.py.)
+FIRST_BATCH_PT = str(REPO / "tests" / "fixtures" / "first_batch" / "run_pt.py")
+
+
+def _first_batch_params(tmp_path: Path, **train_input) -> Path:
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train_input": {"batch_size": 4, **train_input},
+                                      "runconfig": {"model_dir": str(tmp_path / "md"), "max_steps": 4}}))
+    return params
+
+
+def test_a_raising_dataset_is_refused_before_queueing(cli_env, tmp_path):
+    pytest.importorskip("torch")
+    params = _first_batch_params(tmp_path, mistake="getitem")
+    start = time.monotonic()
+    proc = csrun("csrun_wse", ["--total-nodes", "2", "--tasks-per-node", "1", "--cpus-per-task", "1", "python-pt",
+                               FIRST_BATCH_PT, "--params", str(params), "--mode", "train"],
+                 {**cli_env, "CSRUN_BATCH_CHECK_SECS": "60"}, tmp_path)
+    elapsed = time.monotonic() - start
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 2, shown[-3000:]
+    expect = "csrun_wse: error: train_input: the DataLoader raised ValueError: sample 0: no label (in __getitem__)"
+    assert shown.count("sample 0: no label") == 1 and proc.stderr.startswith(expect), shown[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[1].strip() == f'File "{FIRST_BATCH_PT}", line 27, in __getitem__'
+    assert lines[2].strip() == 'raise ValueError(f"sample {i}: no label")'
+    assert lines[3] == "  (one batch pulled on this host before queueing: nothing submitted; --no-batch-check " \
+                       "skips this check)" and len(lines) == 4
+    assert "Traceback" not in shown and proc.stdout == ""
+    assert elapsed < 30, elapsed  # ~3 s measured: torch's import and one batch
+    assert mine(cli_env, tmp_path) == set()  # nothing queued
+    assert not (tmp_path / "md").exists()
+
+
+def test_a_data_function_slower_than_the_bound_is_noted_and_queued(cli_env, tmp_path):
+    pytest.importorskip("torch")
+    params = _first_batch_params(tmp_path, mistake="slow", sleep=60)
+    start = time.monotonic()
+    proc = csrun("csrun_wse", ["--use-sbatch", "--total-nodes", "2", "--tasks-per-node", "1", "python-pt",
+                               FIRST_BATCH_PT, "--params", str(params), "--mode", "train"],
+                 {**cli_env, "CSRUN_BATCH_CHECK_SECS": "1"}, tmp_path)
+    elapsed = time.monotonic() - start
+    job = proc.stdout.strip()
+    try:
+        assert proc.returncode == 0 and job.isdigit(), proc.stderr
+        assert proc.stderr.count("csrun_wse: note: no batch of the training input within 1 s on this host "
+                                 "(checks.batch_secs or CSRUN_BATCH_CHECK_SECS): not checked before queueing") == 1
+        assert elapsed < 15, elapsed  # the bound, not the data function's 60 s
+        assert {j.split("+")[0] for j in mine(cli_env, tmp_path)} == {job}  # queued (a het job: 91+0, 91+1)
+    finally:
+        if job.isdigit():
+            subprocess.run(["scancel", job], env=cli_env, capture_output=True)

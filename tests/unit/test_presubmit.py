@@ -90,7 +90,7 @@ def test_script_missing_and_present_with_a_hostile_name(tmp_path):
     (["bash", "run.sh"], None),
 ])
 def test_the_script_of_a_command(argv, script):
-    assert preflight._script_of(argv)[0] == script
+    assert preflight.script_of(argv)[0] == script
 
 
 def test_program_not_on_path(tmp_path):
