@@ -2,7 +2,8 @@
 "Read-ahead in batches").
 
 examples/digits_pt unchanged, ``k`` input workers, with ``runconfig.input_read_ahead_batches``
-0 (the 4 MiB byte window only: the behaviour before the bound) and 4 (the default), alternating
+0 (the 4 MiB byte window only: the behaviour before the bound), the default
+(:data:`csrun_runtime.pytorch.remote.READ_AHEAD_BATCHES`) and 4, alternating
 within each repetition (the order rotating) so that the host's load falls on both alike:
 
 * ``training``: the example trained by the real PyTorch chief (its run.py with the environment
@@ -31,6 +32,8 @@ from pathlib import Path
 import common  # bench/ is on sys.path: these modules run as scripts from it
 import streaming_pt
 import yaml
+
+from csrun_runtime.pytorch.remote import READ_AHEAD_BATCHES
 
 RUN_PY = common.REPO / "examples/digits_pt/run.py"
 STEPS = 3000
@@ -65,7 +68,8 @@ def train(k: int, ahead: int, wd: Path, steps: int = STEPS) -> dict:
     return {"samples_per_sec": perf["steady_samples_per_sec"], "input_wait_fraction": perf["input_wait_fraction"],
             "read_ahead": {i: r["batches"] - perf["batches_per_worker"].get(i, 0) for i, r in reports.items()}}
 
-VARIANTS = {"bytes only (before)": 0, "read-ahead 4 batches (default)": 4}
+VARIANTS = {"bytes only (before)": 0, f"read-ahead {READ_AHEAD_BATCHES} batches (default)": READ_AHEAD_BATCHES,
+            "read-ahead 4 batches": 4}
 
 
 def run(quick: bool = False, ks: tuple[int, ...] = (1, 2)) -> dict:

@@ -197,7 +197,7 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                          "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
     "steps_per_execution": _Key(_auto_or_int, "auto",
                                 "most training steps per call (auto: every batch of a received element)"),
-    "input_read_ahead_batches": _Key(_int_min(0), 4,
+    "input_read_ahead_batches": _Key(_int_min(0), 32,
                                      "PyTorch: batches an input worker reads at most ahead of what the chief "
                                      "took (0: bounded by the data plane's 4 MiB byte window only)"),
     "transport": _Key(_transport, "service",

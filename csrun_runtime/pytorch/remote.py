@@ -52,7 +52,7 @@ log = logging.getLogger("csrun.runtime")
 
 #: Default of ``runconfig.input_read_ahead_batches``: batches an input worker reads at most ahead
 #: of what the chief took from it (the receiver's ``window_batches``; docs/DATAPLANE.md).
-READ_AHEAD_BATCHES = 4
+READ_AHEAD_BATCHES = 32
 
 #: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
 DATAPLANE_FILE = "dataplane.json"

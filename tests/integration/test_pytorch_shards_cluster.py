@@ -9,7 +9,7 @@ csrun binds ``cb_model`` itself (issue 33).
 
 - ``DistributedSampler`` with the streamer facts ``cb_model`` answers and the job-wide
   ``shuffle_seed``: the first pass of the 6 workers is disjoint and covers the 600 samples; each
-  worker read at most ``runconfig.input_read_ahead_batches`` (4) batches more than the chief
+  worker read at most ``runconfig.input_read_ahead_batches`` (32) batches more than the chief
   trained from it.
 - ``--shard-plan`` over a data_dir-only dataset: every worker's ``data_dir`` is its view of the
   plan, so it opens exactly its plan files (and one streamer's share of them is everything): the
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from csrun_runtime.pytorch.remote import READ_AHEAD_BATCHES
 
 pytest.importorskip("torch")
 
@@ -86,11 +88,11 @@ def test_distributed_sampler_shares_are_disjoint_and_cover_the_samples(cli_env, 
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["global_step_end"] == 300
     assert sum(perf["batches_per_worker"].values()) == 300, perf["batches_per_worker"]
-    # the read-ahead bound (runconfig.input_read_ahead_batches, default 4): what each worker took from
+    # the read-ahead bound (runconfig.input_read_ahead_batches, default 32): what each worker took from
     # its DataLoader beyond what the chief trained from it (issue 33: 940 batches read for 60 steps)
     reports = {int(p.name.split(".")[0]): json.loads(p.read_text()) for p in md.glob(".csrun/*/workers/*.report.json")}
     ahead = {i: r["batches"] - perf["batches_per_worker"].get(str(i), 0) for i, r in reports.items()}
-    assert all(0 <= a <= 4 for a in ahead.values()), ahead
+    assert all(0 <= a <= READ_AHEAD_BATCHES for a in ahead.values()), ahead
 
 
 def test_a_shard_plan_gives_each_worker_its_files_through_data_dir(cli_env, tmp_path):
