@@ -479,15 +479,10 @@ class Receiver(_Streams):
             sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
         strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
             dropping it; the next call reads on) instead of only recording it.
-        io_threads: zmq I/O threads reading the senders' connections (each connection is read
-            by one); None: :func:`~csrun_runtime.dataplane.receive.auto_io_threads` of
-            ``expected`` (one per 4 usable cores, at most 4).
-        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to
-            this process (received frames land in pages already mapped, not fresh ones).
+        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads` of ``expected``).
+        keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
 
-    Received arrays are views on zmq's frames (no copy): each array holds its frame, which
-    lives as long as any array (or view) over it; :class:`Bundle` ``.arrays`` hands them to
-    a consumer that copies them once into its own (e.g. pinned) buffers. A truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
+    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
     ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
     the other messages. A sender with a higher attempt than its index's current one replaces
     it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
