@@ -482,7 +482,8 @@ class Receiver(_Streams):
         io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads` of ``expected``).
         keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
 
-    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
+    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
+    truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
     ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
     the other messages. A sender with a higher attempt than its index's current one replaces
     it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
