@@ -84,7 +84,15 @@ def test_several_io_threads_serve_several_senders_in_order():
         rx.close()
 
 
-def test_keep_receive_memory_applies_once_on_glibc():
+def test_keep_receive_memory_applies_once_on_glibc(monkeypatch):
+    monkeypatch.delenv("CSRUN_DATAPLANE_KEEP_MEMORY", raising=False)
+    monkeypatch.setattr(rcv, "_kept", None)
     first = rcv.keep_receive_memory()
     assert first is (platform.libc_ver()[0] == "glibc")
     assert rcv.keep_receive_memory() is first
+
+
+def test_keep_receive_memory_can_be_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("CSRUN_DATAPLANE_KEEP_MEMORY", "0")
+    monkeypatch.setattr(rcv, "_kept", None)
+    assert rcv.keep_receive_memory() is False
