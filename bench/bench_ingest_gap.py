@@ -263,14 +263,20 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v, recs in runs.items():
         ok = [r for r in recs if r.get("mb_per_sec")]
+        if not ok:
+            out[v] = {"runs": 0, "errors": [r.get("error") for r in recs][:3]}
+            continue
         out[v] = {"mb_per_sec": round(common.median(r["mb_per_sec"] for r in ok), 1),
                   "chief_cpu_s_per_mb": round(common.median(r["chief_cpu_s_per_mb"] for r in ok), 5),
                   "senders_cpu_s_per_mb": round(common.median(r["senders_cpu_s_per_mb"] for r in ok), 5),
                   "chief_faults_per_mb": round(common.median(r.get("chief_faults_per_mb") or 0 for r in ok), 1),
                   "runs": len(ok)}
-        if v != "raw TCP":
-            out[v]["vs_raw_tcp"] = common.compare([r["mb_per_sec"] for r in recs],
-                                                  [r["mb_per_sec"] for r in runs["raw TCP"]], 3)["median_ratio"]
+        pairs = [(r["mb_per_sec"], b["mb_per_sec"]) for r, b in zip(recs, runs["raw TCP"], strict=False)
+                 if r.get("mb_per_sec") and b.get("mb_per_sec")]  # repetitions where both measured
+        if v != "raw TCP" and pairs:
+            out[v]["vs_raw_tcp"] = common.compare([a for a, _ in pairs], [b for _, b in pairs], 3)["median_ratio"]
+        if len(ok) < len(recs):
+            out[v]["errors"] = [r["error"] for r in recs if "error" in r][:3]
     return out
 
 
@@ -297,6 +303,7 @@ def run(quick: bool = False, variants: list[str] | None = None, sizes: list[str]
                             rec = measure(v, k, size, plan, Path(tmp))
                         except Exception as exc:  # noqa: BLE001 - recorded, the others go on
                             rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                            print(f"bench_ingest_gap: {v}, k={k}, {size}: {rec['error']}", file=sys.stderr)
                         raw.setdefault(f"k={k}", {}).setdefault(size, {}).setdefault(v, []).append(rec)
     out: dict[str, Any] = {
         "what": "MB/s (10^6 bytes/s) through one chief process on loopback, k light sender processes; "

@@ -21,7 +21,7 @@ import platform
 
 log = logging.getLogger(__name__)
 
-#: Most zmq I/O threads a receiver starts by default (:func:`auto_io_threads`).
+#: Most zmq I/O threads a receiver starts by default (:func:`auto_io_threads`): 4 on 16 cores.
 IO_THREADS_MAX = 4
 #: Usable cores per default zmq I/O thread (:func:`auto_io_threads`).
 CORES_PER_IO_THREAD = 4
@@ -40,14 +40,13 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def auto_io_threads(senders: int | None = None) -> int:
-    """zmq I/O threads for a receiver with ``senders`` connections (None: unknown): one per
-    :data:`CORES_PER_IO_THREAD` usable cores, at most :data:`IO_THREADS_MAX` and ``senders``,
-    at least 1. zmq serves each connection from one I/O thread, so more threads than senders
-    sit idle; on the 2-core host this is 1 (a second thread measured no gain there,
-    ``bench/results/ingest_recv.json``)."""
-    n = max(1, min(IO_THREADS_MAX, usable_cores() // CORES_PER_IO_THREAD))
-    return max(1, min(n, senders)) if senders else n
+def auto_io_threads() -> int:
+    """zmq I/O threads for a receiver: one per :data:`CORES_PER_IO_THREAD` usable cores, at
+    least 2 and at most :data:`IO_THREADS_MAX`. zmq reads each connection from one I/O thread;
+    2 rather than 1 on the 2-core host because 2 measured better there in 7 of 9 cells of
+    k = 1, 2, 4 senders x 16 KiB / 256 KiB / 4 MiB (``bench/results/ingest_recv.json``; an idle
+    I/O thread costs nothing)."""
+    return max(2, min(IO_THREADS_MAX, usable_cores() // CORES_PER_IO_THREAD))
 
 
 def keep_receive_memory() -> bool:

@@ -479,7 +479,7 @@ class Receiver(_Streams):
             sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
         strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
             dropping it; the next call reads on) instead of only recording it.
-        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads` of ``expected``).
+        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads`, by cores).
         keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
 
     Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
@@ -500,7 +500,7 @@ class Receiver(_Streams):
         self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
         if keep_memory:
             keep_receive_memory()
-        self._ctx = zmq.Context(io_threads or auto_io_threads(expected))
+        self._ctx = zmq.Context(io_threads or auto_io_threads())
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops

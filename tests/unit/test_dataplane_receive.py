@@ -58,11 +58,10 @@ def test_rebuild_puts_a_consumers_copies_in_the_received_structure():
         rx.close()
 
 
-@pytest.mark.parametrize("cores, senders, want", [(1, None, 1), (2, 4, 1), (16, None, 4), (16, 2, 2),
-                                                   (64, 8, 4), (16, 1, 1)])
-def test_auto_io_threads_scales_with_cores_and_senders(monkeypatch, cores, senders, want):
+@pytest.mark.parametrize("cores, want", [(1, 2), (2, 2), (8, 2), (12, 3), (16, 4), (64, 4)])
+def test_auto_io_threads_scales_with_cores(monkeypatch, cores, want):
     monkeypatch.setattr(rcv, "usable_cores", lambda: cores)
-    assert rcv.auto_io_threads(senders) == want
+    assert rcv.auto_io_threads() == want
 
 
 def test_several_io_threads_serve_several_senders_in_order():
