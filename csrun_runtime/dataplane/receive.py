@@ -7,10 +7,12 @@ the last array over it goes. glibc serves blocks above its mmap threshold (128 K
 use to at most 32 MiB) with a fresh ``mmap`` and returns them with ``munmap`` on free, and trims
 freed memory at the top of its heaps beyond a small threshold: each such frame is then written
 into pages the kernel must fault in and zero first, one fault per 4 KiB. Measured on the 2-core
-host (``bench/results/ingest_recv.json``): 38.5 MB image bundles take 230-280 page faults per MB
-received (every page) and 0.4 GB/s through one receiver; with :func:`keep_receive_memory` 5-40
-faults per MB and 0.9-1.9 GB/s. This is what capped the H100 host's receive at 1.4-1.7 GB/s
-with the chief at 1.1 cores (issue 31, table 4).
+host (docs/DATAPLANE.md "The receive path"): 38.5 MB image bundles take 230-260 page faults per
+MB received (every page) and 0.4 GB/s through one receiver, with :func:`keep_receive_memory`
+9-40 faults per MB and 0.9-1.1 GB/s; 256 KiB and 4 MiB streams 11-59 faults per MB, under 1
+with it (``bench/results/ingest_recv.json``). Faulting in every page of each bundle on one zmq
+I/O thread is the likely cause of the H100 host's 1.4-1.7 GB/s image receive with the chief at
+1.1 cores (issue 31, item 4); not yet measured there.
 """
 from __future__ import annotations
 
