@@ -138,16 +138,20 @@ def _window(step: Callable[[], int], warmup_s: float, window_s: float, pids: lis
             ) -> dict[str, float]:
     """Call ``step`` (returns batches taken) for ``warmup_s`` then ``window_s`` seconds;
     returns batches/s and the CPU seconds per second of this process and of ``pids``."""
+    import resource
+
     me = [os.getpid()]
     t_end = time.monotonic() + warmup_s
     while time.monotonic() < t_end:
         step()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c0, w0, t0, n = _cpu(me), _cpu(pids), time.monotonic(), 0
     while time.monotonic() - t0 < window_s:
         n += step()
     dt = time.monotonic() - t0
     return {"batches_per_sec": n / dt, "chief_cpu": (_cpu(me) - c0) / dt,
-            "workers_cpu": (_cpu(pids) - w0) / dt, "window_s": dt}
+            "workers_cpu": (_cpu(pids) - w0) / dt, "window_s": dt,
+            "chief_page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0}
 
 
 # =========================================================================== ceiling: workers
@@ -343,7 +347,8 @@ def child_dp_sender(spec: dict) -> None:
 
     cols = max(1, (spec["nbytes"] - 4 * ROWS) // (4 * ROWS))
     batch = (np.random.default_rng(spec["index"]).random((ROWS, cols), dtype=np.float32), np.zeros(ROWS, np.int32))
-    s = Sender(spec["endpoint"], spec["index"], bundle=spec.get("bundle", "auto"))
+    s = Sender(spec["endpoint"], spec["index"], bundle=spec.get("bundle", "auto"),
+               keep_memory=spec.get("keep_memory", True))
     try:
         while True:
             s.send(batch, timeout=60)
@@ -354,13 +359,14 @@ def child_dp_sender(spec: dict) -> None:
 
 
 def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any],
-                      window_bytes: int | None = None) -> dict[str, float]:
+                      window_bytes: int | None = None, **receiver: Any) -> dict[str, float]:
     """Batches/s of ``k`` data-plane senders into one :class:`~csrun_runtime.dataplane.Receiver`
     of this process (``get_bundle``: bundles handed out as arrays on the received frames), and
-    the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default)."""
+    the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default);
+    ``receiver``: its other arguments (``io_threads``, ``keep_memory``)."""
     from csrun_runtime.dataplane import WINDOW_BYTES, Receiver
 
-    rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES)
+    rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES, expected=k, **receiver)
     senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
     try:
         rx.wait_workers(k, 120)

@@ -29,6 +29,20 @@ repetition, each variant peeling one layer off csrun's data plane:
   (:data:`MALLOC_ENV`) to serve large buffers from its heap and keep freed memory, instead of
   an ``mmap`` (fresh pages: a page fault per 4 KiB) and ``munmap`` per stacked bundle.
 
+* ``data plane, before``: ``data plane`` as it was before issue 31 (one zmq I/O thread, glibc's
+  malloc as is: ``Receiver(io_threads=1, keep_memory=False)``, ``Sender(keep_memory=False)``),
+  beside the defaults (I/O threads by cores and senders, received frames and stacked bundles in
+  memory kept mapped: :mod:`csrun_runtime.dataplane.receive`);
+* ``data plane, 2 I/O threads``: the default receiver with 2 zmq I/O threads whatever the cores.
+
+Every data-plane variant's chief runs in a fresh process (``--chief``), so that one variant's
+malloc settings (process-wide) do not carry into the next; each records the chief's page faults
+per MB (``chief_faults_per_mb``: fresh pages written by the receive).
+
+The default run is issue 31's table 1: raw TCP, ``data plane`` and ``data plane, before`` at
+k = 1, 2, 4, 8 senders × 16 KiB / 256 KiB / 4 MiB (``--study``: every variant, as issue 23's
+study; ``--ks 1,2,4`` narrows k).
+
 and, in this process alone, ``framing only``: MB/s of the receiver's per-message Python
 (``Receiver._data``: cached header, ``np.frombuffer`` per leaf, the nest) on frames already
 received, the bound the framing sets by itself.
@@ -36,8 +50,8 @@ received, the bound the framing sets by itself.
 Statistics: medians over the repetitions of MB/s (10^6 bytes/s) and CPU-s per MB (the chief's,
 the senders' together), and medians of per-repetition ratios to raw TCP.
 
-Run: ``python bench/bench_ingest_gap.py [--quick] [--out bench/results/ingest_gap.json]``
-(~6 minutes on the 2-core host); ``--variants "data plane;data plane, bundle 1"``,
+Run: ``python bench/bench_ingest_gap.py [--quick] [--out bench/results/ingest_recv.json]``
+(the table, ~8 minutes on the 2-core host, ~5 on 16 cores); ``--variants "data plane;data plane, bundle 1"``,
 ``--sizes "256 KiB"`` (``;`` between names) and ``--repeats N`` narrow it (raw TCP is always measured).
 """
 from __future__ import annotations
@@ -56,7 +70,15 @@ import common
 
 #: The variants measured through senders, in the order of the first repetition.
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
-            "data plane, window 16 MiB", "data plane, senders' malloc keeps memory"]
+            "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
+            "data plane, 2 I/O threads"]
+#: Issue 31's table 1: the variants, senders and sizes of the default run.
+TABLE = ["raw TCP", "data plane", "data plane, before"]
+TABLE_KS = [1, 2, 4, 8]
+TABLE_SIZES = ["16 KiB", "256 KiB", "4 MiB"]
+#: The receiver's arguments of the variants that set them (the others: its defaults).
+RECEIVER = {"data plane, before": {"io_threads": 1, "keep_memory": False},
+            "data plane, 2 I/O threads": {"io_threads": 2}}
 #: glibc settings of the last variant's senders: no mmap/munmap (and page faults) per large
 #: buffer; freed memory kept in the heap for the next bundle.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
@@ -176,13 +198,34 @@ def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
 
 
 def measure(variant: str, k: int, size: str, plan: dict, work: Path) -> dict[str, float]:
-    """One measurement of ``variant`` with ``k`` senders at batch size ``size``."""
+    """One measurement of ``variant`` with ``k`` senders at batch size ``size``: in this process
+    for raw TCP and zmq bare, in a fresh chief process (:func:`child_chief`) for the data plane."""
+    if variant in ("raw TCP", "zmq bare"):
+        return measure_here(variant, k, size, plan, work)
+    spec, out = work / f"chief{time.time_ns()}.json", work / f"chief{time.time_ns()}.out.json"
+    spec.write_text(json.dumps({"variant": variant, "k": k, "size": size, "plan": plan, "work": str(work)}))
+    env = dict(os.environ, PYTHONPATH=f"{common.REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--chief", str(spec), str(out)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"chief exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return json.loads(out.read_text())
+
+
+def child_chief(spec: dict, out: Path) -> None:
+    """The chief of one data-plane measurement (:func:`measure_here`), its record written to ``out``."""
+    out.write_text(json.dumps(measure_here(spec["variant"], spec["k"], spec["size"], spec["plan"],
+                                           Path(spec["work"]))))
+
+
+def measure_here(variant: str, k: int, size: str, plan: dict, work: Path) -> dict[str, float]:
+    """One measurement of ``variant`` with ``k`` senders at batch size ``size``, this process the chief."""
     nbytes, w, m = bi.SIZES[size], plan["warmup_s"], plan["window_s"]
 
-    def start(mode: str, extra_env: dict[str, str] | None = None) -> Any:
+    def start(mode: str, extra_env: dict[str, str] | None = None, **extra: Any) -> Any:
         def go(spec: dict) -> subprocess.Popen:
             path = work / f"sender{time.time_ns()}.json"
-            path.write_text(json.dumps({**spec, "mode": mode}))
+            path.write_text(json.dumps({**spec, **extra, "mode": mode}))
             env = dict(os.environ, PYTHONPATH=f"{common.REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                        **(extra_env or {}))
             return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--sender", str(path)],
@@ -202,11 +245,17 @@ def measure(variant: str, k: int, size: str, plan: dict, work: Path) -> dict[str
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp1"))
     elif variant == "data plane, window 16 MiB":
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), window_bytes=16 << 20)
+    elif variant == "data plane, before":  # the senders' malloc as is too
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp", keep_memory=False), **RECEIVER[variant])
+    elif variant in RECEIVER:
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), **RECEIVER[variant])
     else:
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp", MALLOC_ENV))
     mb = rec["batches_per_sec"] * nbytes / 1e6
+    total_mb = mb * rec["window_s"]
     return {**rec, "mb_per_sec": mb, "chief_cpu_s_per_mb": rec["chief_cpu"] / mb if mb else None,
-            "senders_cpu_s_per_mb": rec["workers_cpu"] / mb if mb else None}
+            "senders_cpu_s_per_mb": rec["workers_cpu"] / mb if mb else None,
+            "chief_faults_per_mb": rec["chief_page_faults"] / total_mb if total_mb else None}
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
@@ -214,26 +263,34 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v, recs in runs.items():
         ok = [r for r in recs if r.get("mb_per_sec")]
+        if not ok:
+            out[v] = {"runs": 0, "errors": [r.get("error") for r in recs][:3]}
+            continue
         out[v] = {"mb_per_sec": round(common.median(r["mb_per_sec"] for r in ok), 1),
                   "chief_cpu_s_per_mb": round(common.median(r["chief_cpu_s_per_mb"] for r in ok), 5),
                   "senders_cpu_s_per_mb": round(common.median(r["senders_cpu_s_per_mb"] for r in ok), 5),
+                  "chief_faults_per_mb": round(common.median(r.get("chief_faults_per_mb") or 0 for r in ok), 1),
                   "runs": len(ok)}
-        if v != "raw TCP":
-            out[v]["vs_raw_tcp"] = common.compare([r["mb_per_sec"] for r in recs],
-                                                  [r["mb_per_sec"] for r in runs["raw TCP"]], 3)["median_ratio"]
+        pairs = [(r["mb_per_sec"], b["mb_per_sec"]) for r, b in zip(recs, runs["raw TCP"], strict=False)
+                 if r.get("mb_per_sec") and b.get("mb_per_sec")]  # repetitions where both measured
+        if v != "raw TCP" and pairs:
+            out[v]["vs_raw_tcp"] = common.compare([a for a, _ in pairs], [b for _, b in pairs], 3)["median_ratio"]
+        if len(ok) < len(recs):
+            out[v]["errors"] = [r["error"] for r in recs if "error" in r][:3]
     return out
 
 
 def run(quick: bool = False, variants: list[str] | None = None, sizes: list[str] | None = None,
-        repeats: int | None = None) -> dict[str, Any]:
-    """Every variant × k × size (``variants``, ``sizes``: a subset; raw TCP is always
-    measured), ``repeats`` times (default 3) in rotating order; ``quick``: k = 1, one
-    repetition of short windows."""
-    ks, reps, plan = ([1], 1, {"warmup_s": 0.2, "window_s": 0.5}) if quick else \
-        ([1, 2, 8], 3, {"warmup_s": 0.3, "window_s": 1.0})
+        repeats: int | None = None, ks: list[int] | None = None) -> dict[str, Any]:
+    """Each variant × k × size (default: issue 31's table 1, :data:`TABLE` × :data:`TABLE_KS`
+    × :data:`TABLE_SIZES`; ``variants``, ``sizes``, ``ks``: others; raw TCP is always measured),
+    ``repeats`` times (default 3) in rotating order; ``quick``: k = 1, 256 KiB, one repetition
+    of short windows."""
+    reps, plan = (1, {"warmup_s": 0.2, "window_s": 0.5}) if quick else (3, {"warmup_s": 0.3, "window_s": 1.0})
+    ks = ks or ([1] if quick else TABLE_KS)
     repeats = repeats or reps
-    order0 = ["raw TCP", *[v for v in (variants or VARIANTS) if v != "raw TCP"]]
-    sizes = sizes or SIZES
+    order0 = ["raw TCP", *[v for v in (variants or TABLE) if v != "raw TCP"]]
+    sizes = sizes or (["256 KiB"] if quick else TABLE_SIZES)
     raw: dict[str, dict[str, dict[str, list[dict]]]] = {}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_gap_") as tmp:
@@ -246,6 +303,7 @@ def run(quick: bool = False, variants: list[str] | None = None, sizes: list[str]
                             rec = measure(v, k, size, plan, Path(tmp))
                         except Exception as exc:  # noqa: BLE001 - recorded, the others go on
                             rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                            print(f"bench_ingest_gap: {v}, k={k}, {size}: {rec['error']}", file=sys.stderr)
                         raw.setdefault(f"k={k}", {}).setdefault(size, {}).setdefault(v, []).append(rec)
     out: dict[str, Any] = {
         "what": "MB/s (10^6 bytes/s) through one chief process on loopback, k light sender processes; "
@@ -266,12 +324,17 @@ if __name__ == "__main__":
             child_sender(json.loads(Path(sys.argv[2]).read_text()))
         finally:
             os._exit(0)
+    if len(sys.argv) == 4 and sys.argv[1] == "--chief":
+        child_chief(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]))
+        sys.exit(0)
     def _arg(name: str) -> str | None:
         return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
 
-    result = run(quick="--quick" in sys.argv, variants=(_arg("--variants") or "").split(";") if _arg("--variants")
-                 else None, sizes=_arg("--sizes").split(";") if _arg("--sizes") else None,  # type: ignore[union-attr]
-                 repeats=int(_arg("--repeats") or 0) or None)
+    result = run(quick="--quick" in sys.argv, variants=VARIANTS if "--study" in sys.argv else
+                 (_arg("--variants") or "").split(";") if _arg("--variants") else None,
+                 sizes=_arg("--sizes").split(";") if _arg("--sizes") else None,  # type: ignore[union-attr]
+                 repeats=int(_arg("--repeats") or 0) or None,
+                 ks=[int(x) for x in _arg("--ks").split(",")] if _arg("--ks") else None)  # type: ignore[union-attr]
     result["meta"] = common.metadata("--quick" in sys.argv)
     if "--out" in sys.argv:
         common.write_json(Path(sys.argv[sys.argv.index("--out") + 1]), result)

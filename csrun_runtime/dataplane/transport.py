@@ -49,6 +49,7 @@ import zmq
 
 from . import framing
 from .framing import FrameError
+from .receive import auto_io_threads, keep_receive_memory
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Sender:
             (``bundle_bytes``), at least 1. Batches of another structure, dtype or shape than the
             pending ones (e.g. a final smaller batch) start a new bundle.
         bundle_bytes: the ``"auto"`` bundle's size, bytes.
+        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to this
+            process (bundles stacked into memory already mapped, not fresh pages).
 
     Not thread-safe: use one Sender from one thread. Arrays of a one-batch bundle are sent
     without a copy: do not modify them after :meth:`send` (several batches are stacked into a
@@ -99,13 +102,15 @@ class Sender:
     """
 
     def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
-                 bundle_bytes: int = BUNDLE_BYTES):
+                 bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True):
         if worker_index < 0 or attempt < 0:
             raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
         if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
             raise ValueError(f"bundle {bundle!r}: 'auto' or an integer >= 1")
         self.endpoint, self.worker_index, self.attempt = endpoint, worker_index, attempt
         self.bundle, self.bundle_bytes = bundle, bundle_bytes
+        if keep_memory:
+            keep_receive_memory()
         self._ctx = zmq.Context(1)
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.ROUTING_ID, f"{worker_index}.{attempt}".encode())
@@ -332,7 +337,13 @@ class Bundle:
     """One received message: ``n`` batches from input worker ``worker`` (attempt ``attempt``).
 
     ``nest``: the structure the sender sent, each leaf an array over the received frame (no
-    copy) with leading axis ``n`` (the batches stacked); ``nbytes``: the leaves' bytes."""
+    copy) with leading axis ``n`` (the batches stacked); ``nbytes``: the leaves' bytes.
+
+    Lifetime: each array keeps its zmq frame alive (numpy's base chain holds the frame's
+    buffer), so the arrays, and views of them, stay valid as long as they are referenced, also
+    after the receiver closed; the frame's memory is freed with the last of them. A consumer
+    that copies into its own buffers (a pinned ring for a device) takes :attr:`arrays`, copies
+    each once, drops the bundle and rebuilds the nest around its copies (:meth:`rebuild`)."""
 
     worker: int
     attempt: int
@@ -342,6 +353,19 @@ class Bundle:
     _tree: Any = field(repr=False, default=None)
     _leaves: list = field(repr=False, default_factory=list)
     _identity: bytes = field(repr=False, default=b"")
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        """The leaves in the nest's flattened order (:func:`.framing.flatten`): C-contiguous
+        arrays over the received frames, each of shape ``(n, *batch_shape)`` (``n == 0``: as
+        sent)."""
+        return list(self._leaves)
+
+    def rebuild(self, arrays: list[Any]) -> Any:
+        """The bundle's nest with ``arrays`` (one per leaf of :attr:`arrays`, in its order,
+        of any type: e.g. a consumer's copies in pinned memory) in place of the received ones.
+        Raises :class:`FrameError` when their count differs."""
+        return framing.unflatten(self._tree, arrays)
 
     def batches(self) -> Iterator[Any]:
         """Each batch of the bundle in order: the nest with every leaf's ``[j]`` (views)."""
@@ -455,8 +479,11 @@ class Receiver(_Streams):
             sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
         strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
             dropping it; the next call reads on) instead of only recording it.
+        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads`, by cores).
+        keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
 
-    A truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
+    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
+    truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
     ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
     the other messages. A sender with a higher attempt than its index's current one replaces
     it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
@@ -464,14 +491,16 @@ class Receiver(_Streams):
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
-                 expected: int | None = None, strict: bool = False, io_threads: int = 1,
-                 window_batches: int | None = None):
+                 expected: int | None = None, strict: bool = False, io_threads: int | None = None,
+                 window_batches: int | None = None, keep_memory: bool = True):
         if window_batches is not None and window_batches < 1:
             raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
         self.window_bytes, self.expected, self.strict = window_bytes, expected, strict
         self.window_batches = window_batches
         self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
-        self._ctx = zmq.Context(io_threads)
+        if keep_memory:
+            keep_receive_memory()
+        self._ctx = zmq.Context(io_threads or auto_io_threads())
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops

@@ -1,0 +1,72 @@
+"""How the chief's :class:`~csrun_runtime.dataplane.Receiver` spends its cores (issue 31): how
+many zmq I/O threads read the senders' connections, and whether received frames land in memory
+the process already has.
+
+Every received message is a fresh buffer that libzmq allocates with ``malloc`` and frees when
+the last array over it goes. glibc serves blocks above its mmap threshold (128 KiB, rising with
+use to at most 32 MiB) with a fresh ``mmap`` and returns them with ``munmap`` on free, and trims
+freed memory at the top of its heaps beyond a small threshold: each such frame is then written
+into pages the kernel must fault in and zero first, one fault per 4 KiB. Measured on the 2-core
+host (docs/DATAPLANE.md "The receive path"): 38.5 MB image bundles take 230-260 page faults per
+MB received (every page) and 0.4 GB/s through one receiver, with :func:`keep_receive_memory`
+9-40 faults per MB and 0.9-1.1 GB/s; 256 KiB and 4 MiB streams 11-59 faults per MB, under 1
+with it (``bench/results/ingest_recv.json``). Faulting in every page of each bundle on one zmq
+I/O thread is the likely cause of the H100 host's 1.4-1.7 GB/s image receive with the chief at
+1.1 cores (issue 31, item 4); not yet measured there.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+
+log = logging.getLogger(__name__)
+
+#: Most zmq I/O threads a receiver starts by default (:func:`auto_io_threads`): 4 on 16 cores.
+IO_THREADS_MAX = 4
+#: Usable cores per default zmq I/O thread (:func:`auto_io_threads`).
+CORES_PER_IO_THREAD = 4
+#: Freed bytes glibc keeps at the top of a heap before it returns them to the kernel, under
+#: :func:`keep_receive_memory` (the chief's resident memory may stay this much above its use).
+KEEP_FREED_BYTES = 512 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_kept: bool | None = None  # keep_receive_memory's outcome, once per process
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_io_threads() -> int:
+    """zmq I/O threads for a receiver: one per :data:`CORES_PER_IO_THREAD` usable cores, at
+    least 2 and at most :data:`IO_THREADS_MAX`. zmq reads each connection from one I/O thread;
+    2 rather than 1 on the 2-core host because 2 measured better there in 7 of 9 cells of
+    k = 1, 2, 4 senders x 16 KiB / 256 KiB / 4 MiB (``bench/results/ingest_recv.json``; an idle
+    I/O thread costs nothing)."""
+    return max(2, min(IO_THREADS_MAX, usable_cores() // CORES_PER_IO_THREAD))
+
+
+def keep_receive_memory() -> bool:
+    """Tell this process' glibc to serve every block from its heaps (``M_MMAP_MAX`` 0: no
+    ``mmap`` per large block) and keep up to :data:`KEEP_FREED_BYTES` freed at the top of each
+    heap (``M_TRIM_THRESHOLD``), so that received frames reuse pages already mapped instead of
+    faulting in fresh ones. Process-wide and applied once (later calls return the first
+    outcome); a steady stream then reuses the same memory, and the process keeps what it freed
+    up to that bound. The environment variable ``CSRUN_DATAPLANE_KEEP_MEMORY=0`` turns it off
+    for the process (e.g. a chief or input worker whose other allocations fragment the heaps).
+    Returns whether it applied (False: turned off, not glibc, or mallopt refused)."""
+    global _kept
+    if _kept is None:
+        _kept = False
+        if os.environ.get("CSRUN_DATAPLANE_KEEP_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
+            try:
+                libc = ctypes.CDLL(None)
+                _kept = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+            except (OSError, AttributeError) as e:
+                log.debug("data plane: glibc mallopt unavailable: %s", e)
+    return _kept
