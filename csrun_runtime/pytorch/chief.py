@@ -242,10 +242,10 @@ class Chief:
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())
-        # batches staged on the device ahead of the step, received on the feed's thread (not under
-        # --autoscale: its autoscaler drives the source from the loop's thread)
+        # batches staged on the device ahead of the step, received on the feed's thread on CUDA (not
+        # under --autoscale: its autoscaler drives the source from the loop's thread)
         source = DeviceFeed(source, self.device, depth=int(self.rc.get("device_prefetch") or DEVICE_PREFETCH),
-                            threaded=autoscale is None)
+                            threaded=None if autoscale is None else False)
         self._source = source  # closed after done.json (run()), so the workers read the chief's status
         backend = TorchStepBackend(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
                                    device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,

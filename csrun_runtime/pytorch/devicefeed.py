@@ -18,9 +18,10 @@ A background thread does the receive and the host copy, so the step loop never b
 them; it only waits for the next batch (the queue) and, on CUDA, for that batch's copy event:
 that wait is what :meth:`DeviceFeed.next` returns in ``last_wait`` and what the training
 loop counts as input wait (docs/VERDICT.md). Without CUDA the same class runs with no
-pinning and no streams: a batch passes through (``torch.from_numpy`` views, no copy;
-``copy=True`` puts it through the reused, unpinned ring instead, which the CPU benchmark
-found no faster: ``bench/bench_gpu_feed.py``).
+pinning, no streams and (by default) no thread: a batch passes through (``torch.from_numpy``
+views, no copy; ``copy=True`` puts it through the reused, unpinned ring instead; neither a
+copy nor the thread's hand-off would help a CPU step, and the thread measurably hurt small
+batches on the 2-core host: ``bench/bench_gpu_feed.py --quick``, BENCHMARKS.md).
 
 :func:`feed_rate` is the analyzer's probe's measure of this path (bytes per second into the
 device). torch is imported inside functions.
@@ -175,14 +176,16 @@ class DeviceFeed:
             source's ``next`` runs on the feed thread only.
         device: the training device (``torch.device`` or its name).
         depth: batches staged ahead (``runconfig.device_prefetch``, >= 1).
-        threaded: receive and stage on a background thread (False: on the caller's thread,
-            e.g. under ``--autoscale``, whose autoscaler drives the source from the loop).
+        threaded: receive and stage on a background thread (default: only on CUDA; False: on
+            the caller's thread, e.g. under ``--autoscale``, whose autoscaler drives the source
+            from the loop). On the 2-core CPU host the thread's hand-off cost more than it
+            overlapped (GIL hand-offs per batch: ``bench/bench_gpu_feed.py --quick``).
         copy: copy into the reused host ring (default: only on CUDA, pinned).
 
     :meth:`next` raises what the source raised (``InputStalled``, ``WorkerFailed``, ...).
     """
 
-    def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool = True,
+    def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool | None = None,
                  copy: bool | None = None):
         import torch
 
@@ -199,13 +202,13 @@ class DeviceFeed:
         self.stats = FeedStats()
         self.handed: dict[str, int] = {}  # batches handed to the step, per worker
         self.last_wait = 0.0
-        self.threaded = threaded
+        self.threaded = self.cuda if threaded is None else bool(threaded)
         self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue(maxsize=self.depth)
         self._pending: list[tuple[str, Any, Any, Any]] = []  # unthreaded: staged batches
         self._stop = threading.Event()
         self._ended = False
         self._thread: threading.Thread | None = None
-        if threaded:
+        if self.threaded:
             self._thread = threading.Thread(target=self._run, name="csrun-device-feed", daemon=True)
             self._thread.start()
 

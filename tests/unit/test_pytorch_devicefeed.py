@@ -74,6 +74,7 @@ def test_the_cpu_default_passes_received_arrays_through_without_a_copy():
     out, _ = feed.next()
     feed.close()
     assert feed.ring is None and out["x"].data_ptr() == b["x"].ctypes.data  # a view, no copy
+    assert feed._thread is None  # no thread without CUDA by default: on this thread, in order
 
 
 def test_the_ring_reuses_the_same_buffers_across_batches():
@@ -108,7 +109,7 @@ def test_a_shape_change_reallocates_the_ring_once():
 
 def test_the_feed_thread_stays_at_most_depth_batches_ahead_and_does_the_receive():
     src = ListSource([batch(i) for i in range(20)])
-    feed = DeviceFeed(src, "cpu", depth=3)
+    feed = DeviceFeed(src, "cpu", depth=3, threaded=True)
     b, _ = feed.next()
     deadline = time.monotonic() + 5
     while src.taken < 5 and time.monotonic() < deadline:
@@ -121,7 +122,7 @@ def test_the_feed_thread_stays_at_most_depth_batches_ahead_and_does_the_receive(
 
 
 def test_the_wait_for_the_next_batch_is_measured():
-    feed = DeviceFeed(ListSource([batch(i) for i in range(3)], delay=0.15), "cpu", depth=2)
+    feed = DeviceFeed(ListSource([batch(i) for i in range(3)], delay=0.15), "cpu", depth=2, threaded=True)
     feed.next()
     assert feed.last_wait >= 0.1  # the receive took 0.15 s: the step loop waited for it
     time.sleep(0.4)  # the thread receives the rest meanwhile
@@ -134,7 +135,7 @@ def test_the_wait_for_the_next_batch_is_measured():
 
 
 def test_the_source_error_is_raised_on_the_step_loop_thread():
-    feed = DeviceFeed(ListSource([batch(0), batch(1)], fail_at=1), "cpu")
+    feed = DeviceFeed(ListSource([batch(0), batch(1)], fail_at=1), "cpu", threaded=True)
     feed.next()
     with pytest.raises(RuntimeError, match="input worker 3's pipeline failed"):
         feed.next()
@@ -156,7 +157,7 @@ def test_close_cancels_a_source_waiting_for_its_next_batch():
         def cancel(self):
             self.cancelled = True
 
-    feed = DeviceFeed(Waiting(), "cpu")
+    feed = DeviceFeed(Waiting(), "cpu", threaded=True)
     t0 = time.monotonic()
     feed.close()
     assert time.monotonic() - t0 < 2 and feed.source.closed and not feed._thread.is_alive()
