@@ -32,10 +32,10 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat
 
 from csrun_common.atomic import write_json
 from csrun_common.autoscale import AutoscaleSpec
@@ -84,9 +84,12 @@ class StepBackend(Protocol):
         at most ``timeout`` seconds (``what`` names the setting, for the error), or ``None``
         when the input has ended. Raises the source's stall error."""
 
-    def train(self, chunk: Any) -> tuple[float, list[float]]:
+    def train(self, chunk: Any) -> tuple[SupportsFloat, Sequence[SupportsFloat]]:
         """Train the chunk's steps (the first call traces or compiles): returns the last
-        step's loss and every step's loss, in order."""
+        step's loss and every step's loss, in order: floats, or values the loop reads with
+        ``float()`` only at its logging cadence, a checkpoint and the end (a device tensor
+        kept there: no host sync per step; reading one may raise the backend's non-finite
+        loss error, naming the step)."""
 
     def save(self, step: int) -> None:
         """Write a checkpoint of the model (and optimizer) at global step ``step``."""
@@ -281,7 +284,7 @@ class TrainingDriver:
         self.timeout = rc.get("input_timeout_secs")
         self.step = self.start
         self.last_saved: int | None = None
-        self.loss = float("nan")
+        self.loss: SupportsFloat = float("nan")
         self.clock = LoopClock()
         self.scalars: ScalarWriter | None = None
         self.autoscaler: Autoscaler | None = None
@@ -327,6 +330,7 @@ class TrainingDriver:
             while self.step < self.target and not preemption.stop_requested():  # a signal: stop here
                 if not self._one_chunk():
                     break
+            self.loss = float(self.loss)  # the end reads the last loss (a backend's check may raise)
         except Exception as e:
             if self.clock.t_first_end is not None:  # a step was trained: say what it measured
                 try:
@@ -410,13 +414,16 @@ class TrainingDriver:
             return self.backend.next_chunk(limit, self.first_timeout, "runconfig.worker_start_timeout_secs")
         return self.backend.next_chunk(limit, self.timeout, "runconfig.input_timeout_secs")
 
-    def _log_step(self, step: int, loss: float, last: bool) -> None:
-        """The log line and the ``loss`` scalar of ``step``; at the ``last`` logged step of a
-        chunk also the live line of the open rate window, whose ``samples_per_sec`` and
-        ``input_wait_fraction`` scalars are written when it closes (:data:`WINDOW_MIN_CALLS`)."""
+    def _log_step(self, step: int, loss: SupportsFloat, last: bool) -> None:
+        """The log line and the ``loss`` scalar of ``step`` (the loss read here, at the logging
+        cadence: ``float()`` may raise the backend's non-finite loss error); at the ``last``
+        logged step of a chunk also the live line of the open rate window, whose
+        ``samples_per_sec`` and ``input_wait_fraction`` scalars are written when it closes
+        (:data:`WINDOW_MIN_CALLS`)."""
         assert self.scalars is not None
-        log.info("global_step = %d, loss = %.6g", step, loss)
-        self.scalars({"loss": loss}, step)
+        value = float(loss)
+        log.info("global_step = %d, loss = %.6g", step, value)
+        self.scalars({"loss": value}, step)
         if last:
             self.clock.live_window(step, self.scalars)
 
@@ -511,7 +518,7 @@ def say_verdict(v: dict[str, Any], *, steps: int, start: int, end: int, batch_si
 
 
 def log_summary(s: LoopSetup, desc: dict[str, Any], steps: int, total_samples: int, total_time: float,
-                loss: float) -> None:
+                loss: SupportsFloat) -> None:
     """The end of a training run in the log (the Model Zoo's two lines, ``total_time`` seconds)
     and, with input workers, the batches each sent and ``chief.json`` in the rendezvous."""
     if s.rdv is not None:
@@ -522,5 +529,5 @@ def log_summary(s: LoopSetup, desc: dict[str, Any], steps: int, total_samples: i
         write_json(s.rdv.dir / "chief.json", {**desc, "steps": steps})
     log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.",
              total_samples, total_time, total_samples / total_time if total_time > 0 else 0.0)
-    log.info("Loss for final step: %.6g.", loss)
+    log.info("Loss for final step: %.6g.", float(loss))
     log.info("performance: %s", s.model_dir / "performance" / "performance.json")

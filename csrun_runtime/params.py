@@ -200,6 +200,9 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
     "input_read_ahead_batches": _Key(_int_min(0), 32,
                                      "PyTorch: batches an input worker reads at most ahead of what the chief "
                                      "took (0: bounded by the data plane's 4 MiB byte window only)"),
+    "device_prefetch": _Key(_int_min(1), 2,
+                            "PyTorch: batches the chief stages on its device (or in flight to it) ahead of "
+                            "the step (docs/PYTORCH.md \"The device feed\")"),
     "transport": _Key(_transport, "service",
                       "how input workers' batches reach the chief: service (tf.data service) or "
                       "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),

@@ -45,6 +45,7 @@ from .contract import (
     to_torch,
     torch_seed,
 )
+from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
@@ -241,6 +242,10 @@ class Chief:
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())
+        # batches staged on the device ahead of the step, received on the feed's thread on CUDA (not
+        # under --autoscale: its autoscaler drives the source from the loop's thread)
+        source = DeviceFeed(source, self.device, depth=int(self.rc.get("device_prefetch") or DEVICE_PREFETCH),
+                            threaded=None if autoscale is None else False)
         self._source = source  # closed after done.json (run()), so the workers read the chief's status
         backend = TorchStepBackend(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
                                    device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,

@@ -234,19 +234,23 @@ def to_numpy(nest: Any) -> Any:
 def to_torch(nest: Any, device: Any = None) -> Any:
     """A batch with every numpy array as a tensor (``torch.from_numpy``: no copy; arrays over
     received frames are read-only, and torch's warning about that is silenced) and every
-    tensor moved to ``device`` (CUDA: pinned first, copied with ``non_blocking=True``)."""
+    tensor moved to ``device`` (CUDA: a host tensor pinned first unless it is already, copied
+    with ``non_blocking=True``). A tensor already on ``device`` is returned as it is (``"cuda"``
+    means the current CUDA device: a tensor on ``cuda:0`` is on it when that is current)."""
     import numpy as np
     import torch
+
+    target = None if device is None else _resolved_device(torch, device)
 
     def one(x: Any) -> Any:
         if isinstance(x, np.ndarray) and x.dtype.kind in "biufc":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 x = torch.from_numpy(x)
-        if isinstance(x, torch.Tensor) and device is not None and x.device != torch.device(device):
-            if torch.device(device).type == "cuda":
-                return x.pin_memory().to(device, non_blocking=True)
-            return x.to(device)
+        if isinstance(x, torch.Tensor) and target is not None and x.device != target:
+            if target.type == "cuda" and x.device.type == "cpu":
+                return (x if x.is_pinned() else x.pin_memory()).to(target, non_blocking=True)
+            return x.to(target)
         return x
 
     if isinstance(nest, Mapping):
@@ -256,6 +260,14 @@ def to_torch(nest: Any, device: Any = None) -> Any:
     if isinstance(nest, list):
         return [to_torch(v, device) for v in nest]
     return one(nest)
+
+
+def _resolved_device(torch: Any, device: Any) -> Any:
+    """``device`` as a ``torch.device`` with its index (``"cuda"``: the current CUDA device)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
 
 
 def batch_size_of(nest: Any) -> int | None:

@@ -120,6 +120,12 @@ class RemoteSource(StreamMerge):
         self._worker = -1
         self.t_first: float | None = None
         self.t0 = time.monotonic()
+        self.cancelled = False  # cancel(): next() returns (None, -1) within POLL_SECS
+
+    def cancel(self) -> None:
+        """Make :meth:`next` (waiting on another thread: the device feed's) return ``(None, -1)``
+        within :data:`POLL_SECS` seconds; the only method another thread may call."""
+        self.cancelled = True
 
     # ------------------------------------------------------------------ the merge's hooks
     def _look(self, i: int) -> None:
@@ -170,7 +176,7 @@ class RemoteSource(StreamMerge):
                       else self.rc["worker_start_timeout_secs"])
         t0 = time.monotonic()
         while True:
-            if preemption.stop_requested():  # a stop signal while waiting: the loop stops at this step
+            if preemption.stop_requested() or self.cancelled:  # a stop signal, or cancel(): no more batches
                 return None, -1
             self.poll()
             try:

@@ -10,7 +10,6 @@ runconfig, the model_dir, the device, an evaluate callback), not the chief.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from . import checkpoint
 from .contract import batch_size_of, to_torch
 from .events import EventWriter
 
-__all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch"]
+__all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -34,6 +33,61 @@ class OneBatch:
     nest: Any
     who: Any
     steps: int = 1
+
+
+class LossTracker:
+    """The training losses kept on the device: no step reads one on the host. It keeps the
+    first global step whose loss was not finite, and that loss, as device tensors (a few
+    element-wise ops a step, no sync); :meth:`check` reads them (``.item()``: a host sync)."""
+
+    def __init__(self) -> None:
+        self.bad: Any = None        # int64 scalar tensor: first non-finite step, 0: none
+        self.bad_value: Any = None  # that step's loss
+        self.checked_to = 0         # steps read already
+
+    def add(self, loss: Any, step: int) -> DeviceLoss:
+        """Record global ``step``'s scalar ``loss`` tensor; returns its :class:`DeviceLoss`."""
+        import torch
+
+        with torch.no_grad():
+            x = loss.detach().float()
+            if self.bad is None:
+                self.bad = torch.zeros((), dtype=torch.int64, device=x.device)
+                self.bad_value = torch.zeros((), dtype=x.dtype, device=x.device)
+            first = (~torch.isfinite(x)) & (self.bad == 0)
+            self.bad = self.bad + first.to(torch.int64) * step
+            self.bad_value = torch.where(first, x, self.bad_value)
+        return DeviceLoss(x, step, self)
+
+    def check(self, step: int) -> None:
+        """At global ``step`` (a log line, a checkpoint, the end): raise RuntimeError ``loss
+        is nan at global step N (read at global step M)`` when a loss up to here was not finite."""
+        if self.bad is None or self.checked_to >= step:
+            return
+        bad = int(self.bad.item())  # the device may be ahead: a later step's is not this read's
+        if not bad or bad > step:
+            self.checked_to = step
+            return
+        if bad:
+            raise RuntimeError(f"loss is {float(self.bad_value.item())} at global step {bad}"
+                               + ("" if bad == step else f" (read at global step {step})"))
+
+
+class DeviceLoss:
+    """One step's loss, on the device until ``float()`` reads it (a host sync), which first
+    checks every loss so far (:meth:`LossTracker.check`: RuntimeError on a non-finite one)."""
+
+    __slots__ = ("tensor", "step", "tracker")
+
+    def __init__(self, tensor: Any, step: int, tracker: LossTracker):
+        self.tensor, self.step, self.tracker = tensor, step, tracker
+
+    def __float__(self) -> float:
+        self.tracker.check(self.step)
+        return float(self.tensor.item())
+
+    def __repr__(self) -> str:
+        return f"DeviceLoss(step={self.step})"
 
 
 class TorchStepBackend:
@@ -52,7 +106,10 @@ class TorchStepBackend:
             ``optimizer.learning_rate``, :func:`.contract.build_lr_scheduler`), or None.
 
     Each chunk is one batch (``steps_per_execution`` does not apply: a PyTorch step is one
-    Python call anyway). Raises RuntimeError on a non-finite loss.
+    Python call anyway). No host sync in the step: :meth:`train` returns the loss as a
+    :class:`DeviceLoss` that stays on the device until the loop reads it (``float()``) at its
+    logging cadence, a checkpoint or the end; a non-finite loss raises RuntimeError there,
+    naming the first step whose loss was not finite (:class:`LossTracker`).
     """
 
     def __init__(self, *, model: Any, opt: Any, source: Any, rc: Mapping[str, Any], model_dir: Path, device: Any,
@@ -66,14 +123,17 @@ class TorchStepBackend:
         self.step = start  # the global step the model is at
         self.batch_size: int | None = None
         self.writer: EventWriter | None = None
+        self.losses = LossTracker()
         self.model.train()
 
     def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> OneBatch | None:
-        """The source's next batch (its own timeouts apply: ``runconfig.input_timeout_secs``)."""
+        """The source's next batch (its own timeouts apply: ``runconfig.input_timeout_secs``);
+        with a :class:`.devicefeed.DeviceFeed` as the source already on the device, and the
+        wait for it (the feed's queue, then its copy event) is this call's time."""
         nest, who = self.source.next()
         return None if nest is None else OneBatch(nest, who)
 
-    def train(self, chunk: OneBatch) -> tuple[float, list[float]]:
+    def train(self, chunk: OneBatch) -> tuple[DeviceLoss, list[DeviceLoss]]:
         """One optimizer step on the chunk's batch, moved to the device."""
         batch = to_torch(chunk.nest, self.device)
         if self.batch_size is None:
@@ -85,14 +145,15 @@ class TorchStepBackend:
         self.opt.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise RuntimeError(f"loss is {value} at global step {self.step + 1}")
         self.step += 1
+        value = self.losses.add(loss, self.step)  # stays on the device: no host sync here
         return value, [value]
 
     def save(self, step: int) -> None:
-        """``model-ckpt-<step>.pt`` (model, optimizer, global step), ``keep_checkpoint_max`` kept."""
+        """``model-ckpt-<step>.pt`` (model, optimizer, global step), ``keep_checkpoint_max`` kept.
+        Raises RuntimeError when a step's loss was not finite (read here: a checkpoint reads
+        the loss, as a log line does)."""
+        self.losses.check(step)
         p = checkpoint.save(self.model_dir, step, self.model, self.opt, self.keep)
         log.info("saved %s", p)
 
@@ -121,7 +182,8 @@ class TorchStepBackend:
         read the chief's status first."""
 
     def info(self) -> dict[str, Any]:
-        """``framework``, ``device`` and the chief's ``info()`` keys."""
+        """``framework``, ``device`` and the chief's ``info()`` keys (the device feed's are in
+        the source's ``describe()``: ``device_feed``)."""
         return {"framework": "pytorch", "device": str(self.device), **self._info()}
 
 

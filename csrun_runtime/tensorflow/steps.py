@@ -28,9 +28,35 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TrainSteps"]
+__all__ = ["TrainSteps", "StepLoss"]
 
 log = logging.getLogger("csrun.runtime")
+
+
+class _HostLosses:
+    """A call's losses tensor, read to the host (``.numpy()``) once, at the first :class:`StepLoss` read."""
+
+    def __init__(self, tensor: Any):
+        self.tensor: Any = tensor
+        self.values: Any = None
+
+    def get(self, i: int) -> float:
+        if self.values is None:
+            self.values = self.tensor.numpy()
+        return float(self.values[i])
+
+
+class StepLoss:
+    """One step's loss of a :class:`TrainSteps` call: ``float()`` reads it (the call's losses
+    come to the host once, at the first read: the loop's logging cadence, not every call)."""
+
+    __slots__ = ("host", "i")
+
+    def __init__(self, host: _HostLosses, i: int):
+        self.host, self.i = host, i
+
+    def __float__(self) -> float:
+        return self.host.get(self.i)
 
 
 class TrainSteps:
@@ -110,7 +136,7 @@ class TrainSteps:
 
         return tf.function(loop, jit_compile=jit, reduce_retracing=True)
 
-    def __call__(self, batches: Any, offset: int = 0, n: int = 1) -> tuple[dict[str, float], list[float]]:
+    def __call__(self, batches: Any, offset: int = 0, n: int = 1) -> tuple[dict[str, Any], list[StepLoss]]:
         import tensorflow as tf
 
         args = (batches, tf.constant(int(offset), tf.int32), tf.constant(int(n), tf.int32))
@@ -125,4 +151,6 @@ class TrainSteps:
             self._fn = self._build()
             logs, losses = self._fn(*args)
         self.calls += 1
-        return {k: float(v) for k, v in logs.items()}, losses.numpy()[offset:offset + n].tolist()
+        # no host read here (issue 31): the losses stay tensors until the loop's log line reads one
+        host = _HostLosses(losses)
+        return dict(logs), [StepLoss(host, i) for i in range(offset, offset + n)]

@@ -18,7 +18,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
 from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
-from .steps import TrainSteps
+from .steps import StepLoss, TrainSteps
 
 if TYPE_CHECKING:
     from ..rendezvous import Rendezvous
@@ -105,12 +105,14 @@ class TFStepBackend:
         """``source.get_chunk(limit, timeout, what)``."""
         return self.source.get_chunk(limit, float(timeout or 0), what or "runconfig.input_timeout_secs")
 
-    def train(self, chunk: Chunk) -> tuple[float, list[float]]:
-        """The chunk's steps in one call (which advances the global step variable)."""
+    def train(self, chunk: Chunk) -> tuple[StepLoss, list[StepLoss]]:
+        """The chunk's steps in one call (which advances the global step variable); the losses
+        stay tensors until the loop reads one (``float()``) at its logging cadence (issue 31:
+        no host read per call)."""
         if self.steps_fn is None:
             self.steps_fn = self.chief.train_steps(self.model, self.step_var)
-        logs, losses = self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
-        return float(logs.get("loss", next(iter(logs.values()), float("nan")))), losses
+        _logs, losses = self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
+        return losses[-1], losses
 
     def save(self, step: int) -> None:
         """The chief's checkpoint at ``step``."""

@@ -64,3 +64,25 @@ def test_bench_quick_smoke(cli_env, tmp_path):
     assert "<!-- bench:table:start -->" in text and "<!-- bench:table:end -->" in text
     for name in REQUIRED:
         assert f"| {name} |" in text
+
+
+def test_bench_gpu_feed_quick(tmp_path):
+    """bench/bench_gpu_feed.py --quick (issue 31): every feed row of both batch kinds is measured
+    into this host's device (CUDA when present, else CPU) and the device is named; ~30 s."""
+    import os
+
+    out = tmp_path / "gpu_feed.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_gpu_feed.py"), "--quick", "--ks", "1",
+                           "--out", str(out)], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["quick"] is True and data["meta"]["device"]
+    for kind in ("images", "small"):
+        rows = data["kinds"][kind]
+        for row in ("data plane, device feed", "data plane, to_torch", "DataLoader", "DataLoader, fresh"):
+            assert rows["k=1"][row]["gb_per_sec"] > 0, (kind, row)
+            assert rows["k=1"][row]["chief_cores"] >= 0
+        assert rows["to_torch alone"]["gb_per_sec"] > 0 and rows["pageable H2D"]["gb_per_sec"] > 0
+        assert rows["k=1"]["data plane, device feed"]["feed"]["batches"] > 0
+    assert "skipped" in data["step"] or data["step"]["step_ms_fed"] > 0

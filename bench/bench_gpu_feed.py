@@ -1,0 +1,384 @@
+"""Issue 31's feed rows side by side in one run: how fast batches reach the training device
+(CUDA when present, else CPU) through the PyTorch chief's real path, beside the ceilings.
+
+Rows, per batch kind (images: 256x3x224x224 uint8 + int64 labels, 38.5 MB; small: 64x1024
+float32 + int64 labels, 0.26 MB; ``--quick``: 8x3x32x32 images), GB/s (10^9 B/s) into the device
+and the chief process's cores (psutil CPU times of this process over the window):
+
+- ``data plane, device feed``: k processes running the input worker's real send path
+  (``csrun_runtime.pytorch.worker.send_batches``) into the chief's real path
+  (``RemoteSource`` + ``devicefeed.DeviceFeed``: pinned ring, copy stream, prefetch thread);
+- ``data plane, to_torch``: the same senders, ``RemoteSource.next()`` then ``to_torch`` (the
+  path before issue 31: a fresh ``pin_memory()`` per batch on CUDA);
+- ``DataLoader``: ``DataLoader(num_workers=k, pin_memory=True)`` in this process over the same
+  batch, and ``DataLoader, fresh`` (a fresh tensor per batch);
+- ``pinned H2D``, ``pageable H2D``, ``to_torch alone`` (no transport);
+- with CUDA and torchvision: a ResNet-50 (bf16 autocast, channels_last) stepped by
+  ``TorchStepBackend.train`` with the batch resident vs fed by the device feed (k senders);
+  otherwise that row is reported as skipped.
+
+Usage: ``python bench/bench_gpu_feed.py [--quick] [--ks 4,8] [--out FILE]`` (default
+``bench/results/gpu_feed_<cpu|cuda>.json``). The JSON names the device and the host's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [p for p in (str(ROOT), str(HERE)) if p not in sys.path]
+
+
+def shapes(kind: str, quick: bool) -> list[tuple[tuple[int, ...], str]]:
+    if kind == "images":
+        n, side = (8, 32) if quick else (256, 224)
+        return [((n, 3, side, side), "uint8"), ((n,), "int64")]
+    return [((64, 1024), "float32"), ((64,), "int64")]
+
+
+def make_batch(kind: str, quick: bool, seed: int = 0) -> tuple[Any, ...]:
+    """One batch as CPU tensors (what the input worker's DataLoader yields)."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    (xs, xdt), (ys, _) = shapes(kind, quick)
+    x = rng.integers(0, 256, xs, dtype=np.uint8) if xdt == "uint8" else rng.random(xs, dtype=np.float32)
+    return torch.from_numpy(x), torch.from_numpy(rng.integers(0, 1000, ys, dtype=np.int64))
+
+
+def sender_main(spec_path: str) -> None:
+    """A child: the PyTorch input worker's ``send_batches`` of one batch, endlessly."""
+    from csrun_runtime.dataplane import ReceiverGone, Sender
+    from csrun_runtime.pytorch.worker import send_batches
+
+    spec = json.loads(Path(spec_path).read_text())
+    batch = make_batch(spec["kind"], spec["quick"], seed=spec["index"])
+    ppid = os.getppid()
+
+    def check() -> None:
+        if os.getppid() != ppid:
+            raise SystemExit(0)
+
+    s = Sender(spec["endpoint"], spec["index"])
+    try:
+        send_batches(s, itertools.repeat(batch), check=check)
+    except (ReceiverGone, TimeoutError):
+        pass
+    finally:
+        s.close(timeout=1.0)
+
+
+def _sync(dev: Any) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict[str, Any]:
+    """``step()`` (returns bytes delivered) for the warm-up, then the window; GB/s, the chief's
+    cores (this process) and the others' (``pids``)."""
+    import psutil
+
+    def cpu(ps: list[int]) -> float:
+        tot = 0.0
+        for p in ps:
+            try:
+                t = psutil.Process(p).cpu_times()
+                tot += t.user + t.system
+            except psutil.Error:
+                pass
+        return tot
+
+    t_end = time.perf_counter() + plan["warmup_s"]
+    while time.perf_counter() < t_end:
+        step()
+    _sync(dev)
+    me = psutil.Process()
+    c0, w0, t0, got, n = sum(me.cpu_times()[:2]), cpu(pids), time.perf_counter(), 0, 0
+    while time.perf_counter() - t0 < plan["window_s"]:
+        got += step()
+        n += 1
+    _sync(dev)
+    dt = time.perf_counter() - t0
+    return {"gb_per_sec": round(got / dt / 1e9, 4), "batches": n, "window_s": round(dt, 3),
+            "chief_cores": round((sum(me.cpu_times()[:2]) - c0) / dt, 2),
+            "workers_cores": round((cpu(pids) - w0) / dt, 2)}
+
+
+def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool,
+                   depth: int) -> dict[str, Any]:
+    """k sender processes into one RemoteSource: the device feed's row, then to_torch's."""
+    from bench_ingest import reap
+
+    from csrun_common.roles import Role
+    from csrun_runtime.pytorch.contract import to_torch
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
+    from csrun_runtime.pytorch.remote import RemoteSource
+    from csrun_runtime.rendezvous import Rendezvous
+
+    rdv = Rendezvous(work / f"md-{kind}-{k}-{time.time_ns()}", "gpufeed.0")
+    rdv.reset()
+    role = Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1")
+    src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
+    procs = []
+    for i in range(k):
+        spec = work / f"sender-{kind}-{k}-{i}.json"
+        spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": kind, "quick": quick}))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
+                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))))
+    pids = [p.pid for p in procs]
+    out: dict[str, Any] = {}
+    try:
+        src.r.wait_workers(k, 120.0)
+
+        def old() -> int:
+            nest, _ = src.next()
+            to_torch(nest, dev)
+            return nest_bytes(nest)
+
+        out["data plane, to_torch"] = window(old, plan, dev, pids)
+        feed = DeviceFeed(src, dev, depth=depth)
+
+        def new() -> int:
+            batch, _ = feed.next()
+            return nest_bytes(batch)
+
+        out["data plane, device feed"] = window(new, plan, dev, pids)
+        feed.stop()
+        out["data plane, device feed"]["feed"] = feed.feed_info()
+    finally:
+        src.close()
+        reap(procs, 5.0)
+    return out
+
+
+class SameBatch:
+    """A map-style dataset whose every item is the same batch (``fresh``: a copy of it)."""
+
+    def __init__(self, batch: tuple[Any, ...], fresh: bool):
+        self.batch, self.fresh = batch, fresh
+
+    def __len__(self) -> int:
+        return 10 ** 9
+
+    def __getitem__(self, i: int) -> Any:
+        return tuple(t.clone() for t in self.batch) if self.fresh else self.batch
+
+
+def dataloader_row(kind: str, k: int, dev: Any, plan: dict[str, float], fresh: bool, quick: bool) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+
+    batch = make_batch(kind, quick)
+    nbytes = sum(t.nbytes for t in batch)
+    loader = DataLoader(SameBatch(batch, fresh), batch_size=None, num_workers=k, pin_memory=dev.type == "cuda",
+                        timeout=60)
+    it = iter(loader)
+    try:
+        def step() -> int:
+            for t in next(it):
+                t.to(dev, non_blocking=True)
+            return nbytes
+
+        step()
+        return window(step, plan, dev, [w.pid for w in getattr(it, "_workers", [])])
+    finally:
+        shut = getattr(it, "_shutdown_workers", None)
+        if shut:
+            shut()
+
+
+def h2d_row(kind: str, mode: str, dev: Any, plan: dict[str, float], quick: bool) -> dict[str, Any]:
+    """``pinned H2D`` (CUDA only), ``pageable H2D``, ``to_torch alone``."""
+    import collections
+
+    import torch
+
+    from csrun_runtime.pytorch.contract import to_torch
+
+    batch = make_batch(kind, quick)
+    nbytes = sum(t.nbytes for t in batch)
+    inflight: collections.deque[Any] = collections.deque()
+    src = [t.pin_memory() for t in batch] if mode == "pinned" else list(batch)
+    arrays = tuple(t.numpy() for t in batch)
+
+    def step() -> int:
+        if mode == "to_torch alone":
+            to_torch(arrays, dev)
+        else:
+            moved = [t.to(dev, non_blocking=mode == "pinned") for t in src]
+            if dev.type == "cpu":  # a copy, so that the CPU row moves bytes as a device copy would
+                moved = [t.clone() for t in moved]
+        if dev.type == "cuda":  # at most 4 batches queued
+            ev = torch.cuda.Event()
+            ev.record()
+            inflight.append(ev)
+            if len(inflight) > 4:
+                inflight.popleft().synchronize()
+        return nbytes
+
+    return window(step, plan, dev, [])
+
+
+def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
+    """ResNet-50 (torchvision), bf16 autocast, channels_last, SGD momentum, stepped by
+    ``TorchStepBackend.train``: the batch resident on the GPU vs fed by k senders through the
+    device feed; the loss read once per block (the logging cadence), not per step."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    from bench_ingest import reap
+
+    from csrun_common.roles import Role
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed
+    from csrun_runtime.pytorch.remote import RemoteSource
+    from csrun_runtime.pytorch.training import OneBatch, TorchStepBackend
+    from csrun_runtime.rendezvous import Rendezvous
+
+    torch.backends.cudnn.benchmark = True
+    mean = torch.tensor([0.485, 0.456, 0.406], device=dev).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=dev).view(1, 3, 1, 1) * 255
+    net = torchvision.models.resnet50().to(dev, memory_format=torch.channels_last)
+
+    def forward_loss(m: Any, batch: Any) -> Any:
+        x, y = batch
+        x = ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            return F.cross_entropy(m(x).float(), y)
+
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    kw = {"model": net, "opt": opt, "rc": {"keep_checkpoint_max": 1}, "model_dir": work / "md-step",
+          "evaluate": lambda m, s: None, "forward_loss": forward_loss, "device": dev}
+    batch = make_batch("images", False)
+    resident = tuple(t.to(dev) for t in batch)
+    be = TorchStepBackend(source=None, **kw)
+
+    def block(next_batch: Any, n: int) -> tuple[float, float]:
+        _sync(dev)
+        t0, waited, loss = time.perf_counter(), 0.0, None
+        for _ in range(n):
+            a = time.perf_counter()
+            b = next_batch()
+            waited += time.perf_counter() - a
+            loss, _ = be.train(OneBatch(b, 0))
+        float(loss)  # the log line's read
+        _sync(dev)
+        return (time.perf_counter() - t0) / n, waited / n
+
+    block(lambda: resident, 5)
+    r1, _ = block(lambda: resident, 20)
+    rdv = Rendezvous(work / f"md-step-{time.time_ns()}", "gpufeed.0")
+    rdv.reset()
+    src = RemoteSource(rdv, Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1"),
+                       {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
+    procs = []
+    for i in range(k):
+        spec = work / f"sender-step-{i}.json"
+        spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": "images", "quick": False}))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
+                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))))
+    try:
+        src.r.wait_workers(k, 120.0)
+        feed = DeviceFeed(src, dev, depth=depth)
+        block(lambda: feed.next()[0], 5)
+        fed, wait = block(lambda: feed.next()[0], 20)
+        feed.stop()
+    finally:
+        src.close()
+        reap(procs, 5.0)
+    r2, _ = block(lambda: resident, 20)
+    res = min(r1, r2)
+    return {"model": "torchvision ResNet-50, bf16 autocast, channels_last, SGD momentum", "senders": k,
+            "step_ms_resident": [round(r1 * 1e3, 2), round(r2 * 1e3, 2)], "step_ms_fed": round(fed * 1e3, 2),
+            "wait_ms_per_step": round(wait * 1e3, 2), "input_share_of_fed_step": round(1 - res / fed, 4),
+            "target": "within 3 % of resident"}
+
+
+def env() -> dict[str, Any]:
+    import numpy as np
+    import torch
+    import zmq
+
+    cuda = torch.cuda.is_available()
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__, "pyzmq": zmq.__version__,
+            "device": torch.cuda.get_device_name(0) if cuda else f"CPU ({platform.processor() or 'cpu'})",
+            "cuda": torch.version.cuda if cuda else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CPU-sized: small images, k=1,2, short windows")
+    ap.add_argument("--ks", default=None, help="sender counts (default 4,8; --quick 1,2)")
+    ap.add_argument("--depth", type=int, default=2, help="runconfig.device_prefetch of the device feed rows")
+    ap.add_argument("--out", default=None, help="results JSON (default bench/results/gpu_feed_<cpu|cuda>.json)")
+    ap.add_argument("--sender", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.sender:
+        sender_main(a.sender)
+        return 0
+    import torch
+
+    dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    ks = [int(x) for x in (a.ks or ("1,2" if a.quick else "4,8")).split(",")]
+    plan = {"warmup_s": 0.1, "window_s": 0.3} if a.quick else {"warmup_s": 0.5, "window_s": 2.0}
+    out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{dev.type}.json"
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"meta": {**env(), "quick": a.quick, "ks": ks, "device_prefetch": a.depth, **plan},
+                           "kinds": {}}
+    with tempfile.TemporaryDirectory(prefix="gpu-feed-") as tmp:
+        for kind in ("images", "small"):
+            nbytes = sum(t.nbytes for t in make_batch(kind, a.quick))
+            rows: dict[str, Any] = {"batch": f"{'x'.join(map(str, shapes(kind, a.quick)[0][0]))} "
+                                             f"{shapes(kind, a.quick)[0][1]} + labels", "batch_bytes": nbytes}
+            for mode in (["pinned H2D"] if dev.type == "cuda" else []) + ["pageable H2D", "to_torch alone"]:
+                rows[mode] = h2d_row(kind, mode, dev, plan, a.quick)
+            for k in ks:
+                rows[f"k={k}"] = {**dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth),
+                                  "DataLoader": dataloader_row(kind, k, dev, plan, False, a.quick),
+                                  "DataLoader, fresh": dataloader_row(kind, k, dev, plan, True, a.quick)}
+            res["kinds"][kind] = rows
+            print(render_kind(kind, rows, ks), flush=True)
+        try:
+            import torchvision  # noqa: F401
+            have_tv = True
+        except ImportError:
+            have_tv = False
+        if dev.type == "cuda" and have_tv and not a.quick:
+            res["step"] = step_rows(dev, max(ks), Path(tmp), a.depth)
+        else:
+            res["step"] = {"skipped": "needs CUDA and torchvision, full size" if not a.quick else "--quick"}
+        print("step:", json.dumps(res["step"]), flush=True)
+    res["meta"]["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def render_kind(kind: str, rows: dict[str, Any], ks: list[int]) -> str:
+    """One batch kind's rows as text: GB/s and the chief's cores."""
+    lines = [f"{kind} {rows['batch']} ({rows['batch_bytes'] / 1e6:.2f} MB): GB/s (chief cores)"]
+    for m in ("pinned H2D", "pageable H2D", "to_torch alone"):
+        if m in rows:
+            lines.append(f"  {m:28s} {rows[m]['gb_per_sec']:8.3f} ({rows[m]['chief_cores']})")
+    for k in ks:
+        for m, r in rows[f"k={k}"].items():
+            lines.append(f"  k={k} {m:24s} {r['gb_per_sec']:8.3f} ({r['chief_cores']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""The PyTorch chief's device feed (issue 31): batches from the chief's batch source (numpy
+nests received over the data plane, or the chief's own DataLoader's tensors) moved to the
+training device ahead of the step that uses them.
+
+On CUDA each batch is copied ONCE, from the received frames into a ring of pinned host
+buffers allocated at the first batch and reused (sized from that batch's nest of shapes and
+dtypes; reallocated only when a shape or dtype changes), then to the device with
+``non_blocking`` copies on a dedicated CUDA stream; the batch is handed to the step only
+after its copy event: the compute stream waits for that event (``Stream.wait_event``, no host
+sync) and each device tensor is ``record_stream``-ed on the compute stream so that the
+caching allocator keeps it until the step's use of it is done. A ring slot is written again
+only after its previous copy's event completed. The host copy uses ``numpy.copyto`` (one
+thread, the GIL released), not torch's intra-op threads, so that pinning costs one copy's
+cores. ``runconfig.device_prefetch`` batches (default :data:`DEVICE_PREFETCH`) wait on the
+device, or in flight to it, ahead of the step.
+
+A background thread does the receive and the host copy, so the step loop never blocks on
+them; it only waits for the next batch (the queue) and, on CUDA, for that batch's copy event:
+that wait is what :meth:`DeviceFeed.next` returns in ``last_wait`` and what the training
+loop counts as input wait (docs/VERDICT.md). Without CUDA the same class runs with no
+pinning, no streams and (by default) no thread: a batch passes through (``torch.from_numpy``
+views, no copy; ``copy=True`` puts it through the reused, unpinned ring instead; neither a
+copy nor the thread's hand-off would help a CPU step, and the thread measurably hurt small
+batches on the 2-core host: ``bench/bench_gpu_feed.py --quick``, BENCHMARKS.md).
+
+:func:`feed_rate` is the analyzer's probe's measure of this path (bytes per second into the
+device). torch is imported inside functions.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "feed_rate", "nest_bytes"]
+
+log = logging.getLogger("csrun.runtime")
+
+#: Default of ``runconfig.device_prefetch``: batches staged on the device (or in flight to it)
+#: ahead of the step. Two is the least that overlaps the next batch's host-to-device copy with
+#: the step while a third is received (the issue's ResNet-50 step needs 0.58 GB/s, a 38.5 MB
+#: batch's pinned copy takes 0.7 ms of a 66 ms step); the GPU measurement that would confirm
+#: it (``bench/bench_gpu_feed.py`` full size, BENCHMARKS.md) awaits a GPU machine.
+DEVICE_PREFETCH = 2
+
+#: Seconds between looks at the stop flag while the feed thread waits for room in the queue.
+_PUT_POLL_SECS = 0.1
+
+
+def _leaves(nest: Any) -> Iterator[Any]:
+    """The leaves of a nest of dicts, tuples and lists, in order."""
+    if isinstance(nest, dict):
+        for v in nest.values():
+            yield from _leaves(v)
+    elif isinstance(nest, (list, tuple)):
+        for v in nest:
+            yield from _leaves(v)
+    else:
+        yield nest
+
+
+def _rebuild(nest: Any, it: Iterator[Any]) -> Any:
+    """``nest``'s structure around the leaves ``it`` yields, in :func:`_leaves`' order."""
+    if isinstance(nest, dict):
+        return {k: _rebuild(v, it) for k, v in nest.items()}
+    if isinstance(nest, tuple):
+        return tuple(_rebuild(v, it) for v in nest)
+    if isinstance(nest, list):
+        return [_rebuild(v, it) for v in nest]
+    return next(it)
+
+
+def _as_numpy(x: Any) -> Any:
+    """A numeric host array of leaf ``x`` (a CPU tensor as its numpy view), else None."""
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().numpy() if x.device.type == "cpu" else None
+    if isinstance(x, np.ndarray) and x.dtype.kind in "biufc":
+        return x
+    return None
+
+
+def nest_bytes(nest: Any) -> int:
+    """Bytes of the array and tensor leaves of a batch (what a feed moves to the device)."""
+    n = 0
+    for x in _leaves(nest):
+        nb = getattr(x, "nbytes", None)
+        if nb is None and hasattr(x, "element_size"):
+            nb = x.element_size() * x.numel()
+        n += int(nb or 0)
+    return n
+
+
+class HostRing:
+    """``slots`` host buffers per array leaf of a batch, allocated at the first batch and
+    reused: :meth:`fill` copies a batch's numeric leaves into the next slot (``numpy.copyto``)
+    and returns that slot's tensors (None for leaves that are not host arrays).
+
+    Args:
+        slots: buffers per leaf (>= 1). ``pin``: page-locked (CUDA's pinned) memory.
+
+    ``allocations`` counts ring (re)allocations: the first batch's, then one per change of
+    the batch's shapes or dtypes.
+    """
+
+    def __init__(self, slots: int, pin: bool):
+        self.slots, self.pin = max(1, int(slots)), pin
+        self.key: tuple[Any, ...] | None = None
+        self.buffers: list[list[Any]] = []  # [slot][leaf] tensor or None
+        self.next_slot = 0
+        self.allocations = 0
+
+    @staticmethod
+    def key_of(arrays: list[Any]) -> tuple[Any, ...]:
+        """The ring's key of a batch's leaves: each one's shape and dtype (None: not copied)."""
+        return tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays)
+
+    def _allocate(self, arrays: list[Any]) -> None:
+        import numpy as np
+        import torch
+
+        def one(a: Any) -> Any:
+            if a is None:
+                return None
+            dtype = torch.from_numpy(np.empty(0, a.dtype)).dtype
+            return torch.empty(a.shape, dtype=dtype, pin_memory=self.pin)
+
+        self.buffers = [[one(a) for a in arrays] for _ in range(self.slots)]
+        self.allocations += 1
+        self.next_slot = 0
+
+    def fill(self, arrays: list[Any]) -> tuple[int, list[Any]]:
+        """Copy ``arrays`` (numpy arrays, or None: not copied) into the next slot; returns
+        ``(slot, tensors)``. The caller makes sure the slot is no longer read (its copy event).
+        Reallocates every slot when a shape or dtype differs from the ring's."""
+        import numpy as np
+
+        key = self.key_of(arrays)
+        if key != self.key:
+            self._allocate(arrays)
+            self.key = key
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % self.slots
+        out = self.buffers[slot]
+        for buf, a in zip(out, arrays, strict=True):
+            if buf is not None:
+                np.copyto(buf.numpy(), a, casting="no")
+        return slot, out
+
+
+@dataclass
+class FeedStats:
+    """What a :class:`DeviceFeed` measured (seconds, bytes)."""
+
+    batches: int = 0
+    bytes: int = 0
+    wait_s: float = 0.0          # the step loop's waits for the next batch (queue + copy event)
+    event_wait_s: float = 0.0    # the part of it spent on copy events (CUDA)
+    stage_s: float = 0.0         # the feed thread's host copy and copy issue
+    waits: list[float] = field(default_factory=list)
+
+
+class DeviceFeed:
+    """Batches of ``source`` on ``device``, ``depth`` staged ahead (see the module docstring).
+
+    Args:
+        source: ``next() -> (nest | None, who)`` (``None``: the input ended; e.g.
+            :class:`.remote.RemoteSource`); its other attributes are reachable through the
+            feed (``describe``, the autoscaler's stream API, ...). With ``threaded`` the
+            source's ``next`` runs on the feed thread only.
+        device: the training device (``torch.device`` or its name).
+        depth: batches staged ahead (``runconfig.device_prefetch``, >= 1).
+        threaded: receive and stage on a background thread (default: only on CUDA; False: on
+            the caller's thread, e.g. under ``--autoscale``, whose autoscaler drives the source
+            from the loop). On the 2-core CPU host the thread's hand-off cost more than it
+            overlapped (GIL hand-offs per batch: ``bench/bench_gpu_feed.py --quick``).
+        copy: copy into the reused host ring (default: only on CUDA, pinned).
+
+    :meth:`next` raises what the source raised (``InputStalled``, ``WorkerFailed``, ...).
+    """
+
+    def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool | None = None,
+                 copy: bool | None = None):
+        import torch
+
+        self.source, self.device = source, torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.depth = max(1, int(depth))
+        self.copy = self.cuda if copy is None else bool(copy)
+        # slots: depth staged + one being filled + one handed to the step
+        self.ring = HostRing(self.depth + 2, pin=self.cuda) if self.copy else None
+        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.slot_events: dict[int, Any] = {}
+        self.stats = FeedStats()
+        self.handed: dict[str, int] = {}  # batches handed to the step, per worker
+        self.last_wait = 0.0
+        self.threaded = self.cuda if threaded is None else bool(threaded)
+        self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue(maxsize=self.depth)
+        self._pending: list[tuple[str, Any, Any, Any]] = []  # unthreaded: staged batches
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread: threading.Thread | None = None
+        if self.threaded:
+            self._thread = threading.Thread(target=self._run, name="csrun-device-feed", daemon=True)
+            self._thread.start()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("source",):  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    # ------------------------------------------------------------------ the producer
+    def _stage(self, nest: Any) -> tuple[Any, Any]:
+        """The batch's leaves copied into the ring (when copying) and issued to the device on
+        the copy stream; returns ``(device nest, copy event or None)``."""
+        import torch
+
+        from .contract import to_torch
+
+        t0 = time.perf_counter()
+        leaves = list(_leaves(nest))
+        slot = None
+        if self.ring is not None:
+            arrays = [_as_numpy(x) for x in leaves]
+            self._free_slot(arrays)
+            slot, bufs = self.ring.fill(arrays)
+            leaves = [x if b is None else b for x, b in zip(leaves, bufs, strict=True)]
+        event = None
+        if self.cuda:
+            assert self.stream is not None
+            with torch.cuda.stream(self.stream):
+                leaves = [to_torch(x, self.device) for x in leaves]  # pinned: non_blocking
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            if slot is not None:
+                self.slot_events[slot] = event
+        else:
+            leaves = [to_torch(x, self.device) for x in leaves]
+        self.stats.stage_s += time.perf_counter() - t0
+        return _rebuild(nest, iter(leaves)), event
+
+    def _free_slot(self, arrays: list[Any]) -> None:
+        """Wait until the ring slot :meth:`HostRing.fill` writes next is no longer read by a
+        copy (every slot's copy when the ring is about to be reallocated)."""
+        assert self.ring is not None
+        if self.ring.key is not None and HostRing.key_of(arrays) != self.ring.key:
+            for e in self.slot_events.values():
+                e.synchronize()
+            self.slot_events.clear()
+        elif self.ring.next_slot in self.slot_events:
+            self.slot_events.pop(self.ring.next_slot).synchronize()
+
+    def _produce(self) -> tuple[str, Any, Any, Any]:
+        """One item: ``("batch", device nest, who, event)``, ``("end", ...)`` or ``("error", exc, ...)``."""
+        try:
+            nest, who = self.source.next()
+            if nest is None:
+                return "end", None, who, None
+            size = nest_bytes(nest)
+            batch, event = self._stage(nest)
+            self.stats.bytes += size
+            return "batch", batch, who, event
+        except BaseException as e:  # noqa: BLE001 - raised again on the step loop's thread
+            return "error", e, None, None
+
+    def _run(self) -> None:
+        """The feed thread: receive, stage, queue, until the input ends, an error, or :meth:`close`."""
+        while not self._stop.is_set():
+            item = self._produce()
+            while not self._stop.is_set():
+                try:
+                    self._q.put(item, timeout=_PUT_POLL_SECS)
+                    break
+                except queue.Full:
+                    continue
+            if item[0] != "batch":
+                return
+
+    # ------------------------------------------------------------------ the consumer
+    def _take(self) -> tuple[str, Any, Any, Any]:
+        if self._thread is not None:
+            while True:
+                try:
+                    return self._q.get(timeout=_PUT_POLL_SECS)
+                except queue.Empty:
+                    if not self._thread.is_alive() and self._q.empty():
+                        return "end", None, -1, None
+        ahead = self.depth if self.cuda else 0  # without CUDA nothing would overlap: no read-ahead
+        while len(self._pending) < ahead + 1:  # unthreaded: stage `depth` ahead, on this thread
+            item = self._produce()
+            self._pending.append(item)
+            if item[0] != "batch":
+                break
+        return self._pending.pop(0)
+
+    def next(self) -> tuple[Any, Any]:
+        """The next batch on the device (ready for the current stream: its copy event waited
+        for) and its worker; ``(None, who)`` once the input ended. ``last_wait``: the seconds
+        this call waited (for the queue, then for the copy event). Raises what the source raised."""
+        if self._ended:
+            return None, -1
+        t0 = time.perf_counter()
+        kind, batch, who, event = self._take()
+        if kind == "error":
+            self._ended = True
+            raise batch
+        if kind == "end":
+            self._ended = True
+            self.last_wait = time.perf_counter() - t0
+            return None, who
+        if event is not None:
+            import torch
+
+            te = time.perf_counter()
+            event.synchronize()  # the host waits for this batch's copy only, not for the step
+            self.stats.event_wait_s += time.perf_counter() - te
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(event)
+            for t in _leaves(batch):
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    t.record_stream(compute)  # the allocator keeps it until the step's use is done
+        self.last_wait = time.perf_counter() - t0
+        self.handed[str(who)] = self.handed.get(str(who), 0) + 1
+        self.stats.batches += 1
+        self.stats.wait_s += self.last_wait
+        return batch, who
+
+    # ------------------------------------------------------------------ the record and the end
+    def feed_info(self) -> dict[str, Any]:
+        """performance.json's ``device_feed``: device, depth, thread, ring (pinned, slots,
+        allocations), batches, bytes, the step loop's waits and the thread's staging seconds."""
+        s = self.stats
+        return {"device": str(self.device), "device_prefetch": self.depth, "threaded": self.threaded,
+                "ring": None if self.ring is None else {"pinned": self.ring.pin, "slots": self.ring.slots,
+                                                        "allocations": self.ring.allocations},
+                "batches": s.batches, "bytes": s.bytes, "wait_s": round(s.wait_s, 4),
+                "copy_event_wait_s": round(s.event_wait_s, 4), "stage_s": round(s.stage_s, 4)}
+
+    def describe(self) -> dict[str, Any]:
+        """The source's ``describe()`` (its feed thread stopped first: the source is read from
+        one thread at a time) with ``device_feed`` (:meth:`feed_info`); its
+        ``batches_per_worker`` counts the batches handed to the step (not those staged ahead)."""
+        self.stop()
+        desc = {**self.source.describe(), "device_feed": self.feed_info()}
+        if isinstance(desc.get("batches_per_worker"), dict):
+            per = desc["batches_per_worker"]
+            desc["batches_per_worker"] = {**{k: self.handed.get(str(k), 0) for k in per}, **self.handed}
+        return desc
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the feed thread (it ends within the source's ``next`` wait: the source's
+        ``cancel()`` is called when it has one). Batches staged are dropped."""
+        self._stop.set()
+        cancel = getattr(self.source, "cancel", None)
+        if callable(cancel):
+            cancel()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the device feed's thread did not end within %.0f s", timeout)
+
+    def close(self) -> None:
+        """Stop the thread, then close the source."""
+        self.stop()
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+
+
+class _IterSource:
+    """``next()`` over an iterable of batches (:func:`feed_rate`)."""
+
+    def __init__(self, batches: Iterable[Any]):
+        self.it = iter(batches)
+
+    def next(self) -> tuple[Any, int]:
+        return next(self.it, None), 0
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def feed_rate(batches: Iterable[Any], device: Any, depth: int = DEVICE_PREFETCH) -> float:
+    """Bytes per second (10^0 B/s) that :class:`DeviceFeed` moves ``batches`` (numpy nests,
+    e.g. what a served probe received) onto ``device`` (``"cuda"``, ``"cpu"``, a
+    ``torch.device``), from the first request to the last batch resident (on CUDA the device
+    is synchronized at the end). Raises ValueError when ``batches`` is empty."""
+    import torch
+
+    feed = DeviceFeed(_IterSource(batches), device, depth=depth)
+    t0 = time.perf_counter()
+    n = 0
+    try:
+        while True:
+            batch, _ = feed.next()
+            if batch is None:
+                break
+            n += 1
+        if feed.cuda:
+            torch.cuda.synchronize(feed.device)
+    finally:
+        feed.close()
+    dt = time.perf_counter() - t0
+    if n == 0:
+        raise ValueError("feed_rate: no batch given")
+    return feed.stats.bytes / dt if dt > 0 else float("inf")

@@ -1,0 +1,240 @@
+"""The PyTorch chief's device feed (issue 31) on CPU: the reused ring, order, prefetch depth,
+the measured wait, reallocation on a shape change, errors and the end; ``to_torch`` of a batch
+already on its device; the loss read at the logging cadence (a NaN named by its step).
+The CUDA path (pinned ring, copy stream, events) runs in bench/bench_gpu_feed.py on a GPU."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from csrun_runtime.pytorch.contract import to_torch  # noqa: E402
+from csrun_runtime.pytorch.devicefeed import DeviceFeed, HostRing, feed_rate, nest_bytes  # noqa: E402
+
+
+class ListSource:
+    """``next()`` over a list of batches; records how many were taken and on which thread."""
+
+    def __init__(self, batches, delay=0.0, fail_at=None):
+        self.batches, self.delay, self.fail_at = list(batches), delay, fail_at
+        self.taken = 0
+        self.threads: set[str] = set()
+        self.closed = False
+
+    def next(self):
+        self.threads.add(threading.current_thread().name)
+        if self.fail_at is not None and self.taken == self.fail_at:
+            raise RuntimeError("input worker 3's pipeline failed")
+        if self.taken >= len(self.batches):
+            return None, -1
+        time.sleep(self.delay)
+        self.taken += 1
+        return self.batches[self.taken - 1], self.taken % 2
+
+    def describe(self):
+        return {"input": "list"}
+
+    def close(self):
+        self.closed = True
+
+
+def batch(i, n=4):
+    return {"x": np.full((n, 3), i, dtype=np.float32), "y": np.arange(n, dtype=np.int64) + i}
+
+
+def drain(feed):
+    out = []
+    while True:
+        b, who = feed.next()
+        if b is None:
+            return out
+        out.append((b, who))
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_batches_come_in_order_as_tensors_and_the_input_ends(threaded):
+    feed = DeviceFeed(ListSource([batch(i) for i in range(7)]), "cpu", depth=2, threaded=threaded)
+    got = drain(feed)
+    feed.close()
+    assert [int(b["x"][0, 0]) for b, _ in got] == list(range(7))
+    assert all(isinstance(b["y"], torch.Tensor) and b["y"].device.type == "cpu" for b, _ in got)
+    assert [w for _, w in got] == [(i + 1) % 2 for i in range(7)]
+    assert feed.next() == (None, -1)
+    assert feed.source.closed and feed.stats.batches == 7 and feed.stats.bytes == 7 * nest_bytes(batch(0))
+
+
+def test_the_cpu_default_passes_received_arrays_through_without_a_copy():
+    b = batch(5)
+    feed = DeviceFeed(ListSource([b]), "cpu")
+    out, _ = feed.next()
+    feed.close()
+    assert feed.ring is None and out["x"].data_ptr() == b["x"].ctypes.data  # a view, no copy
+    assert feed._thread is None  # no thread without CUDA by default: on this thread, in order
+
+
+def test_the_ring_reuses_the_same_buffers_across_batches():
+    feed = DeviceFeed(ListSource([batch(i) for i in range(9)]), "cpu", depth=2, threaded=False, copy=True)
+    ptrs = []
+    for i in range(9):
+        b, _ = feed.next()
+        assert int(b["x"][0, 0]) == i and int(b["y"][0]) == i  # the slot holds this batch's copy
+        ptrs.append(b["x"].data_ptr())
+    feed.close()
+    assert feed.ring is not None and feed.ring.allocations == 1
+    slots = feed.ring.slots
+    assert len(set(ptrs)) == slots == 4  # depth 2 + one being filled + one with the step
+    assert ptrs[:slots] == ptrs[slots:2 * slots]  # the same buffers, in turn
+
+
+def test_a_shape_change_reallocates_the_ring_once():
+    ring = HostRing(3, pin=False)
+    a = [np.ones((4, 3), np.float32), None]
+    _, first = ring.fill(a)
+    ring.fill(a)
+    assert ring.allocations == 1 and first[1] is None
+    _, bufs = ring.fill([np.ones((2, 3), np.float32), None])
+    assert ring.allocations == 2 and tuple(bufs[0].shape) == (2, 3) and ring.next_slot == 1
+    ring.fill([np.ones((2, 3), np.float64), None])  # a dtype change too
+    assert ring.allocations == 3
+    feed = DeviceFeed(ListSource([batch(0), batch(1), batch(2, n=8), batch(3, n=8)]), "cpu",
+                      threaded=False, copy=True)
+    shapes = [tuple(b["x"].shape) for b, _ in drain(feed)]
+    assert shapes == [(4, 3), (4, 3), (8, 3), (8, 3)] and feed.ring.allocations == 2
+
+
+def test_the_feed_thread_stays_at_most_depth_batches_ahead_and_does_the_receive():
+    src = ListSource([batch(i) for i in range(20)])
+    feed = DeviceFeed(src, "cpu", depth=3, threaded=True)
+    b, _ = feed.next()
+    deadline = time.monotonic() + 5
+    while src.taken < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # it would take more now if it were not bounded
+    # one handed out, `depth` queued, one received and waiting for room in the queue
+    assert src.taken == 1 + 3 + 1
+    assert src.threads == {"csrun-device-feed"}
+    feed.close()
+
+
+def test_the_wait_for_the_next_batch_is_measured():
+    feed = DeviceFeed(ListSource([batch(i) for i in range(3)], delay=0.15), "cpu", depth=2, threaded=True)
+    feed.next()
+    assert feed.last_wait >= 0.1  # the receive took 0.15 s: the step loop waited for it
+    time.sleep(0.4)  # the thread receives the rest meanwhile
+    feed.next()
+    assert feed.last_wait < 0.05
+    info = feed.feed_info()
+    feed.close()
+    assert info["batches"] == 2 and info["wait_s"] >= 0.1 and info["device_prefetch"] == 2
+    assert feed.describe()["device_feed"]["threaded"] is True and feed.describe()["input"] == "list"
+
+
+def test_the_source_error_is_raised_on_the_step_loop_thread():
+    feed = DeviceFeed(ListSource([batch(0), batch(1)], fail_at=1), "cpu", threaded=True)
+    feed.next()
+    with pytest.raises(RuntimeError, match="input worker 3's pipeline failed"):
+        feed.next()
+    assert feed.next() == (None, -1)
+    feed.close()
+
+
+def test_close_cancels_a_source_waiting_for_its_next_batch():
+    class Waiting(ListSource):
+        def __init__(self):
+            super().__init__([])
+            self.cancelled = False
+
+        def next(self):
+            while not self.cancelled:
+                time.sleep(0.01)
+            return None, -1
+
+        def cancel(self):
+            self.cancelled = True
+
+    feed = DeviceFeed(Waiting(), "cpu", threaded=True)
+    t0 = time.monotonic()
+    feed.close()
+    assert time.monotonic() - t0 < 2 and feed.source.closed and not feed._thread.is_alive()
+
+
+def test_feed_rate_counts_the_bytes_moved():
+    rate = feed_rate([batch(i, n=256) for i in range(10)], "cpu")
+    assert rate > 0
+    with pytest.raises(ValueError, match="no batch"):
+        feed_rate([], "cpu")
+
+
+def test_to_torch_keeps_a_tensor_already_on_the_device():
+    t = torch.arange(6).reshape(2, 3)
+    out = to_torch({"x": t, "y": (np.ones(2, np.float32),)}, torch.device("cpu"))
+    assert out["x"] is t  # already there: neither pinned nor copied
+    assert out["y"][0].dtype == torch.float32
+    assert to_torch(t, "cpu") is t
+    if torch.cuda.is_available():  # issue 31: "cannot pin 'torch.cuda.ByteTensor'"
+        g = torch.zeros(4, dtype=torch.uint8, device="cuda")
+        assert to_torch(g, "cuda") is g and to_torch(g, torch.device("cuda", 0)) is g
+
+
+# --------------------------------------------------------------------------- the loss at the cadence
+def _backend(tmp_path, losses):
+    from csrun_runtime.pytorch.training import TorchStepBackend
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, b):
+            return self.w * b.sum()
+
+    seq = iter(losses)
+    return TorchStepBackend(model=M(), opt=None, source=ListSource([]), rc={"keep_checkpoint_max": 1},
+                            model_dir=tmp_path, device=torch.device("cpu"), evaluate=lambda m, s: None,
+                            forward_loss=lambda m, b: m.w * 0 + torch.tensor(next(seq)))
+
+
+class _Opt:
+    def zero_grad(self, set_to_none=True):
+        pass
+
+    def step(self):
+        pass
+
+
+def test_the_step_keeps_the_loss_on_the_device_and_a_nan_is_named_at_the_next_read(tmp_path):
+    from csrun_runtime.pytorch.training import DeviceLoss, OneBatch
+
+    b = _backend(tmp_path, [1.0, 2.0, float("nan"), 4.0, 5.0])
+    b.opt = _Opt()
+    out = [b.train(OneBatch(torch.ones(2), 0))[0] for _ in range(5)]  # no exception: nothing read
+    assert all(isinstance(v, DeviceLoss) for v in out) and float(out[1]) == 2.0
+    with pytest.raises(RuntimeError, match=r"loss is nan at global step 3 \(read at global step 5\)"):
+        float(out[4])
+    with pytest.raises(RuntimeError, match="global step 3"):
+        b.save(5)  # a checkpoint reads it too: no NaN model saved
+    assert not list(tmp_path.glob("model-ckpt-*"))
+
+
+def test_the_loop_reports_a_nan_loss_at_its_log_line_naming_the_step(tmp_path, caplog):
+    from csrun_runtime.loop import LoopSetup, TrainingDriver
+    from csrun_runtime.pytorch.training import OneBatch
+
+    b = _backend(tmp_path, [1.0, 0.5, float("inf"), 0.25, 0.1, 0.1])
+    b.opt = _Opt()
+    b.source = ListSource([torch.ones(2)] * 6)
+    b.next_chunk = lambda limit, timeout, what: OneBatch(*b.source.next())  # type: ignore[method-assign]
+    rc = {"log_steps": 4, "checkpoint_steps": 0, "max_steps": 6, "keep_checkpoint_max": 1}
+    setup = LoopSetup(rc=rc, model_dir=tmp_path, mode="train", start=0, t_proc=time.time(), node=None,
+                      num_input_workers=0, params_path=None, evaluating=False)
+    caplog.set_level(logging.INFO, "csrun.runtime")
+    with pytest.raises(RuntimeError, match=r"loss is inf at global step 3 \(read at global step 4\)"):
+        TrainingDriver(setup, b).run()
+    assert "global_step = 1, loss = 1" in caplog.text and "global_step = 4" not in caplog.text
+    perf = (tmp_path / "performance" / "performance.json").read_text()
+    assert "loss is inf at global step 3" in perf
