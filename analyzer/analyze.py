@@ -564,7 +564,20 @@ def _served_ingest_note(ingest: dict[str, Any], rows: list[dict[str, Any]], titl
             f"{k_c * 1e6:.2f} CPU-µs per sample (at most {1 / k_c if k_c > 0 else math.inf:.0f} samples/s "
             f"per chief CPU)" + (f", sending adds {h * 1e6:.2f} CPU-µs per sample to an input worker's"
                                  if h is not None else "")
-            + "; the prediction caps the chief by it")
+            + "; the prediction caps the chief by it" + _device_feed_note(served))
+
+
+def _device_feed_note(served: list[dict[str, Any]]) -> str:
+    """``"; into cuda:0 ..."`` when the served probes' chief fed a GPU (the runtime's device feed,
+    ``input.feed_device`` of its rows): the bytes/s it delivered into device memory, which the
+    samples/s above already count; ``""`` on a CPU chief."""
+    fed = [r for r in served if str(r.get("feed_device", "cpu")).startswith("cuda")
+           and r.get("chief_feed_bytes_per_sec")]
+    if not fed:
+        return ""
+    rate = max(float(r["chief_feed_bytes_per_sec"]) for r in fed)
+    return (f"; into {fed[0]['feed_device']} the device feed delivered {rate / 1e9:.2f} GB/s "
+            "(pinned ring, copy stream), the rate its samples/s were measured at")
 
 
 def _finish(out: Path, rep: dict[str, Any]) -> int:

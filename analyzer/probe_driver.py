@@ -688,11 +688,23 @@ def summarize(kind: str, tasks: int, cpus: int, node_cpus: int, results: list[di
                  if r.get("local_cpu_seconds_per_sample") is not None]
         if local:
             row["worker_local_cpu_seconds_per_sample"] = sum(local) / len(local)
+        _chief_feed(row, [r for r in results if int(r.get("index", 0)) == 0])
     row["_elements_per_sec"] = sum(r["batches"] / r["window_s"] for r in results)
     batches = sum(int(r["batches"]) for r in results)
     if kind == PROBE_KIND and batches:
         row["samples_per_element"] = samples / batches
     return row
+
+
+def _chief_feed(row: dict[str, Any], chiefs: list[dict]) -> None:
+    """A served probe's chief fed through the runtime's device feed (PyTorch): its device
+    (``feed_device``, e.g. ``cuda:0``; absent for TensorFlow) and the bytes/s it delivered
+    there (``chief_feed_bytes_per_sec``), which the report names beside the ingest ceiling."""
+    for r in chiefs:
+        dev = (r.get("input") or {}).get("feed_device")
+        if dev and r.get("window_s"):
+            row["feed_device"] = str(dev)
+            row["chief_feed_bytes_per_sec"] = float(r.get("element_bytes", 0)) / float(r["window_s"])
 
 
 # --------------------------------------------------------------------------- driver

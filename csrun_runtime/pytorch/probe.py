@@ -85,19 +85,27 @@ class _Stopped(Exception):
 
 class PlaneCounter:
     """The chief's side: the :class:`csrun_runtime.probing.Counter` interface over a
-    :class:`.remote.RemoteSource` (``step`` takes one batch, a numpy nest, and counts its
-    samples and bytes)."""
+    :class:`.remote.RemoteSource` read through the training chief's device feed
+    (:class:`.devicefeed.DeviceFeed`: on a machine with CUDA each batch lands in a pinned ring
+    and on the GPU, so the probe measures the feed into the device; on CPU it passes the numpy
+    nests through). ``step`` takes one batch and counts its samples and bytes; ``built.info``
+    names the device (``feed_device``), which the report reads."""
 
     def __init__(self, source: Any):
+        import torch
+
+        from .devicefeed import DeviceFeed
         from .input_backend import samples_and_bytes
 
-        self.source = source
-        self.built = BuiltInput(batches=iter(()), measure=samples_and_bytes)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.source = DeviceFeed(source, device)
+        self.built = BuiltInput(batches=iter(()), measure=samples_and_bytes,
+                                info={"feed_device": str(self.source.device)})
         self.samples = self.batches = self.bytes = self.restarts = 0
 
     def step(self) -> None:
-        """Take the next batch from the data plane. Raises ``RuntimeError`` on a stop signal and
-        :class:`csrun_runtime.streams.InputStalled` when no batch comes in time."""
+        """Take the next batch from the data plane (on the device). Raises ``RuntimeError`` on
+        a stop signal and :class:`csrun_runtime.streams.InputStalled` when no batch comes in time."""
         nest, _worker = self.source.next()
         if nest is None:
             raise RuntimeError("a stop signal ended the served probe")
