@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from csrun_runtime.pytorch.remote import READ_AHEAD_BATCHES
+
 pytest.importorskip("torch")
 
 from csrun_runtime.pytorch.checkpoint import list_checkpoints  # noqa: E402
@@ -212,13 +214,18 @@ def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
     assert perf["global_step_end"] == 200 and perf["num_workers"] == 2
     split = perf["chief_input"]
     assert split["worker"] == 0 and split["cpus"] == 1 and split["nice"] == 10 and split["reason"]
-    assert sorted(perf["batches_per_worker"]) == ["0", "1"] and sum(perf["batches_per_worker"].values()) == 200
+    assert set(perf["batches_per_worker"]) <= {"0", "1"} and sum(perf["batches_per_worker"].values()) == 200
     rep = reports(md)
     assert sorted(rep) == [0, 1] and all(r["chief_status"] == "ok" for r in rep.values()), rep
     assert rep[0]["component"] == "chief-input" and rep[0]["node"] == split["node"]
     assert rep[1]["component"] == "worker" and rep[1]["node"] != split["node"]
     assert sorted(r["streaming_rank"] for r in rep.values()) == [0, 1]
-    assert all(r["num_streamers"] == 2 and r["batches"] > 0 for r in rep.values())
+    assert all(r["num_streamers"] == 2 for r in rep.values())
+    # input worker 1 streamed; input worker 0 (nice 10 on the chief's CPU) may start after the 200 fast
+    # steps and then read nothing: the read-ahead bound (runconfig.input_read_ahead_batches) keeps it from
+    # reading batches the chief never takes, as it did before (a 4 MiB window of them)
+    assert rep[1]["batches"] > 0
+    assert all(r["batches"] - perf["batches_per_worker"].get(str(i), 0) <= READ_AHEAD_BATCHES for i, r in rep.items())
     assert sorted(r["torch_seed"] for r in rep.values()) == [1234, 1235]
 
 
