@@ -75,9 +75,10 @@ class TrainSteps:
     ``steps(batches, offset, n)`` trains on batches ``offset .. offset + n - 1`` of
     ``batches`` — ``(features, labels)`` whose every tensor has a leading dimension of at
     least ``offset + n`` — in order, and returns ``(logs, losses)``: the logs of the last step
-    as Python floats (``{"loss": ..., "accuracy": ...}``) and the loss of each of the ``n``
-    steps (the first log value when the model has no ``loss``), so that a loop can log a step
-    inside the chunk. Raises what the model's train step raises.
+    (``{"loss": ..., "accuracy": ...}``, each read with ``float()``) and the loss of each of the
+    ``n`` steps as a :class:`StepLoss` (the first log value when the model has no ``loss``), so
+    that a loop can log a step inside the chunk; nothing comes to the host until a value is read
+    (the loop reads at its logging cadence). Raises what the model's train step raises.
     """
 
     def __init__(self, model: Any, on_xla_failure: Callable[[BaseException], None] | None = None,
