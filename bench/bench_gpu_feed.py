@@ -329,12 +329,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.sender:
         sender_main(a.sender)
         return 0
+    res = run(a.quick, a.ks, a.depth)
+    out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{res['meta']['device_type']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def run(quick: bool = False, ks_text: str | None = None, depth: int = 2) -> dict[str, Any]:
+    """The rows (bench/run.py's entry): into CUDA when there is one, else the CPU; ``ks_text``
+    the sender counts (default 4,8; quick 1,2); ``depth`` the device feed's
+    ``runconfig.device_prefetch``. Returns ``{"meta", "kinds", "step"}``."""
     import torch
 
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    ks = [int(x) for x in (a.ks or ("1,2" if a.quick else "4,8")).split(",")]
-    plan = {"warmup_s": 0.1, "window_s": 0.3} if a.quick else {"warmup_s": 0.5, "window_s": 2.0}
-    out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{dev.type}.json"
+    ks = [int(x) for x in (ks_text or ("1,2" if quick else "4,8")).split(",")]
+    plan = {"warmup_s": 0.1, "window_s": 0.3} if quick else {"warmup_s": 0.5, "window_s": 2.0}
+    a = argparse.Namespace(quick=quick, depth=depth)
     t0 = time.perf_counter()
     res: dict[str, Any] = {"meta": {**env(), "quick": a.quick, "ks": ks, "device_prefetch": a.depth, **plan},
                            "kinds": {}}
@@ -362,10 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             res["step"] = {"skipped": "needs CUDA and torchvision, full size" if not a.quick else "--quick"}
         print("step:", json.dumps(res["step"]), flush=True)
     res["meta"]["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {out}")
-    return 0
+    res["meta"]["device_type"] = dev.type
+    return res
 
 
 def render_kind(kind: str, rows: dict[str, Any], ks: list[int]) -> str:

@@ -27,6 +27,8 @@ name                  what                                                      
                       producer processes (GIL-bound pipeline, one 2-CPU node)
 ``fanin``             data plane: 1..256 light senders into one chief endpoint      23
 ``ingest_gap``        data plane vs raw TCP, >= 256 KiB: where the gap goes        23
+``read_ahead``        PyTorch read-ahead bound vs the byte window only              33
+``gpu_feed``          the PyTorch chief's feed into its device vs DataLoader, H2D   31
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -67,6 +69,8 @@ BENCHMARKS = {
     "chief_input": "bench_chief_input",
     "fanin": "bench_fanin",
     "ingest_gap": "bench_ingest_gap",
+    "read_ahead": "bench_read_ahead",
+    "gpu_feed": "bench_gpu_feed",
 }
 DEFAULT_RESULTS = HERE / "results"
 

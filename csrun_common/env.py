@@ -165,6 +165,10 @@ NO_PATH_CHECKS = Var("CSRUN_NO_PATH_CHECKS", "1 | true | yes", "user", "the user
 BATCH_CHECK_SECS = Var("CSRUN_BATCH_CHECK_SECS", "int >= 0 (seconds)", "user", "the user, tests/conftest.py",
                        "launcher.batchcheck", "bound of the one-batch check before queueing, over checks.batch_secs "
                        "(0: off)")
+DATAPLANE_KEEP_MEMORY = Var("CSRUN_DATAPLANE_KEEP_MEMORY", "0 | 1", "user", "the user or site",
+                            "csrun_runtime.dataplane.receive.keep_receive_memory",
+                            "0: the data plane leaves glibc's malloc settings alone in this process (default 1: "
+                            "received frames reuse pages already mapped)")
 LOG_DIR = Var("CSRUN_LOG_DIR", "path", "user", "the user", "launcher.slurm.task_log",
               "where csrun_wse writes its task logs (default ./csrun_logs)")
 ADVERTISE_HOST = Var("CSRUN_ADVERTISE_HOST", "host name or address", "user", "the user or site", _ROLES,
@@ -197,7 +201,7 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
     ROLE, HET_GROUP, TASK_OFFSET, WORKER_OFFSET, NUM_WORKERS, NUM_TASKS, CPUS_PER_TASK, EXECUTION_MODE,
     STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT,
     WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR,
-    BATCH_CHECK_SECS, ADVERTISE_HOST,
+    BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, ADVERTISE_HOST,
     PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT)}
 
 #: Values of :data:`ROLE` (docs/CONTRACT.md): the three het-component roles csrun_wse sets,

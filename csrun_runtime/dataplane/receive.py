@@ -21,6 +21,8 @@ import logging
 import os
 import platform
 
+from csrun_common.env import DATAPLANE_KEEP_MEMORY
+
 log = logging.getLogger(__name__)
 
 #: Most zmq I/O threads a receiver starts by default (:func:`auto_io_threads`): 4 on 16 cores.
@@ -57,13 +59,13 @@ def keep_receive_memory() -> bool:
     heap (``M_TRIM_THRESHOLD``), so that received frames reuse pages already mapped instead of
     faulting in fresh ones. Process-wide and applied once (later calls return the first
     outcome); a steady stream then reuses the same memory, and the process keeps what it freed
-    up to that bound. The environment variable ``CSRUN_DATAPLANE_KEEP_MEMORY=0`` turns it off
+    up to that bound. The environment variable :data:`csrun_common.env.DATAPLANE_KEEP_MEMORY` ``=0`` turns it off
     for the process (e.g. a chief or input worker whose other allocations fragment the heaps).
     Returns whether it applied (False: turned off, not glibc, or mallopt refused)."""
     global _kept
     if _kept is None:
         _kept = False
-        if os.environ.get("CSRUN_DATAPLANE_KEEP_MEMORY", "1") != "0" and platform.libc_ver()[0] == "glibc":
+        if os.environ.get(DATAPLANE_KEEP_MEMORY.name, "1") != "0" and platform.libc_ver()[0] == "glibc":
             try:
                 libc = ctypes.CDLL(None)
                 _kept = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
