@@ -24,11 +24,12 @@ TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Coverage", "check_job_files", "coverage_report",
+__all__ = ["Coverage", "check_job_files", "coverage_report", "read_and_shared",
            "coverage_of_files", "FIX_SHARD", "FIX_SHARE", "FIX_PLAN"]
 
 #: the fix named when a pipeline that shards by the worker count shards a differently
@@ -90,6 +91,13 @@ def _some(paths: set[str] | list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + more
 
 
+def read_and_shared(sets: Mapping[Any, set[Any]]) -> tuple[set[Any], set[Any]]:
+    """``(items in any of the sets, items in more than one)`` of the input workers' sets (files,
+    or a sampler's indices: :func:`csrun_runtime.pytorch.samples.judge`)."""
+    counts = Counter(x for s in sets.values() for x in s)
+    return set(counts), {x for x, c in counts.items() if c > 1}
+
+
 def coverage_of_files(files: Mapping[int, list[str]], all_files: list[str],
                       shards: bool = False, fix: str | None = None) -> Coverage:
     """The verdict for input workers' file lists against the whole set (no plan). Pure.
@@ -115,12 +123,8 @@ def coverage_of_files(files: Mapping[int, list[str]], all_files: list[str],
     if every and all(v == every for v in sets.values()):
         cov.verdict = "replicated"
         return cov
-    counts: dict[str, int] = {}
-    for v in sets.values():
-        for f in v:
-            counts[f] = counts.get(f, 0) + 1
-    shared = {f for f, c in counts.items() if c > 1}
-    unread = every - set(counts)
+    seen, shared = read_and_shared(sets)
+    unread = every - seen
     if shared:
         cov.problems.append(
             f"{len(shared)} of the {len(every)} training file(s) are read by more than one of "

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..coverage import read_and_shared
+
 __all__ = ["Drawn", "SampleJudgement", "drawn_indices", "judge", "MAX_INDICES"]
 
 #: Longest dataset whose indices are listed (a longer one is not judged by sample).
@@ -113,12 +115,8 @@ def judge(drawn: Mapping[int, Drawn]) -> SampleJudgement:
     length = next(iter(drawn.values())).length
     sets = {k: set(d.sampled) for k, d in drawn.items()}
     whole = set(range(length))
-    counts: dict[int, int] = {}
-    for s in sets.values():
-        for i in s:
-            counts[i] = counts.get(i, 0) + 1
-    shared = {i for i, c in counts.items() if c > 1}
-    missing = whole - set(counts)
+    seen, shared = read_and_shared(sets)
+    missing = whole - seen
     batch_dropped = sum(len(set(d.sampled) - set(d.drawn)) for d in drawn.values())
     shares = " and ".join(str(len(s)) for _, s in sorted(sets.items()))
     who = f"streamers {' and '.join(map(str, sorted(drawn)))} of {n}"
