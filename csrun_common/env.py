@@ -50,7 +50,7 @@ class Var(str):
     meaning: str
 
     def __new__(cls, name: str, kind: str, scope: str, writer: str, reader: str, meaning: str) -> Var:
-        if not name.startswith("CSRUN_") or scope not in SCOPES:
+        if not (name.startswith("CSRUN_") or scope == "rank") or scope not in SCOPES:
             raise ValueError(f"bad variable declaration {name!r} ({scope!r})")
         obj = super().__new__(cls, name)
         obj.kind, obj.scope, obj.writer, obj.reader, obj.meaning = kind, scope, writer, reader, meaning
@@ -82,8 +82,10 @@ class Var(str):
 #: ``job`` (csrun_wse sets it in its own environment, every task inherits it), ``runtime``
 #: (a task's runtime sets it for a process it starts), ``user`` (set by the user or the
 #: site), ``analyzer`` (cs_input_analyzer's probe processes), ``development`` (the test
-#: clusters, the test suite and the benchmarks; never read by an installed csrun).
-SCOPES = ("task", "job", "runtime", "user", "analyzer", "development")
+#: clusters, the test suite and the benchmarks; never read by an installed csrun), ``rank``
+#: (not csrun's: torchrun's and TensorFlow's variables csrun_runtime.supervise sets for each
+#: trainer rank of a job of several, docs/MULTI-RANK.md).
+SCOPES = ("task", "job", "runtime", "user", "analyzer", "development", "rank")
 
 
 def read_int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
@@ -134,6 +136,27 @@ AUTOSCALE = Var("CSRUN_AUTOSCALE", "initial:min:max:policy:window", "task", _CW 
 CHIEF_INPUT_CPUS = Var("CSRUN_CHIEF_INPUT_CPUS", "int >= 0", "task",
                        _CW + f" ({flag('chief_input_cpus')}), chief component",
                        "csrun_runtime.chief_input.requested", "CPUs of the chief's task that run input worker 0")
+WORLD_SIZE = Var("CSRUN_WORLD_SIZE", "int >= 1", "task", _CW + f" ({flag('chief_nodes')} × "
+                 f"{flag('chief_tasks_per_node')}, set when above 1)", _ROLES,
+                 "trainer ranks of the job: the chief's het group's tasks (docs/MULTI-RANK.md)")
+LOCAL_WORLD_SIZE = Var("CSRUN_LOCAL_WORLD_SIZE", "int >= 1", "task", _CW + f" ({flag('chief_tasks_per_node')})",
+                       _ROLES, "trainer ranks on each chief node")
+MASTER_PORT = Var("CSRUN_MASTER_PORT", "int (port)", "task", _CW + " (site config ranks.master_port)",
+                  "csrun_runtime.ranks", "rank 0's port for the trainer ranks' rendezvous; unset: "
+                  "derived from SLURM_JOB_ID (csrun_common.ranks.master_port)")
+_RANK = "csrun_runtime.ranks (csrun_runtime.supervise, before a trainer rank's run.py starts)"
+RANK_VARS = (
+    Var("RANK", "int >= 0", "rank", _RANK, "torch.distributed, the user", "the trainer rank (torchrun's)"),
+    Var("LOCAL_RANK", "int >= 0", "rank", _RANK, "csrun_runtime.pytorch (its device), the user",
+        "the rank on its node; the index of its accelerator among the node's GRES devices"),
+    Var("WORLD_SIZE", "int >= 1", "rank", _RANK, "torch.distributed, the user", "trainer ranks in the job"),
+    Var("LOCAL_WORLD_SIZE", "int >= 1", "rank", _RANK, "the user", "trainer ranks on the node"),
+    Var("MASTER_ADDR", "host", "rank", _RANK, "torch.distributed",
+        "the first node of the chief's het group (SLURM_JOB_NODELIST_HET_GROUP_0), as an address"),
+    Var("MASTER_PORT", "int", "rank", _RANK, "torch.distributed", "rank 0's port (CSRUN_MASTER_PORT)"),
+    Var("TF_CONFIG", "JSON", "rank", _RANK, "tf.distribute.MultiWorkerMirroredStrategy",
+        "the cluster of the trainer ranks (worker i at MASTER_PORT + 1 + i) and this rank's task"),
+)
 WORKER_JOB = Var("CSRUN_WORKER_JOB", "1", "task", _CW + " (--survive-node-loss)",
                  "csrun_runtime.elastic, csrun_runtime.supervise",
                  "the input workers run as a job of their own: lost workers are adopted on surviving nodes")
@@ -201,8 +224,8 @@ VARIABLES: dict[str, Var] = {v.name: v for v in (
     ROLE, HET_GROUP, TASK_OFFSET, WORKER_OFFSET, NUM_WORKERS, NUM_TASKS, CPUS_PER_TASK, EXECUTION_MODE,
     STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT,
     WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR,
-    BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, ADVERTISE_HOST,
-    PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT)}
+    BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, ADVERTISE_HOST, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_PORT,
+    PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT, *RANK_VARS)}
 
 #: Values of :data:`ROLE` (docs/CONTRACT.md): the three het-component roles csrun_wse sets,
 #: and ``chief-input``, set by the chief for the input worker it runs in its own task.
@@ -231,6 +254,9 @@ class TaskEnv:
     autoscale: str | None = None
     chief_input_cpus: int = 0
     worker_job: bool = False
+    world_size: int = 1
+    local_world_size: int = 1
+    master_port: int | None = None
 
     def encode(self) -> list[tuple[str, str]]:
         """``[(name, value)]`` for srun's ``--export``, in the contract's order: role, het
@@ -245,7 +271,10 @@ class TaskEnv:
                (CPUS_PER_TASK.name, str(self.cpus_per_task or "")), ("PYTHONUNBUFFERED", "1")]
         optional = [(EXECUTION_MODE, self.execution_mode), (STOP_SIGNALS, self.stop_signals),
                     (AUTOSCALE, self.autoscale), (CHIEF_INPUT_CPUS, str(self.chief_input_cpus or "")),
-                    (WORKER_JOB, "1" if self.worker_job else "")]
+                    (WORKER_JOB, "1" if self.worker_job else ""),
+                    (WORLD_SIZE, str(self.world_size) if self.world_size > 1 else ""),
+                    (LOCAL_WORLD_SIZE, str(self.local_world_size) if self.world_size > 1 else ""),
+                    (MASTER_PORT, str(self.master_port or ""))]
         return env + [(var.name, value) for var, value in optional if value]
 
     @classmethod
@@ -265,7 +294,9 @@ class TaskEnv:
                    worker_offset=WORKER_OFFSET.integer(env, 0), het_group=HET_GROUP.integer(env, 0),
                    num_tasks=NUM_TASKS.integer(env, 0), stop_signals=STOP_SIGNALS.text(env),
                    autoscale=AUTOSCALE.text(env), chief_input_cpus=CHIEF_INPUT_CPUS.integer(env, 0),
-                   worker_job=WORKER_JOB.text(env) == "1", **common)
+                   worker_job=WORKER_JOB.text(env) == "1", world_size=WORLD_SIZE.integer(env, 1, 1),
+                   local_world_size=LOCAL_WORLD_SIZE.integer(env, 1, 1),
+                   master_port=MASTER_PORT.integer(env, 0) or None, **common)
 
     def with_(self, **changes: Any) -> TaskEnv:
         """A copy with ``changes`` (field names)."""
@@ -284,7 +315,8 @@ def render_markdown() -> str:
              "`TaskEnv.decode`); `job`: csrun_wse sets it in its own environment and every task inherits",
              "it; `runtime`: a task sets it for a process it starts; `user`: set by the user or site;",
              "`analyzer`: cs_input_analyzer's probe processes; `development`: test clusters, tests,",
-             "benchmarks.", "",
+             "benchmarks; `rank`: not csrun's own (torchrun's, TensorFlow's), set for each trainer rank",
+             "of a job of several ([MULTI-RANK.md](MULTI-RANK.md)).", "",
              "To add a variable: declare it in `csrun_common/env.py` (a `Var`), import it where it is",
              "written and read (never spell its name), make a `task` variable a `TaskEnv` field (its",
              "`encode` and `decode`), then regenerate this file. A new exit status: `csrun_common/exits.py`.",

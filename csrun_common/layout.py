@@ -31,7 +31,7 @@ from typing import Any
 from .errors import CsrunError
 from .flagspec import FlagSpec
 
-__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "RECORD_KEYS", "flag", "resolve_counts"]
+__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "RECORD_KEYS", "RANK_FIELDS", "flag", "resolve_counts"]
 
 #: The layout flags, declared once, in the order :meth:`LayoutSpec.to_flags` writes them
 #: (``csrun_wse --help`` lists the chief's input CPUs later: :data:`launcher.flags.WSE_OPTIONS`);
@@ -54,6 +54,13 @@ LAYOUT_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("cyclic", "--cyclic", bool, False,
              "Distribute input-worker tasks cyclically over nodes (default: block)",
              slurm_options=("--distribution", "-m")),
+    FlagSpec("chief_nodes", "--chief-nodes", int, 1,
+             "Nodes of the chief's het group, each running --chief-tasks-per-node trainer ranks "
+             "(docs/MULTI-RANK.md)", min=1, show_default=True),
+    FlagSpec("chief_tasks_per_node", "--chief-tasks-per-node", int, 1,
+             "Trainer ranks (tasks, one per accelerator) on each chief node: PyTorch DDP or "
+             "TensorFlow's MultiWorkerMirroredStrategy over all ranks (docs/MULTI-RANK.md)", min=1,
+             show_default=True),
 )
 #: Field -> its flag text (from :data:`LAYOUT_FLAGS`).
 FLAGS: dict[str, str] = {s.name: s.flag for s in LAYOUT_FLAGS}
@@ -61,6 +68,9 @@ FLAGS: dict[str, str] = {s.name: s.flag for s in LAYOUT_FLAGS}
 #: ``verify.json``'s ``layout``): :meth:`LayoutSpec.record`.
 RECORD_KEYS = ("nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus")
 _BOOL = frozenset(s.name for s in LAYOUT_FLAGS if s.type is bool)
+_DEFAULTS = {s.name: s.default for s in LAYOUT_FLAGS}
+#: The fields of several trainer ranks: a layout with both at 1 is the original csrun_wse's.
+RANK_FIELDS = ("chief_nodes", "chief_tasks_per_node")
 _ALWAYS = ("nodes", "tasks_per_node", "cpus_per_task")
 
 
@@ -106,6 +116,13 @@ class LayoutSpec:
             (``--chief-input-cpus``); 0: none.
         cyclic: input-worker tasks distributed cyclically over their nodes (``--cyclic``),
             else block.
+        chief_nodes: nodes of the chief's het group (``--chief-nodes``), 1 by default.
+        chief_tasks_per_node: trainer ranks on each of them (``--chief-tasks-per-node``), 1 by
+            default. With ``world_size = chief_nodes × chief_tasks_per_node > 1`` the chief's
+            nodes run trainer ranks only (each with its own input worker under
+            ``chief_input_cpus``), the input workers run on the other ``N - chief_nodes`` nodes,
+            ``T`` per node, and their count must be a multiple of the world size
+            (docs/MULTI-RANK.md).
     """
 
     nodes: int
@@ -114,6 +131,13 @@ class LayoutSpec:
     single_task_nodes: int = 0
     chief_input_cpus: int = 0
     cyclic: bool = False
+    chief_nodes: int = 1
+    chief_tasks_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks of the job: ``chief_nodes × chief_tasks_per_node`` (1: one chief)."""
+        return self.chief_nodes * self.chief_tasks_per_node
 
     def check(self) -> LayoutSpec:
         """Return ``self`` when the values are a layout; raise :class:`CsrunError` naming the
@@ -124,7 +148,28 @@ class LayoutSpec:
         if self.single_task_nodes and self.single_task_nodes >= self.nodes:
             raise CsrunError(f"{FLAGS['single_task_nodes']} {self.single_task_nodes}: must be less than "
                              f"{FLAGS['nodes']} {self.nodes}")
+        if self.world_size > 1:
+            self._check_ranks()
         return self
+
+    def _check_ranks(self) -> None:
+        """The rules of several trainer ranks (docs/MULTI-RANK.md): no single-task nodes, the
+        chief's nodes fewer than the job's unless each rank has its own input worker, and the
+        input workers a multiple of the world size (the message says which counts would be)."""
+        c, world = self.chief_nodes, self.world_size
+        if self.single_task_nodes:
+            raise CsrunError(f"{FLAGS['single_task_nodes']} {self.single_task_nodes}: not with several trainer "
+                             f"ranks ({FLAGS['chief_nodes']} {c} {FLAGS['chief_tasks_per_node']} "
+                             f"{self.chief_tasks_per_node})")
+        if c > self.nodes or (c == self.nodes and not self.chief_input_cpus):
+            raise CsrunError(f"{FLAGS['chief_nodes']} {c}: must be less than {FLAGS['nodes']} {self.nodes} "
+                             f"(the input workers run on the other nodes), or give {FLAGS['chief_input_cpus']}")
+        w = self.num_input_workers
+        if w % world:
+            low, high = w - w % world, w + world - w % world
+            raise CsrunError(f"{FLAGS['nodes']} {self.nodes} {FLAGS['tasks_per_node']} {self.tasks_per_node}: "
+                             f"{w} input workers for {world} trainer ranks; they must be a multiple of "
+                             f"the world size ({', '.join(str(x) for x in (low, high) if x > 0)} would be)")
 
     @staticmethod
     def check_given(values: Mapping[str, Any]) -> None:
@@ -147,6 +192,10 @@ class LayoutSpec:
         ``N - S`` nodes ``T`` input workers each. The chief's own input worker
         (``chief_input_cpus``) is not in them."""
         n, t, c, s = self.nodes, self.tasks_per_node, self.cpus_per_task, self.single_task_nodes
+        if self.world_size > 1:  # the chief's nodes run trainer ranks only
+            ranks = self.chief_tasks_per_node
+            return ([NodeShape(ranks, node_cpus // ranks or None, 0, True) for _ in range(self.chief_nodes)]
+                    + [NodeShape(t, c, t, False) for _ in range(n - self.chief_nodes)])
         if s == 0:
             return [NodeShape(t, c, t - 1, True)] + [NodeShape(t, c, t, False) for _ in range(n - 1)]
         return ([NodeShape(1, node_cpus, 0, True)] + [NodeShape(1, node_cpus, 1, False) for _ in range(s - 1)]
@@ -157,13 +206,17 @@ class LayoutSpec:
         """Input workers of the job (``CSRUN_NUM_WORKERS``): every task but the chief —
         ``N·T − 1`` without single-task nodes, ``S − 1 + (N − S)·T`` with them — plus input
         worker 0 in the chief's task with ``chief_input_cpus`` (docs/CONTRACT.md). 0: the chief
-        runs the input pipeline in-process."""
+        runs the input pipeline in-process. With several trainer ranks: ``(N - chief_nodes)·T``,
+        plus one per rank with ``chief_input_cpus``."""
         tasks = sum(shape.workers for shape in self.node_shapes(1))
-        return tasks + (1 if self.chief_input_cpus else 0)
+        return tasks + (self.world_size if self.chief_input_cpus else 0)
 
     def chief_task_cpus(self, node_cpus: int) -> int | None:
         """CPUs of the chief's task: the whole node's ``node_cpus`` with single-task nodes,
-        else ``cpus_per_task`` (``None`` when Slurm chooses)."""
+        ``node_cpus // chief_tasks_per_node`` for each of several trainer ranks, else
+        ``cpus_per_task`` (``None`` when Slurm chooses)."""
+        if self.world_size > 1:
+            return max(1, node_cpus // self.chief_tasks_per_node)
         return node_cpus if self.single_task_nodes else self.cpus_per_task
 
     def check_node(self, node_cpus: int) -> LayoutSpec:
@@ -190,15 +243,15 @@ class LayoutSpec:
     def to_flags(self) -> list[str]:
         """The ``csrun_wse`` argv flags of this layout, e.g. ``["--total-nodes", "3",
         "--tasks-per-node", "2", "--cpus-per-task", "1", "--chief-input-cpus", "1"]``:
-        ``--cpus-per-task`` only when set, ``--single-task-nodes`` / ``--chief-input-cpus``
-        only when non-zero, ``--cyclic`` only when true. The one layout -> flags encoder
+        ``--cpus-per-task`` only when set, the others only when not their default (0, 1 for
+        ``--chief-nodes`` / ``--chief-tasks-per-node``), ``--cyclic`` only when true. The one layout -> flags encoder
         (:meth:`from_flags` reads it back)."""
         out: list[str] = []
         for name, text in FLAGS.items():
             value = getattr(self, name)
             if name in _BOOL:
                 out += [text] if value else []
-            elif value is not None and (name in _ALWAYS or value):
+            elif value is not None and (name in _ALWAYS or value != _DEFAULTS[name]):
                 out += [text, str(int(value))]
         return out
 
@@ -247,12 +300,16 @@ class LayoutSpec:
         cpus = rec["cpus_per_task"]
         return cls(int(rec["nodes"]), int(rec["tasks_per_node"]), None if cpus is None else int(cpus),
                    int(rec.get("single_task_nodes") or 0), int(rec.get("chief_input_cpus") or 0),
-                   bool(rec.get("cyclic") or False))
+                   bool(rec.get("cyclic") or False), int(rec.get("chief_nodes") or 1),
+                   int(rec.get("chief_tasks_per_node") or 1))
 
     def record(self) -> dict[str, Any]:
         """``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
-        "chief_input_cpus"}`` (:data:`RECORD_KEYS`), plus ``"cyclic": True`` when cyclic."""
+        "chief_input_cpus"}`` (:data:`RECORD_KEYS`), plus ``"cyclic": True`` when cyclic and
+        ``chief_nodes`` / ``chief_tasks_per_node`` when several trainer ranks."""
         out = {k: getattr(self, k) for k in RECORD_KEYS}
+        if self.world_size > 1:
+            out.update({k: getattr(self, k) for k in RANK_FIELDS})
         return {**out, "cyclic": True} if self.cyclic else out
 
     def with_(self, **changes: Any) -> LayoutSpec:

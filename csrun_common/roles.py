@@ -15,6 +15,15 @@ The rules are those of ``docs/CONTRACT.md`` ("What csrun_wse tells every task"):
   (0), one process, never set by csrun_wse on a het component.
 
 With ``CSRUN_NUM_WORKERS == 0`` the chief runs the input pipeline in-process as well.
+
+Several trainer ranks (``CSRUN_WORLD_SIZE > 1``, docs/MULTI-RANK.md): every task of the
+``chief`` component is a chief, rank ``i = SLURM_PROCID - CSRUN_TASK_OFFSET``; input worker
+``g`` feeds rank ``g % world_size`` as its slot ``g // world_size``
+(:func:`csrun_common.ranks.worker_rank`). Each rank and its
+input workers then run as a job of their own: the :class:`Role`'s ``worker_index`` and
+``num_input_workers`` are the rank's view (the worker's slot among its rank's workers, and
+``W / world_size``) and its rendezvous key names the rank's directory, while
+``streamer_index`` / ``num_streamers`` keep the job-wide position that shards the data.
 """
 from __future__ import annotations
 
@@ -26,6 +35,7 @@ from typing import Any
 
 from . import env as codec
 from .env import ADVERTISE_HOST, RENDEZVOUS_KEY, SHARD_PLAN, WORKER_INDEX, WORKER_JOB, EnvError, TaskEnv
+from .ranks import rank_key, worker_rank
 
 __all__ = ["Role", "RoleError", "resolve_role", "COMPONENTS", "CHIEF_INPUT", "CHIEF_INPUT_ENV",
            "RENDEZVOUS_ENV", "ADOPT_ENV", "WORKER_JOB_ENV"]
@@ -78,6 +88,14 @@ class Role:
         cpus_per_task: ``CSRUN_CPUS_PER_TASK`` as an int, ``None`` when empty/unset.
         shard_plan: ``CSRUN_SHARD_PLAN`` (absolute path of a shard-plan JSON) or ``None``.
         execution_mode: ``CSRUN_EXECUTION_MODE`` or ``None``.
+        rank: the trainer rank of a chief, or the rank an input worker feeds (0 with one).
+        world_size: trainer ranks of the job (``CSRUN_WORLD_SIZE``, 1: one chief).
+        local_rank: a chief's rank on its node (``SLURM_LOCALID``; 0 with one chief, and for
+            input workers).
+        local_world_size: trainer ranks per chief node (``CSRUN_LOCAL_WORLD_SIZE``).
+        streamer_index: the input worker's job-wide index ``g`` (its data shard: ``g`` of
+            ``num_streamers``); ``worker_index`` when ``world_size`` is 1.
+        num_streamers: the job's input workers ``W`` (``CSRUN_NUM_WORKERS``).
     """
 
     kind: str
@@ -95,6 +113,24 @@ class Role:
     execution_mode: str | None = None
     restart: int = 0
     rendezvous: str | None = None
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    streamer_index: int | None = None
+    num_streamers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.streamer_index is None and self.worker_index is not None:
+            object.__setattr__(self, "streamer_index", self.worker_index)
+        if not self.num_streamers:
+            object.__setattr__(self, "num_streamers", self.num_input_workers)
+
+    @property
+    def is_rank_zero(self) -> bool:
+        """True for the chief that writes the job's artifacts (rank 0; the only chief of a
+        job of one rank)."""
+        return self.is_chief and self.rank == 0
 
     @property
     def is_chief(self) -> bool:
@@ -122,13 +158,14 @@ class Role:
         ``".r<SLURM_RESTART_COUNT>"`` is appended in a requeued job, whose steps have the same
         ids in every allocation (an input worker must not read the last allocation's files).
         ``CSRUN_RENDEZVOUS_KEY`` replaces it when set (the chief's job and the input workers' job
-        of ``--survive-node-loss`` have different ids)."""
+        of ``--survive-node-loss`` have different ids). With several trainer ranks ``".rank<r>"``
+        ends it: each rank's input has its own directory (:func:`csrun_common.ranks.rank_key`)."""
         if self.rendezvous:
-            return self.rendezvous
+            return rank_key(self.rendezvous, self.rank, self.world_size)
         if self.job_id is None:
             return None
         key = f"{self.job_id}.{self.step_id or '0'}"
-        return f"{key}.r{self.restart}" if self.restart else key
+        return rank_key(f"{key}.r{self.restart}" if self.restart else key, self.rank, self.world_size)
 
     def describe(self) -> str:
         """One-line human description, e.g. ``"input worker 3 on node2"``."""
@@ -136,9 +173,13 @@ class Role:
             where = f" on {self.node}" if self.node else ""
             if self.single_process:
                 return f"chief (single-process mode){where}"
+            if self.world_size > 1:
+                where = f" rank {self.rank} of {self.world_size}{where}"
             return f"chief{where} with {self.num_input_workers} input worker(s)"
         where = " in the chief's task" if self.component == CHIEF_INPUT else ""
-        return f"input worker {self.worker_index}{where} on {self.node}"
+        if self.world_size > 1:
+            where += f" of rank {self.rank}"
+        return f"input worker {self.streamer_index}{where} on {self.node}"
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 0) -> int:
@@ -186,10 +227,32 @@ def resolve_role(env: Mapping[str, str] | None = None) -> Role:
     if job_id is None and task.num_input_workers > 0:
         raise RoleError("SLURM_JOB_ID is required when CSRUN_NUM_WORKERS > 0 "
                         "(it names the rendezvous directory)")
-    return Role(kind=kind, worker_index=index, num_input_workers=task.num_input_workers, component=task.role,
-                het_group=task.het_group, procid=procid, job_id=job_id,
+    fields: dict[str, Any] = {"worker_index": index, "num_input_workers": task.num_input_workers,
+                              **_rank_view(env, task, kind, procid, index)}
+    return Role(kind=kind, component=task.role, het_group=task.het_group, procid=procid, job_id=job_id,
                 step_id=(env.get("SLURM_STEP_ID") or "0") if job_id else None,
-                restart=_int(env, "SLURM_RESTART_COUNT", default=0), rendezvous=RENDEZVOUS_KEY.text(env), **where)
+                restart=_int(env, "SLURM_RESTART_COUNT", default=0), rendezvous=RENDEZVOUS_KEY.text(env),
+                **fields, **where)
+
+
+def _rank_view(env: Mapping[str, str], task: TaskEnv, kind: str, procid: int, index: int | None) -> dict[str, Any]:
+    """The :class:`Role` fields of several trainer ranks (``CSRUN_WORLD_SIZE > 1``): a chief's
+    rank and local rank, an input worker's rank and slot (:func:`csrun_common.ranks.worker_rank`),
+    the rank's share of the input workers. Empty with one rank. Raises :class:`RoleError` when
+    the input workers are not a multiple of the world size."""
+    world, w = task.world_size, task.num_input_workers
+    if world <= 1:
+        return {}
+    if w % world:
+        raise RoleError(f"CSRUN_NUM_WORKERS={w} is not a multiple of CSRUN_WORLD_SIZE={world}")
+    out: dict[str, Any] = {"world_size": world, "local_world_size": task.local_world_size,
+                           "num_input_workers": w // world, "num_streamers": w}
+    if kind == "chief":
+        out.update(rank=procid - task.task_offset, local_rank=_int(env, "SLURM_LOCALID", default=0))
+    elif index is not None:
+        rank, slot = worker_rank(index, world)
+        out.update(rank=rank, worker_index=slot, streamer_index=index)
+    return out
 
 
 def _task_index(env: Mapping[str, str], task: TaskEnv, procid: int) -> tuple[str, int | None]:
@@ -200,7 +263,9 @@ def _task_index(env: Mapping[str, str], task: TaskEnv, procid: int) -> tuple[str
         raise RoleError(f"SLURM_PROCID={procid} is below CSRUN_TASK_OFFSET={task.task_offset}")
     kind: str = "worker"
     index: int | None = task.worker_offset + local
-    if task.role == "chief":
+    if task.role == "chief" and task.world_size > 1:  # every task of the chief's group is a rank
+        kind, index = "chief", None
+    elif task.role == "chief":
         kind, index = ("chief", None) if local == 0 else ("worker", task.worker_offset + local - 1)
     elif task.role in ("single-task", CHIEF_INPUT):
         if local != 0:

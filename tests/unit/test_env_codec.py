@@ -154,7 +154,11 @@ def test_env_md_is_generated_from_the_codec():
 
 def test_every_declaration_is_complete():
     for var in codec.VARIABLES.values():
-        assert var.name.startswith("CSRUN_") and var.kind and var.writer and var.reader and var.meaning, var
+        assert var.kind and var.writer and var.reader and var.meaning, var
+        # csrun's own are CSRUN_*; only torchrun's and TensorFlow's, set for trainer ranks, are not
+        assert var.name.startswith("CSRUN_") or var.scope == "rank", var
+    assert {v.name for v in codec.VARIABLES.values() if v.scope == "rank"} == {
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TF_CONFIG"}
     codes = [s.code for s in exits.STATUSES]
     assert len(set(codes)) == len(codes)
     assert all(getattr(exits, s.name) == s.code for s in exits.STATUSES)
