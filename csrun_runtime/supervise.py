@@ -76,10 +76,11 @@ from pathlib import Path
 from csrun_common import exits
 from csrun_common.atomic import read_json
 from csrun_common.env import ROLE
-from csrun_common.roles import ADOPT_ENV, WORKER_JOB_ENV
+from csrun_common.roles import ADOPT_ENV, WORKER_JOB_ENV, RoleError
 
 from .chief_input import apply_placement
 from .elastic import ATTEMPT_ENV, MAX_DEATHS, STATE_ENV
+from .ranks import RankEnvError, rank_environment
 from .rendezvous import Rendezvous
 
 __all__ = ["MAX_DEATHS", "is_input_worker", "supervise", "main"]
@@ -140,6 +141,16 @@ def is_input_worker(env: Mapping[str, str]) -> bool:
         return resolve_role(env).kind == "worker"
     except RoleError:
         return False
+
+
+def _rank_env(env: Mapping[str, str]) -> dict[str, str]:
+    """:func:`csrun_runtime.ranks.rank_environment` of ``env``; a failure is said in one line
+    and the task goes on without the variables (the rank's runtime then names what is missing)."""
+    try:
+        return rank_environment(env)
+    except (RankEnvError, RoleError, ValueError) as exc:
+        _say(f"trainer rank environment: {exc}")
+        return {}
 
 
 def _say(msg: str) -> None:
@@ -320,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         if not is_input_worker(env):
-            os.execvp(args[0], args)
+            env.update(_rank_env(env))  # a trainer rank of several: torchrun's variables, TF_CONFIG
+            os.execvpe(args[0], args, env)
         apply_placement(env)  # the chief's own input worker: its CPUs and niceness, inherited
         return supervise(args, env)
     except OSError as exc:
