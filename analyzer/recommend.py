@@ -119,14 +119,6 @@ def _chief_costs(ingest: dict) -> tuple[float, float]:
     return float(k_c), float(ingest.get("worker_hop_cpu_seconds_per_sample") or 0.0)
 
 
-def chief_task_cpus(model: NodeModel, cpus_per_task: int, single_task_nodes: int = 0) -> int:
-    """CPUs of the chief's task: ``cpus_per_task`` with no single-task node, else the whole
-    node's (``model.node_cpus``), as :func:`launcher.layout.plan_layout` gives them
-    (:meth:`csrun_common.layout.LayoutSpec.chief_task_cpus`)."""
-    spec = LayoutSpec(1 + single_task_nodes, 1, cpus_per_task, single_task_nodes)
-    return int(spec.chief_task_cpus(model.node_cpus) or 0)
-
-
 def _fraction(load: float, flow: float, outside: float, limit: float, cores: float, k_c: float) -> float | None:
     """The largest ``f`` in [0, 1] with ``f·load + k_c·min(outside + f·flow, limit) ≤ cores``:
     the share a chief's domain (or task) leaves its workers, whose full rate is ``flow``

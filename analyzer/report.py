@@ -490,7 +490,8 @@ def _plot_nodes_curve(ax: Any, report: dict[str, Any]) -> None:
         ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
     ax.set_xlabel(f"nodes (csrun_wse {flag('nodes')})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("delivered to the chief (samples/s)")
+    world = _world(rec) if rec else 1
+    ax.set_ylabel(f"delivered to the {world} ranks (samples/s)" if world > 1 else "delivered to the chief (samples/s)")
     if rec:
         ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
                      + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")
