@@ -39,6 +39,8 @@ import click
 
 from csrun_common import exits
 from csrun_common.errors import CsrunError
+from csrun_common.flagspec import by_name, click_options
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS
 from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
 from launcher.config import SiteConfig, load_config
@@ -253,6 +255,13 @@ class Options:
     run_command: bool = True
     progress: bool = True
     strict: bool = False
+    chief_nodes: int = 1
+    chief_tasks_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks the layout feeds: ``chief_nodes × chief_tasks_per_node`` (1: one chief)."""
+        return self.chief_nodes * self.chief_tasks_per_node
 
 
 @dataclass
@@ -321,11 +330,28 @@ def _prepare(opts: Options) -> Analysis:
         if opts.available_nodes is not None and opts.available_nodes > len(a.info["nodes"]):
             raise CsrunError(f"--available-nodes {opts.available_nodes}: the partition has only "
                              f"{len(a.info['nodes'])} node(s)")
+    _check_world(a)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CsrunError(f"--output {out}: {exc.strerror}") from None
     return a
+
+
+def _check_world(a: Analysis) -> None:
+    """With several trainer ranks, raise :class:`CsrunError` (one line naming the flags) when no
+    layout of the available nodes fits the world (:func:`analyzer.recommend.rank_layouts`;
+    nodes of unknown CPUs, ``--local``: only that the chief's nodes leave one for input workers)."""
+    opts = a.opts
+    if opts.world_size == 1:
+        return
+    # the model's module (numpy) only when an analysis of several ranks runs
+    from .recommend import no_rank_layout, rank_layouts
+
+    cpus = a.info["node_cpus"] if a.info else None
+    if a.available_nodes <= opts.chief_nodes or (
+            cpus and not rank_layouts(cpus, a.available_nodes, opts.chief_nodes, opts.chief_tasks_per_node)):
+        raise CsrunError(no_rank_layout(opts.chief_nodes, opts.chief_tasks_per_node, a.available_nodes, cpus))
 
 
 def _partition(a: Analysis) -> str:
@@ -359,22 +385,39 @@ def _probe_target(a: Analysis) -> Target:
 
 
 def _report_base(a: Analysis) -> dict[str, Any]:
-    """The report's fields known before probing: the command, where it ran, the budget and
-    the target rate with its source (:func:`find_target`)."""
+    """The report's fields known before probing: the command, where it ran, the budget, the
+    target rate with its source (:func:`find_target`; the world's with several trainer ranks:
+    :func:`world_target`) and, with several ranks, ``"world"`` (``{"chief_nodes",
+    "chief_tasks_per_node", "world_size"}``)."""
     target: float | None
     if a.opts.target:
         target, target_src = a.opts.target, "--target-samples-per-sec"
     else:
         target, target_src = find_target(a.model_dir)
     cmd = a.cmd
+    o = a.opts
+    world = ({"world": {"chief_nodes": o.chief_nodes, "chief_tasks_per_node": o.chief_tasks_per_node,
+                        "world_size": o.world_size}} if o.world_size > 1 else {})
     return {
         "version": 1, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": cmd.words,
         "run_py": cmd.run_py, "argv": cmd.argv, "cwd": a.cwd, "model_dir": a.model_dir,
         "output_dir": str(a.out), "local": a.opts.local, "available_nodes": a.available_nodes,
         "time_budget_s": a.opts.budget_s, "mount_dirs": a.opts.mount_dirs,
-        "target": {"samples_per_sec": target, "source": target_src},
-        "cluster": a.info, "notes": [],
+        "target": world_target(target, target_src, o.world_size),
+        "cluster": a.info, "notes": [], **world,
     }
+
+
+def world_target(per_rank: float | None, source: str, world_size: int) -> dict[str, Any]:
+    """``report.json``'s ``target``: ``{"samples_per_sec", "source"}``; ``per_rank`` is what one
+    accelerator consumes (samples/s, from ``--target-samples-per-sec`` or :func:`find_target`;
+    ``None``: no target). With several trainer ranks the target is the world's:
+    ``samples_per_sec = per_rank × world_size``, plus ``"per_rank_samples_per_sec"`` and
+    ``"world_size"``."""
+    if world_size == 1:
+        return {"samples_per_sec": per_rank, "source": source}
+    return {"samples_per_sec": per_rank * world_size if per_rank else None, "source": source,
+            "per_rank_samples_per_sec": per_rank, "world_size": world_size}
 
 
 def _check_files(a: Analysis) -> int | None:
@@ -458,7 +501,6 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
 
     # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
     from . import dataloader_plan as dlp
-    from . import recommend as rc
     from .model import ModelError, classify, fit, ingest_limits
 
     rep = dict(base)
@@ -482,12 +524,9 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     rep["model"] = model.to_dict()
     rep["ingest"] = ingest
     rep["bottleneck"] = classify(df, model)
-    tgt = (base.get("target") or {}).get("samples_per_sec")
-    rec = rc.recommend(model, int(base.get("available_nodes") or 1), tgt, ingest, topology)
-    rep["recommendation"] = rec
-    rep["nodes_curve"] = [rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
-                                            topology, rec.get("chief_input_cpus") or 0)
-                          for n in range(1, int(base.get("available_nodes") or 1) + 1)]
+    rec = _recommend(rep, model, ingest, topology)
+    if rec is None:
+        return rep
     if sweep:
         _dataloader_parts(rep, rows, rec, fw)
     rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"),
@@ -495,6 +534,36 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     if notes := _layout_notes(topology, ingest):
         rep["notes"] = list(rep.get("notes") or []) + notes
     return rep
+
+
+def _recommend(rep: dict[str, Any], model: NodeModel, ingest: dict[str, Any],
+               topology: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The recommendation for the report ``rep`` (its target, available nodes and ``world``:
+    :func:`analyzer.recommend.recommend`) and the rate-vs-nodes curve of its tasks × CPUs
+    (``nodes_curve``: every node count whose layout the world takes), both set in ``rep``.
+    ``None``, the reason in ``rep["error"]``, when no layout fits the world."""
+    from . import recommend as rc
+
+    world = rep.get("world") or {}
+    ranks = {"chief_nodes": int(world.get("chief_nodes") or 1),
+             "chief_tasks_per_node": int(world.get("chief_tasks_per_node") or 1)}
+    available = int(rep.get("available_nodes") or 1)
+    tgt = (rep.get("target") or {}).get("samples_per_sec")
+    try:
+        rec = rc.recommend(model, available, tgt, ingest, topology, **ranks)
+    except ValueError as exc:
+        rep["error"] = str(exc)
+        return None
+    rep["recommendation"] = rec
+    curve = []
+    for n in range(1, available + 1):
+        try:
+            curve.append(rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
+                                           topology, rec.get("chief_input_cpus") or 0, **ranks))
+        except ValueError:  # a node count the world does not take (W not a multiple of it)
+            continue
+    rep["nodes_curve"] = curve
+    return rec
 
 
 def _layout_notes(topology: dict[str, Any] | None, ingest: dict[str, Any]) -> list[str]:
@@ -602,6 +671,16 @@ def _positive_float(ctx: click.Context, param: click.Parameter, value: float | N
     return value
 
 
+#: The analyzing command's help of csrun_wse's trainer-rank flags (:data:`csrun_common.layout.RANK_FIELDS`):
+#: the world the layout feeds.
+RANK_HELP = {
+    "chief_nodes": {"help": "Chief nodes of the job to feed, trainer ranks only (docs/MULTI-RANK.md): the "
+                            "recommendation keeps them for the ranks and sizes the input workers on the "
+                            "other nodes for the whole world."},
+    "chief_tasks_per_node": {"help": "Trainer ranks (one per accelerator) on each chief node: the target is "
+                                     "the per-accelerator rate × the world size (chief nodes × ranks per node)."},
+}
+
 ANALYZE_EPILOG = "\n".join([
     "\b",
     "Examples:",
@@ -621,7 +700,7 @@ ANALYZE_EPILOG = "\n".join([
 @click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
               help="Directories to bind-mount in the container (passed to csrun_cpu and the probes).")
 @click.option("--target-samples-per-sec", type=float, default=None, callback=_positive_float,
-              help="Samples/s the accelerator consumes [default: compile_report.txt's estimate in "
+              help="Samples/s one accelerator (one trainer rank) consumes [default: compile_report.txt's estimate in "
                    "model_dir, else a previous run's performance.json, else best for the available nodes].")
 @click.option("--local", is_flag=True, help="Probe this machine with plain processes (no Slurm).")
 @click.option("--time-budget", type=float, default=DEFAULT_BUDGET_S, show_default=True, callback=_positive_float,
@@ -635,10 +714,12 @@ ANALYZE_EPILOG = "\n".join([
 @click.option("--strict", is_flag=True,
               help="Input workers' files that overlap or leave files unread are an error (exit 2, "
                    "nothing probed), not a warning.")
+@click_options(by_name(LAYOUT_FLAGS, *RANK_FIELDS), over=RANK_HELP)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def analyze_command(available_nodes: int | None, mount_dirs: str | None, target_samples_per_sec: float | None,
                     local: bool, time_budget: float, output: str | None, partition: str | None,
-                    no_run_command: bool, no_progress: bool, strict: bool, command: tuple[str, ...]) -> int:
+                    no_run_command: bool, no_progress: bool, strict: bool, chief_nodes: int,
+                    chief_tasks_per_node: int, command: tuple[str, ...]) -> int:
     """Measure the input_fn of COMMAND's run.py and recommend nodes, tasks per node and CPUs
     per task for csrun_wse, with a predicted input throughput.
 
@@ -651,5 +732,5 @@ def analyze_command(available_nodes: int | None, mount_dirs: str | None, target_
     opts = Options(command=list(command), available_nodes=available_nodes, mount_dirs=mount_dirs,
                    target=target_samples_per_sec, local=local, budget_s=time_budget, output=output,
                    partition=partition, run_command=not no_run_command, progress=not no_progress,
-                   strict=strict)
+                   strict=strict, chief_nodes=chief_nodes, chief_tasks_per_node=chief_tasks_per_node)
     return analyze(opts)

@@ -42,6 +42,16 @@ does this: "we dynamically schedule data preprocessing workers on ML accelerator
 resources to minimize the number of remote CPU workers needed to achieve peak data
 ingestion bandwidth".
 
+Several trainer ranks (``chief_nodes`` × ``chief_tasks_per_node`` = the world size > 1,
+docs/MULTI-RANK.md): the chief's nodes run ranks only (``node CPUs // ranks`` each, no input
+worker), the input workers run on the other ``N - chief_nodes`` nodes, ``T`` each, and input
+worker ``g`` feeds rank ``g % world``. Each chief node is a domain whose ranks ingest their share
+of the stream (``ranks / world`` of it, at ``k_c`` each); the measured ingest rate caps each rank,
+so the world at ``world`` times it. The ranks step together, so the world receives ``world`` ×
+the slowest rank's rate (``"slowest rank"`` where that is the limit). The candidates are
+:func:`rank_layouts`' (``W`` a multiple of the world size, the layout's own check), without
+the chief's input worker (not modelled with several ranks), and the target is the world's.
+
 The choice: every candidate ``(N, T, C)`` with ``S = 0`` and ``T × C ≤ n``, each with
 ``L = 0`` and the chief-input variants :func:`chief_input_choices` gives (``C - 1`` pinned,
 training keeping one CPU; ``C = 1`` shared; and ``C - m`` where the chief's stream needs
@@ -60,7 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from csrun_common.errors import CsrunError
-from csrun_common.layout import LayoutSpec
+from csrun_common.layout import RANK_FIELDS, LayoutSpec, flag
 
 from .model import NodeModel
 
@@ -71,17 +81,18 @@ Z = 2.0
 MIN_CHIEF_INPUT_GAIN = 0.01
 
 
-def _nodes(model: NodeModel, N: int, T: int, C: int, S: int) -> list[dict[str, Any]]:
-    """Per-node plan: ``{"workers", "tasks", "cpus", "chief", "rate", "k"}`` (rate = samples/s
-    delivered by the node's input workers)."""
+def _nodes(model: NodeModel, spec: LayoutSpec) -> list[dict[str, Any]]:
+    """Per-node plan of layout ``spec``: ``{"workers", "tasks", "cpus", "chief", "rate", "k"}``
+    (rate = samples/s delivered by the node's input workers); with several trainer ranks the
+    chief's nodes come first, ``chief_tasks_per_node`` ranks each and no input worker."""
 
     def node(tasks: int, cpus: int, workers: int, chief: bool) -> dict[str, Any]:
         rate = model.node_rate(tasks, cpus) * (workers / tasks) if workers else 0.0
         return {"tasks": tasks, "cpus": cpus, "workers": workers, "chief": chief,
                 "rate": rate, "k": _k(model, tasks, cpus), "rel": model.node_rel_spread(tasks, cpus)}
 
-    shapes = LayoutSpec(N, T, C, S).node_shapes(model.node_cpus)  # the layout's rule, written once
-    return [node(sh.tasks, int(sh.cpus or C), sh.workers, sh.chief) for sh in shapes]
+    shapes = spec.node_shapes(model.node_cpus)  # the layout's rule, written once
+    return [node(sh.tasks, int(sh.cpus or spec.cpus_per_task or 1), sh.workers, sh.chief) for sh in shapes]
 
 
 def _k(model: NodeModel, tasks: int, cpus: int) -> float:
@@ -108,14 +119,6 @@ def _chief_costs(ingest: dict) -> tuple[float, float]:
     return float(k_c), float(ingest.get("worker_hop_cpu_seconds_per_sample") or 0.0)
 
 
-def chief_task_cpus(model: NodeModel, cpus_per_task: int, single_task_nodes: int = 0) -> int:
-    """CPUs of the chief's task: ``cpus_per_task`` with no single-task node, else the whole
-    node's (``model.node_cpus``), as :func:`launcher.layout.plan_layout` gives them
-    (:meth:`csrun_common.layout.LayoutSpec.chief_task_cpus`)."""
-    spec = LayoutSpec(1 + single_task_nodes, 1, cpus_per_task, single_task_nodes)
-    return int(spec.chief_task_cpus(model.node_cpus) or 0)
-
-
 def _fraction(load: float, flow: float, outside: float, limit: float, cores: float, k_c: float) -> float | None:
     """The largest ``f`` in [0, 1] with ``f·load + k_c·min(outside + f·flow, limit) ≤ cores``:
     the share a chief's domain (or task) leaves its workers, whose full rate is ``flow``
@@ -133,7 +136,8 @@ def _fraction(load: float, flow: float, outside: float, limit: float, cores: flo
 
 def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
                    single_task_nodes: int = 0, ingest: dict | None = None,
-                   topology: dict | None = None, chief_input_cpus: int = 0) -> dict[str, Any]:
+                   topology: dict | None = None, chief_input_cpus: int = 0, *,
+                   chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
     """Predicted delivered samples/s of one csrun_wse layout (rules in the module docstring).
 
     ``ingest``: :func:`analyzer.model.ingest_limits` output or ``None`` (no service costs
@@ -141,43 +145,55 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     (the chief's), host of worker node 2, ...], "host_cores": {host: cores}}`` for hosts
     whose nodes share cores, or ``None`` for independent nodes. ``chief_input_cpus``: CPUs
     of the chief's task running input worker 0 (``LayoutSpec.chief_input_cpus``; 0: none).
+    ``chief_nodes`` × ``chief_tasks_per_node``: the trainer ranks (the world; 1 × 1: one
+    chief), rules in the module docstring's "Several trainer ranks".
 
     Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
     "chief_input_cpus", "input_workers" (the chief's own counted), "predicted_samples_per_sec",
     "interval": [lo, hi], "workers_rate" (the workers' probed rates summed, before any limit),
     "limited_by": "input workers" | "node CPUs (pipeline and serving)" | "chief ingest" |
-    "shared host CPUs" | "in-process pipeline",
+    "shared host CPUs" | "in-process pipeline" | "slowest rank",
     "per_node": [samples/s delivered by each node's workers, the chief's own in node 1's],
-    "chief_input_samples_per_sec": samples/s of the chief's input worker (0 without one)}``.
-    Raises ``ValueError`` for N < 1, T < 1, C < 1, S outside [0, N), or ``chief_input_cpus``
-    below 0 or above the chief task's CPUs.
+    "chief_input_samples_per_sec": samples/s of the chief's input worker (0 without one)}``;
+    with a world above 1 also ``"chief_nodes"``, ``"chief_tasks_per_node"``, ``"world_size"``,
+    ``"input_workers_per_rank"`` and ``"per_rank_samples_per_sec"`` (samples/s each rank's
+    workers deliver, lockstep aside; the world's rate is the world size × the slowest rank's,
+    within the chiefs' limits).
+    Raises ``ValueError`` for a layout :meth:`csrun_common.layout.LayoutSpec.check` refuses
+    (N, T, C < 1, S outside [0, N), input workers not a multiple of the world size, ...),
+    ``chief_input_cpus`` above the chief task's CPUs, or ``chief_input_cpus`` with several
+    trainer ranks (not modelled).
 
     The steps: :func:`_check_layout`, the in-process case (:func:`_in_process`), the plan
     of input workers and CPU domains (:func:`_balance`), their fixed point
     (:meth:`_Balance.settle`) and the summary (:func:`_prediction`).
     """
-    N, T, C, S = int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes)
-    L = int(chief_input_cpus)
-    c_task = _check_layout(model, N, T, C, S, L)
-    base = {"nodes": N, "tasks_per_node": T, "cpus_per_task": C, "single_task_nodes": S,
-            "chief_input_cpus": L}
-    if N == 1 and T == 1 and S == 0 and L == 0:
-        return _in_process(model, base, C)
-    bal = _balance(model, N, T, C, S, L, c_task, ingest or {}, topology)
+    spec = LayoutSpec(int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes),
+                      int(chief_input_cpus), chief_nodes=int(chief_nodes),
+                      chief_tasks_per_node=int(chief_tasks_per_node))
+    c_task = _check_layout(model, spec)
+    base = spec.record()
+    if spec.world_size == 1 and (spec.nodes, spec.tasks_per_node, spec.single_task_nodes,
+                                 spec.chief_input_cpus) == (1, 1, 0, 0):
+        return _in_process(model, base, int(cpus_per_task))
+    bal = _balance(model, spec, c_task, ingest or {}, topology)
     bal.settle()
     return _prediction(model, base, bal, topology)
 
 
-def _check_layout(model: NodeModel, N: int, T: int, C: int, S: int, L: int) -> int:
-    """The chief task's CPUs (:func:`chief_task_cpus`) of a valid layout
-    (:meth:`csrun_common.layout.LayoutSpec.check` and :meth:`~csrun_common.layout.LayoutSpec.check_chief_input`,
-    the layout's rules); raises ``ValueError`` with their message, as :func:`predict_layout` says."""
-    spec = LayoutSpec(N, T, C, S, L)
+def _check_layout(model: NodeModel, spec: LayoutSpec) -> int:
+    """The chief task's CPUs (:meth:`csrun_common.layout.LayoutSpec.chief_task_cpus`) of a
+    valid layout (:meth:`~csrun_common.layout.LayoutSpec.check` and
+    :meth:`~csrun_common.layout.LayoutSpec.check_chief_input`, the layout's rules); raises
+    ``ValueError`` with their message, as :func:`predict_layout` says."""
     try:
         spec.check().check_chief_input(model.node_cpus)
     except CsrunError as exc:
         raise ValueError(str(exc)) from None
-    return chief_task_cpus(model, C, S)
+    if spec.world_size > 1 and spec.chief_input_cpus:
+        raise ValueError(f"{flag('chief_input_cpus')} {spec.chief_input_cpus}: not predicted with several "
+                         f"trainer ranks")
+    return int(spec.chief_task_cpus(model.node_cpus) or 0)
 
 
 def _in_process(model: NodeModel, base: dict[str, Any], C: int) -> dict[str, Any]:
@@ -203,7 +219,9 @@ class _Balance:
     ``cap``: the chief's measured ingest cap; ``chief_cap``: the chief's stream limit
     (its CPUs over ``k_c``, lowered when its domain is full); ``scale``: what the domains
     leave each entry; ``share``: with ``L = C_c``, the chief input worker's share of the
-    CPUs the chief leaves.
+    CPUs the chief leaves; ``takes``: the share of the delivered stream the chiefs of each
+    entry ingest (1 for the chief's entry with one chief, ``ranks / world`` for each chief
+    node of several trainer ranks, 0 for the input workers); ``world``: the trainer ranks.
     """
 
     plan: list[dict[str, Any]]
@@ -219,6 +237,8 @@ class _Balance:
     c_task: int
     scale: list[float] = field(default_factory=list)
     share: float = 1.0
+    takes: list[float] = field(default_factory=list)
+    world: int = 1
 
     def current(self) -> list[float]:
         """Each plan entry's delivered rate (samples/s) as balanced so far."""
@@ -231,7 +251,7 @@ class _Balance:
         """Scale the entries down, domain by domain (the chief's last: its fit depends on the
         rate every other domain delivers), until every domain fits its cores (at most
         ``rounds`` passes)."""
-        domains = sorted(self.domains, key=lambda d: 0 in d[1])
+        domains = sorted(self.domains, key=lambda d: self._takes(d[1]) > 0)
         for _ in range(rounds):
             changed = False
             for cores, idx in domains:
@@ -245,26 +265,31 @@ class _Balance:
         changed = False
         rates = self.current()
         total = sum(rates)
-        chief_here = 0 in idx and self.k_c > 0
+        takes = self._takes(idx)
+        chief_here = takes > 0 and self.k_c > 0
         if chief_here and self.ci is not None and not self.pinned and self._share_chief_task(rates, total):
             changed = True
             rates = self.current()
             total = sum(rates)
         delivered = min(total, self.cap, self.chief_cap)
         load = sum(rates[i] * self.cost[i] for i in idx)
-        demand = load + (delivered * self.k_c if chief_here else 0.0)
+        demand = load + (delivered * self.k_c * takes if chief_here else 0.0)
         if demand <= cores * (1 + 1e-6):
             return changed
         if chief_here:
             flow = sum(rates[i] for i in idx)
-            f = _fraction(load, flow, total - flow, min(self.cap, self.chief_cap), cores, self.k_c)
+            f = _fraction(load, flow, total - flow, min(self.cap, self.chief_cap), cores, self.k_c * takes)
             if f is None:  # the chief alone fills its domain: it caps the job, its workers idle
-                self.chief_cap, f = min(self.chief_cap, cores / self.k_c), 0.0
+                self.chief_cap, f = min(self.chief_cap, cores / (self.k_c * takes)), 0.0
         else:
             f = cores / demand
         for i in idx:
             self.scale[i] *= f
         return True
+
+    def _takes(self, idx: list[int]) -> float:
+        """The share of the delivered stream the chiefs of plan entries ``idx`` ingest."""
+        return sum(self.takes[i] for i in idx) if self.takes else (1.0 if 0 in idx else 0.0)
 
     def _share_chief_task(self, rates: list[float], total: float) -> bool:
         """``L = C_c``: the chief input worker takes what the chief leaves of its task's CPUs
@@ -281,19 +306,20 @@ class _Balance:
         return False
 
 
-def _balance(model: NodeModel, N: int, T: int, C: int, S: int, L: int, c_task: int, ingest: dict,
-             topology: dict | None) -> _Balance:
+def _balance(model: NodeModel, spec: LayoutSpec, c_task: int, ingest: dict, topology: dict | None) -> _Balance:
     """The unbalanced :class:`_Balance` of a layout with input workers: the per-node plan
     (:func:`_nodes`) plus the chief input worker (:func:`_chief_input_entry`, in the
     chief's domain), the CPU domains (:func:`_domains`), the service costs
     (:func:`_chief_costs`) and caps, and, for a pinned chief input worker (``L < C_c``,
     :func:`csrun_runtime.chief_input.split_cpus`), the worker on its ``L`` CPUs and the
-    chief on the rest."""
+    chief on the rest. With several trainer ranks each chief node's ranks take their share
+    of the stream (``takes``) and the measured ingest cap is each rank's."""
+    T, S, L, world = spec.tasks_per_node, spec.single_task_nodes, spec.chief_input_cpus, spec.world_size
     k_c, h_w = _chief_costs(ingest)
     measured_cap = ingest.get("samples_per_sec") or math.inf
     # A CPU-bound ingest probe measured its node's CPUs, which the chief's domain models.
-    cap = math.inf if (ingest.get("cpu_bound") and k_c > 0) else measured_cap
-    plan = _nodes(model, N, T, C, S)
+    cap = math.inf if (ingest.get("cpu_bound") and k_c > 0) else measured_cap * world
+    plan = _nodes(model, spec)
     domains = _domains(plan, model.node_cpus, topology)
     ci: int | None = None  # the chief input worker's plan index
     if L:
@@ -309,18 +335,41 @@ def _balance(model: NodeModel, N: int, T: int, C: int, S: int, L: int, c_task: i
         eff[ci] = min(raw[ci], L / cost[ci]) if cost[ci] > 0 else raw[ci]
         if k_c > 0:
             chief_cap = (c_task - L) / k_c
+    # the chief's entry takes the whole stream; each chief node of several ranks its ranks' share
+    takes = [float(i == 0) if world == 1 else (p["tasks"] / world if p["chief"] and not p["workers"] else 0.0)
+             for i, p in enumerate(plan)]
     return _Balance(plan=plan, domains=domains, raw=raw, cost=cost, eff=eff, ci=ci, pinned=pinned, cap=cap,
-                    chief_cap=chief_cap, k_c=k_c, c_task=c_task, scale=[1.0] * len(plan))
+                    chief_cap=chief_cap, k_c=k_c, c_task=c_task, scale=[1.0] * len(plan), takes=takes,
+                    world=world)
+
+
+def _rank_rates(rates: list[float], plan: list[dict[str, Any]], world: int) -> list[float]:
+    """Samples/s each of ``world`` trainer ranks receives: input worker ``g`` (job-wide, block
+    over the input-worker nodes: :func:`csrun_common.ranks.worker_rank`) feeds rank
+    ``g % world`` and delivers its node's rate (``rates``, per plan entry) over the node's
+    workers."""
+    out = [0.0] * world
+    g = 0
+    for rate, p in zip(rates, plan, strict=True):
+        for _ in range(int(p["workers"])):
+            out[g % world] += rate / p["workers"]
+            g += 1
+    return out
 
 
 def _prediction(model: NodeModel, base: dict[str, Any], bal: _Balance, topology: dict | None) -> dict[str, Any]:
     """:func:`predict_layout`'s result from the settled :class:`_Balance`: the delivered
-    rate, what limits it, its interval and the per-node rates."""
+    rate, what limits it, its interval and the per-node rates (with several trainer ranks
+    also each rank's: the ranks step together, so the world takes ``world`` × the slowest)."""
     rates = bal.current()
     wrate = sum(rates)
-    pred = min(wrate, bal.cap, bal.chief_cap)
-    if min(bal.cap, bal.chief_cap) < wrate * (1 - 1e-6):
+    per_rank = _rank_rates(rates, bal.plan, bal.world) if bal.world > 1 else []
+    lockstep = bal.world * min(per_rank) if per_rank else wrate
+    pred = min(wrate, lockstep, bal.cap, bal.chief_cap)
+    if min(bal.cap, bal.chief_cap) < min(wrate, lockstep) * (1 - 1e-6):
         limited = "chief ingest"
+    elif lockstep < wrate * (1 - 1e-6):
+        limited = "slowest rank"
     elif any(s < 0.999 for s in bal.scale):
         limited = "shared host CPUs" if topology else "node CPUs (pipeline and serving)"
     else:
@@ -335,10 +384,14 @@ def _prediction(model: NodeModel, base: dict[str, Any], bal: _Balance, topology:
     ci_rate = rates[ci] if ci is not None else 0.0
     per_node[0] += ci_rate
     workers = sum(p["workers"] for p in bal.plan)
-    return {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
-            "interval": [pred * max(0.0, 1 - Z * rel), pred * (1 + Z * rel)],
-            "workers_rate": sum(bal.raw), "limited_by": limited, "per_node": per_node,
-            "chief_input_samples_per_sec": ci_rate}
+    out = {**base, "input_workers": workers, "predicted_samples_per_sec": pred,
+           "interval": [pred * max(0.0, 1 - Z * rel), pred * (1 + Z * rel)],
+           "workers_rate": sum(bal.raw), "limited_by": limited, "per_node": per_node,
+           "chief_input_samples_per_sec": ci_rate}
+    if bal.world > 1:
+        out.update(world_size=bal.world, input_workers_per_rank=workers // bal.world,
+                   per_rank_samples_per_sec=per_rank)
+    return out
 
 
 def _domains(plan: list[dict[str, Any]], node_cpus: int,
@@ -408,18 +461,38 @@ def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_
     return out
 
 
+def rank_layouts(node_cpus: int, available_nodes: int, chief_nodes: int,
+                 chief_tasks_per_node: int) -> list[LayoutSpec]:
+    """The layouts of :func:`candidate_layouts` for a world of ``chief_nodes`` ×
+    ``chief_tasks_per_node`` trainer ranks: more nodes than the chief's (they run ranks only),
+    no chief's input worker, and only those :meth:`csrun_common.layout.LayoutSpec.check_node`
+    takes on nodes of ``node_cpus`` CPUs (the input workers ``(N - chief_nodes) × T`` a
+    multiple of the world size), in :func:`candidate_layouts`' order. ``[]`` when none is."""
+    out = []
+    for N, T, C in candidate_layouts(node_cpus, available_nodes):
+        spec = LayoutSpec(N, T, C, chief_nodes=chief_nodes, chief_tasks_per_node=chief_tasks_per_node)
+        try:
+            out.append(spec.check_node(node_cpus))
+        except CsrunError:
+            continue
+    return out
+
+
 def recommend(model: NodeModel, available_nodes: int, target: float | None = None,
               ingest: dict | None = None, topology: dict | None = None,
-              tolerance: float = 0.05) -> dict[str, Any]:
+              tolerance: float = 0.05, *, chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
     """Choose the layout (rules in the module docstring), the chief's input CPUs included.
 
-    ``target``: samples/s the accelerator consumes (``None``: best for the available nodes).
+    ``target``: samples/s the accelerator consumes (``None``: best for the available nodes);
+    with several trainer ranks (``chief_nodes`` × ``chief_tasks_per_node`` > 1) the world's
+    (every rank's together), and the layouts are :func:`rank_layouts`'.
     Returns the chosen :func:`predict_layout` dict plus ``"target"``, ``"meets_target"``
     (``None`` without a target), ``"input_starved"`` (``True`` when the prediction is
     below the target, ``"at risk"`` when only the interval's low end is, ``False``, or
     ``None`` without a target), ``"reason"`` (a sentence) and ``"alternatives"`` (the five
     next layouts by the same order).
-    Raises ``ValueError`` when ``available_nodes < 1``.
+    Raises ``ValueError`` when ``available_nodes < 1``, or, with several trainer ranks, when
+    no layout of at most ``available_nodes`` nodes fits the world (the message names the flags).
 
     The steps: the candidates' predictions (:func:`_candidates`), the choice with a target
     (:func:`_choose_for_target`) or without (:func:`_choose_best`), and the result
@@ -427,7 +500,10 @@ def recommend(model: NodeModel, available_nodes: int, target: float | None = Non
     """
     if available_nodes < 1:
         raise ValueError(f"available nodes {available_nodes}: must be at least 1")
-    preds = _candidates(model, available_nodes, ingest, topology)
+    if chief_nodes * chief_tasks_per_node > 1:
+        preds = _rank_candidates(model, available_nodes, ingest, topology, chief_nodes, chief_tasks_per_node)
+    else:
+        preds = _candidates(model, available_nodes, ingest, topology)
     if target:
         choice = _choose_for_target(preds, target, available_nodes, tolerance)
     else:
@@ -449,6 +525,28 @@ def _candidates(model: NodeModel, available_nodes: int, ingest: dict | None,
             if p["predicted_samples_per_sec"] >= (1 + MIN_CHIEF_INPUT_GAIN) * p0["predicted_samples_per_sec"]:
                 preds.append(p)
     return preds
+
+
+def _rank_candidates(model: NodeModel, available_nodes: int, ingest: dict | None, topology: dict | None,
+                     chief_nodes: int, chief_tasks_per_node: int) -> list[dict[str, Any]]:
+    """:func:`predict_layout` of every :func:`rank_layouts` layout; raises ``ValueError``
+    naming the flags when there is none."""
+    specs = rank_layouts(model.node_cpus, available_nodes, chief_nodes, chief_tasks_per_node)
+    if not specs:
+        raise ValueError(no_rank_layout(chief_nodes, chief_tasks_per_node, available_nodes, model.node_cpus))
+    return [predict_layout(model, s.nodes, s.tasks_per_node, int(s.cpus_per_task or 1), 0, ingest, topology,
+                           chief_nodes=chief_nodes, chief_tasks_per_node=chief_tasks_per_node) for s in specs]
+
+
+def no_rank_layout(chief_nodes: int, chief_tasks_per_node: int, available_nodes: int, node_cpus: int | None) -> str:
+    """The one line saying that no layout fits a world of ``chief_nodes`` ×
+    ``chief_tasks_per_node`` trainer ranks on ``available_nodes`` nodes (of ``node_cpus``
+    CPUs, when known)."""
+    world = chief_nodes * chief_tasks_per_node
+    cpus = f" of {node_cpus} CPUs" if node_cpus else ""
+    return (f"{flag('chief_nodes')} {chief_nodes} {flag('chief_tasks_per_node')} {chief_tasks_per_node}: no layout "
+            f"of at most {available_nodes} node(s){cpus} has input workers on nodes apart from the chief's "
+            f"in a multiple of the world size {world} (give more --available-nodes)")
 
 
 def _cores(p: dict[str, Any]) -> int:
@@ -518,8 +616,9 @@ def _recommendation(choice: _Choice, preds: list[dict[str, Any]], target: float 
     """:func:`recommend`'s result: the chosen prediction, the target's verdicts, the reason,
     the best rate and the next five alternatives."""
     alts = [p for p in choice.ranked if p is not choice.chosen][:5]
-    keys = ("nodes", "tasks_per_node", "cpus_per_task", "chief_input_cpus", "predicted_samples_per_sec", "interval")
+    keys = ("nodes", "tasks_per_node", "cpus_per_task", "chief_input_cpus", "predicted_samples_per_sec", "interval",
+            "input_workers", *RANK_FIELDS, "world_size", "input_workers_per_rank")
     return {**choice.chosen, "target": target, "meets_target": choice.meets, "input_starved": choice.starved,
             "reason": choice.reason,
             "best_available_samples_per_sec": max(p["predicted_samples_per_sec"] for p in preds),
-            "alternatives": [{k: a[k] for k in keys} for a in alts]}
+            "alternatives": [{k: a[k] for k in keys if k in a} for a in alts]}

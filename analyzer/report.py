@@ -187,14 +187,52 @@ def _recommendation_lines(rec: dict[str, Any]) -> list[str]:
     return [
         "Recommended Slurm settings for csrun_wse:",
         f"  nodes:          {rec['nodes']}",
+        *_rank_lines(rec),
         f"  tasks_per_node: {rec['tasks_per_node']}",
         f"  cpus_per_task:  {rec['cpus_per_task']}",
         *_dataloader_line(rec),
         f"Estimated input throughput: {_fmt_rate(rec['predicted_samples_per_sec'])} samples/s "
-        f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)}), {rec.get('input_workers', 0)} input worker(s)"
+        f"(interval {_fmt_rate(lo)} – {_fmt_rate(hi)})" + _per_rank_clause(rec) + f", {workers_text(rec)}"
         + _chief_input_clause(rec) + f", limited by {rec.get('limited_by', '?')}",
         f"Why this layout: {rec.get('reason', '')}",
     ]
+
+
+def _world(rec: dict[str, Any]) -> int:
+    """The trainer ranks of a recommendation or prediction (1: one chief)."""
+    return int(rec.get("chief_nodes") or 1) * int(rec.get("chief_tasks_per_node") or 1)
+
+
+def workers_text(rec: dict[str, Any]) -> str:
+    """The input workers of a recommendation or prediction ``rec``: ``"8 input worker(s)"``; with
+    several trainer ranks per rank and in total, ``"8 input workers, 2 per rank × 4 ranks"``."""
+    w, world = int(rec.get("input_workers") or 0), _world(rec)
+    if world == 1:
+        return f"{w} input worker(s)"
+    return f"{w} input workers, {w // world} per rank × {world} ranks"
+
+
+def _rank_lines(rec: dict[str, Any]) -> list[str]:
+    """The chief's nodes of several trainer ranks (``[]`` with one chief)."""
+    world = _world(rec)
+    if world == 1:
+        return []
+    cn, r = int(rec["chief_nodes"]), int(rec["chief_tasks_per_node"])
+    return [f"  chief nodes:    {cn} × {r} trainer rank(s) = world size {world} (ranks only; the input workers "
+            f"run on the other {int(rec['nodes']) - cn} node(s))"]
+
+
+def _per_rank_clause(rec: dict[str, Any]) -> str:
+    """``" for the 4 ranks, 1,000 per rank (slowest)"``: the world's rate per rank (``""`` with
+    one chief). Each rank receives its own workers' rate; the ranks step together, so the world
+    takes the slowest rank's times the world size."""
+    world = _world(rec)
+    if world == 1:
+        return ""
+    per = [float(x) for x in rec.get("per_rank_samples_per_sec") or []]
+    slowest = f"; slowest rank {per.index(min(per))}" if per and max(per) > min(per) * 1.001 else ""
+    return (f" for the {world} ranks, {_fmt_rate(float(rec['predicted_samples_per_sec']) / world)} per rank"
+            + slowest)
 
 
 def _dataloader_line(rec: dict[str, Any]) -> list[str]:
@@ -218,13 +256,17 @@ def _target_lines(report: dict[str, Any], rec: dict[str, Any]) -> list[str]:
     tgt = report.get("target") or {}
     if not tgt.get("samples_per_sec"):
         return [f"Target: none ({tgt.get('source', 'not given')}): best layout for "
-                f"{report.get('available_nodes')} available node(s)"]
+                f"{report.get('available_nodes')} available node(s)"
+                + (f" and {tgt['world_size']} trainer ranks" if int(tgt.get("world_size") or 1) > 1 else "")]
     state = rec.get("input_starved")
     verdict = {True: "the accelerator WOULD BE INPUT-STARVED at this rate",
                "at risk": "the prediction meets it but its interval's low end does not: "
                           "the accelerator may be input-starved at times",
                False: "met: the accelerator would not be input-starved"}.get(state, "")
-    lines = [f"Target: {_fmt_rate(tgt['samples_per_sec'])} samples/s ({tgt.get('source', '')}): {verdict}"]
+    world = int(tgt.get("world_size") or 1)
+    per_rank = (f" for {world} trainer ranks ({_fmt_rate(tgt.get('per_rank_samples_per_sec'))} per rank × {world})"
+                if world > 1 else "")
+    lines = [f"Target: {_fmt_rate(tgt['samples_per_sec'])} samples/s{per_rank} ({tgt.get('source', '')}): {verdict}"]
     if state is True:
         lines.append(f"  best for {report.get('available_nodes')} available node(s): "
                      f"{_fmt_rate(rec.get('best_available_samples_per_sec'))} samples/s")
@@ -289,6 +331,7 @@ def _alternative_lines(rec: dict[str, Any]) -> list[str]:
     return ["", "Next best layouts:"] + [
         f"  {a['nodes']} node(s) × {a['tasks_per_node']} task(s) × {a['cpus_per_task']} CPU(s)"
         + (f", chief's input worker on {a['chief_input_cpus']} CPU(s)" if a.get("chief_input_cpus") else "")
+        + (f", {workers_text(a)}" if _world(a) > 1 else "")
         + (f", DataLoader num_workers {a['dataloader_workers']}" if a.get("dataloader_workers") is not None else "")
         + f": {_fmt_rate(a['predicted_samples_per_sec'])} samples/s" for a in rec["alternatives"]]
 
@@ -447,7 +490,8 @@ def _plot_nodes_curve(ax: Any, report: dict[str, Any]) -> None:
         ax.axhline(tgt, color="black", linestyle="--", linewidth=1, label=f"target {tgt:,.0f}")
     ax.set_xlabel(f"nodes (csrun_wse {flag('nodes')})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("delivered to the chief (samples/s)")
+    world = _world(rec) if rec else 1
+    ax.set_ylabel(f"delivered to the {world} ranks (samples/s)" if world > 1 else "delivered to the chief (samples/s)")
     if rec:
         ax.set_title(f"Layouts of {rec['tasks_per_node']} task(s) × {rec['cpus_per_task']} CPU(s)"
                      + (f", chief's input worker on {rec['chief_input_cpus']}" if rec.get("chief_input_cpus")

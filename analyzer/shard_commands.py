@@ -24,7 +24,7 @@ import psutil
 
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import click_options
-from csrun_common.layout import LAYOUT_FLAGS, LayoutSpec, flag
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec, flag
 
 from .datafiles import ParamsData, expand_sources, read_params
 from .reshard import ReshardVerificationError, reshard
@@ -159,8 +159,9 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
     s = rec.get("single_task_nodes") or 0
     cpus = rec.get("cpus_per_task")
+    ranks = [_pos_int(rec.get(k) or 1, f"--from-report {file}: recommendation.{k}") for k in RANK_FIELDS]
     spec = LayoutSpec(n, t, cpus if isinstance(cpus, int) else None, s, int(rec.get("chief_input_cpus") or 0),
-                      bool(rec.get("cyclic")))
+                      bool(rec.get("cyclic")), *ranks)
     try:
         w = spec.check().num_input_workers
     except CsrunError as exc:
@@ -168,8 +169,10 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
         own = " + the chief's own input worker" if spec.chief_input_cpus else ""
+        world = (f", chief_nodes {spec.chief_nodes} × chief_tasks_per_node {spec.chief_tasks_per_node} ranks"
+                 if spec.world_size > 1 else "")
         raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "
-                   f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}){own} = {w} input workers")
+                   f"nodes {n} × tasks_per_node {t} (single_task_nodes {s}{world}){own} = {w} input workers")
     return _Layout(spec, f"--from-report {file}", ("recommendation.nodes", "recommendation.tasks_per_node"),
                    w), report
 

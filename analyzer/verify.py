@@ -35,15 +35,20 @@ from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import click_options
-from csrun_common.layout import LAYOUT_FLAGS, LayoutSpec
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec, flag
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
 
 #: ``verify``'s ``[default: ...]`` of the layout flags: the recommendation's.
-VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task")
+VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task",
+                                                                   *RANK_FIELDS)
                                                  else "; 0 when nodes, tasks or CPUs are given")
                 for s in LAYOUT_FLAGS if s.type is not bool}
+#: Whether this csrun_wse launches several trainer ranks (issue 32: its launcher plans the chief's
+#: het group as chief nodes × trainer ranks per node). Until it does, verify
+#: refuses a world above 1 (:func:`check_world`): it would measure another layout.
+RANKS_LAUNCHED = False
 
 
 def find_report(report: str | None) -> Path:
@@ -75,22 +80,29 @@ def load_report(d: Path) -> dict[str, Any]:
 
 
 def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single: int = 0,
-                  chief_input_cpus: int = 0) -> dict[str, Any]:
+                  chief_input_cpus: int = 0, chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
     """The report model's prediction for a layout (the recommendation's own when it is one):
     :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
-    ``interval`` [low, high] in samples/s, ``limited_by``). ``chief_input_cpus``: CPUs of the
-    chief's task running input worker 0 (``chief_input_cpus``)."""
+    ``interval`` [low, high] in samples/s, ``limited_by``; with several trainer ranks the
+    world's). ``chief_input_cpus``: CPUs of the chief's task running input worker 0
+    (``chief_input_cpus``); ``chief_nodes`` × ``chief_tasks_per_node``: the trainer ranks.
+    Raises :class:`CsrunError` for a layout the model does not predict (the chief's input
+    worker with several ranks)."""
     rec = rep["recommendation"]
-    if (nodes, tasks, cpus, single, chief_input_cpus) == (
+    if (nodes, tasks, cpus, single, chief_input_cpus, chief_nodes, chief_tasks_per_node) == (
             rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec.get("single_task_nodes", 0),
-            rec.get("chief_input_cpus") or 0):
+            rec.get("chief_input_cpus") or 0, rec.get("chief_nodes") or 1, rec.get("chief_tasks_per_node") or 1):
         return rec
     # numpy (the model) only when another layout is asked for: not at the CLI's start-up.
     from .model import NodeModel
     from .recommend import predict_layout
 
-    return predict_layout(NodeModel.from_dict(rep["model"]), nodes, tasks, cpus, single, rep.get("ingest"),
-                          rep.get("topology"), chief_input_cpus)
+    try:
+        return predict_layout(NodeModel.from_dict(rep["model"]), nodes, tasks, cpus, single, rep.get("ingest"),
+                              rep.get("topology"), chief_input_cpus, chief_nodes=chief_nodes,
+                              chief_tasks_per_node=chief_tasks_per_node)
+    except ValueError as exc:
+        raise CsrunError(str(exc)) from None
 
 
 def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] | LayoutSpec, seconds: float,
@@ -163,34 +175,52 @@ def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None,
     return spec.with_(**named).check_node(node_cpus).record()
 
 
+def check_world(spec: LayoutSpec) -> None:
+    """Raise :class:`CsrunError` (one line naming the flags, exit 2) when ``spec`` has several
+    trainer ranks and this csrun_wse does not launch them (:data:`RANKS_LAUNCHED`)."""
+    if spec.world_size > 1 and not RANKS_LAUNCHED:
+        raise CsrunError(f"{flag('chief_nodes')} {spec.chief_nodes} {flag('chief_tasks_per_node')} "
+                         f"{spec.chief_tasks_per_node}: verify does not launch several trainer ranks yet (this "
+                         f"csrun_wse plans one chief; docs/INPUT-ANALYZER.md)")
+
+
+def result_paths(out_dir: Path, world_size: int) -> list[Path]:
+    """The drain results verify waits for in ``out_dir``: ``drain.json``, or each trainer rank's
+    ``drain.rank<r>.json`` (:func:`analyzer.verify_task.rank_out`)."""
+    path = out_dir / "drain.json"
+    if world_size <= 1:
+        return [path]
+    return [path.with_name(f"{path.stem}.rank{r}{path.suffix}") for r in range(world_size)]
+
+
 def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
            cpus: int | None, timeout_s: float, mount_dirs: str | None,
            chief_input_cpus: int | None = None, **given: Any) -> dict:
     """Run the check; returns the ``verify.json`` record (``predicted_samples_per_sec``,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
-    ``drain`` (the drain's JSON), ``exit_status``, ``wall_s``; with the chief's input worker
-    also ``chief_input`` (:func:`chief_input_measured`)). Raises :class:`CsrunError`."""
+    ``drain`` (the drain's JSON; with several trainer ranks :func:`merge_rank_drains` of the
+    ranks'), ``exit_status``, ``wall_s``; with the chief's input worker also ``chief_input``
+    (:func:`chief_input_measured`)). Raises :class:`CsrunError` (several trainer ranks:
+    :func:`check_world`)."""
     d = find_report(report)
     rep = load_report(d)
     rec = rep["recommendation"]
     layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus, **given)
-    pred = predicted_for(rep, layout["nodes"], layout["tasks_per_node"], layout["cpus_per_task"],
-                         layout["single_task_nodes"], layout["chief_input_cpus"])
+    spec = LayoutSpec.from_record(layout)
+    check_world(spec)
+    pred = predicted_for(rep, spec.nodes, spec.tasks_per_node, int(spec.cpus_per_task or 1), spec.single_task_nodes,
+                         spec.chief_input_cpus, spec.chief_nodes, spec.chief_tasks_per_node)
     out_dir = d / "verify"
     out_dir.mkdir(parents=True, exist_ok=True)
-    result_path = out_dir / "drain.json"
-    if result_path.exists():
-        result_path.unlink()
+    results = result_paths(out_dir, spec.world_size)
+    for path in results:
+        path.unlink(missing_ok=True)
     argv = drain_command(rep, out_dir, layout, seconds, warmup, mount_dirs)
     click.echo(f"cs_input_analyzer verify: {' '.join(argv)}", err=True)
     log_path = out_dir / "csrun_wse.log"
-    launch = launch_drain(argv, rep.get("cwd") or os.getcwd(), log_path, result_path, timeout_s, grace_s=60.0)
+    launch = launch_drain(argv, rep.get("cwd") or os.getcwd(), log_path, results, timeout_s, grace_s=60.0)
     rc, wall = launch.exit_status, launch.wall_s
-    drain_res: dict[str, Any] = {}
-    try:
-        drain_res = json.loads(result_path.read_text())
-    except (OSError, ValueError):
-        pass
+    drain_res = read_drains(results)
     p = float(pred["predicted_samples_per_sec"])
     lo, hi = pred["interval"]
     rec_out = {"report": str(d), "layout": layout, "predicted_samples_per_sec": p, "interval": [lo, hi],
@@ -212,6 +242,54 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     with open(d / "verify_history.jsonl", "a") as f:
         f.write(json.dumps(rec_out, default=str) + "\n")
     return rec_out
+
+
+def read_drains(paths: Sequence[Path]) -> dict[str, Any]:
+    """The drain's result from ``paths`` (:func:`result_paths`): the one file's JSON (``{}``
+    when missing or unreadable), or with several trainer ranks :func:`merge_rank_drains` of
+    theirs."""
+    found: list[dict[str, Any] | None] = []
+    for path in paths:
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            found.append(None)
+    if len(paths) == 1:
+        return found[0] or {}
+    return merge_rank_drains(found)
+
+
+def merge_rank_drains(results: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
+    """The world's drain from each trainer rank's (``results[r]``; ``None``: rank ``r`` wrote
+    none): rank 0's host figures, ``"ranks"`` (``[{"rank", "status", "samples_per_sec",
+    "num_workers", "error"}]``), ``"world_size"``, and ``"status"`` ``"ok"`` only when every
+    rank's is. Then ``"samples_per_sec"``, ``"samples"``, ``"batches"`` and ``"num_workers"``
+    are the ranks' sums (the world's input), ``"window_s"`` the longest window,
+    ``"startup_s"`` the latest first batch, ``"slowest_rank"`` the rank of the lowest rate and
+    ``"batches_per_worker"`` keyed by the job-wide input-worker index (slot × world + rank,
+    :func:`csrun_common.ranks.worker_rank`'s inverse); else ``"error"`` names each failed rank."""
+    world = len(results)
+    ranks = []
+    for r, res in enumerate(results):
+        res = res or {"status": "failed", "error": "no result written"}
+        ranks.append({"rank": r, "status": res.get("status"), "samples_per_sec": res.get("samples_per_sec"),
+                      "num_workers": res.get("num_workers"), "error": res.get("error")})
+    out: dict[str, Any] = {**(results[0] or {}), "ranks": ranks, "world_size": world}
+    failed = [x for x in ranks if x["status"] != "ok"]
+    if failed:
+        return {**out, "status": "failed",
+                "error": "; ".join(f"rank {x['rank']}: {x['error'] or 'failed'}" for x in failed)}
+    ok = [res for res in results if res is not None]
+    rates = [float(res["samples_per_sec"]) for res in ok]
+    per_worker = {str(int(slot) * world + r): n for r, res in enumerate(ok)
+                  for slot, n in (res.get("batches_per_worker") or {}).items()}
+    return {**out, "status": "ok", "samples_per_sec": sum(rates),
+            "samples": sum(int(res.get("samples") or 0) for res in ok),
+            "batches": sum(int(res.get("batches") or 0) for res in ok),
+            "num_workers": sum(int(res.get("num_workers") or 0) for res in ok),
+            "window_s": max(float(res.get("window_s") or 0.0) for res in ok),
+            "startup_s": max(float(res.get("startup_s") or 0.0) for res in ok),
+            "slowest_rank": rates.index(min(rates)), "batches_per_worker": per_worker}
 
 
 def chief_input_measured(drain_res: dict[str, Any], pred: dict[str, Any]) -> dict[str, Any]:
@@ -240,14 +318,16 @@ class DrainLaunch:
     stopped_after_result: bool
 
 
-def launch_drain(argv: Sequence[str], cwd: str, log_path: Path, result_path: Path, timeout_s: float,
-                 grace_s: float, env: Mapping[str, str] | None = None) -> DrainLaunch:
+def launch_drain(argv: Sequence[str], cwd: str, log_path: Path, result_path: Path | Sequence[Path],
+                 timeout_s: float, grace_s: float, env: Mapping[str, str] | None = None) -> DrainLaunch:
     """Run the ``csrun_wse`` line ``argv`` (:func:`drain_command`) in its own process group,
     its output in ``log_path``, and wait for it. Stop it (:func:`launcher.slurm.stop_process_group`:
     its srun step is cancelled) after ``timeout_s`` seconds, or ``grace_s`` seconds after
-    ``result_path`` appeared (a task that does not leave must not hold the check; seen: an
+    ``result_path`` appeared (every one of them when several: each trainer rank's,
+    :func:`result_paths`; a task that does not leave must not hold the check; seen: an
     input worker of a ``tf.py_function`` pipeline deadlocking in ``WorkerServer.Stop``).
     Used by :func:`verify` and the benchmarks."""
+    paths = [result_path] if isinstance(result_path, Path) else list(result_path)
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, stdin=subprocess.DEVNULL,
@@ -259,7 +339,7 @@ def launch_drain(argv: Sequence[str], cwd: str, log_path: Path, result_path: Pat
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
-            if t_result is None and result_path.exists():
+            if t_result is None and all(p.exists() for p in paths):
                 t_result = now
             timed_out = now > t0 + timeout_s
             if timed_out or (t_result is not None and now - t_result > grace_s):
@@ -274,7 +354,9 @@ def render(res: dict[str, Any]) -> str:
     lines = [f"layout: {lay['nodes']} node(s) × {lay['tasks_per_node']} task(s) × {lay['cpus_per_task']} CPU(s)"
              + (f", {lay['single_task_nodes']} single-task node(s)" if lay.get("single_task_nodes") else "")
              + (f", input worker 0 in the chief's task on {lay['chief_input_cpus']} CPU(s)"
-                if lay.get("chief_input_cpus") else ""),
+                if lay.get("chief_input_cpus") else "")
+             + (f", {lay['chief_nodes']} chief node(s) × {lay['chief_tasks_per_node']} trainer rank(s)"
+                if lay.get("chief_nodes") else ""),
              f"predicted: {res['predicted_samples_per_sec']:,.0f} samples/s "
              f"(interval {res['interval'][0]:,.0f} – {res['interval'][1]:,.0f}; limited by {res.get('limited_by')})"]
     if res.get("measured_samples_per_sec") is not None:
@@ -284,6 +366,7 @@ def render(res: dict[str, Any]) -> str:
                   f"first batch {dr.get('startup_s', 0):.0f} s after start)",
                   f"error:     {res['error_pct']:+.1f} %"
                   + ("" if res.get("within_interval") else " (outside the interval)")]
+        lines += _rank_lines(dr)
         ci = res.get("chief_input") or {}
         if ci.get("measured_samples_per_sec") is not None:
             pred = ci.get("predicted_samples_per_sec")
@@ -296,6 +379,16 @@ def render(res: dict[str, Any]) -> str:
     else:
         lines.append(f"measured:  none: {res.get('error')}")
     return "\n".join(lines)
+
+
+def _rank_lines(drain: dict[str, Any]) -> list[str]:
+    """Each trainer rank's drained rate and the slowest rank (``[]`` with one chief)."""
+    ranks = drain.get("ranks") or []
+    if not ranks:
+        return []
+    each = ", ".join(f"rank {x['rank']} {float(x['samples_per_sec'] or 0):,.0f} ({x.get('num_workers') or 0} input "
+                     f"worker(s))" for x in ranks)
+    return [f"ranks:     {each}; slowest: rank {drain.get('slowest_rank')}"]
 
 
 @click.command("verify", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

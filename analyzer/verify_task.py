@@ -21,6 +21,10 @@ docs/CONTRACT.md):
   the stream: ``--warmup`` seconds after the first batch, then a measured window of
   ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON), marks the job done
   (the workers leave) and exits with ``os._exit``.
+* with several trainer ranks (``CSRUN_WORLD_SIZE > 1``, docs/MULTI-RANK.md) every task of het
+  group 0 is a chief: each rank drains its own input workers (its own rendezvous directory, the
+  :class:`csrun_common.roles.Role`'s rank view) and writes ``--out``'s ``.rank<r>`` file
+  (:func:`rank_out`) with ``"rank"`` and ``"world_size"``; ``cs_input_analyzer verify`` sums the world.
 
 ``--dataloader-workers K`` (PyTorch) sets ``train_input.num_workers`` (the DataLoader's worker
 processes) in every task: verify measures the count the report recommends for the layout.
@@ -58,7 +62,7 @@ from csrun_runtime.params import ParamsError, Resolved, drop_options, resolve_pa
 from csrun_runtime.probing import DEFAULT_FRAMEWORK, DrainSource, host_busy_seconds
 from csrun_runtime.task import begin, process_start_time
 
-__all__ = ["drain", "begin_drain", "failed_result", "main"]
+__all__ = ["drain", "begin_drain", "failed_result", "main", "rank_out"]
 
 
 def _cpu(procs: list[psutil.Process]) -> float:
@@ -132,6 +136,16 @@ def _train_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def rank_out(path: str | None, rank: int, world_size: int) -> str | None:
+    """Where trainer ``rank`` of ``world_size`` writes its drain's result: ``path`` itself with
+    one rank, else ``<stem>.rank<r><suffix>`` beside it (``drain.json`` -> ``drain.rank1.json``);
+    ``None`` (stdout) stays ``None``."""
+    if path is None or world_size <= 1:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
 def _write(path: str | None, obj: dict[str, Any]) -> None:
     if not path:
         print(json.dumps(obj), flush=True)
@@ -166,7 +180,8 @@ def begin_drain(run_py: str, args: list[str], out: str | None,
             adjust(resolved, entry)
     except (ParamsError, Exception) as exc:  # noqa: BLE001 - CaptureError, ParamsError
         if role.is_chief:
-            _write(out, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            _write(rank_out(out, role.rank, role.world_size),
+                   {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         print(f"drain: {exc}", file=sys.stderr)
         return 2
     return role, entry, resolved
@@ -223,7 +238,9 @@ def _chief(ns: argparse.Namespace, backend: Any, role: Role, entry: CapturedRun,
         code = 0
     except BaseException as exc:  # noqa: BLE001 - reported in the result
         res, code = failed_result(exc, role.num_input_workers), 1
-    _write(ns.out, res)
+    if role.world_size > 1:
+        res.update(rank=role.rank, world_size=role.world_size)
+    _write(rank_out(ns.out, role.rank, role.world_size), res)
     side.close(code == 0)
     print(f"drain: {json.dumps({k: res.get(k) for k in ('status', 'samples_per_sec', 'num_workers', 'error')})}",
           file=sys.stderr, flush=True)

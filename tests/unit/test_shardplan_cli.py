@@ -218,3 +218,20 @@ def test_cli_import_is_light():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_from_report_of_several_trainer_ranks(data, tmp_path):
+    """A recommendation for 2 chief nodes × 2 ranks: the input workers are the other nodes'
+    tasks only, (4 - 2) × 2 = 4, planned job-wide (every rank's workers shard one data set)."""
+    rep = tmp_path / "analysis"
+    rep.mkdir()
+    rec = {"nodes": 4, "tasks_per_node": 2, "cpus_per_task": 1, "chief_nodes": 2, "chief_tasks_per_node": 2,
+           "input_workers": 4}
+    (rep / "report.json").write_text(json.dumps({"recommendation": rec}))
+    out = tmp_path / "p.json"
+    r = run(["shard-plan", str(data), "--from-report", str(rep), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["num_workers"] == 4
+    (rep / "report.json").write_text(json.dumps({"recommendation": {**rec, "input_workers": 7}}))
+    one_line_error(run(["shard-plan", str(data), "--from-report", str(rep)]),
+                   "chief_nodes 2 × chief_tasks_per_node 2 ranks", "= 4 input workers")
