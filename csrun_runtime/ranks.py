@@ -4,7 +4,9 @@
 trainer ranks (``CSRUN_WORLD_SIZE > 1``, docs/MULTI-RANK.md) and ``exec``-s the rank's command
 with torchrun's variables and ``TF_CONFIG`` added (:func:`csrun_common.ranks.trainer_env`). The
 chief nodes come from Slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0`` (the chief's het group; srun(1)
-and sbatch(1) "OUTPUT ENVIRONMENT VARIABLES", ``SLURM_JOB_NODELIST`` outside a het job), expanded
+and sbatch(1) "OUTPUT ENVIRONMENT VARIABLES"), else its older name
+``SLURM_JOB_NODELIST_PACK_GROUP_0`` (srun 22.05 sets only that one on csrun_wse's srun path,
+measured: docs/MULTI-RANK.md), else ``SLURM_JOB_NODELIST`` (outside a het job), expanded
 by ``scontrol show hostnames`` (scontrol(1): "Takes an optional hostlist expression as input
 and writes a list of individual host names"); a node name that does not resolve (a test
 cluster's) is replaced by its ``NodeAddr`` (``scontrol show node``). The user's own
@@ -25,6 +27,8 @@ __all__ = ["rank_environment", "chief_hosts", "node_address", "RankEnvError"]
 
 log = logging.getLogger("csrun.runtime")
 
+#: Where the chief's het group's nodes are read, in this order (the module docstring).
+NODELISTS = ("SLURM_JOB_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_PACK_GROUP_0", "SLURM_JOB_NODELIST")
 #: Seconds one ``scontrol`` call may take.
 SCONTROL_SECS = 20.0
 
@@ -61,7 +65,7 @@ def node_address(name: str) -> str:
 def chief_hosts(env: Mapping[str, str]) -> list[str]:
     """The addresses of the chief's het group's nodes, in Slurm's order (rules: the module
     docstring). Raises :class:`RankEnvError` naming the variable when neither nodelist is set."""
-    nodelist = env.get("SLURM_JOB_NODELIST_HET_GROUP_0") or env.get("SLURM_JOB_NODELIST")
+    nodelist = next((env[k] for k in NODELISTS if env.get(k)), None)
     if not nodelist:
         raise RankEnvError("SLURM_JOB_NODELIST_HET_GROUP_0 is not set: cannot name the chief nodes")
     return [node_address(n) for n in _scontrol("show", "hostnames", nodelist).split()]
