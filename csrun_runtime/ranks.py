@@ -23,7 +23,7 @@ from csrun_common.env import MASTER_PORT, WORLD_SIZE
 from csrun_common.ranks import master_port, trainer_env
 from csrun_common.roles import resolve_role
 
-__all__ = ["rank_environment", "chief_hosts", "node_address", "RankEnvError"]
+__all__ = ["rank_environment", "chief_hosts", "chief_nodelist", "node_address", "RankEnvError", "NODELISTS"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -65,10 +65,16 @@ def node_address(name: str) -> str:
 def chief_hosts(env: Mapping[str, str]) -> list[str]:
     """The addresses of the chief's het group's nodes, in Slurm's order (rules: the module
     docstring). Raises :class:`RankEnvError` naming the variable when neither nodelist is set."""
+    return [node_address(n) for n in _scontrol("show", "hostnames", chief_nodelist(env)).split()]
+
+
+def chief_nodelist(env: Mapping[str, str]) -> str:
+    """The Slurm hostlist of the chief's het group: the first of :data:`NODELISTS` set in
+    ``env``. Raises :class:`RankEnvError` naming the variable when none is."""
     nodelist = next((env[k] for k in NODELISTS if env.get(k)), None)
     if not nodelist:
         raise RankEnvError("SLURM_JOB_NODELIST_HET_GROUP_0 is not set: cannot name the chief nodes")
-    return [node_address(n) for n in _scontrol("show", "hostnames", nodelist).split()]
+    return nodelist
 
 
 def rank_environment(env: Mapping[str, str]) -> dict[str, str]:

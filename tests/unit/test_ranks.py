@@ -110,7 +110,13 @@ def test_a_rank_names_the_chief_nodes_by_slurms_hostlist_and_node_addresses(slur
     hosts = [task_ranks.node_address(n) for n in ("node1", "node2")]
     assert out["MASTER_ADDR"] == hosts[0] and out["RANK"] == "2" and out["MASTER_PORT"] == "30100"
     assert json.loads(out["TF_CONFIG"])["cluster"]["worker"][2] == f"{hosts[1]}:30103"
+
+
+
+def test_the_chief_nodes_are_het_group_0s_by_its_new_or_old_name_before_the_jobs():
+    both = {"SLURM_JOB_NODELIST_HET_GROUP_0": "a[1-2]", "SLURM_JOB_NODELIST_PACK_GROUP_0": "b[1-2]",
+            "SLURM_JOB_NODELIST": "c[1-4]"}
+    assert task_ranks.chief_nodelist(both) == "a[1-2]"
     # srun 22.05's het step names the group by its older name only, beside the whole job's list
-    env = {k: v for k, v in env.items() if k != "SLURM_JOB_NODELIST_HET_GROUP_0"}
-    env.update(SLURM_JOB_NODELIST_PACK_GROUP_0="node[2-3]", SLURM_JOB_NODELIST="node[1-4]")
-    assert task_ranks.chief_hosts(env) == [task_ranks.node_address(n) for n in ("node2", "node3")]
+    assert task_ranks.chief_nodelist({**both, "SLURM_JOB_NODELIST_HET_GROUP_0": ""}) == "b[1-2]"
+    assert task_ranks.chief_nodelist({"SLURM_JOB_NODELIST": "c[1-4]"}) == "c[1-4]"
