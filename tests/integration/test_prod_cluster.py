@@ -127,7 +127,7 @@ def test_requeue_by_time_limit_reaches_max_steps(cli_env, paced):
 def test_scontrol_requeue_of_a_running_job_resumes(cli_env, paced):
     """scontrol requeue: the tasks get SIGTERM and, KillWait (5 s) later, SIGKILL; the chief
     saves at its step within that time; Slurm requeues the job, which resumes."""
-    max_steps = 1200
+    max_steps = 600  # requeued at step ~100-150 (~45 steps/s): the second allocation trains ~10 s
     model_dir = paced["root"] / "by_scontrol"
     proc = csrun("csrun_wse", ["--use-sbatch", "--requeue", *SMALL, "python-ws", PACED, "--params",
                                str(paced["params"]), "--model_dir", str(model_dir), "--mode", "train",
