@@ -152,7 +152,9 @@ def test_srun_path_requeue_launches_again(cli_env, paced, transport):
     same srun again after the chief stopped on the warning signal (sent here by scancel). Also
     on csrun's data plane (``runconfig.transport: dataplane``): each launch's chief binds its
     own receiver and that launch's input worker sends to it."""
-    max_steps = 800
+    # the warning signal comes ~3 s into training (~150 steps at ~45 steps/s): 500 steps leave the
+    # first launch ~7 s short of max_steps and the second ~8 s of training
+    max_steps = 500
     model_dir = paced["root"] / f"srun_path_{transport}"
     before = queued(cli_env)
     params = paced["params_dataplane" if transport == "dataplane" else "params"]
