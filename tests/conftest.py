@@ -65,6 +65,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_STATUS] = int(exitstatus)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _example_data_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The examples' data the tests ask for (helpers.prepare_digits, helpers.images_params) is
+    written once a session, into pytest's temporary directory (helpers.DATA_CACHE), and copied."""
+    helpers = sys.modules.get("tests.fixtures.runtime.helpers")
+    if helpers is not None:
+        helpers.DATA_CACHE = tmp_path_factory.getbasetemp() / "example_data_once"
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return f"slurm test cluster: {cluster_engine()}"
 

@@ -36,12 +36,13 @@ def latency_bound(tmp_path_factory):
     return {"root": root, "params": params}
 
 
-def _run(cli_env, latency_bound, initial: int, transport: str = "service") -> tuple[subprocess.CompletedProcess, dict]:
+def _run(cli_env, latency_bound, initial: int, max_steps: int,
+         transport: str = "service") -> tuple[subprocess.CompletedProcess, dict]:
     md = latency_bound["root"] / f"md_{initial}_{transport}"
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "2",
             "--cpus-per-task", "1", "--autoscale", "--initial-workers", str(initial), "--autoscale-window", "5",
             "python-ws", PACED, "--params", str(latency_bound["params"][transport]), "--mode", "train",
-            "--max_steps", "4000", "--model_dir", str(md)]
+            "--max_steps", str(max_steps), "--model_dir", str(md)]
     res = subprocess.run(argv, env=cli_env, cwd=latency_bound["root"], capture_output=True, text=True, timeout=420)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     perf = json.loads((md / "performance" / "performance.json").read_text())
@@ -49,9 +50,11 @@ def _run(cli_env, latency_bound, initial: int, transport: str = "service") -> tu
 
 
 def test_autoscale_grows_from_one_worker_to_the_rate_training_takes(cli_env, latency_bound):
-    res, perf = _run(cli_env, latency_bound, 1)
+    # 3000 steps (~40 s): fed from ~28 s on (about step 2000: 1, 3, then 4 workers), then ~10 s
+    # of fed windows
+    res, perf = _run(cli_env, latency_bound, 1, 3000)
     auto = perf["autoscale"]
-    assert perf["global_step_end"] == 4000
+    assert perf["global_step_end"] == 3000
     assert (auto["initial_workers"], auto["min_workers"], auto["max_workers"]) == (1, 1, 6)
     windows = auto["windows"]
     assert windows and windows[0]["workers"] == 1 and windows[0]["input_wait_fraction"] > 0.3, windows[:1]
@@ -74,9 +77,11 @@ def test_autoscale_shrinks_an_over_provisioned_start(cli_env, latency_bound):
     # through csrun_wse in test_chief_input_cluster.py's [dataplane] run and pausing a worker's
     # stream at the receiver (connected, not yet connected, a slot not opened) in
     # tests/unit/test_dataplane_source.py with real sender processes
-    res, perf = _run(cli_env, latency_bound, 6, "service")
+    # 2500 steps (~25 s at 100 steps/s): the first removal comes at the first window (5 s), the
+    # next ones a pause (10 s) apart
+    res, perf = _run(cli_env, latency_bound, 6, 2500, "service")
     auto = perf["autoscale"]
-    assert perf["global_step_end"] == 4000
+    assert perf["global_step_end"] == 2500
     removes = [e for e in auto["events"] if e["action"] == "remove"]
     assert removes and removes[0]["input_wait_fraction"] < 0.02, auto["events"]
     assert auto["final_workers"] < 6

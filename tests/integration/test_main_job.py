@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import in_node
+from tests.fixtures.runtime import helpers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.tf, pytest.mark.slow]
 
@@ -31,9 +32,7 @@ def digits(tmp_path_factory):
     """TFRecord shards of the real digits written once (8 train, 2 eval) and a params file
     pointing at them."""
     root = tmp_path_factory.mktemp("digits")
-    data = root / "data"
-    subprocess.run([sys.executable, str(REPO / "examples/digits/prepare_data.py"), "--out-dir", str(data)],
-                   check=True, capture_output=True)
+    data = helpers.prepare_digits(root / "data")
     import yaml
 
     params = yaml.safe_load((REPO / "examples/digits/configs/params.yaml").read_text())

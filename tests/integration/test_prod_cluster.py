@@ -127,7 +127,7 @@ def test_requeue_by_time_limit_reaches_max_steps(cli_env, paced):
 def test_scontrol_requeue_of_a_running_job_resumes(cli_env, paced):
     """scontrol requeue: the tasks get SIGTERM and, KillWait (5 s) later, SIGKILL; the chief
     saves at its step within that time; Slurm requeues the job, which resumes."""
-    max_steps = 1200
+    max_steps = 600  # requeued at step ~100-150 (~45 steps/s): the second allocation trains ~10 s
     model_dir = paced["root"] / "by_scontrol"
     proc = csrun("csrun_wse", ["--use-sbatch", "--requeue", *SMALL, "python-ws", PACED, "--params",
                                str(paced["params"]), "--model_dir", str(model_dir), "--mode", "train",
@@ -152,7 +152,9 @@ def test_srun_path_requeue_launches_again(cli_env, paced, transport):
     same srun again after the chief stopped on the warning signal (sent here by scancel). Also
     on csrun's data plane (``runconfig.transport: dataplane``): each launch's chief binds its
     own receiver and that launch's input worker sends to it."""
-    max_steps = 800
+    # the warning signal comes ~3 s into training (~150 steps at ~45 steps/s): 500 steps leave the
+    # first launch ~7 s short of max_steps and the second ~8 s of training
+    max_steps = 500
     model_dir = paced["root"] / f"srun_path_{transport}"
     before = queued(cli_env)
     params = paced["params_dataplane" if transport == "dataplane" else "params"]
