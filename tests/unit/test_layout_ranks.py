@@ -20,9 +20,9 @@ def original_layouts() -> list[LayoutSpec]:
     """360 layouts of the original flags (no ranks): N 1..6, every S < N up to 2, T 1..3,
     C given or not, with and without the chief's input CPUs, block and cyclic."""
     out = []
-    for n, t, c, l, cyc in itertools.product(range(1, 7), (1, 2, 3), (None, 1), (0, 1), (False, True)):
+    for n, t, c, own, cyc in itertools.product(range(1, 7), (1, 2, 3), (None, 1), (0, 1), (False, True)):
         for s in range(min(n, 3)):
-            out.append(LayoutSpec(n, t, c, s, l, cyc))
+            out.append(LayoutSpec(n, t, c, s, own, cyc))
     return out
 
 
