@@ -145,6 +145,8 @@ Layouts (N = {nodes}, T = {tasks_per_node}, C = {cpus_per_task}, S = {single_tas
                  het group 1: N-1 nodes x T tasks x C CPUs (input workers)
   0 < S < N      S groups of 1 node x 1 task (the first with the GRES: the chief),
                  then N-S nodes x T tasks x C CPUs (input workers)
+  {chief_nodes} K {chief_tasks_per_node} R (K x R > 1): het group 0: K nodes x R trainer ranks
+                 (the GRES x R per node); het group 1: N-K nodes x T tasks x C CPUs
 \b
 Examples:
   csrun_wse python-ws run.py --params configs/params.yaml --mode train --max_steps 1000
@@ -153,6 +155,7 @@ Examples:
   csrun_wse --use-sbatch --time 4:00:00 --requeue {nodes} 2 python-ws run.py --mode train
   csrun_wse --check --qos debug {nodes} 4 python-ws run.py --mode train
   csrun_wse {nodes} 4 {tasks_per_node} 2 --autoscale --min-workers 1 python-ws run.py --mode train
+  csrun_wse {nodes} 6 {tasks_per_node} 2 {chief_nodes} 2 {chief_tasks_per_node} 2 python-pt run.py --mode train
 """.format_map(FLAGS)
 
 
