@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from csrun_common.layout import LayoutSpec, resolve_counts
+from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec, flag, resolve_counts
 
 CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
 
@@ -162,7 +163,8 @@ def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
     training step; every task's input-worker index is then one (``world``) higher. Raises
     :class:`CsrunError` naming the flag for N < 1, T < 1, C < 1, S < 0, S ≥ N, a negative
     ``chief_input_cpus``, or one above the chief's CPUs or with CPUs Slurm chooses, and for
-    the rules of several ranks (:meth:`LayoutSpec.check`, :meth:`LayoutSpec.check_chief_input`).
+    the rules of several ranks (:meth:`LayoutSpec.check`, :meth:`LayoutSpec.check_chief_input`;
+    more ranks per node than ``node_cpus``).
     """
     spec.check()
     dist = "cyclic" if spec.cyclic else "block"
@@ -180,6 +182,9 @@ def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
     n, t, c, s = spec.nodes, spec.tasks_per_node, spec.cpus_per_task, spec.single_task_nodes
     if world > 1:
         ranks = spec.chief_tasks_per_node
+        if ranks > node_cpus:
+            raise CsrunError(f"{flag('chief_tasks_per_node')} {ranks}: more trainer ranks than the {node_cpus} "
+                             "CPUs of a node")
         add(CHIEF, spec.chief_nodes, ranks, spec.chief_task_cpus(node_cpus), scale_gres(gres, ranks), "block",
             trainers=world)
         worker_off = world if spec.chief_input_cpus else 0  # rank r's own input worker is r

@@ -90,6 +90,11 @@ def test_one_node_of_four_ranks_scales_the_gres():
     assert (lay.world_size, lay.local_world_size) == (4, 4)
 
 
+def test_more_ranks_than_a_nodes_cpus_is_refused():
+    with pytest.raises(CsrunError, match="--chief-tasks-per-node 4: more trainer ranks than the 2 CPUs of a node"):
+        plan(LayoutSpec(3, 2, 1, chief_tasks_per_node=4), "", node_cpus=2)
+
+
 def test_scale_gres():
     from launcher.layout import scale_gres
     assert [scale_gres(g, 4) for g in ("gpu:1", "gpu:a100:2", "gpu", "")] == ["gpu:4", "gpu:a100:8", "gpu:4", ""]
