@@ -213,3 +213,14 @@ def test_gres_node_as_a_hostlist():
     from launcher.resolve import gres_nodes
     with pytest.raises(CsrunError, match=r"gres.node = 'n\[2-1\]': not a node name or Slurm hostlist"):
         gres_nodes("n[2-1]")
+
+
+def test_time_and_requeue_reach_both_groups_of_ranks(no_gres):
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--time", "10", "--requeue", "--requeue-signal", "USR2@60",
+                                            *RANK_FLAGS, "python", "x.py"])
+    assert code == 0, err
+    assert out.count("--time=10") == 2 and out.count("--signal=") == 2 and out.count("CSRUN_STOP_SIGNALS=") == 2
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--use-sbatch", "--time", "10", "--requeue",
+                                            "--requeue-signal", "USR2@60", *RANK_FLAGS, "python", "x.py"])
+    assert code == 0, err
+    assert out.count("#SBATCH --time=10") == 2 and out.count("#SBATCH --requeue") == 2 and "scontrol requeue" in out
