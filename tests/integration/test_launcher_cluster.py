@@ -261,3 +261,19 @@ def test_dry_run_prints_the_exact_line_and_submits_nothing(cli_env, tmp_path):
     subprocess.run(argv, env=cli_env, check=True, capture_output=True, timeout=120)
     recs = reports(tmp_path)
     assert len(recs) == 6 and all(r["argv"] == HOSTILE for r in recs)
+
+
+def test_check_accepts_the_shape_of_several_trainer_ranks(cli_env, tmp_path):
+    """Slurm takes het group 0 of 2 nodes × 2 trainer ranks and 4 input workers on 2 more nodes
+    (docs/MULTI-RANK.md), on the srun and the sbatch path; --test-only submits nothing (~2 s)."""
+    cfg = tmp_path / "site.toml"
+    cfg.write_text('[gres]\nresource = ""\n')  # the test cluster has gpu:1 on node1 only
+    env = dict(cli_env, CSRUN_CONFIG=str(cfg))
+    layout = ["--total-nodes", "4", "--tasks-per-node", "2", "--cpus-per-task", "1", "--chief-nodes", "2",
+              "--chief-tasks-per-node", "2", "--chief-input-cpus", "1"]
+    for path, tool in (([], "srun"), (["--use-sbatch"], "sbatch")):
+        proc = run("csrun_wse", ["--check", *path, *layout, "python", REPORT, str(tmp_path)], env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith("csrun_wse --check: the job can run\n"), proc.stdout
+        assert f"{tool} --test-only: expected start" in proc.stdout
+    assert all_job_ids(cli_env, tmp_path) == set() and not list(tmp_path.glob("task-*.json"))
