@@ -35,7 +35,7 @@ from csrun_common import exits
 from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import click_options
-from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec, flag
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
@@ -45,11 +45,6 @@ VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tas
                                                                    *RANK_FIELDS)
                                                  else "; 0 when nodes, tasks or CPUs are given")
                 for s in LAYOUT_FLAGS if s.type is not bool}
-#: Whether this csrun_wse launches several trainer ranks (issue 32: its launcher plans the chief's
-#: het group as chief nodes × trainer ranks per node). Until it does, verify
-#: refuses a world above 1 (:func:`check_world`): it would measure another layout.
-RANKS_LAUNCHED = False
-
 
 def find_report(report: str | None) -> Path:
     """The report directory: ``report`` (a directory or its ``report.json``), else
@@ -175,15 +170,6 @@ def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None,
     return spec.with_(**named).check_node(node_cpus).record()
 
 
-def check_world(spec: LayoutSpec) -> None:
-    """Raise :class:`CsrunError` (one line naming the flags, exit 2) when ``spec`` has several
-    trainer ranks and this csrun_wse does not launch them (:data:`RANKS_LAUNCHED`)."""
-    if spec.world_size > 1 and not RANKS_LAUNCHED:
-        raise CsrunError(f"{flag('chief_nodes')} {spec.chief_nodes} {flag('chief_tasks_per_node')} "
-                         f"{spec.chief_tasks_per_node}: verify does not launch several trainer ranks yet (this "
-                         f"csrun_wse plans one chief; docs/INPUT-ANALYZER.md)")
-
-
 def result_paths(out_dir: Path, world_size: int) -> list[Path]:
     """The drain results verify waits for in ``out_dir``: ``drain.json``, or each trainer rank's
     ``drain.rank<r>.json`` (:func:`analyzer.verify_task.rank_out`)."""
@@ -200,14 +186,12 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
     ``drain`` (the drain's JSON; with several trainer ranks :func:`merge_rank_drains` of the
     ranks'), ``exit_status``, ``wall_s``; with the chief's input worker also ``chief_input``
-    (:func:`chief_input_measured`)). Raises :class:`CsrunError` (several trainer ranks:
-    :func:`check_world`)."""
+    (:func:`chief_input_measured`)). Raises :class:`CsrunError`."""
     d = find_report(report)
     rep = load_report(d)
     rec = rep["recommendation"]
     layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus, **given)
     spec = LayoutSpec.from_record(layout)
-    check_world(spec)
     pred = predicted_for(rep, spec.nodes, spec.tasks_per_node, int(spec.cpus_per_task or 1), spec.single_task_nodes,
                          spec.chief_input_cpus, spec.chief_nodes, spec.chief_tasks_per_node)
     out_dir = d / "verify"
@@ -235,7 +219,9 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     else:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-8:] if log_path.exists() else []
         rec_out.update({"measured_samples_per_sec": None, "error_pct": None, "within_interval": None,
-                        "error": drain_res.get("error") or (f"csrun_wse exited {rc}" + (
+                        # no rank wrote a result: csrun_wse's own failure is the reason to show
+                        "error": (drain_res.get("error") if any(r.exists() for r in results) else None)
+                        or (f"csrun_wse exited {rc}" + (
                             " (timeout)" if rc == exits.TIMEOUT else ""))
                         + ("; log: " + " | ".join(tail) if tail else "")})
     write_json(d / "verify.json", rec_out)

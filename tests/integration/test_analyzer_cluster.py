@@ -76,14 +76,19 @@ def analyze_digits(tmp_path: Path, env: dict, budget: int) -> None:
 def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
     # verify needs a report with a model, not a full one: 30 s (~8 probes of ~2.5 s after the load)
     analyze_digits(tmp_path, cli_env, budget=30)
+    # several trainer ranks (issue 32): 1 chief node × 2 ranks, each draining its own input worker
+    # (a site config without GRES: the test cluster has one gpu:1, and 2 ranks on a node need gpu:2)
+    (tmp_path / "site.toml").write_text('[gres]\nresource = ""\n')
     v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
-                  "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1"], cwd=tmp_path, env=cli_env)
+                  "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
+                  "--chief-tasks-per-node", "2"], cwd=tmp_path,
+                 env=dict(cli_env, CSRUN_CONFIG=str(tmp_path / "site.toml")))
     assert v.returncode == 0, v.stdout + v.stderr
     res = json.loads((tmp_path / "ana" / "verify.json").read_text())
     assert res["layout"] == {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0,
-                             "chief_input_cpus": 0}
-    assert res["drain"]["num_workers"] == 3
-    assert sum(res["drain"]["batches_per_worker"].values()) == res["drain"]["batches"]
+                             "chief_input_cpus": 0, "chief_nodes": 1, "chief_tasks_per_node": 2}
+    assert res["drain"]["num_workers"] == 2
+    assert sum(res["drain"]["batches_per_worker"].values()) == res["drain"]["batches"] > 0
     # nothing of the drain outside the analysis directory
     assert not (tmp_path / "model_dir").exists() or not any((tmp_path / "model_dir").rglob(".csrun"))
 
