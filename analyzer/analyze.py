@@ -45,6 +45,7 @@ from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
 from launcher.config import SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
+from launcher.resolve import gres_nodes
 
 from . import file_coverage
 from . import report as rp
@@ -187,14 +188,16 @@ class ClusterInfo(TypedDict):
 
 def cluster_info(partition: str, exclude: str) -> ClusterInfo:
     """The :class:`ClusterInfo` of ``partition`` ("" : Slurm's default partitions), with
-    ``exclude`` (the GRES node) first, from :func:`launcher.slurm.list_nodes` and
-    :func:`launcher.slurm.node_hosts`.
+    ``exclude`` (the site's ``gres.node``: a name, a comma list or a Slurm hostlist) first, from
+    :func:`launcher.slurm.list_nodes` and :func:`launcher.slurm.node_hosts`.
 
-    Raises :class:`CsrunError` (exit 2) when Slurm cannot be reached, suggesting ``--local``.
+    Raises :class:`CsrunError` (exit 2) when Slurm cannot be reached, suggesting ``--local``,
+    or when ``exclude`` does not parse.
     """
+    gres = gres_nodes(exclude)
     try:
         nodes = slurm.list_nodes(partition)
-        n = slurm.cpu_node_cpus(nodes, exclude=exclude)
+        n = slurm.cpu_node_cpus(nodes, exclude=gres)
     except CsrunError as exc:
         raise CsrunError(f"cannot use Slurm ({exc}); run with --local to probe this machine instead") from None
     try:
@@ -202,7 +205,7 @@ def cluster_info(partition: str, exclude: str) -> ClusterInfo:
     except CsrunError:
         hosts = {}  # every node its own host
     names = list(dict.fromkeys(x.name for x in nodes))
-    order = [x for x in names if x == exclude] + [x for x in names if x != exclude]
+    order = [x for x in names if x in gres] + [x for x in names if x not in gres]
     node_hosts = [hosts.get(x, x) for x in order]
     cpus = {x.name: x.cpus for x in nodes}
     host_cores: dict[str, int] = {}
