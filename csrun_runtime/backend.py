@@ -37,7 +37,8 @@ from .params import Resolved
 from .probing import ChiefDrain, DrainBackend, ProbeBackend
 from .rankgroup import RankGroup
 
-__all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RankGroup", "RunnerModule", "ChiefModule",
+__all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RankGroup", "RunnerModule",
+           "ChiefModule",
            "RemoteModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
            "TrainingModule", "InputBackendModule", "MODULES", "INSTANCES"]
 
