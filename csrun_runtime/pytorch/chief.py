@@ -49,7 +49,7 @@ from .contract import (
 from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
-from .ranks import TorchRanks, leave_ranks, rank_device
+from .ranks import TorchRanks, collective_failure, leave_ranks, rank_device
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
@@ -144,6 +144,11 @@ class Chief:
         except KeyboardInterrupt:
             log.info("stopped by SIGINT")
             code = exits.INTERRUPTED
+        except RuntimeError as e:  # several ranks: a peer died in DDP's all-reduce -> one line, exit 1
+            lost = collective_failure(self.ranks, e)
+            if lost is None:
+                raise
+            log.error("%s", lost)
         finally:
             if self.rdv is not None:
                 self.rdv.mark_done(status, reason="" if status == "ok" else f"exit {code}")

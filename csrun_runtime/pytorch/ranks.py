@@ -26,7 +26,8 @@ from csrun_common.roles import Role
 
 from ..rankgroup import RankLost
 
-__all__ = ["TorchRanks", "collective_timeout", "weights_digest", "rank_device", "leave_ranks", "BASE_TIMEOUT_SECS",
+__all__ = ["TorchRanks", "collective_timeout", "collective_failure", "weights_digest", "rank_device", "leave_ranks",
+           "BASE_TIMEOUT_SECS",
            "STOP_CODES", "EXIT_GRACE_SECS"]
 
 log = logging.getLogger("csrun.runtime")
@@ -39,6 +40,26 @@ STOP_CODES = (exits.REQUEUE, 130, 143)
 #: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
 #: the other ranks (status 0) have left and srun reports rank 0's.
 EXIT_GRACE_SECS = 1.0
+
+
+#: Words of the errors a gloo or nccl collective raises when a peer died or timed out (torch
+#: raises them as ``RuntimeError``, ``DistBackendError`` or ``DistNetworkError``).
+_COLLECTIVE_WORDS = ("gloo", "nccl", "processgroup", "connection reset", "connection closed", "timed out")
+
+
+def collective_failure(ranks: TorchRanks | None, e: BaseException) -> RankLost | None:
+    """With several trainer ranks, the one-line :class:`csrun_runtime.rankgroup.RankLost` of an
+    error a collective of the training step raised (DistributedDataParallel's gradient
+    all-reduce when another rank died, or timed out): ``None`` for any other error, or
+    with one rank."""
+    if ranks is None:
+        return None
+    import torch.distributed as dist
+
+    text = str(e).lower()
+    if isinstance(e, dist.DistError) or any(w in text for w in _COLLECTIVE_WORDS):
+        return ranks._lost("a collective of the training step", e)
+    return None
 
 
 def rank_device(role: Role) -> Any:
