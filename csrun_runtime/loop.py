@@ -338,7 +338,6 @@ class TrainingDriver:
         log.info("training from global step %d to %d%s", self.start, self.target,
                  f" (batch_size {b.batch_size})" if b.batch_size else "")
         try:
-            # a signal: stop here (several ranks: at the chunk all agree on, _one_chunk)
             while self.step < self.target and (self.ranks is not None or not preemption.stop_requested()):
                 if not self._one_chunk():
                     break
@@ -371,7 +370,7 @@ class TrainingDriver:
         except preemption.Interrupted:
             interrupted = True
         if self.ranks is not None and not self.ranks.go_on(chunk is None and not interrupted):
-            return False  # a rank stops: all stop before this chunk (the fetched one is not trained)
+            return False  # a signal or an input end on any rank: all stop before this chunk (not trained)
         if chunk is None:
             return interrupted
         t1 = time.monotonic()
@@ -382,7 +381,8 @@ class TrainingDriver:
         t2 = time.monotonic()
         before, self.step = self.step, self.step + chunk.steps
         first = self.clock.t_first_end is None
-        self.clock.record(t0, t1, t2, chunk.steps, self.step, self.batch_size)
+        sync = self.ranks.last_sync if self.ranks else 0.0  # the agreement's wait for the other ranks: apart
+        self.clock.record(t0 + sync, t1, t2, chunk.steps, self.step, self.batch_size)
         self._autoscale_after(first, t1 - t0, t2 - t1, chunk.steps)
         logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
         for s in logged:

@@ -27,6 +27,7 @@ block the others forever) and raise :class:`RankLost` then.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -104,8 +105,10 @@ def rank_record(rank: int, world_size: int, node: str | None, rec: Mapping[str, 
     """What rank ``rank`` tells rank 0 at the end (pure): from its performance record ``rec``
     (:func:`csrun_runtime.artifacts.performance_record` with its verdict): ``steps``,
     ``samples_per_sec`` (steps × batch_size / total_time, samples/s), ``steady_samples_per_sec``,
-    ``input_wait_fraction`` (0..1), ``slowest_input_worker`` (its verdict's, the worker named by
-    its job-wide index) and ``weights_sha256`` (``digest``)."""
+    ``input_wait_fraction`` (0..1: the rank's wait for its *own* input; its waits for the other
+    ranks in the stop agreement are :class:`LoopRanks`'s ``rank_wait_fraction``),
+    ``slowest_input_worker`` (its verdict's, the worker named by its job-wide index) and
+    ``weights_sha256`` (``digest``)."""
     v = rec.get("verdict") or {}
     slow = v.get("slowest_input_worker")
     if slow:
@@ -120,7 +123,8 @@ def world_figures(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """performance.json's keys of the world (pure), from every rank's :func:`rank_record`:
     ``world_size``, ``ranks``, ``world_samples_per_sec`` and ``world_steady_samples_per_sec``
     (sums over the ranks, samples/s; ``None`` when a rank has none), ``slowest_rank`` (the
-    rank of the lowest steady rate, else the highest input wait: ``{"rank", "node",
+    rank that waited longest for its own input -- in lockstep every rank trains at the same
+    rate, and the others wait for that one in the stop agreement: ``{"rank", "node",
     "input_wait_fraction", "steady_samples_per_sec", "slowest_input_worker"}``) and
     ``weights_identical`` (every rank's digest the same)."""
     def total(key: str) -> float | None:
@@ -129,8 +133,8 @@ def world_figures(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     slowest = None
     if ranks:
-        slow = min(ranks, key=lambda r: (float(r.get("steady_samples_per_sec") or 0.0),
-                                         -float(r.get("input_wait_fraction") or 0.0)))
+        slow = max(ranks, key=lambda r: (float(r.get("input_wait_fraction") or 0.0),
+                                         -float(r.get("steady_samples_per_sec") or 0.0)))
         slowest = {k: slow.get(k) for k in ("rank", "node", "input_wait_fraction", "steady_samples_per_sec",
                                             "slowest_input_worker")}
     digests = {r.get("weights_sha256") for r in ranks}
@@ -161,6 +165,8 @@ def rank_lines(world: Mapping[str, Any]) -> list[str]:
         steady = r.get("steady_samples_per_sec")
         out.append(f"  rank {r.get('rank')}" + (f" ({r['node']})" if r.get("node") else "")
                    + f": input wait {100.0 * float(r.get('input_wait_fraction') or 0.0):.1f} %, "
+                   + (f"waits for the other ranks {100.0 * float(r['rank_wait_fraction']):.1f} %, "
+                      if r.get("rank_wait_fraction") is not None else "")
                    + (f"{float(steady):.1f} samples/s" if steady is not None else "no steady state")
                    + f", {_worker_text(r.get('slowest_input_worker'))}")
     slow = world.get("slowest_rank")
@@ -182,7 +188,9 @@ class LoopRanks:
 
     def __init__(self, group: RankGroup, node: str | None = None):
         self.group, self.node = group, node
-        self.agreements = 0  # agree() calls made (one per chunk, and one at the end)
+        self.agreements = 0  # agree() calls made (one per chunk)
+        self.last_sync = 0.0  # seconds the last agreement took (waiting for the other ranks)
+        self.sync_time = 0.0  # seconds of every agreement after the first (the steady state's)
 
     @property
     def writes(self) -> bool:
@@ -197,7 +205,10 @@ class LoopRanks:
         from . import preemption
 
         code = stop_code(input_ended, preemption.stop_signum(), preemption.requeue_requested())
+        t0 = time.monotonic()
         agreed = self.group.agree(code)
+        self.last_sync = time.monotonic() - t0
+        self.sync_time += self.last_sync if self.agreements else 0.0
         self.agreements += 1
         stop, signum, requeue = decode_stop(agreed)
         if signum and not preemption.stop_requested():
@@ -209,5 +220,8 @@ class LoopRanks:
         one from ``rec``, with the digest of its weights); returns :func:`world_figures` on
         rank 0, ``None`` on the others. Raises :class:`RankLost`."""
         g = self.group
-        records = g.gather(rank_record(g.rank, g.world_size, self.node, rec, g.digest()))
+        mine = rank_record(g.rank, g.world_size, self.node, rec, g.digest())
+        steady = float(rec.get("steady_time") or 0.0)
+        mine["rank_wait_fraction"] = round(min(1.0, self.sync_time / steady), 4) if steady > 0 else 0.0
+        records = g.gather(mine)
         return world_figures(records) if self.writes else None

@@ -52,7 +52,8 @@ def _rec(rate, wait, slow_slot, slow_rate, node="node5"):
 
 def test_the_world_sums_the_ranks_and_the_verdict_names_each_wait_and_the_slowest_rank():
     ranks = [rank_record(0, 2, "node1", _rec(400.0, 0.02, "0", 410.0), "sha256:ab"),
-             rank_record(1, 2, "node2", _rec(250.0, 0.41, "1", 120.0, node="node4"), "sha256:ab")]
+             {**rank_record(1, 2, "node2", _rec(250.0, 0.41, "1", 120.0, node="node4"), "sha256:ab"),
+              "rank_wait_fraction": 0.03}]
     assert ranks[1]["slowest_input_worker"]["worker"] == "3"  # rank 1's slot 1 of 2 ranks: worker 3
     world = world_figures(ranks)
     assert world["world_size"] == 2 and world["world_steady_samples_per_sec"] == 650.0
@@ -62,6 +63,7 @@ def test_the_world_sums_the_ranks_and_the_verdict_names_each_wait_and_the_slowes
     assert lines[0].startswith("  ranks: 2 trainer ranks, world steady state 650.0 samples/s")
     assert "rank 0 (node1): input wait 2.0 %" in lines[1] and "rank 1 (node2): input wait 41.0 %" in lines[2]
     assert "slowest input worker 3 on node4 120.0 samples/s" in lines[2]
+    assert "waits for the other ranks 3.0 %" in lines[2] and "waits for" not in lines[1]
     assert lines[3].startswith("  slowest rank: 1 (node2), input wait 41.0 %") and all(len(x) < 250 for x in lines)
     differ = world_figures([ranks[0], {**ranks[1], "weights_sha256": "sha256:cd"}])
     assert differ["weights_identical"] is False and "WEIGHTS DIFFER" in rank_lines(differ)[0]
