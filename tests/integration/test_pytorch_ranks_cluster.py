@@ -55,6 +55,12 @@ def _wait(what: str, ok, proc: subprocess.Popen, log: Path, timeout: float = 240
         time.sleep(0.3)
 
 
+def _tapped(tap: Path, pid: int) -> int:
+    """Sample ids process ``pid``'s DataLoader read so far (its tap file's lines)."""
+    files = list(tap.glob(f"*-{pid}.ids"))
+    return len(files[0].read_text().split()) if files else 0
+
+
 def _registration(md: Path, rank: int, slot: int, attempt: int) -> dict | None:
     for f in md.glob(f".csrun/*.rank{rank}/workers/{slot}.json"):
         try:
@@ -86,7 +92,10 @@ def ranks_job(slurm_cluster, tmp_path_factory):
         _wait("global step 50", lambda: "csrun:global_step = 50," in log.read_text(), proc, log)
         killed = _wait("rank 1's worker 5", lambda: _registration(md, 1, 1, 0), proc, log)
         os.kill(int(killed["pid"]), signal.SIGKILL)
-        _wait("worker 5's replacement", lambda: _registration(md, 1, 1, 1), proc, log)
+        new = _wait("worker 5's replacement", lambda: _registration(md, 1, 1, 1), proc, log)
+        # it streams: its tap holds a first pass (it reads ahead of training), then rank 1 trains on it a while
+        _wait("the replacement's reads", lambda: _tapped(tap, new["pid"]) >= SAMPLES // WORKERS, proc, log, 120.0)
+        time.sleep(3.0)
         job = re.search(r"srun: job (\d+)", log.read_text()) or re.search(r"job (\d+)", log.read_text())
         _params(params, tap, pace_ms=0)  # the next allocation reads it: trains the rest at full pace
         jobs = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=csrun_wse"], env=env,
@@ -144,7 +153,8 @@ def test_each_ranks_first_pass_is_disjoint_and_the_union_covers_the_data(ranks_j
             rep = json.loads(rep_file.read_text())
             g = int(rep_file.name.split(".")[0]) * WORLD + r
             assert rep["streaming_rank"] == g and rep["num_streamers"] == WORKERS, rep
-            (ids,) = [f for f in tap.glob(f"*-{rep['pid']}.ids")]
+            pid = ranks_job["killed"]["pid"] if rep["attempt"] else rep["pid"]  # worker 5: its first process's
+            (ids,) = [f for f in tap.glob(f"*-{pid}.ids")]
             first = [int(x) for x in ids.read_text().split()[:share]]
             assert len(first) == share
             by_rank[r] += first
