@@ -115,11 +115,14 @@ class _Batches:
         import numpy as np
 
         self.rng, self.n, self.end, self.signal_at, self.rank = np.random.default_rng(rank), 0, end, signal_at, rank
+        self.die_at: int | None = None
 
     def next(self):
         self.n += 1
         if self.signal_at is not None and self.n == self.signal_at:
             os.kill(os.getpid(), signal.SIGUSR2)
+        if self.die_at is not None and self.n == self.die_at:
+            os._exit(3)  # a rank lost mid-training (no clean-up, as SIGKILL)
         if self.end is not None and self.n > self.end:
             return None, self.rank
         x = self.rng.normal(size=(8, 4)).astype("float32")
@@ -151,13 +154,22 @@ def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
     model_dir = Path(tmp) / f"dir{rank}"
     end = 7 if scenario == "input_end" and rank == 1 else None
     source = _Batches(rank, end, 4 if scenario == "signal" and rank == 1 else None)
+    source.die_at = 5 if scenario == "die" and rank == 1 else None
     backend = TorchStepBackend(model=ranks.wrap(model), module=model, opt=opt, source=source, rc=rc,
                                model_dir=model_dir, device=ranks.device, evaluate=lambda m, s: {},
                                forward_loss=lambda m, b: torch.nn.functional.mse_loss(m(b["x"]), b["y"]))
     setup = LoopSetup(rc=rc, model_dir=model_dir, mode="train", start=0, t_proc=time.time(), node=f"n{rank}",
                       num_input_workers=1, params_path=None, evaluating=False, ranks=LoopRanks(ranks, f"n{rank}"))
     driver = TrainingDriver(setup, backend)
-    driver.run()
+    try:
+        driver.run()
+    except RuntimeError as e:  # the other rank died: one line, as the chief says it (exit 1)
+        from csrun_runtime.pytorch.ranks import collective_failure
+        from csrun_runtime.rankgroup import RankLost
+
+        lost = e if isinstance(e, RankLost) else collective_failure(ranks, e)
+        (Path(tmp) / f"result{rank}.json").write_text(json.dumps({"lost": str(lost) if lost else repr(e)}))
+        return
     t0 = time.perf_counter()
     for _ in range(50):
         ranks.agree(0)
@@ -198,3 +210,22 @@ def test_two_gloo_ranks_stop_together_and_rank_zero_alone_writes(tmp_path, scena
     assert perf["world_samples_per_sec"] == pytest.approx(sum(r["samples_per_sec"] for r in perf["ranks"]), abs=0.02)
     if scenario == "signal":
         assert perf["stopped_by"] == "SIGUSR2"
+
+
+def test_a_rank_whose_peer_dies_ends_at_once_with_one_line(tmp_path):
+    """Rank 1 exits abruptly at its 5th batch: rank 0, in DDP's all-reduce or the stop
+    agreement, fails at once (gloo sees the connection close) with the one line the chief
+    logs, instead of waiting for the collective timeout."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, str(tmp_path), "die")) for r in (0, 1)]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert procs[1].exitcode == 3 and procs[0].exitcode == 0
+    lost = json.loads((tmp_path / "result0.json").read_text())["lost"]
+    assert lost.startswith("trainer rank 0 of 2: ") and "another rank died" in lost and "\n" not in lost, lost
+    assert time.monotonic() - t0 < 100  # far below the 360 s collective timeout
