@@ -71,6 +71,7 @@ BENCHMARKS = {
     "ingest_gap": "bench_ingest_gap",
     "read_ahead": "bench_read_ahead",
     "gpu_feed": "bench_gpu_feed",
+    "rank_agree": "bench_rank_agree",
 }
 DEFAULT_RESULTS = HERE / "results"
 

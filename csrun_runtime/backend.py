@@ -9,7 +9,14 @@ declares it, each class's instances with the methods of the Protocol it returns)
 drives what a backend makes through the small Protocols below: the training loop a
 :class:`StepBackend` (declared in :mod:`csrun_runtime.loop`), the autoscaler and the elastic
 watch a :class:`StreamSource`, the analyzer's pipeline probes an :class:`InputBackend`
-(:mod:`csrun_runtime.input_backend`); a run.py calls ``run``.
+(:mod:`csrun_runtime.input_backend`); a run.py calls ``run``. With several trainer ranks
+(docs/MULTI-RANK.md) the backend's chief also makes a :class:`RankGroup` (declared in
+:mod:`csrun_runtime.rankgroup`: ``rank``, ``world_size``, ``agree(code)`` a MAX over the
+ranks, ``gather(obj)``, ``digest()`` of its weights; collectives time out with ``RankLost``)
+and hands it to the loop wrapped in :class:`csrun_runtime.rankgroup.LoopRanks`
+(``LoopSetup.ranks``): the core then agrees on every stop, lets rank 0 alone write, and
+gathers the ranks' figures into performance.json and the verdict
+(:class:`csrun_runtime.pytorch.ranks.TorchRanks` is PyTorch's).
 
 A module Protocol's member in capitals (``STEP_BACKEND``, ``INPUT_BACKEND``, ``SOURCES``,
 ``VIOLATION``) names the backend's class for a role whose class names differ between
@@ -28,8 +35,10 @@ from .input_backend import InputBackend
 from .loop import StepBackend
 from .params import Resolved
 from .probing import ChiefDrain, DrainBackend, ProbeBackend
+from .rankgroup import RankGroup
 
-__all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RunnerModule", "ChiefModule",
+__all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RankGroup", "RunnerModule",
+           "ChiefModule",
            "RemoteModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
            "TrainingModule", "InputBackendModule", "MODULES", "INSTANCES"]
 

@@ -116,7 +116,7 @@ def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     path.write_text(yaml.safe_dump(params))
     md = digits["root"] / "md_killed"
     log = digits["root"] / "killed.log"
-    max_steps, kill_at = 1500, 200
+    max_steps, kill_at = 1000, 200  # 800 paced steps (16 s) after the kill: its replacement takes ~4 s
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "1",
             "python-pt", PACED, "--params", str(path), "--mode", "train", "--max_steps", str(max_steps),
             "--model_dir", str(md)]
