@@ -59,6 +59,8 @@ class LoopContext:
         rdv: the rendezvous (with input workers), for ``chief.json``.
         autoscale, addresses, registry: ``--autoscale``'s spec, every dispatcher address and
             the workers' registrations (:class:`csrun_runtime.autoscale.Autoscaler`).
+        ranks: several trainer ranks' :class:`csrun_runtime.tensorflow.ranks.TFRanks` (the
+            chunk agreement), or ``None``.
     """
 
     rc: Mapping[str, Any]
@@ -77,6 +79,7 @@ class LoopContext:
     autoscale: AutoscaleSpec | None = None
     addresses: list[str] = field(default_factory=list)
     registry: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ranks: Any = None
 
 
 
@@ -102,8 +105,12 @@ class TFStepBackend:
         self.writer: Any = None
 
     def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk:
-        """``source.get_chunk(limit, timeout, what)``."""
-        return self.source.get_chunk(limit, float(timeout or 0), what or "runconfig.input_timeout_secs")
+        """``source.get_chunk(limit, timeout, what)``; with several trainer ranks the chunk
+        every rank trains (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.next_chunk`)."""
+        what = what or "runconfig.input_timeout_secs"
+        if self.chief.ranks is not None:
+            return self.chief.ranks.next_chunk(self.source, limit, float(timeout or 0), what)
+        return self.source.get_chunk(limit, float(timeout or 0), what)
 
     def train(self, chunk: Chunk) -> tuple[StepLoss, list[StepLoss]]:
         """The chunk's steps in one call (which advances the global step variable); the losses
