@@ -179,10 +179,13 @@ def apply_placement(env: Mapping[str, str]) -> None:
 
 def worker_env(env: Mapping[str, str], role: Role, split: CpuSplit) -> dict[str, str]:
     """The environment of the chief's input worker: the chief's, as input worker 0 of the
-    ``chief-input`` component (docs/CONTRACT.md), with its CPUs, pinning and niceness."""
+    ``chief-input`` component (docs/CONTRACT.md), with its CPUs, pinning and niceness. With
+    several trainer ranks it is input worker ``g = rank`` (job-wide), so it feeds its own
+    rank as that rank's slot 0 (:func:`csrun_common.ranks.worker_rank`; docs/MULTI-RANK.md)."""
     out = {k: v for k, v in env.items() if k != CHIEF_INPUT_ENV}
     out.update({codec.ROLE: CHIEF_INPUT, codec.TASK_OFFSET: str(role.procid or 0),
-                codec.WORKER_OFFSET: "0", codec.CPUS_PER_TASK: str(split.threads),
+                codec.WORKER_OFFSET: str(role.rank if role.world_size > 1 else 0),
+                codec.CPUS_PER_TASK: str(split.threads),
                 NICE_ENV: str(NICE)})
     if split.pinned:
         out[PIN_ENV] = _ids(split.input)

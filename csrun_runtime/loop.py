@@ -44,6 +44,7 @@ from . import preemption
 from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from .autoscale import Autoscaler
 from .params import training_target
+from .rankgroup import LoopRanks, rank_lines
 
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
@@ -126,6 +127,9 @@ class LoopSetup:
         rdv: the rendezvous (with input workers), for ``chief.json``.
         autoscale, addresses, registry: ``--autoscale``'s spec (``None``: not autoscaled),
             every slot's address and the workers' registrations (:class:`csrun_runtime.autoscale.Autoscaler`).
+        ranks: with several trainer ranks, the loop's side of the framework's
+            :class:`csrun_runtime.rankgroup.RankGroup` (stop agreement, rank 0 writes, the
+            ranks' figures); ``None`` with one.
     """
 
     rc: Mapping[str, Any]
@@ -142,6 +146,11 @@ class LoopSetup:
     autoscale: AutoscaleSpec | None = None
     addresses: list[str] = field(default_factory=list)
     registry: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ranks: LoopRanks | None = None
+
+
+def _no_scalars(values: Mapping[str, float], step: int) -> None:
+    """The scalar writer of a rank that writes no events (not rank 0)."""
 
 
 @dataclass
@@ -288,6 +297,8 @@ class TrainingDriver:
         self.clock = LoopClock()
         self.scalars: ScalarWriter | None = None
         self.autoscaler: Autoscaler | None = None
+        self.ranks = setup.ranks
+        self.writes = self.ranks is None or self.ranks.writes  # rank 0 (or the only chief) writes
         if setup.autoscale is not None and backend.batch_size:
             self._start_autoscaler(backend.batch_size)
 
@@ -317,17 +328,18 @@ class TrainingDriver:
         if self.start >= self.target:
             log.info("global step %d already reached the training target %d; nothing to train",
                      self.start, self.target)
-            if s.evaluating:
+            if s.evaluating and self.writes:
                 b.evaluate(self.start)
             return
-        if s.rc.get("save_initial_checkpoint"):
+        if s.rc.get("save_initial_checkpoint") and self.writes:
             b.save(self.start)
             self.last_saved = self.start
-        self.scalars = b.open_events()
+        self.scalars = b.open_events() if self.writes else _no_scalars
         log.info("training from global step %d to %d%s", self.start, self.target,
                  f" (batch_size {b.batch_size})" if b.batch_size else "")
         try:
-            while self.step < self.target and not preemption.stop_requested():  # a signal: stop here
+            # a signal: stop here (several ranks: at the chunk all agree on, _one_chunk)
+            while self.step < self.target and (self.ranks is not None or not preemption.stop_requested()):
                 if not self._one_chunk():
                     break
             self.loss = float(self.loss)  # the end reads the last loss (a backend's check may raise)
@@ -342,7 +354,8 @@ class TrainingDriver:
                 b.close_events()
             raise
         if self.clock.t_first_end is None:  # stopped before the first step: nothing new to save
-            self._stopped_before_first_step()
+            stopped_before_first_step(self.setup, self.backend, self.clock, self.start, self.step, self.target,
+                                      self.writes)
             return
         self._finish(time.monotonic())
 
@@ -351,13 +364,16 @@ class TrainingDriver:
         """Take a chunk, train its steps in one call, log every step of it that logs, then
         checkpoint / evaluate when the chunk ended on such a step. False: the input ended."""
         t0 = time.monotonic()
+        chunk, interrupted = None, False
         try:
             with preemption.waiting_for_input():  # a stop signal ends the wait: stop at this step
                 chunk = self._next_chunk(self._chunk_limit())
         except preemption.Interrupted:
-            return True
+            interrupted = True
+        if self.ranks is not None and not self.ranks.go_on(chunk is None and not interrupted):
+            return False  # a rank stops: all stop before this chunk (the fetched one is not trained)
         if chunk is None:
-            return False
+            return interrupted
         t1 = time.monotonic()
         if self.clock.t_first is None:
             self.clock.t_first = t1
@@ -371,10 +387,10 @@ class TrainingDriver:
         logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
         for s in logged:
             self._log_step(s, losses[s - before - 1], last=s == logged[-1])
-        if self.ckpt_steps and self.step % self.ckpt_steps == 0:
+        if self.ckpt_steps and self.step % self.ckpt_steps == 0 and self.writes:
             self.backend.save(self.step)
             self.last_saved = self.step
-        if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target:
+        if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target and self.writes:
             te = time.monotonic()
             self.backend.evaluate(self.step)
             # after the first step's end even at the first step: inside the steady state's wall time
@@ -428,22 +444,6 @@ class TrainingDriver:
             self.clock.live_window(step, self.scalars)
 
     # ------------------------------------------------------------------ the end
-    def _stopped_before_first_step(self) -> None:
-        """A stop signal before the first step: the allocation record and a performance.json
-        that says so (no checkpoint: the restored state stands)."""
-        b = self.backend
-        desc = b.source.describe()
-        b.end_input()
-        b.close_events()
-        extra = record_allocation(self.setup, self.clock, self.start, self.step, self.target)
-        v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=self.batch_size,
-                    wait_fraction=0.0, ended=ended_text())
-        say_verdict(v, steps=0, start=self.start, end=self.step, batch_size=self.batch_size, steady_time=0.0,
-                    compile_time=0.0, compute_rate=None)
-        write_json(self.setup.model_dir / "performance" / "performance.json",
-                   {"verdict": v, "ended": v["ended"], "steps": 0, "global_step_start": self.start,
-                    "global_step_end": self.step, "mode": self.setup.mode, **b.info(), **desc, **extra})
-
     def _finish(self, t_end: float, failed: str | None = None) -> None:
         """The end of training (target reached, stopped by a signal, or ``failed`` after its
         first step): the final checkpoint (not after a failure), performance.json, the log's
@@ -452,7 +452,7 @@ class TrainingDriver:
         assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
         c.t_end = t_end
         steps = self.step - self.start
-        if self.last_saved != self.step and failed is None:
+        if self.last_saved != self.step and failed is None and self.writes:
             b.save(self.step)
             self.last_saved = self.step
         desc = b.source.describe()
@@ -460,6 +460,14 @@ class TrainingDriver:
             desc["autoscale"] = self.autoscaler.describe()
         b.end_input()
         rec, v, total_time = self._performance(desc, steps, t_end, failed)
+        world = self.ranks.gather(rec) if self.ranks is not None and failed is None else None
+        if not self.writes:  # a rank other than 0: its figures went to rank 0, it writes nothing
+            b.close_events()
+            log_summary(s, desc, steps, 0, 0.0, self.loss, quiet=True)
+            return
+        if world is not None:
+            rec.update(world)
+            rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
         if not c.windows_written and self.scalars is not None and v["steady_samples_per_sec"] is not None:
             # a run shorter than one rate window: its steady state
             self.scalars({"samples_per_sec": v["steady_samples_per_sec"],
@@ -472,6 +480,8 @@ class TrainingDriver:
                     steady_time=rec["steady_time"], compile_time=rec["compile_time"],
                     compute_rate=rec.get("est_samples_per_sec") if c.computes else None,
                     programming_time=c.programming_time)
+        for line in rank_lines(world) if world is not None else []:
+            log.info("%s", line)
         if s.evaluating and failed is None and not preemption.stop_requested():
             b.evaluate(self.step)
 
@@ -488,7 +498,8 @@ class TrainingDriver:
                  "mode": s.mode, "eval_time": round(c.eval_time, 4), **s.ingest_info,
                  "steps_per_execution": c.calls(s.rc.get("steps_per_execution", "auto"), steps)}
         end = None if failed is None else (self.last_saved if self.last_saved is not None else self.start)
-        extra.update(record_allocation(s, c, self.start, self.step, self.target, end_step=end))
+        if self.writes:  # performance/allocations.json: rank 0's
+            extra.update(record_allocation(s, c, self.start, self.step, self.target, end_step=end))
         steady_time = (t_end - c.t_first_end) - c.eval_time_after_first
         rates = worker_rates(desc.get("batches_per_worker") or {}, self.batch_size, steady_time)
         rec = performance_record(
@@ -507,6 +518,27 @@ class TrainingDriver:
         return rec, v, total_time
 
 
+def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, start: int, step: int, target: int,
+                              writes: bool = True) -> None:
+    """A stop signal before the first step: the allocation record and a performance.json
+    that says so (no checkpoint: the restored state stands); nothing written when not
+    ``writes`` (a trainer rank other than 0)."""
+    desc = b.source.describe()
+    b.end_input()
+    b.close_events()
+    if not writes:
+        return
+    batch_size = b.batch_size or 0
+    extra = record_allocation(s, clock, start, step, target)
+    v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=batch_size,
+                wait_fraction=0.0, ended=ended_text())
+    say_verdict(v, steps=0, start=start, end=step, batch_size=batch_size, steady_time=0.0,
+                compile_time=0.0, compute_rate=None)
+    write_json(s.model_dir / "performance" / "performance.json",
+               {"verdict": v, "ended": v["ended"], "steps": 0, "global_step_start": start,
+                "global_step_end": step, "mode": s.mode, **b.info(), **desc, **extra})
+
+
 def say_verdict(v: dict[str, Any], *, steps: int, start: int, end: int, batch_size: int, steady_time: float,
                 compile_time: float, compute_rate: float | None, programming_time: float = 0.0) -> None:
     """Log the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`) of ``steps`` steps
@@ -518,15 +550,18 @@ def say_verdict(v: dict[str, Any], *, steps: int, start: int, end: int, batch_si
 
 
 def log_summary(s: LoopSetup, desc: dict[str, Any], steps: int, total_samples: int, total_time: float,
-                loss: SupportsFloat) -> None:
+                loss: SupportsFloat, quiet: bool = False) -> None:
     """The end of a training run in the log (the Model Zoo's two lines, ``total_time`` seconds)
-    and, with input workers, the batches each sent and ``chief.json`` in the rendezvous."""
+    and, with input workers, the batches each sent and ``chief.json`` in the rendezvous (the
+    rank's own, with several trainer ranks); ``quiet`` (a rank other than 0): only those."""
     if s.rdv is not None:
         per = desc.get("batches_per_worker", {})
         nodes = desc.get("worker_nodes", {})
         log.info("batches received per input worker: %s",
                  ", ".join(f"{i} ({nodes.get(i)}): {n}" for i, n in per.items()))
         write_json(s.rdv.dir / "chief.json", {**desc, "steps": steps})
+    if quiet:
+        return
     log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.",
              total_samples, total_time, total_samples / total_time if total_time > 0 else 0.0)
     log.info("Loss for final step: %.6g.", float(loss))

@@ -62,7 +62,7 @@ from csrun_common.exits import REQUEUE as REQUEUE_EXIT
 __all__ = ["REQUEUE_EXIT", "STOP_SIGNALS_ENV", "REQUEUE_COUNT_ENV", "install", "install_from_env", "set_label",
            "stop_requested", "stop_signal", "stop_time", "exit_code", "Allocation", "record_allocation",
            "run_allocations", "wait_workers_left", "reset", "install_interrupts", "deferred", "Interrupted",
-           "INTERRUPT_SIGNALS", "requeue_requested", "waiting_for_input"]
+           "INTERRUPT_SIGNALS", "requeue_requested", "waiting_for_input", "adopt_stop", "stop_signum"]
 
 #: Under ``<model_dir>/performance/``: the allocations of every run in this model_dir.
 ALLOCATIONS_FILE = "allocations.json"
@@ -211,6 +211,18 @@ def install_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     return install(value.replace(",", ":").split(":")) if value else []
 
 
+def adopt_stop(signum: int, requeue: bool) -> None:
+    """Record stop signal ``signum`` as if this process had received it (``requeue``: one of
+    ``--requeue``'s), unless one was recorded already: a trainer rank that did not receive the
+    signal another rank did stops as that rank does, with the same ``stopped_by`` and exit
+    status (:mod:`csrun_runtime.rankgroup`). Raises ``ValueError`` for a number that is no
+    signal."""
+    if _request.signal is not None:
+        return
+    _request.signal, _request.at = signal.Signals(int(signum)).name, time.time()
+    _request.signum, _request.requeue = int(signum), bool(requeue)
+
+
 def stop_requested() -> bool:
     """A stop signal arrived: the chief should save and stop at its next step boundary."""
     return _request.signal is not None
@@ -219,6 +231,11 @@ def stop_requested() -> bool:
 def stop_signal() -> str | None:
     """The first stop signal's name (``"SIGUSR2"``) or ``None``."""
     return _request.signal
+
+
+def stop_signum() -> int:
+    """The first stop signal's number, 0 when none arrived."""
+    return _request.signum if _request.signal is not None else 0
 
 
 def stop_time() -> float | None:

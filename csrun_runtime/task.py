@@ -48,8 +48,12 @@ def setup_logging(prefix: str = "", level: str = "INFO") -> None:
 
 
 def log_prefix(role: Role) -> str:
-    """``""`` for the chief, ``"[worker <i> <node>] "`` for an input worker: what its lines start with."""
-    return "" if role.is_chief else f"[worker {role.worker_index} {role.node}] "
+    """``""`` for the chief (rank 0 of several trainer ranks), ``"[rank <r> <node>] "`` for
+    another trainer rank, ``"[worker <g> <node>] "`` for an input worker (``g`` its job-wide
+    index): what its lines start with."""
+    if role.is_chief:
+        return f"[rank {role.rank} {role.node}] " if role.rank else ""
+    return f"[worker {role.streamer_index} {role.node}] "
 
 
 def begin(env: Mapping[str, str] | None = None) -> tuple[Role, str]:

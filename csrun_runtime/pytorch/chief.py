@@ -30,6 +30,7 @@ from .. import preemption
 from ..artifacts import write_params_yaml
 from ..loop import LoopSetup, TrainingDriver
 from ..params import ParamsError, Resolved, load_shard_plan, training_target
+from ..rankgroup import LoopRanks, RankLost
 from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
 from .contract import (
@@ -48,6 +49,7 @@ from .contract import (
 from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
+from .ranks import TorchRanks, leave_ranks, rank_device
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
@@ -60,6 +62,8 @@ log = logging.getLogger("csrun.runtime")
 #: validate_only's file-coverage check reads each of its three DataLoaders for at most this long
 #: (seconds); the analyzer's check process allows a whole pass of 60 s.
 VALIDATE_COVERAGE_SECS = 10.0
+#: The modes every trainer rank runs (the others run on rank 0 alone).
+TRAIN_MODES = ("train", "train_and_eval")
 
 
 class _LocalSource:
@@ -102,16 +106,11 @@ class Chief:
         self.num_input_workers = 0 if role.single_process else role.num_input_workers
         self.rdv: Rendezvous | None = None
         self.heartbeat: Heartbeat | None = None
-        self.device = self._device()
+        self.ranks: TorchRanks | None = None  # several trainer ranks: joined at the start of training
+        self.device = rank_device(role)
         self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
         self.own_input = OwnInput(role, os.environ)  # CSRUN_CHIEF_INPUT_CPUS: input worker 0 in this task
-
-    @staticmethod
-    def _device() -> Any:
-        import torch
-
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     # ------------------------------------------------------------------ life
     def run(self) -> int:
@@ -121,11 +120,13 @@ class Chief:
             self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
             self.rdv.reset()
             self.heartbeat = Heartbeat(self.rdv, "chief").start()
-        status, code = "failed", 1
+        status, code, returned = "failed", 1, False
         try:
-            code = {"train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
-                    "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode]()
-            status = "ok" if code == 0 else "failed"
+            idle = self.role.world_size > 1 and not self.role.is_rank_zero and self.mode not in TRAIN_MODES
+            code = (self._rank_idle if idle else {
+                "train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
+                "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode])()
+            status, returned = ("ok" if code == 0 else "failed"), True
         except (ContractError, ParamsError, checkpoint.CheckpointError) as e:
             log.error("%s", e)
             code = 2
@@ -135,6 +136,8 @@ class Chief:
             code = 2
         except InputStalled as e:
             log.error("input stalled: %s", e)
+        except RankLost as e:  # a rank died, hangs or never joined: one line, exit 1
+            log.error("%s", e)
         except preemption.Interrupted as e:  # outside the training loop: nothing more to save
             log.info("stopped by %s outside the training loop: no step trained since, nothing more saved", e.signal)
             code = e.code
@@ -151,7 +154,12 @@ class Chief:
                 self.own_input.stop()
                 if self.heartbeat is not None:
                     self.heartbeat.stop()
-        return code
+        return leave_ranks(self.ranks, code, returned)
+
+    def _rank_idle(self) -> int:
+        """A mode other than training on a trainer rank other than 0: rank 0 alone runs it."""
+        log.info("mode %s runs on trainer rank 0 only; rank %d has nothing to do", self.mode, self.role.rank)
+        return 0
 
     def _wait_workers_left(self, timeout: float = 10.0) -> None:
         """After ``done.json``: wait (up to ``timeout`` s) for every worker's report, so that the
@@ -170,16 +178,18 @@ class Chief:
         if self.role.shard_plan:
             plan = load_shard_plan(self.role.shard_plan, max(1, self.num_input_workers))
             files = list(plan["workers"][0]["files"])
-        p = process_params(self.params, 0, 1, True, data_dir, files)
-        set_facts(StreamerFacts(1, 0, True))
-        seed_process(torch_seed(self.params, 0))
+        # several trainer ranks reading in-process: rank r reads streamer r of world_size's share
+        r, n = (self.role.rank, self.role.world_size) if self.role.world_size > 1 and not files else (0, 1)
+        p = process_params(self.params, r, n, True, data_dir, files)
+        set_facts(StreamerFacts(n, r, True))
+        seed_process(torch_seed(self.params, r))
         return call_data_fn(self.train_data_fn, p, "train_input")
 
     def _check_workers_loader(self) -> None:
         """The contract of the training DataLoader as input worker 0 of ``W`` builds it (not
         iterated), so that a violation is the chief's exit 2 before any worker streams.
         Raises :class:`ContractError`."""
-        w = 1 if self.role.shard_plan else self.num_input_workers
+        w = 1 if self.role.shard_plan else max(1, self.role.num_streamers)  # job-wide: W of all ranks
         set_facts(StreamerFacts(w, 0, True))
         try:
             call_data_fn(self.train_data_fn, process_params(self.params, 0, w, True), "train_input")
@@ -225,14 +235,18 @@ class Chief:
         remote = self.rdv is not None and self.num_input_workers > 0
         if remote:
             self.own_input.place()  # before the model: the training CPUs, when the split pins them
+        if self.role.world_size > 1:  # several trainer ranks: join the others (bounded wait)
+            self.ranks = TorchRanks.start(self.role, self.rc)
         model, opt = self._model()
-        start = self._restore(model, opt)
+        start = self._restore(model, opt)  # every rank restores the same checkpoint
         target = training_target(start, self.rc)
-        write_params_yaml(self.model_dir, self.params, "train")
+        writes = self.role.is_rank_zero or self.role.world_size <= 1
+        if writes:
+            write_params_yaml(self.model_dir, self.params, "train")
         evaluating = self.mode == "train_and_eval"
         if start >= target:
             log.info("global step %d already reached the training target %d; nothing to train", start, target)
-            if evaluating:
+            if evaluating and writes:
                 self._evaluate(model, start)
             return 0
         autoscale = autoscale_spec(os.environ, self.num_input_workers) if remote else None
@@ -247,18 +261,28 @@ class Chief:
         source = DeviceFeed(source, self.device, depth=int(self.rc.get("device_prefetch") or DEVICE_PREFETCH),
                             threaded=None if autoscale is None else False)
         self._source = source  # closed after done.json (run()), so the workers read the chief's status
-        backend = TorchStepBackend(model=model, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
+        self._loop(model, opt, source, start, evaluating, autoscale)
+        return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
+
+    def _loop(self, model: Any, opt: Any, source: Any, start: int, evaluating: bool, autoscale: Any) -> None:
+        """The core's training loop over :class:`.training.TorchStepBackend`; with several trainer
+        ranks the module wrapped in ``DistributedDataParallel`` (:meth:`.ranks.TorchRanks.wrap`,
+        after the restore), checkpoints and evaluations of the unwrapped module, and the loop's
+        :class:`csrun_runtime.rankgroup.LoopRanks` (stop agreement, rank 0 writes)."""
+        trained = self.ranks.wrap(model) if self.ranks is not None else model
+        backend = TorchStepBackend(model=trained, opt=opt, source=source, rc=self.rc, model_dir=self.model_dir,
                                    device=self.device, evaluate=self._evaluate, forward_loss=self._forward_loss,
-                                   start=start, info=self.own_input.describe,
+                                   start=start, info=self.own_input.describe, module=model,
                                    scheduler=build_lr_scheduler(model, opt, self.params, start))
+        ranks = LoopRanks(self.ranks, self.role.node or None) if self.ranks is not None else None
         setup = LoopSetup(rc=self.rc, model_dir=self.model_dir, mode=self.mode, start=start, t_proc=self.t_proc,
                           node=self.role.node or None, num_input_workers=self.num_input_workers,
                           params_path=self.resolved.params_path, evaluating=evaluating, rdv=self.rdv,
                           autoscale=autoscale, addresses=getattr(source, "addresses", []),
-                          registry=getattr(source, "registry", {}))
-        log.info("training on %s", self.device)
+                          registry=getattr(source, "registry", {}), ranks=ranks)
+        log.info("training on %s%s", self.device, f" as trainer rank {self.role.rank} of {self.role.world_size} "
+                 f"(DistributedDataParallel, {self.ranks.backend})" if self.ranks is not None else "")
         TrainingDriver(setup, backend).run()
-        return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 
     # ------------------------------------------------------------------ eval
     def _eval_loader(self) -> Any:

@@ -131,12 +131,14 @@ def _from_env() -> StreamerFacts:
         role = resolve_role()
     except RoleError:
         return StreamerFacts()
-    w = max(1, role.num_input_workers)
+    w = max(1, role.num_streamers)  # job-wide: with several trainer ranks, W of all ranks
     if role.shard_plan:
         w = 1
     if role.is_chief:
+        if role.num_input_workers == 0 and role.world_size > 1 and not role.shard_plan:
+            return StreamerFacts(role.world_size, role.rank, True)  # each rank reads its own share
         return StreamerFacts(w, 0, role.num_input_workers == 0)
-    return StreamerFacts(w, 0 if role.shard_plan else int(role.worker_index or 0), True)
+    return StreamerFacts(w, 0 if role.shard_plan else int(role.streamer_index or 0), True)
 
 
 def facts() -> StreamerFacts:

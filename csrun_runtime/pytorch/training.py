@@ -104,6 +104,8 @@ class TorchStepBackend:
             (``chief_input``, ...).
         scheduler: a learning-rate scheduler stepped after every optimizer step (the schedule of
             ``optimizer.learning_rate``, :func:`.contract.build_lr_scheduler`), or None.
+        module: the module checkpoints and evaluations take when ``model`` wraps it (several
+            trainer ranks: ``model`` is its ``DistributedDataParallel``); default ``model``.
 
     Each chunk is one batch (``steps_per_execution`` does not apply: a PyTorch step is one
     Python call anyway). No host sync in the step: :meth:`train` returns the loss as a
@@ -114,8 +116,10 @@ class TorchStepBackend:
 
     def __init__(self, *, model: Any, opt: Any, source: Any, rc: Mapping[str, Any], model_dir: Path, device: Any,
                  evaluate: Callable[[Any, int], Any], forward_loss: Callable[[Any, Any], Any],
-                 start: int = 0, info: Callable[[], dict[str, Any]] = dict, scheduler: Any = None):
+                 start: int = 0, info: Callable[[], dict[str, Any]] = dict, scheduler: Any = None,
+                 module: Any = None):
         self.model, self.opt, self.source, self.rc = model, opt, source, rc
+        self.module = model if module is None else module
         self.scheduler = scheduler
         self.model_dir, self.device = model_dir, device
         self._evaluate, self.forward_loss, self._info = evaluate, forward_loss, info
@@ -154,12 +158,12 @@ class TorchStepBackend:
         Raises RuntimeError when a step's loss was not finite (read here: a checkpoint reads
         the loss, as a log line does)."""
         self.losses.check(step)
-        p = checkpoint.save(self.model_dir, step, self.model, self.opt, self.keep)
+        p = checkpoint.save(self.model_dir, step, self.module, self.opt, self.keep)
         log.info("saved %s", p)
 
     def evaluate(self, step: int) -> None:
         """The eval loader's metrics at ``step``; back in training mode after."""
-        self._evaluate(self.model, step)
+        self._evaluate(self.module, step)
         self.model.train()
 
     def open_events(self) -> ScalarWriter:

@@ -176,15 +176,18 @@ class InputWorker:
         raise _Leave(0, "failed")
 
     def _build(self) -> Any:
-        """The DataLoader as streamer ``index`` of ``W`` (or 0 of 1 over a shard plan's view)."""
-        w, rank, data_dir, files = self.role.num_input_workers, self.index, None, None
+        """The DataLoader as streamer ``g`` of ``W`` (or 0 of 1 over a shard plan's view): the
+        job-wide position (``role.streamer_index`` of ``role.num_streamers``; with several
+        trainer ranks not the slot among its rank's workers, docs/MULTI-RANK.md)."""
+        g, n = int(self.role.streamer_index or 0), max(1, self.role.num_streamers)
+        w, rank, data_dir, files = n, g, None, None
         if self.role.shard_plan:
             try:
-                plan = load_shard_plan(self.role.shard_plan, self.role.num_input_workers)
+                plan = load_shard_plan(self.role.shard_plan, n)
             except ParamsError as e:
                 self._fail(e.problems)
-            own, others = plan_files(plan, self.index)
-            files = list(plan["workers"][self.index]["files"])
+            own, others = plan_files(plan, g)
+            files = list(plan["workers"][g]["files"])
             ti = self.resolved.params.get("train_input") or {}
             if ti.get("data_dir") is not None:
                 view = make_data_dir_view(ti["data_dir"], own, others, self.rdv.dir / "data_views" / str(self.index))
@@ -192,7 +195,7 @@ class InputWorker:
             w, rank = 1, 0
         threads = self.role.cpus_per_task if self.role.chief_input else None  # CSRUN_CHIEF_INPUT_CPUS=N: N threads
         try:
-            loader, params, seed = build_loader(self.fn, self.resolved.params, rank, w, self.index, data_dir, files,
+            loader, params, seed = build_loader(self.fn, self.resolved.params, rank, w, g, data_dir, files,
                                                 threads=threads)
         except ContractError as e:
             self._fail([str(e)])

@@ -178,7 +178,8 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
-        "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks")
+        "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks",
+        "rankgroup")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():
