@@ -29,12 +29,13 @@ from csrun_common.roles import Role
 from .. import chief_input, preemption
 from ..artifacts import write_params_yaml
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..rankgroup import RankLost
 from ..rendezvous import Heartbeat, Rendezvous
 from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
 from .contract import Refused, check_model
 from .evaluation import Evaluator
-from .ranks import TFRanks
+from .ranks import RankSetupError, TFRanks
 from .service import InputStalled
 from .steps import TrainSteps
 from .training import LoopContext, training_loop
@@ -138,9 +139,10 @@ class Chief:
             self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
             self.rdv.reset()
             Heartbeat(self.rdv, "chief").start()
-        code, reason = 1, ""
+        code, reason, returned = 1, "", False
         try:
             code = self._run_mode()
+            returned = True
         except ParamsError as e:
             for p in e.problems:
                 log.error("%s", p)
@@ -150,7 +152,7 @@ class Chief:
                 log.error("%s", p)
             code, reason = 2, str(e)
         except Exception as e:  # noqa: BLE001
-            if isinstance(e, InputStalled):
+            if isinstance(e, (InputStalled, RankSetupError, RankLost)):  # one line says it
                 log.error("%s", e)
             else:
                 log.exception("run failed: %s", e)
@@ -171,7 +173,7 @@ class Chief:
             self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
-        return code
+        return self.ranks.leave(code, returned) if self.ranks is not None else code
 
     def _run_mode(self) -> int:
         if self.role.world_size > 1:
@@ -179,7 +181,7 @@ class Chief:
                 log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
                 return 0
             if self.mode in TRAIN_MODES:  # before any TensorFlow op: the strategy enables the collectives
-                self.ranks = TFRanks(self.role)
+                self.ranks = TFRanks(self.role, self.rc)
         if self.num_input_workers:
             try:
                 self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)
@@ -310,9 +312,6 @@ class Chief:
         source = self.streams.training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
         training_loop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
-        if self.ranks is not None:  # every rank's final weights, in rank 0's performance.json
-            self.ranks.record_ranks(self.model_dir / "performance" / "performance.json" if self.writes else None,
-                                    self.role.node, int(step_var.numpy()))
         return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 
     def loop_context(self) -> LoopContext:

@@ -32,22 +32,40 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from csrun_common.atomic import read_json, write_json
+from csrun_common import exits
 from csrun_common.roles import Role
 
 from .. import preemption
+from ..rankgroup import RankLost
 
-__all__ = ["TFRanks", "RankSetupError", "COLLECTIVES_ENV", "weights_digest"]
+__all__ = ["TFRanks", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "collective_timeout", "STOP_CODES",
+           "BASE_TIMEOUT_SECS", "EXIT_GRACE_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: The collectives' implementation (``RING``, ``NCCL`` or ``AUTO``; default ``RING``):
 #: ``tf.distribute.experimental.CommunicationImplementation``.
 COLLECTIVES_ENV = "CSRUN_TF_COLLECTIVES"
+#: The least seconds a collective of the ranks may take before it fails (:func:`collective_timeout`).
+BASE_TIMEOUT_SECS = 300.0
+#: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
+STOP_CODES = (exits.REQUEUE, 130, 143)
+#: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
+#: the other ranks (status 0) have left and srun reports rank 0's.
+EXIT_GRACE_SECS = 1.0
+
+
+def collective_timeout(rc: Mapping[str, Any]) -> float:
+    """Seconds a collective may wait for the other ranks (the PyTorch ranks' rule,
+    :func:`csrun_runtime.pytorch.ranks.collective_timeout`): :data:`BASE_TIMEOUT_SECS`, or the
+    longest input wait the runconfig allows (``worker_start_timeout_secs``,
+    ``input_timeout_secs``) plus 60 s: a rank waiting for its first batch keeps the others in
+    the chunk agreement that long."""
+    waits = [float(rc.get(k) or 0.0) for k in ("worker_start_timeout_secs", "input_timeout_secs")]
+    return max(BASE_TIMEOUT_SECS, max(waits) + 60.0)
 
 
 class RankSetupError(RuntimeError):
@@ -65,9 +83,9 @@ def weights_digest(model: Any) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
-def _strategy() -> Any:
+def _strategy(timeout: float) -> Any:
     """``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` with :data:`COLLECTIVES_ENV`'s
-    collectives. Raises :class:`RankSetupError`."""
+    collectives, each failing after ``timeout`` seconds. Raises :class:`RankSetupError`."""
     import tensorflow as tf
 
     if not os.environ.get("TF_CONFIG"):
@@ -77,7 +95,7 @@ def _strategy() -> Any:
     impl = getattr(tf.distribute.experimental.CommunicationImplementation, name, None)
     if impl is None:
         raise RankSetupError(f"{COLLECTIVES_ENV}={name}: use RING, NCCL or AUTO")
-    opts = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+    opts = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=opts)
 
 
@@ -87,7 +105,8 @@ class TFRanks:
     chunk agreement).
 
     Args:
-        role: the chief's role (``rank``, ``world_size``).
+        role: the chief's role (``rank``, ``world_size``); ``rc``: the runconfig (the
+            collectives' timeout, :func:`collective_timeout`).
 
     Attributes:
         rank, world_size: this rank and the ranks (> 1); ``strategy``: the strategy;
@@ -98,10 +117,11 @@ class TFRanks:
     ``world_size`` workers.
     """
 
-    def __init__(self, role: Role):
+    def __init__(self, role: Role, rc: Mapping[str, Any]):
         self.rank, self.world_size = role.rank, role.world_size
+        self.timeout = collective_timeout(rc)
         t = time.monotonic()
-        self.strategy = _strategy()
+        self.strategy = _strategy(self.timeout)
         self.start_secs = time.monotonic() - t
         n = int(self.strategy.num_replicas_in_sync)
         if n != self.world_size:
@@ -110,8 +130,9 @@ class TFRanks:
         self.model: Any = None
         self._eval: Any = None
         self._gather_fn: Any = None
-        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives) in %.1f s", self.rank,
-                 self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.start_secs)
+        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives, timeout %.0f s) in %.1f s",
+                 self.rank, self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.timeout,
+                 self.start_secs)
 
     def attach(self, model: Any) -> None:
         """The model this rank trains (built under :attr:`strategy`'s scope), for :meth:`digest`."""
@@ -119,7 +140,8 @@ class TFRanks:
 
     # ------------------------------------------------------------------ collectives
     def _gather(self, values: list[int]) -> list[list[int]]:
-        """Every rank's ``values`` (int64, the same length on every rank), in rank order."""
+        """Every rank's ``values`` (int64, the same length on every rank), in rank order.
+        Raises :class:`csrun_runtime.rankgroup.RankLost` when the collective fails or times out."""
         import tensorflow as tf
 
         if self._gather_fn is None:
@@ -130,7 +152,14 @@ class TFRanks:
                 return strategy.gather(strategy.run(lambda: tf.reshape(v, [1, -1])), axis=0)
 
             self._gather_fn = gather
-        return [list(map(int, row)) for row in self._gather_fn(tf.constant(values, tf.int64)).numpy()]
+        try:
+            rows = self._gather_fn(tf.constant(values, tf.int64)).numpy()
+        except tf.errors.OpError as e:
+            first = (str(e.message).strip().splitlines() or [""])[0][:200]
+            raise RankLost(f"trainer rank {self.rank}: a collective with the other {self.world_size - 1} rank(s) "
+                           f"failed (a rank died, or did not answer within {self.timeout:.0f} s): "
+                           f"{type(e).__name__}: {first}") from None
+        return [list(map(int, row)) for row in rows]
 
     def agree(self, code: int, /) -> int:
         """The maximum of every rank's ``code`` (>= 0): one collective, the same on every rank."""
@@ -143,6 +172,27 @@ class TFRanks:
         longest = max(row[0] for row in self._gather([len(data)]))
         rows = self._gather(list(data) + [0] * (longest - len(data)))
         return [json.loads(bytes(b for b in row if b)) for row in rows]
+
+    def close(self) -> None:
+        """Nothing to release: the strategy's servers end with the process."""
+
+    def leave(self, code: int, together: bool) -> int:
+        """The chief's exit: when every rank ended its mode (``together``), one last agreement,
+        so that no rank exits before rank 0 has written everything (srun ``--kill-on-bad-exit``
+        would end it); a stop's exit status (:data:`STOP_CODES`) is rank 0's, which leaves
+        :data:`EXIT_GRACE_SECS` after the others (theirs 0). Returns the exit code."""
+        if together:
+            try:
+                self.agree(0)
+            except RankLost as e:
+                log.error("%s", e)
+                together, code = False, code or 1
+        if self.rank != 0 and code in STOP_CODES and together:
+            log.info("trainer rank %d stopped with the other ranks; rank 0 exits with status %d", self.rank, code)
+            return 0
+        if self.rank == 0 and code in STOP_CODES and together:
+            time.sleep(EXIT_GRACE_SECS)
+        return code
 
     def digest(self) -> str:
         """:func:`weights_digest` of the attached model."""
@@ -166,26 +216,6 @@ class TFRanks:
         if n <= 0:
             return None
         return source.get_chunk(n, timeout, what)
-
-    def record_ranks(self, performance: Path | None, node: str | None, step: int) -> list[dict[str, Any]]:
-        """At the end of training, on every rank: gather each rank's ``{"rank", "node",
-        "global_step_end", "weights_sha256"}`` (:meth:`digest` of its final weights) and log
-        this rank's; rank 0 adds them to its ``performance`` file (performance.json) as
-        ``ranks`` with ``weights_identical``. Returns the records."""
-        mine = {"rank": self.rank, "node": node, "global_step_end": int(step), "weights_sha256": self.digest()}
-        log.info("trainer rank %d: global step %d, final weights %s", self.rank, step, mine["weights_sha256"])
-        records = self.gather(mine)
-        if self.rank == 0 and performance is not None and performance.exists():
-            rec = read_json(performance) or {}
-            have = {int(r["rank"]): r for r in rec.get("ranks") or [] if isinstance(r, dict) and "rank" in r}
-            rec["ranks"] = [{**have.get(int(r["rank"]), {}), **r} for r in records]
-            rec["world_size"] = self.world_size
-            rec["weights_identical"] = len({r["weights_sha256"] for r in records}) == 1
-            write_json(performance, rec)
-            log.info("trainer ranks: final weights %s on all %d ranks",
-                     "identical" if rec["weights_identical"] else "DIFFER", self.world_size)
-        self.agree(0)  # rank 0 has written: the ranks leave together (no rank sees a peer gone mid-call)
-        return records
 
     # ------------------------------------------------------------------ rank 0's evaluation
     def eval_model(self, model_fn: Callable[[], Any], model: Any) -> Any:

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 from csrun_common.autoscale import AutoscaleSpec
 
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
+from ..rankgroup import LoopRanks
 from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import StepLoss, TrainSteps
 
 if TYPE_CHECKING:
     from ..rendezvous import Rendezvous
+    from .ranks import TFRanks
 
 __all__ = ["STEP_BACKEND", "training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
@@ -60,7 +62,8 @@ class LoopContext:
         autoscale, addresses, registry: ``--autoscale``'s spec, every dispatcher address and
             the workers' registrations (:class:`csrun_runtime.autoscale.Autoscaler`).
         ranks: several trainer ranks' :class:`csrun_runtime.tensorflow.ranks.TFRanks` (the
-            chunk agreement), or ``None``.
+            chunk agreement, and the core's :class:`csrun_runtime.rankgroup.LoopRanks` over it:
+            the stop agreement, rank 0 writes, the ranks' figures), or ``None``.
     """
 
     rc: Mapping[str, Any]
@@ -79,7 +82,7 @@ class LoopContext:
     autoscale: AutoscaleSpec | None = None
     addresses: list[str] = field(default_factory=list)
     registry: dict[int, dict[str, Any]] = field(default_factory=dict)
-    ranks: Any = None
+    ranks: TFRanks | None = None
 
 
 
@@ -166,7 +169,8 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
         node=chief.node, num_input_workers=chief.num_input_workers, params_path=chief.params_path,
         evaluating=evaluating,
         ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
-        addresses=chief.addresses, registry=chief.registry)
+        addresses=chief.addresses, registry=chief.registry,
+        ranks=LoopRanks(chief.ranks, chief.node) if chief.ranks is not None else None)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))
 
 
