@@ -181,7 +181,7 @@ class Chief:
                 log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
                 return 0
             if self.mode in TRAIN_MODES:  # before any TensorFlow op: the strategy enables the collectives
-                self.ranks = TFRanks(self.role, self.rc)
+                self.ranks = TFRanks(self.role)
         if self.num_input_workers:
             try:
                 self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)

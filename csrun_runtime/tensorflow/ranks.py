@@ -12,10 +12,10 @@ per rank; its task has a ``TF_CONFIG`` whose cluster is the chief ranks
   initial values broadcast from worker 0) and trains each step through ``strategy.run`` on its
   own local batch (:func:`csrun_runtime.tensorflow.steps.TrainSteps` with a strategy): Keras'
   optimizer all-reduces the gradients, so every rank's weights stay the same;
-* agrees with the others, before each training call, on how many steps it trains
-  (:meth:`TFRanks.next_chunk`: the minimum of the steps every rank has at hand, 0 when one has
-  none), so all ranks run the same collectives in the same order; the core's stop agreement
-  (:mod:`csrun_runtime.rankgroup`, :meth:`TFRanks.agree`) follows;
+* takes part in the core's stop agreement before each chunk (:mod:`csrun_runtime.rankgroup`,
+  :meth:`TFRanks.agree`), then agrees with the others on how many steps the chunk trains
+  (:meth:`TFRanks.settle`: the minimum of the steps every rank has at hand, the rest of an
+  element stays for the next chunk), so all ranks run the same collectives in the same order;
 * gathers every rank's figures at the end (:meth:`TFRanks.gather`) and the digest of its final
   weights (:meth:`TFRanks.digest`).
 
@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from csrun_common import exits
@@ -41,31 +41,19 @@ from csrun_common.roles import Role
 from .. import preemption
 from ..rankgroup import RankLost
 
-__all__ = ["TFRanks", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "collective_timeout", "STOP_CODES",
-           "BASE_TIMEOUT_SECS", "EXIT_GRACE_SECS"]
+__all__ = ["TFRanks", "RankChunk", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "STOP_CODES",
+           "EXIT_GRACE_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: The collectives' implementation (``RING``, ``NCCL`` or ``AUTO``; default ``RING``):
 #: ``tf.distribute.experimental.CommunicationImplementation``.
 COLLECTIVES_ENV = "CSRUN_TF_COLLECTIVES"
-#: The least seconds a collective of the ranks may take before it fails (:func:`collective_timeout`).
-BASE_TIMEOUT_SECS = 300.0
 #: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
 STOP_CODES = (exits.REQUEUE, 130, 143)
 #: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
 #: the other ranks (status 0) have left and srun reports rank 0's.
 EXIT_GRACE_SECS = 1.0
-
-
-def collective_timeout(rc: Mapping[str, Any]) -> float:
-    """Seconds a collective may wait for the other ranks (the PyTorch ranks' rule,
-    :func:`csrun_runtime.pytorch.ranks.collective_timeout`): :data:`BASE_TIMEOUT_SECS`, or the
-    longest input wait the runconfig allows (``worker_start_timeout_secs``,
-    ``input_timeout_secs``) plus 60 s: a rank waiting for its first batch keeps the others in
-    the chunk agreement that long."""
-    waits = [float(rc.get(k) or 0.0) for k in ("worker_start_timeout_secs", "input_timeout_secs")]
-    return max(BASE_TIMEOUT_SECS, max(waits) + 60.0)
 
 
 class RankSetupError(RuntimeError):
@@ -83,9 +71,10 @@ def weights_digest(model: Any) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
-def _strategy(timeout: float) -> Any:
+def _strategy() -> Any:
     """``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` with :data:`COLLECTIVES_ENV`'s
-    collectives, each failing after ``timeout`` seconds. Raises :class:`RankSetupError`."""
+    collectives, without a per-collective timeout (see :class:`TFRanks`). Raises
+    :class:`RankSetupError`."""
     import tensorflow as tf
 
     if not os.environ.get("TF_CONFIG"):
@@ -95,8 +84,18 @@ def _strategy(timeout: float) -> Any:
     impl = getattr(tf.distribute.experimental.CommunicationImplementation, name, None)
     if impl is None:
         raise RankSetupError(f"{COLLECTIVES_ENV}={name}: use RING, NCCL or AUTO")
-    opts = tf.distribute.experimental.CommunicationOptions(implementation=impl, timeout_seconds=timeout)
+    opts = tf.distribute.experimental.CommunicationOptions(implementation=impl)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=opts)
+
+
+class RankChunk:
+    """A trainer rank's next chunk before the ranks agreed on its steps (:meth:`TFRanks.next_chunk`):
+    ``steps`` is the batches this rank has at hand (at most the loop's limit) until
+    :meth:`TFRanks.settle` sets it to the steps every rank trains. The core loop reads ``steps``
+    only after training the chunk."""
+
+    def __init__(self, source: Any, steps: int, timeout: float, what: str):
+        self.source, self.steps, self.timeout, self.what = source, int(steps), timeout, what
 
 
 class TFRanks:
@@ -105,8 +104,16 @@ class TFRanks:
     chunk agreement).
 
     Args:
-        role: the chief's role (``rank``, ``world_size``); ``rc``: the runconfig (the
-            collectives' timeout, :func:`collective_timeout`).
+        role: the chief's role (``rank``, ``world_size``).
+
+    A rank that dies is found by TensorFlow's coordination service (its heartbeats stop): the
+    other ranks' collectives then fail with ``UnavailableError``, which :meth:`agree` and
+    :meth:`gather` raise as :class:`csrun_runtime.rankgroup.RankLost` (a failed training call
+    ends the chief as any error does). The collectives have no timeout of their own: with
+    ``CommunicationOptions(timeout_seconds=...)`` TensorFlow 2.21 keeps one thread per
+    collective call until its timeout (measured: 1,700 threads after 800 steps, until the
+    process could make no more), and a rank whose input stalls leaves by itself
+    (``runconfig.input_timeout_secs``).
 
     Attributes:
         rank, world_size: this rank and the ranks (> 1); ``strategy``: the strategy;
@@ -117,12 +124,15 @@ class TFRanks:
     ``world_size`` workers.
     """
 
-    def __init__(self, role: Role, rc: Mapping[str, Any]):
+    def __init__(self, role: Role):
         self.rank, self.world_size = role.rank, role.world_size
-        self.timeout = collective_timeout(rc)
         t = time.monotonic()
-        self.strategy = _strategy(self.timeout)
+        self.strategy = _strategy()
         self.start_secs = time.monotonic() - t
+        # the strategy's coordination service takes SIGTERM for TensorFlow's own preemption
+        # notifier (a C++ handler that replaces Python's): csrun's stop handling gets it back
+        preemption.install_from_env()
+        preemption.install_interrupts()
         n = int(self.strategy.num_replicas_in_sync)
         if n != self.world_size:
             raise RankSetupError(f"TF_CONFIG's cluster has {n} replica(s) in sync, CSRUN_WORLD_SIZE is "
@@ -130,9 +140,8 @@ class TFRanks:
         self.model: Any = None
         self._eval: Any = None
         self._gather_fn: Any = None
-        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives, timeout %.0f s) in %.1f s",
-                 self.rank, self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.timeout,
-                 self.start_secs)
+        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives) in %.1f s", self.rank,
+                 self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.start_secs)
 
     def attach(self, model: Any) -> None:
         """The model this rank trains (built under :attr:`strategy`'s scope), for :meth:`digest`."""
@@ -141,7 +150,7 @@ class TFRanks:
     # ------------------------------------------------------------------ collectives
     def _gather(self, values: list[int]) -> list[list[int]]:
         """Every rank's ``values`` (int64, the same length on every rank), in rank order.
-        Raises :class:`csrun_runtime.rankgroup.RankLost` when the collective fails or times out."""
+        Raises :class:`csrun_runtime.rankgroup.RankLost` when the collective fails (a rank died)."""
         import tensorflow as tf
 
         if self._gather_fn is None:
@@ -157,8 +166,7 @@ class TFRanks:
         except tf.errors.OpError as e:
             first = (str(e.message).strip().splitlines() or [""])[0][:200]
             raise RankLost(f"trainer rank {self.rank}: a collective with the other {self.world_size - 1} rank(s) "
-                           f"failed (a rank died, or did not answer within {self.timeout:.0f} s): "
-                           f"{type(e).__name__}: {first}") from None
+                           f"failed (a rank died or left): {type(e).__name__}: {first}") from None
         return [list(map(int, row)) for row in rows]
 
     def agree(self, code: int, /) -> int:
@@ -198,24 +206,25 @@ class TFRanks:
         """:func:`weights_digest` of the attached model."""
         return weights_digest(self.model) if self.model is not None else ""
 
-    def next_chunk(self, source: Any, limit: int, timeout: float, what: str) -> Any:
-        """This rank's next chunk of the steps every rank trains: the ranks agree on the minimum
-        of the steps each has at hand (at most ``limit``; a :class:`csrun_runtime.tensorflow.service.ChunkedSource`'s
-        :meth:`available`); ``None`` when a rank has none (its input ended or a stop signal
-        ended its wait: :class:`csrun_runtime.preemption.Interrupted` is raised here after the
-        agreement, so every rank made it). Raises what the source raises when it stalls."""
-        have, interrupted = 0, None
-        try:
-            have = min(int(limit), source.available(timeout, what))
-        except preemption.Interrupted as e:
-            interrupted = e
+    def next_chunk(self, source: Any, limit: int, timeout: float, what: str) -> RankChunk:
+        """This rank's next chunk, not yet taken: waits (inside the core loop's input wait, which
+        a stop signal ends) until ``source`` (a :class:`csrun_runtime.tensorflow.service.ChunkedSource`)
+        has batches at hand, and returns a :class:`RankChunk` of at most ``limit`` of them. The
+        core's stop agreement follows; :meth:`settle` then agrees on its steps. Raises what the
+        source raises when it stalls, and :class:`csrun_runtime.preemption.Interrupted`."""
+        return RankChunk(source, min(int(limit), source.available(timeout, what)), timeout, what)
+
+    def settle(self, chunk: RankChunk) -> Any:
+        """The chunk every rank trains now: the ranks agree on the minimum of their
+        :meth:`next_chunk` steps (one collective, which every rank makes: only ranks that all
+        agreed to go on call it), take that many batches and set ``chunk.steps`` to it. Returns
+        the taken :class:`csrun_runtime.tensorflow.service.Chunk`. Raises
+        :class:`csrun_runtime.rankgroup.RankLost`."""
         big = 1 << 40
-        n = big - self.agree(big - have)  # the minimum of every rank's, through the maximum's collective
-        if interrupted is not None:
-            raise interrupted
-        if n <= 0:
-            return None
-        return source.get_chunk(n, timeout, what)
+        n = big - self.agree(big - chunk.steps)  # the minimum of every rank's, through the maximum's collective
+        taken = chunk.source.get_chunk(max(1, n), chunk.timeout, chunk.what)
+        chunk.steps = taken.steps
+        return taken
 
     # ------------------------------------------------------------------ rank 0's evaluation
     def eval_model(self, model_fn: Callable[[], Any], model: Any) -> Any:

@@ -17,6 +17,7 @@ from csrun_common.autoscale import AutoscaleSpec
 
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
 from ..rankgroup import LoopRanks
+from .ranks import RankChunk
 from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import StepLoss, TrainSteps
@@ -107,21 +108,27 @@ class TFStepBackend:
         self.steps_fn: TrainSteps | None = None
         self.writer: Any = None
 
-    def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk:
-        """``source.get_chunk(limit, timeout, what)``; with several trainer ranks the chunk
-        every rank trains (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.next_chunk`)."""
+    def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk | RankChunk:
+        """``source.get_chunk(limit, timeout, what)``; with several trainer ranks this rank's
+        chunk before the ranks agree on its steps (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.next_chunk`)."""
         what = what or "runconfig.input_timeout_secs"
         if self.chief.ranks is not None:
             return self.chief.ranks.next_chunk(self.source, limit, float(timeout or 0), what)
         return self.source.get_chunk(limit, float(timeout or 0), what)
 
-    def train(self, chunk: Chunk) -> tuple[StepLoss, list[StepLoss]]:
+    def train(self, chunk: Chunk | RankChunk) -> tuple[StepLoss, list[StepLoss]]:
         """The chunk's steps in one call (which advances the global step variable); the losses
         stay tensors until the loop reads one (``float()``) at its logging cadence (issue 31:
-        no host read per call)."""
+        no host read per call). With several trainer ranks the ranks first agree on the steps
+        (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.settle`)."""
+        if isinstance(chunk, RankChunk):
+            assert self.chief.ranks is not None  # only TFRanks.next_chunk makes a RankChunk
+            taken: Chunk = self.chief.ranks.settle(chunk)
+        else:
+            taken = chunk
         if self.steps_fn is None:
             self.steps_fn = self.chief.train_steps(self.model, self.step_var)
-        _logs, losses = self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
+        _logs, losses = self.steps_fn(taken.batches, taken.offset, taken.steps)
         return losses[-1], losses
 
     def save(self, step: int) -> None:
