@@ -43,6 +43,10 @@ WORKER_JOB_GRACE_S = 60
 #: forwards whole lines, as soon as each is written (tasks run with ``PYTHONUNBUFFERED=1``).
 OUTPUT_OPTIONS = ("--label", "--verbose")
 
+#: The role :meth:`WseRequest.task_output` gives the chief's het group of several trainer ranks
+#: (every task a rank; :mod:`launcher.tasklog` names a failing task's role with it).
+RANKS = "rank"
+
 #: python-ws / python-pt as the first word of a command: the execution mode exported.
 EXECUTION_MODES = {"python-ws": "weight_streaming", "python-pt": "pytorch"}
 
@@ -128,7 +132,11 @@ class WseRequest:
     TensorFlow logging of csrun_wse); ``slurm_version`` (major, minor) selects
     version-dependent options (``None``: the newest behaviour); ``autoscale`` the
     ``--autoscale`` bounds, exported to every task as ``CSRUN_AUTOSCALE``. The layout's
-    ``chief_input_cpus`` reaches the chief's component as ``CSRUN_CHIEF_INPUT_CPUS``.
+    ``chief_input_cpus`` reaches the chief's component as ``CSRUN_CHIEF_INPUT_CPUS``. With
+    several trainer ranks (the layout's :attr:`~launcher.layout.JobLayout.world_size` > 1) every
+    component gets ``CSRUN_WORLD_SIZE`` and ``CSRUN_LOCAL_WORLD_SIZE``, and ``CSRUN_MASTER_PORT``
+    when ``master_port`` (the site's ``ranks.master_port``; 0: each rank derives it from the job
+    id) is set (docs/MULTI-RANK.md).
 
     ``worker_job`` (``--survive-node-loss``): the ``worker`` component is launched as a job of
     its own with ``--no-kill`` (:meth:`materialize_worker_srun`) beside the chief's job
@@ -154,6 +162,7 @@ class WseRequest:
     autoscale: AutoscaleSpec | None = None
     worker_job: bool = False
     rendezvous_key: str = ""
+    master_port: int = 0
 
     def chief_components(self) -> tuple[Component, ...]:
         """The components of the chief's job: all of them, or all but the ``worker`` component
@@ -190,7 +199,9 @@ class WseRequest:
             stop_signals=self.requeue.stop_signals() if self.requeue is not None else None,
             autoscale=self.autoscale.to_env() if self.autoscale is not None else None,
             chief_input_cpus=self.layout.chief_input_cpus if comp.role == CHIEF else 0,
-            worker_job=self.worker_job)
+            worker_job=self.worker_job, world_size=self.layout.world_size,
+            local_world_size=self.layout.local_world_size,
+            master_port=(self.master_port or None) if self.layout.world_size > 1 else None)
         return task.encode() + list(self.task_env)
 
     def allocation_options(self, comp: Component) -> list[str]:
@@ -238,7 +249,8 @@ class WseRequest:
         ``requeue``)."""
         groups, first = [], 0
         for comp in self.chief_components():
-            groups.append(TaskGroup(comp.het_group, comp.role, first, comp.ntasks))
+            role = RANKS if comp.role == CHIEF and comp.trainer_tasks > 1 else comp.role
+            groups.append(TaskGroup(comp.het_group, role, first, comp.ntasks))
             first += comp.ntasks
         ok = {0, REQUEUE_EXIT} if self.requeue is not None else {0}
         return TaskOutput(groups=tuple(groups), ok_statuses=frozenset(ok))
@@ -315,6 +327,7 @@ class WseRequest:
             total_nodes=self.layout.total_nodes,
             num_tasks=self.layout.num_tasks,
             num_input_workers=self.layout.num_input_workers,
+            world_size=self.layout.world_size,
             requeue=self.requeue,
             requeue_exit=REQUEUE_EXIT,
             worker_job=worker_job,

@@ -35,6 +35,7 @@ from .resolve import (
     ClusterView,
     check_site_names,
     cluster_view,
+    gres_nodes,
     offline_node_cpus,
     requeue_spec,
     site_policy,
@@ -188,7 +189,8 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
                      shard_plan=_shard_plan(flags.shard_plan, layout), requeue=requeue,
                      task_env=task_env(flags.verbose), slurm_version=_slurm_major_minor(),
                      autoscale=_autoscale(flags, layout), worker_job=worker_job,
-                     rendezvous_key=f"wse-{uuid.uuid4().hex[:12]}" if worker_job else "")
+                     rendezvous_key=f"wse-{uuid.uuid4().hex[:12]}" if worker_job else "",
+                     master_port=cfg.master_port)
     if flags.check:
         return _check("csrun_wse", req, flags.use_sbatch, not flags.no_path_checks)
     _presubmit("csrun_wse", req, flags)
@@ -265,34 +267,73 @@ def _wse_layout(flags: WseFlags, cfg: SiteConfig, view: ClusterView) -> JobLayou
     t, c = resolve_counts(given["tasks_per_node"], given["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
     spec = LayoutSpec(**{**given, "nodes": n, "tasks_per_node": t, "cpus_per_task": c})
+    if view.online and spec.world_size > 1:
+        _check_rank_nodes(spec.check(), cfg, view)
     return plan(spec, cfg.gres_resource, node_cpus)
 
 
+def _gres_count(spec: str) -> tuple[str, int]:
+    """``(name, count)`` of a GRES spec as sinfo prints it or the site gives it (``gpu:a100:4(S:0-1)``:
+    ``("gpu", 4)``; no count: 1)."""
+    head = spec.split("(")[0]
+    name, _, rest = head.partition(":")
+    last = rest.rpartition(":")[2]
+    return name, int(last) if last.isdigit() else 1
+
+
+def _check_rank_nodes(spec: LayoutSpec, cfg: SiteConfig, view: ClusterView) -> None:
+    """Several trainer ranks against the partition (docs/MULTI-RANK.md "GRES nodes"): the chief's
+    nodes need ``R ×`` the site's GRES each, and the input workers need ``N - chief_nodes`` nodes
+    outside ``gres.node``. Raises :class:`CsrunError` naming the flags and the counts."""
+    c, r = spec.chief_nodes, spec.chief_tasks_per_node
+    if cfg.gres_resource:
+        name, count = _gres_count(cfg.gres_resource)
+        fit = [node.name for node in view.nodes
+               if any(_gres_count(g)[0] == name and _gres_count(g)[1] >= count * r for g in node.gres.split(",") if g)]
+        if len(fit) < c:
+            raise CsrunError(f"{flag('chief_nodes')} {c} {flag('chief_tasks_per_node')} {r}: {c} node(s) with "
+                             f"{r} × gres.resource {cfg.gres_resource!r} needed, the partition has {len(fit)}")
+    others = [node for node in view.nodes if node.name not in gres_nodes(cfg.gres_node)]
+    if spec.nodes - c > len(others):
+        raise CsrunError(f"{flag('nodes')} {spec.nodes} {flag('chief_nodes')} {c}: {spec.nodes - c} input-worker "
+                         f"node(s) needed outside gres.node {cfg.gres_node!r}, the partition has {len(others)}")
+
+
 def _autoscale(flags: WseFlags, layout: JobLayout) -> AutoscaleSpec | None:
-    """``--autoscale`` and its bounds against the layout's input-worker tasks; a bound given
-    without ``--autoscale`` is refused (it would be silently ignored)."""
+    """``--autoscale`` and its bounds against the layout's input-worker tasks (each rank's,
+    ``W / world``, with several trainer ranks: docs/AUTOSCALE.md); a bound given without
+    ``--autoscale`` is refused (it would be silently ignored)."""
     if not flags.autoscale:
         for flag in ("min_workers", "max_workers", "initial_workers"):
             value = getattr(flags, flag)
             if value is not None:
                 raise CsrunError(f"--{flag.replace('_', '-')} {value}: needs --autoscale")
         return None
+    world = layout.world_size  # with several ranks the bounds count each rank's input workers
     try:
-        return plan_autoscale(layout.num_input_workers, flags.initial_workers, flags.min_workers, flags.max_workers,
-                              flags.autoscale_policy, flags.autoscale_window)
+        return plan_autoscale(layout.num_input_workers // world, flags.initial_workers, flags.min_workers,
+                              flags.max_workers, flags.autoscale_policy, flags.autoscale_window)
     except ValueError as exc:
+        if world > 1:
+            raise CsrunError(f"{exc} (per trainer rank: {layout.num_input_workers} input workers for {world} "
+                             "ranks; the bounds count each rank's)") from None
         raise CsrunError(str(exc)) from None
 
 
 def _worker_job(flags: WseFlags, layout: JobLayout) -> bool:
     """``--survive-node-loss`` against the layout and the launch path (docs/RESILIENCE.md "A lost node").
 
-    Raises :class:`CsrunError` with single-task nodes (het components of the chief's job,
+    Raises :class:`CsrunError` with several trainer ranks (not yet: a lost worker's adoption
+    is per rank directory, docs/MULTI-RANK.md), with single-task nodes (het components of the chief's job,
     which Slurm ends whole when one of its nodes fails), and when the input workers' job would
     have fewer than 2 nodes (slurmctld keeps a job running on its other nodes only when it has
     more than one: ``kill_running_job_by_node_name``)."""
     if not flags.survive_node_loss:
         return False
+    if layout.world_size > 1:
+        raise CsrunError(f"--survive-node-loss with {flag('chief_nodes')} {flags.layout['chief_nodes']} "
+                         f"{flag('chief_tasks_per_node')} {flags.layout['chief_tasks_per_node']}: not yet with several "
+                         "trainer ranks (docs/MULTI-RANK.md)")
     single = flags.layout["single_task_nodes"]
     if single:
         raise CsrunError(f"--survive-node-loss with {flag('single_task_nodes')} {single}: single-task "
@@ -444,8 +485,10 @@ def _cpu_node_cpus(flags: CpuFlags, cfg: SiteConfig, view: ClusterView) -> int:
             return cfg.cpus_per_task
         raise CsrunError("--dry-run: slurmctld does not answer and --alloc-node needs the CPUs of a node: set "
                          "defaults.node_cpus in the site config, or use --no-alloc-node")
-    if cfg.gres_node and all(node.name == cfg.gres_node for node in view.nodes):
-        raise CsrunError(f"gres.node = {cfg.gres_node!r} is the only node in the partition; csrun_cpu excludes it")
+    excluded = gres_nodes(cfg.gres_node)
+    if excluded and all(node.name in excluded for node in view.nodes):
+        what = "is the only node" if len(excluded) == 1 else "names every node"
+        raise CsrunError(f"gres.node = {cfg.gres_node!r} {what} in the partition; csrun_cpu excludes it")
     node_cpus = view.node_cpus or 1
     if not flags.alloc_node and cfg.cpus_per_task > node_cpus:
         raise CsrunError(f"defaults.cpus_per_task {cfg.cpus_per_task}: more than the {node_cpus} CPUs of a node")

@@ -97,6 +97,9 @@ KEYS: tuple[Key, ...] = (
     Key("checks", "batch_secs", "batch_check_secs", int, 30,
         "seconds a launch may spend pulling one batch locally before queueing; 0 = off "
         "($CSRUN_BATCH_CHECK_SECS overrides)", "--no-batch-check", zero_allowed=True),
+    Key("ranks", "master_port", "master_port", int, 0,
+        "rank 0's port for several trainer ranks (CSRUN_MASTER_PORT, MASTER_PORT); 0 = derived from "
+        "the job id (29500 + SLURM_JOB_ID % 2000)", zero_allowed=True),
     Key("python", "executable", "python_executable", str, "",
         "interpreter of python-ws/python-pt; \"\" = the one running csrun"),
 )
@@ -160,6 +163,7 @@ class SiteConfig:
     max_requeues: int = DEFAULT_MAX_REQUEUES
     path_checks: bool = True
     batch_check_secs: int = 30
+    master_port: int = 0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:
@@ -198,6 +202,8 @@ def _check(path: str, section: str, key: str, value: Any) -> Any:
             raise ConfigError(f"{where} = {value!r}: must be a list of strings")
     if (section, key) == ("container", "runtime") and value not in RUNTIMES:
         raise ConfigError(f"{where} = {value!r}: must be one of {', '.join(RUNTIMES)}")
+    if (section, key) == ("ranks", "master_port") and not 0 <= value <= 65535:
+        raise ConfigError(f"{where} = {value!r}: not a port (1..65535, or 0: derived from the job id)")
     if (section, key) == ("gres", "resource") and value and not _GRES_RE.match(value):
         raise ConfigError(f"{where} = {value!r}: not a GRES spec like 'gpu:1' or 'gpu:a100:2'")
     _check_meaning(where, section, key, value)

@@ -10,10 +10,19 @@ tasks with ``cpus_per_task`` CPUs. The shapes are the original ``csrun_wse``'s:
   node's CPUs (the first with the GRES), then N−S nodes × T tasks × C CPUs, exclusive,
   block or cyclic. Total tasks S + (N−S)·T.
 
+* several trainer ranks (``world = chief_nodes × chief_tasks_per_node > 1``,
+  docs/MULTI-RANK.md): component 0 = ``chief_nodes`` nodes × ``R = chief_tasks_per_node``
+  tasks × ``node_cpus // R`` CPUs, every task a trainer rank, the GRES scaled to ``R`` ranks
+  per node (:func:`scale_gres`), exclusive, block; component 1 = N − chief_nodes nodes × T
+  tasks × C CPUs, exclusive, block or cyclic (none when the ranks' own input workers are the
+  only ones). Total tasks ``world + (N − chief_nodes)·T``.
+
 Task roles (see ``docs/CONTRACT.md``): task 0 of het group 0 is the chief; every other
 task is an input worker. With ``chief_input_cpus = N`` the chief's task also runs input
 worker 0 as a process of its own on N of its CPUs (docs/CHIEF-INPUT.md):
-the tasks' input-worker indices then start at 1.
+the tasks' input-worker indices then start at 1. With several ranks every task of het
+group 0 is a trainer rank; with ``chief_input_cpus`` rank ``r`` runs input worker ``r`` in
+its task, and the worker tasks' indices start at ``world``.
 """
 from __future__ import annotations
 
@@ -23,7 +32,8 @@ from csrun_common.layout import LayoutSpec, resolve_counts
 
 CHIEF, SINGLE_TASK, WORKER = "chief", "single-task", "worker"
 
-__all__ = ["CHIEF", "SINGLE_TASK", "WORKER", "Component", "JobLayout", "plan", "plan_layout", "resolve_counts"]
+__all__ = ["CHIEF", "SINGLE_TASK", "WORKER", "Component", "JobLayout", "plan", "plan_layout", "resolve_counts",
+           "scale_gres"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,7 @@ class Component:
     distribution: str
     task_offset: int
     worker_offset: int
+    trainer_tasks: int = 1
 
     @property
     def ntasks(self) -> int:
@@ -54,8 +65,8 @@ class Component:
 
     @property
     def num_input_workers(self) -> int:
-        """Input-worker tasks in this component (the chief is not one)."""
-        return self.ntasks - 1 if self.role == CHIEF else self.ntasks
+        """Input-worker tasks in this component (the chief and the trainer ranks are not)."""
+        return self.ntasks - self.trainer_tasks if self.role == CHIEF else self.ntasks
 
 
 @dataclass(frozen=True)
@@ -85,10 +96,23 @@ class JobLayout:
         return sum(c.ntasks for c in self.components)
 
     @property
+    def world_size(self) -> int:
+        """Trainer ranks of the job: the ``chief`` component's trainer tasks (1: one chief)."""
+        return sum(c.trainer_tasks for c in self.components if c.role == CHIEF) or 1
+
+    @property
+    def local_world_size(self) -> int:
+        """Trainer ranks on each chief node (1: one chief)."""
+        chief = next((c for c in self.components if c.role == CHIEF), None)
+        return chief.tasks_per_node if chief is not None and self.world_size > 1 else 1
+
+    @property
     def num_input_workers(self) -> int:
-        """Input workers in the whole job: all tasks but the chief, plus the chief's own
-        input worker with ``chief_input_cpus``."""
-        return self.num_tasks - 1 + (1 if self.chief_input_cpus else 0)
+        """Input workers in the whole job: all tasks but the trainers (the chief, or every
+        trainer rank), plus the chief's own input worker with ``chief_input_cpus`` (one per
+        rank with several; :attr:`LayoutSpec.num_input_workers`)."""
+        own = self.world_size if self.chief_input_cpus else 0
+        return sum(c.num_input_workers for c in self.components) + own
 
     @property
     def worker_component(self) -> Component | None:
@@ -114,30 +138,54 @@ def plan_layout(
     return plan(spec, gres, node_cpus)
 
 
+def scale_gres(gres: str, ranks: int) -> str:
+    """The GRES of one node of ``ranks`` trainer ranks, from ``gres``, what *one* rank needs
+    (the site's ``gres.resource``): its count times ``ranks`` (``"gpu:1"``, 4 ranks:
+    ``"gpu:4"``; ``"gpu:a100:2"``, 2: ``"gpu:a100:4"``; a spec without a count counts 1:
+    ``"gpu"``, 2: ``"gpu:2"``). ``gres`` unchanged for one rank or an empty spec
+    (docs/MULTI-RANK.md "GRES": ``--gres`` per node rather than ``--gpus-per-task``)."""
+    if ranks <= 1 or not gres:
+        return gres
+    head, _, last = gres.rpartition(":")
+    if head and last.isdigit():
+        return f"{head}:{int(last) * ranks}"
+    return f"{gres}:{ranks}"
+
+
 def plan(spec: LayoutSpec, gres: str = "", node_cpus: int = 1) -> JobLayout:
     """Build the het components of the layout ``spec`` (shapes: the module docstring).
 
-    ``gres`` goes to the chief's component; ``node_cpus`` is given to single-task components
-    (one task owns the node). ``spec.chief_input_cpus``: CPUs of the
-    chief's task that run input worker 0 beside the training step; every task's input-worker
-    index is then one higher. Raises :class:`CsrunError` naming the flag for N < 1, T < 1,
-    C < 1, S < 0, S ≥ N, a negative ``chief_input_cpus``, or one above the chief's CPUs or
-    with CPUs Slurm chooses (:meth:`LayoutSpec.check`, :meth:`LayoutSpec.check_chief_input`).
+    ``gres`` goes to the chief's component (scaled to its ranks per node with several trainer
+    ranks: :func:`scale_gres`); ``node_cpus`` is given to single-task components (one task
+    owns the node) and divided among a chief node's ranks. ``spec.chief_input_cpus``: CPUs of
+    the chief's task (of each rank's) that run input worker 0 (worker ``rank``) beside the
+    training step; every task's input-worker index is then one (``world``) higher. Raises
+    :class:`CsrunError` naming the flag for N < 1, T < 1, C < 1, S < 0, S ≥ N, a negative
+    ``chief_input_cpus``, or one above the chief's CPUs or with CPUs Slurm chooses, and for
+    the rules of several ranks (:meth:`LayoutSpec.check`, :meth:`LayoutSpec.check_chief_input`).
     """
     spec.check()
     dist = "cyclic" if spec.cyclic else "block"
     comps: list[Component] = []
-    task_off, worker_off = 0, (1 if spec.chief_input_cpus else 0)
+    world = spec.world_size
+    task_off, worker_off = 0, (1 if spec.chief_input_cpus and world == 1 else 0)
 
-    def add(role: str, nodes: int, t: int, c: int | None, g: str, distribution: str) -> None:
+    def add(role: str, nodes: int, t: int, c: int | None, g: str, distribution: str, trainers: int = 1) -> None:
         nonlocal task_off, worker_off
-        comp = Component(len(comps), role, nodes, t, c, g, True, distribution, task_off, worker_off)
+        comp = Component(len(comps), role, nodes, t, c, g, True, distribution, task_off, worker_off, trainers)
         comps.append(comp)
         task_off += comp.ntasks
         worker_off += comp.num_input_workers
 
     n, t, c, s = spec.nodes, spec.tasks_per_node, spec.cpus_per_task, spec.single_task_nodes
-    if s == 0:
+    if world > 1:
+        ranks = spec.chief_tasks_per_node
+        add(CHIEF, spec.chief_nodes, ranks, spec.chief_task_cpus(node_cpus), scale_gres(gres, ranks), "block",
+            trainers=world)
+        worker_off = world if spec.chief_input_cpus else 0  # rank r's own input worker is r
+        if n > spec.chief_nodes:
+            add(WORKER, n - spec.chief_nodes, t, c, "", dist)
+    elif s == 0:
         add(CHIEF, 1, t, c, gres, "block")
         if n > 1:
             add(WORKER, n - 1, t, c, "", dist)

@@ -29,7 +29,7 @@ from .policy import SitePolicy, constraint_features, merge_extra_args
 from .requeue import RequeueSpec
 
 __all__ = ["PolicyFlags", "site_policy", "requeue_spec", "ClusterView", "cluster_view", "check_site_names",
-           "task_env", "QUIET_ENV", "VERBOSE_ENV"]
+           "task_env", "QUIET_ENV", "VERBOSE_ENV", "gres_nodes"]
 
 #: Exported to every launched task unless the user's environment sets it already: hides
 #: TensorFlow's C++ INFO lines (the tf.data service servers' configuration dumps, CPU
@@ -110,12 +110,23 @@ class ClusterView:
     note: str = ""
 
 
+def gres_nodes(value: str) -> frozenset[str]:
+    """The node names of the site's ``gres.node`` (a name, a comma list or a Slurm hostlist,
+    ``"gpu[01-04]"``: :func:`launcher.slurm.expand_hostlist`); empty for ``""``. Raises
+    :class:`CsrunError` naming the key for an expression that does not parse."""
+    try:
+        return frozenset(slurm.expand_hostlist(value))
+    except ValueError as exc:
+        raise CsrunError(f"gres.node = {value!r}: not a node name or Slurm hostlist ({exc})") from None
+
+
 def cluster_view(partition: str, partition_source: str, cfg: SiteConfig, dry_run: bool,
                  exclude: str = "") -> ClusterView:
     """Ask Slurm for the partition's nodes and a CPU node's CPUs; raises
     :class:`CsrunError` for an unknown partition and :class:`SlurmUnavailable` when
     slurmctld does not answer — except for a ``--dry-run``, which then goes on with
-    ``defaults.node_cpus`` (when set) and says what it could not check.
+    ``defaults.node_cpus`` (when set) and says what it could not check. ``exclude``: the GRES
+    node(s) (``gres.node``, :func:`gres_nodes`), left out of the CPU node's CPUs.
 
     Slurm is pinged first (:func:`launcher.slurm.ping`, one connection attempt): a controller
     that says it is down ends a launch at once, and a dry run goes on without it after at most
@@ -132,7 +143,7 @@ def cluster_view(partition: str, partition_source: str, cfg: SiteConfig, dry_run
         return ClusterView((), cfg.node_cpus or None, online=False,
                            note=f"{exc}; printed without checking the partition, node count, GRES, account, "
                                 "QOS, reservation and constraint")
-    return ClusterView(tuple(nodes), slurm.cpu_node_cpus(nodes, exclude=exclude))
+    return ClusterView(tuple(nodes), slurm.cpu_node_cpus(nodes, exclude=gres_nodes(exclude)))
 
 
 def offline_node_cpus(view: ClusterView, tasks_per_node: int | None, cpus_per_task: int | None,
