@@ -14,10 +14,9 @@ TensorFlow and Keras are imported inside the methods (see :mod:`csrun_runtime.te
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +34,7 @@ from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
 from .contract import Refused, check_model
 from .evaluation import Evaluator
-from .ranks import RankSetupError, TFRanks
+from .ranks import RANKS_NO_XLA, RankSetupError, TFRanks
 from .service import InputStalled
 from .steps import TrainSteps
 from .training import LoopContext, training_loop
@@ -71,11 +70,8 @@ class Chief:
         self.model_dir = Path(self.rc["model_dir"])
         self.num_input_workers = role.num_input_workers
         self.jit_note = ""
-        #: several trainer ranks (``CSRUN_WORLD_SIZE > 1``, training modes): the strategy over
-        #: them (:class:`csrun_runtime.tensorflow.ranks.TFRanks`), made by ``_run_mode``
-        self.ranks: TFRanks | None = None
-        self._spec: Any = None
-        self._scratch: Path | None = None  # a trainer rank's (not 0) own writes, removed at the end
+        self.ranks: TFRanks | None = None  # several trainer ranks (training modes): their strategy
+        self._build: Callable[[], Any] = lambda: None  # the model's build (_build_model), for rank 0's eval copy
         self.streams = ChiefStreams(role, self.params, self.mode, input_fn)
         self.evaluator = Evaluator(input_fn, eval_input_fn, self.params, self.model_dir)
         #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
@@ -171,17 +167,14 @@ class Chief:
                     # a worker still importing TensorFlow needs more than the stop's 10 s
                     preemption.wait_workers_left(self.rdv.reports, self.num_input_workers, 10.0 if stopped else 30.0)
             self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
-            if self._scratch is not None:
-                shutil.rmtree(self._scratch, ignore_errors=True)
         return self.ranks.leave(code, returned) if self.ranks is not None else code
 
     def _run_mode(self) -> int:
-        if self.role.world_size > 1:
-            if self.mode not in TRAIN_MODES and not self.role.is_rank_zero:
-                log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
-                return 0
-            if self.mode in TRAIN_MODES:  # before any TensorFlow op: the strategy enables the collectives
-                self.ranks = TFRanks(self.role)
+        if self.role.world_size > 1 and self.mode not in TRAIN_MODES and not self.role.is_rank_zero:
+            log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
+            return 0
+        if self.role.world_size > 1 and self.mode in TRAIN_MODES:  # before any TF op: it enables the collectives
+            self.ranks = TFRanks(self.role)
         if self.num_input_workers:
             try:
                 self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)
@@ -204,18 +197,8 @@ class Chief:
     def _build_model(self, spec: Any) -> Any:
         """:func:`csrun_runtime.tensorflow.chief_model.build_model` with the chief's ``model_fn``;
         under the strategy's scope with several trainer ranks (its variables mirrored)."""
-        self._spec = spec
-        if self.ranks is None:
-            return chief_model.build_model(self.model_fn, self.params, spec)
-        with self.ranks.strategy.scope():
-            model = chief_model.build_model(self.model_fn, self.params, spec)
-        self.ranks.attach(model)
-        return model
-
-    @property
-    def writes(self) -> bool:
-        """True when this chief writes the job's artifacts: the only chief, or trainer rank 0."""
-        return self.role.is_rank_zero
+        self._build = functools.partial(chief_model.build_model, self.model_fn, self.params, spec)
+        return self._build() if self.ranks is None else self.ranks.build(self._build)
 
     def _apply_jit(self, model) -> None:
         setting = self.rc.get("jit_compile", "auto")
@@ -223,10 +206,7 @@ class Chief:
         model.jit_compile = want
         model.train_function = None
         model.test_function = None
-        self.jit_note = ""
-        if self.ranks is not None and setting in ("auto", True):
-            self.jit_note = "several trainer ranks: each step is a strategy.run, without XLA"
-            log.info("XLA: %s", self.jit_note)
+        self.jit_note = RANKS_NO_XLA if self.ranks is not None and setting in ("auto", True) else ""
         if want and not model.jit_compile:
             self.jit_note = "Keras reports that this model does not support XLA"
             log.info("XLA: %s; running the train step without XLA", self.jit_note)
@@ -251,10 +231,7 @@ class Chief:
         return chief_model.checkpointing(model, self.model_dir, self.rc)
 
     def save(self, mgr: tf.train.CheckpointManager, step: int) -> None:
-        """Write checkpoint ``model-ckpt-<step>`` (rank 0 only: another trainer rank's weights
-        are the same and it writes nothing into the model_dir)."""
-        if not self.writes:
-            return
+        """Write checkpoint ``model-ckpt-<step>`` (the core's loop calls it on rank 0 alone)."""
         log.info("Saving checkpoint at global step %d", step)
         mgr.save(checkpoint_number=step)
 
@@ -262,14 +239,11 @@ class Chief:
     def evaluate(self, model: keras.Model, step: int) -> dict[str, float]:
         """Evaluate ``model`` at global ``step``
         (:meth:`csrun_runtime.tensorflow.evaluation.Evaluator.evaluate`); returns the metrics.
-        With several trainer ranks rank 0 evaluates once, on an undistributed copy of the model
-        (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.eval_model`); the others return ``{}``."""
-        if self.ranks is None:
-            return self.evaluator.evaluate(model, step)
-        if not self.writes:
-            return {}
-        copy = self.ranks.eval_model(lambda: chief_model.build_model(self.model_fn, self.params, self._spec), model)
-        return self.evaluator.evaluate(copy, step)
+        With several trainer ranks rank 0 alone evaluates (the core's loop), on an undistributed
+        copy of the model (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.eval_model`)."""
+        if self.ranks is not None:
+            model = self.ranks.eval_model(self._build, model)
+        return self.evaluator.evaluate(model, step)
 
     # ------------------------------------------------------------------ modes
     def _compile_only(self) -> int:
@@ -307,7 +281,7 @@ class Chief:
             self.evaluate(model, int(step_var.numpy()))
             self.evaluator.verdict()
             return 0
-        if self.writes:
+        if self.role.is_rank_zero:
             write_params_yaml(self.model_dir, self.params, "train")
         source = self.streams.training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
@@ -318,11 +292,8 @@ class Chief:
         """What :func:`csrun_runtime.tensorflow.training.training_loop` takes from the chief: values, and
         :meth:`save`, :meth:`evaluate`, :meth:`train_steps` and the XLA note as callables."""
         s = self.streams
-        if not self.writes and self._scratch is None:  # MWMS' pattern: a worker's writes go to a temp dir
-            self._scratch = Path(tempfile.mkdtemp(prefix=f"csrun-rank{self.role.rank}-"))
         return LoopContext(
-            rc=self.rc, model_dir=self.model_dir if self._scratch is None else self._scratch, mode=self.mode,
-            t_proc=self.t_proc, node=self.role.node,
+            rc=self.rc, model_dir=self.model_dir, mode=self.mode, t_proc=self.t_proc, node=self.role.node,
             num_input_workers=self.num_input_workers, params_path=self.resolved.params_path, save=self.save,
             evaluate=self.evaluate, train_steps=self.train_steps, jit_note=lambda: self.jit_note,
             ingest_info=self.ingest_info, rdv=self.rdv, autoscale=s.autoscale, addresses=s.addresses,

@@ -41,7 +41,7 @@ from csrun_common.roles import Role
 from .. import preemption
 from ..rankgroup import RankLost
 
-__all__ = ["TFRanks", "RankChunk", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "STOP_CODES",
+__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "STOP_CODES",
            "EXIT_GRACE_SECS"]
 
 log = logging.getLogger("csrun.runtime")
@@ -49,6 +49,8 @@ log = logging.getLogger("csrun.runtime")
 #: The collectives' implementation (``RING``, ``NCCL`` or ``AUTO``; default ``RING``):
 #: ``tf.distribute.experimental.CommunicationImplementation``.
 COLLECTIVES_ENV = "CSRUN_TF_COLLECTIVES"
+#: The XLA note of a trainer rank of several (``runconfig.jit_compile`` auto or true).
+RANKS_NO_XLA = "several trainer ranks: each step is a strategy.run, without XLA"
 #: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
 STOP_CODES = (exits.REQUEUE, 130, 143)
 #: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
@@ -143,9 +145,12 @@ class TFRanks:
         log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives) in %.1f s", self.rank,
                  self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.start_secs)
 
-    def attach(self, model: Any) -> None:
-        """The model this rank trains (built under :attr:`strategy`'s scope), for :meth:`digest`."""
-        self.model = model
+    def build(self, build: Callable[[], Any]) -> Any:
+        """``build()`` (the chief's model) under :attr:`strategy`'s scope: its variables and its
+        optimizer's are mirrored, initialized from worker 0; kept for :meth:`digest`."""
+        with self.strategy.scope():
+            self.model = build()
+        return self.model
 
     # ------------------------------------------------------------------ collectives
     def _gather(self, values: list[int]) -> list[list[int]]:

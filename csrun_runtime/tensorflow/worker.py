@@ -169,7 +169,6 @@ class InputWorker:
         self.plan = None
         try:
             if self.role.shard_plan:
-                # the plan shards the data job-wide: W entries, this worker's is its streamer index
                 self.plan = load_shard_plan(self.role.shard_plan, self.role.num_streamers)
         except ParamsError as e:
             self.rdv.register_worker(self.index, {**self.me, "status": "failed", "violations": e.problems})
@@ -206,14 +205,11 @@ class InputWorker:
         return server
 
     def _build(self) -> WorkerInput:
-        """``input_fn`` built as this input worker (TF_CONFIG and the global seed stay set): as
-        streamer ``g`` of the job's ``W`` (:attr:`csrun_common.roles.Role.streamer_index`; its
-        ``index`` with one trainer rank), so the data is sharded job-wide across every rank's
-        workers while the rendezvous, dispatcher and registrations use the rank's slot."""
+        """``input_fn`` built as this input worker, streamer ``g`` of the job's ``W`` (a job-wide
+        shard; TF_CONFIG and the global seed stay set)."""
         if os.environ.get(TF_CONFIG_VAR):
             log.info("replacing the inherited TF_CONFIG with this input worker's")
-        assert self.role.streamer_index is not None  # an input worker's role has its index
-        built = build_worker_input(self.input_fn, self.resolved.params, self.role.streamer_index,
+        built = build_worker_input(self.input_fn, self.resolved.params, self.role.streamer_index or 0,
                                    self.role.num_streamers, self.plan,
                                    job_key=self.role.rendezvous_key,
                                    view_root=self.rdv.dir / "data_views", restore=False)
