@@ -188,7 +188,7 @@ class Chief:
         log.info("mode %s; %s", self.mode, self.role.describe())
         if self.mode == "validate_only":
             return chief_modes.validate_only(self.input_fn, self.model_fn, self.params, self.eval_input_fn,
-                                             self.plan, self.num_input_workers, self.model_dir)
+                                             self.plan, self.role.num_streamers, self.model_dir)
         if self.mode == "compile_only":
             return self._compile_only()
         return self._train_eval()
