@@ -119,7 +119,7 @@ class TFRanks:
 
     Attributes:
         rank, world_size: this rank and the ranks (> 1); ``strategy``: the strategy;
-        ``model``: the trained (distributed) model once :meth:`attach` gave it; ``start_secs``:
+        ``model``: the trained (distributed) model once :meth:`build` made it; ``start_secs``:
         seconds the strategy took to make.
 
     Raises :class:`RankSetupError` when the strategy cannot be made, or its cluster is not
@@ -208,7 +208,7 @@ class TFRanks:
         return code
 
     def digest(self) -> str:
-        """:func:`weights_digest` of the attached model."""
+        """:func:`weights_digest` of the model :meth:`build` made (``""`` before)."""
         return weights_digest(self.model) if self.model is not None else ""
 
     def next_chunk(self, source: Any, limit: int, timeout: float, what: str) -> RankChunk:
