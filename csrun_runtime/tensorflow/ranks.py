@@ -6,8 +6,8 @@ per rank; its task has a ``TF_CONFIG`` whose cluster is the chief ranks
 
 * makes the strategy (:class:`TFRanks`) before any other TensorFlow op: the strategy enables
   TensorFlow's collective ops in the eager context (``MultiWorkerMirroredStrategy`` "should be
-  created at program startup"); the collectives are ``RING`` (gRPC, CPU) unless
-  ``CSRUN_TF_COLLECTIVES`` says ``NCCL`` or ``AUTO``;
+  created at program startup"); the collectives are ``AUTO``: TensorFlow picks ``RING``
+  (gRPC) on CPUs, ``NCCL`` for GPU all-reduces;
 * builds the model and its optimizer under ``strategy.scope()`` (mirrored variables, the
   initial values broadcast from worker 0) and trains each step through ``strategy.run`` on its
   own local batch (:func:`csrun_runtime.tensorflow.steps.TrainSteps` with a strategy): Keras'
@@ -41,14 +41,11 @@ from csrun_common.roles import Role
 from .. import preemption
 from ..rankgroup import RankLost
 
-__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "COLLECTIVES_ENV", "weights_digest", "STOP_CODES",
+__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest", "STOP_CODES",
            "EXIT_GRACE_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
-#: The collectives' implementation (``RING``, ``NCCL`` or ``AUTO``; default ``RING``):
-#: ``tf.distribute.experimental.CommunicationImplementation``.
-COLLECTIVES_ENV = "CSRUN_TF_COLLECTIVES"
 #: The XLA note of a trainer rank of several (``runconfig.jit_compile`` auto or true).
 RANKS_NO_XLA = "several trainer ranks: each step is a strategy.run, without XLA"
 #: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
@@ -74,19 +71,16 @@ def weights_digest(model: Any) -> str:
 
 
 def _strategy() -> Any:
-    """``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` with :data:`COLLECTIVES_ENV`'s
-    collectives, without a per-collective timeout (see :class:`TFRanks`). Raises
-    :class:`RankSetupError`."""
+    """``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``, collectives ``AUTO`` (``RING`` on CPUs,
+    ``NCCL`` on GPUs), without a per-collective timeout (see :class:`TFRanks`). Raises
+    :class:`RankSetupError` when ``TF_CONFIG`` is not set."""
     import tensorflow as tf
 
     if not os.environ.get("TF_CONFIG"):
         raise RankSetupError("TF_CONFIG is not set: a trainer rank of several needs the ranks' cluster "
                              "(csrun_runtime.supervise sets it in a csrun_wse task)")
-    name = (os.environ.get(COLLECTIVES_ENV) or "RING").upper()
-    impl = getattr(tf.distribute.experimental.CommunicationImplementation, name, None)
-    if impl is None:
-        raise RankSetupError(f"{COLLECTIVES_ENV}={name}: use RING, NCCL or AUTO")
-    opts = tf.distribute.experimental.CommunicationOptions(implementation=impl)
+    opts = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=opts)
 
 
@@ -142,8 +136,8 @@ class TFRanks:
         self.model: Any = None
         self._eval: Any = None
         self._gather_fn: Any = None
-        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (%s collectives) in %.1f s", self.rank,
-                 self.world_size, (os.environ.get(COLLECTIVES_ENV) or "RING").upper(), self.start_secs)
+        log.info("trainer rank %d of %d: MultiWorkerMirroredStrategy (AUTO collectives: RING on CPUs, NCCL on "
+                 "GPUs) in %.1f s", self.rank, self.world_size, self.start_secs)
 
     def build(self, build: Callable[[], Any]) -> Any:
         """``build()`` (the chief's model) under :attr:`strategy`'s scope: its variables and its
