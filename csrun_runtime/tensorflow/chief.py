@@ -14,6 +14,7 @@ TensorFlow and Keras are imported inside the methods (see :mod:`csrun_runtime.te
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -27,11 +28,13 @@ from csrun_common.roles import Role
 from .. import chief_input, preemption
 from ..artifacts import write_params_yaml
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..rankgroup import RankLost
 from ..rendezvous import Heartbeat, Rendezvous
 from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
 from .contract import Refused, check_model
 from .evaluation import Evaluator
+from .ranks import RANKS_NO_XLA, RankSetupError, TFRanks
 from .service import InputStalled
 from .steps import TrainSteps
 from .training import LoopContext, training_loop
@@ -67,6 +70,8 @@ class Chief:
         self.model_dir = Path(self.rc["model_dir"])
         self.num_input_workers = role.num_input_workers
         self.jit_note = ""
+        self.ranks: TFRanks | None = None  # several trainer ranks (training modes): their strategy
+        self._build: Callable[[], Any] = lambda: None  # the model's build (_build_model), for rank 0's eval copy
         self.streams = ChiefStreams(role, self.params, self.mode, input_fn)
         self.evaluator = Evaluator(input_fn, eval_input_fn, self.params, self.model_dir)
         #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
@@ -130,9 +135,10 @@ class Chief:
             self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
             self.rdv.reset()
             Heartbeat(self.rdv, "chief").start()
-        code, reason = 1, ""
+        code, reason, returned = 1, "", False
         try:
             code = self._run_mode()
+            returned = True
         except ParamsError as e:
             for p in e.problems:
                 log.error("%s", p)
@@ -142,7 +148,7 @@ class Chief:
                 log.error("%s", p)
             code, reason = 2, str(e)
         except Exception as e:  # noqa: BLE001
-            if isinstance(e, InputStalled):
+            if isinstance(e, (InputStalled, RankSetupError, RankLost)):  # one line says it
                 log.error("%s", e)
             else:
                 log.exception("run failed: %s", e)
@@ -161,9 +167,14 @@ class Chief:
                     # a worker still importing TensorFlow needs more than the stop's 10 s
                     preemption.wait_workers_left(self.rdv.reports, self.num_input_workers, 10.0 if stopped else 30.0)
             self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
-        return code
+        return self.ranks.leave(code, returned) if self.ranks is not None else code
 
     def _run_mode(self) -> int:
+        if self.role.world_size > 1 and self.mode not in TRAIN_MODES and not self.role.is_rank_zero:
+            log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
+            return 0
+        if self.role.world_size > 1 and self.mode in TRAIN_MODES:  # before any TF op: it enables the collectives
+            self.ranks = TFRanks(self.role)
         if self.num_input_workers:
             try:
                 self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)
@@ -172,28 +183,30 @@ class Chief:
             if self.mode in TRAIN_MODES:
                 self.place_chief_input()
         if self.role.shard_plan:
-            self.plan = load_shard_plan(self.role.shard_plan, max(1, self.num_input_workers))
+            self.plan = load_shard_plan(self.role.shard_plan, max(1, self.role.num_streamers))  # job-wide W
         log.info("Checkpoints and summaries will be saved in: %s", self.model_dir)
         log.info("mode %s; %s", self.mode, self.role.describe())
         if self.mode == "validate_only":
             return chief_modes.validate_only(self.input_fn, self.model_fn, self.params, self.eval_input_fn,
-                                             self.plan, self.num_input_workers, self.model_dir)
+                                             self.plan, self.role.num_streamers, self.model_dir)
         if self.mode == "compile_only":
             return self._compile_only()
         return self._train_eval()
 
     # ------------------------------------------------------------------ the model
     def _build_model(self, spec: Any) -> Any:
-        """:func:`csrun_runtime.tensorflow.chief_model.build_model` with the chief's ``model_fn``."""
-        return chief_model.build_model(self.model_fn, self.params, spec)
+        """:func:`csrun_runtime.tensorflow.chief_model.build_model` with the chief's ``model_fn``;
+        under the strategy's scope with several trainer ranks (its variables mirrored)."""
+        self._build = functools.partial(chief_model.build_model, self.model_fn, self.params, spec)
+        return self._build() if self.ranks is None else self.ranks.build(self._build)
 
     def _apply_jit(self, model) -> None:
         setting = self.rc.get("jit_compile", "auto")
-        want = setting in ("auto", True)
+        want = setting in ("auto", True) and self.ranks is None
         model.jit_compile = want
         model.train_function = None
         model.test_function = None
-        self.jit_note = ""
+        self.jit_note = RANKS_NO_XLA if self.ranks is not None and setting in ("auto", True) else ""
         if want and not model.jit_compile:
             self.jit_note = "Keras reports that this model does not support XLA"
             log.info("XLA: %s; running the train step without XLA", self.jit_note)
@@ -211,20 +224,25 @@ class Chief:
             model.test_function = None
 
         return TrainSteps(model, fell_back, allow_fallback=self.rc.get("jit_compile", "auto") == "auto",
-                          counter=step_var)
+                          counter=step_var, strategy=self.ranks.strategy if self.ranks is not None else None)
 
     def _checkpointing(self, model: Any) -> tuple[Any, Any, Any, str | None]:
         """:func:`csrun_runtime.tensorflow.chief_model.checkpointing` in the chief's ``model_dir``."""
         return chief_model.checkpointing(model, self.model_dir, self.rc)
 
     def save(self, mgr: tf.train.CheckpointManager, step: int) -> None:
+        """Write checkpoint ``model-ckpt-<step>`` (the core's loop calls it on rank 0 alone)."""
         log.info("Saving checkpoint at global step %d", step)
         mgr.save(checkpoint_number=step)
 
 
     def evaluate(self, model: keras.Model, step: int) -> dict[str, float]:
         """Evaluate ``model`` at global ``step``
-        (:meth:`csrun_runtime.tensorflow.evaluation.Evaluator.evaluate`); returns the metrics."""
+        (:meth:`csrun_runtime.tensorflow.evaluation.Evaluator.evaluate`); returns the metrics.
+        With several trainer ranks rank 0 alone evaluates (the core's loop), on an undistributed
+        copy of the model (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.eval_model`)."""
+        if self.ranks is not None:
+            model = self.ranks.eval_model(self._build, model)
         return self.evaluator.evaluate(model, step)
 
     # ------------------------------------------------------------------ modes
@@ -263,7 +281,8 @@ class Chief:
             self.evaluate(model, int(step_var.numpy()))
             self.evaluator.verdict()
             return 0
-        write_params_yaml(self.model_dir, self.params, "train")
+        if self.role.is_rank_zero:
+            write_params_yaml(self.model_dir, self.params, "train")
         source = self.streams.training_source(ds, addresses)
         assert batch_size is not None  # the training input's contract fixes it
         training_loop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
@@ -278,4 +297,4 @@ class Chief:
             num_input_workers=self.num_input_workers, params_path=self.resolved.params_path, save=self.save,
             evaluate=self.evaluate, train_steps=self.train_steps, jit_note=lambda: self.jit_note,
             ingest_info=self.ingest_info, rdv=self.rdv, autoscale=s.autoscale, addresses=s.addresses,
-            registry=s.registry)
+            registry=s.registry, ranks=self.ranks)

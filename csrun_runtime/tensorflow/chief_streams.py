@@ -104,6 +104,15 @@ class ChiefStreams:
             self.chief_input = chief_input.ChiefInputWorker.start(self.role, self.input_split)
 
     # ------------------------------------------------------------------ the training input
+    def check_position(self) -> tuple[int, int]:
+        """``(index, of)``: the input worker the chief builds the training input as, for its
+        checks and its in-process pipeline: worker 0 of the job's ``W`` (the job-wide count,
+        :attr:`csrun_common.roles.Role.num_streamers`, also with several trainer ranks); with
+        several ranks and no input worker, each rank reads its own shard: ``rank`` of ``world_size``."""
+        if self.role.world_size > 1 and not self.num_input_workers:
+            return self.role.rank, self.role.world_size
+        return 0, max(1, self.role.num_streamers)
+
     def check_train_input(self) -> tuple[Any, Any, int]:
         """Contract checks of the training input (built as input worker 0 would build it,
         :func:`csrun_runtime.tensorflow.pipeline.build_worker_input`); with several input workers also
@@ -117,7 +126,8 @@ class ChiefStreams:
         if self.plan is not None and self._view_root is None:
             self._view_root = tempfile.mkdtemp(prefix="csrun-views-")
         try:
-            built = build_worker_input(self.input_fn, self.params, 0, max(1, self.num_input_workers),
+            index, num = self.check_position()
+            built = build_worker_input(self.input_fn, self.params, index, num,
                                        self.plan, job_key=self.role.rendezvous_key,
                                        view_root=self._view_root)
         except Exception as e:  # noqa: BLE001

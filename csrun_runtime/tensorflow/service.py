@@ -310,6 +310,14 @@ class ChunkedSource:
             self._pending = None
         self.counts[p.worker] = self.counts.get(p.worker, 0) + m
 
+    def available(self, timeout: float, what: str = "runconfig.input_timeout_secs") -> int:
+        """Batches the next :meth:`get_chunk` can hand out at once (the rest of the element
+        being handed out, else of the next one, waited for): a trainer rank of several agrees on
+        a chunk's steps with the others before it takes it (:mod:`csrun_runtime.tensorflow.ranks`).
+        Raises :class:`InputStalled` (see the subclass)."""
+        p = self._fill(timeout, what)
+        return p.size - p.offset
+
     def get_chunk(self, max_steps: int, timeout: float,
                   what: str = "runconfig.input_timeout_secs") -> Chunk:
         """Up to ``max_steps`` consecutive batches of one worker (see :class:`Chunk`): the rest

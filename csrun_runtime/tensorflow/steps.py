@@ -71,6 +71,11 @@ class TrainSteps:
         allow_fallback: whether an XLA failure on the first call falls back (else it raises).
         counter: an integer ``tf.Variable`` (the global step) advanced by ``n`` inside the call,
             or ``None``.
+        strategy: a ``tf.distribute`` strategy (several trainer ranks,
+            :mod:`csrun_runtime.tensorflow.ranks`) or ``None``. With one, each step is its own
+            ``strategy.run`` on this rank's local batch inside the call's loop (Keras' pattern:
+            the optimizer's gradient all-reduce is a synchronization point, which may not sit in
+            a nested ``tf.function`` or in control flow inside ``strategy.run``), without XLA.
 
     ``steps(batches, offset, n)`` trains on batches ``offset .. offset + n - 1`` of
     ``batches`` — ``(features, labels)`` whose every tensor has a leading dimension of at
@@ -82,9 +87,10 @@ class TrainSteps:
     """
 
     def __init__(self, model: Any, on_xla_failure: Callable[[BaseException], None] | None = None,
-                 allow_fallback: bool = True, counter: Any = None):
+                 allow_fallback: bool = True, counter: Any = None, strategy: Any = None):
         self.model = model
         self.counter = counter
+        self.strategy = strategy
         self.on_xla_failure = on_xla_failure
         self.allow_fallback = allow_fallback
         self.calls = 0
@@ -93,6 +99,8 @@ class TrainSteps:
     def _build(self) -> Any:
         import tensorflow as tf
 
+        if self.strategy is not None:
+            return _distributed_loop(self.model, self.counter, self.strategy)
         model, counter = self.model, self.counter
         jit = bool(model.jit_compile)
 
@@ -155,3 +163,39 @@ class TrainSteps:
         # no host read here (issue 31): the losses stay tensors until the loop's log line reads one
         host = _HostLosses(losses)
         return dict(logs), [StepLoss(host, i) for i in range(offset, offset + n)]
+
+
+def _distributed_loop(model: Any, counter: Any, strategy: Any) -> Any:
+    """:class:`TrainSteps`' call with a ``strategy``: ``(batches, offset, n) -> (logs, losses)``
+    as without, each of the ``n`` steps one ``strategy.run`` of the model's ``train_step`` on
+    this rank's batch ``i`` (one local replica per rank: the batch is that replica's), in a
+    ``tf.range`` loop of one ``tf.function`` (no XLA); the logs and losses are this rank's."""
+    import tensorflow as tf
+
+    def one_step(data: Any) -> Any:
+        for m in model.metrics:
+            m.reset_state()
+        return model.train_step(data)
+
+    def pick(batches: Any, i: Any) -> Any:
+        x, y = batches
+        xi = tf.nest.map_structure(lambda t: t[i], x)
+        return (xi,) if y is None else (xi, tf.nest.map_structure(lambda t: t[i], y))
+
+    def local(value: Any) -> Any:
+        return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0], value)
+
+    def loop(batches: Any, offset: Any, n: Any) -> Any:
+        size = tf.shape(tf.nest.flatten(batches[0])[0])[0]
+        logs = local(strategy.run(one_step, args=(pick(batches, offset),)))
+        key = "loss" if "loss" in logs else next(iter(logs))
+        losses = tf.tensor_scatter_nd_update(tf.zeros([size], tf.float32), [[offset]],
+                                             [tf.cast(logs[key], tf.float32)])
+        for i in tf.range(offset + 1, offset + n):
+            logs = local(strategy.run(one_step, args=(pick(batches, i),)))
+            losses = tf.tensor_scatter_nd_update(losses, [[i]], [tf.cast(logs[key], tf.float32)])
+        if counter is not None:
+            counter.assign_add(tf.cast(n, counter.dtype))
+        return logs, losses
+
+    return tf.function(loop, reduce_retracing=True)

@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 from csrun_common.autoscale import AutoscaleSpec
 
 from ..loop import LoopSetup, ScalarWriter, TrainingDriver
+from ..rankgroup import LoopRanks
+from .ranks import RankChunk
 from .remote import DataplaneSource
 from .service import BatchSource, Chunk, ServiceSource
 from .steps import StepLoss, TrainSteps
 
 if TYPE_CHECKING:
     from ..rendezvous import Rendezvous
+    from .ranks import TFRanks
 
 __all__ = ["STEP_BACKEND", "training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
@@ -59,6 +62,9 @@ class LoopContext:
         rdv: the rendezvous (with input workers), for ``chief.json``.
         autoscale, addresses, registry: ``--autoscale``'s spec, every dispatcher address and
             the workers' registrations (:class:`csrun_runtime.autoscale.Autoscaler`).
+        ranks: several trainer ranks' :class:`csrun_runtime.tensorflow.ranks.TFRanks` (the
+            chunk agreement, and the core's :class:`csrun_runtime.rankgroup.LoopRanks` over it:
+            the stop agreement, rank 0 writes, the ranks' figures), or ``None``.
     """
 
     rc: Mapping[str, Any]
@@ -77,6 +83,7 @@ class LoopContext:
     autoscale: AutoscaleSpec | None = None
     addresses: list[str] = field(default_factory=list)
     registry: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ranks: TFRanks | None = None
 
 
 
@@ -101,17 +108,27 @@ class TFStepBackend:
         self.steps_fn: TrainSteps | None = None
         self.writer: Any = None
 
-    def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk:
-        """``source.get_chunk(limit, timeout, what)``."""
-        return self.source.get_chunk(limit, float(timeout or 0), what or "runconfig.input_timeout_secs")
+    def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> Chunk | RankChunk:
+        """``source.get_chunk(limit, timeout, what)``; with several trainer ranks this rank's
+        chunk before the ranks agree on its steps (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.next_chunk`)."""
+        what = what or "runconfig.input_timeout_secs"
+        if self.chief.ranks is not None:
+            return self.chief.ranks.next_chunk(self.source, limit, float(timeout or 0), what)
+        return self.source.get_chunk(limit, float(timeout or 0), what)
 
-    def train(self, chunk: Chunk) -> tuple[StepLoss, list[StepLoss]]:
+    def train(self, chunk: Chunk | RankChunk) -> tuple[StepLoss, list[StepLoss]]:
         """The chunk's steps in one call (which advances the global step variable); the losses
         stay tensors until the loop reads one (``float()``) at its logging cadence (issue 31:
-        no host read per call)."""
+        no host read per call). With several trainer ranks the ranks first agree on the steps
+        (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.settle`)."""
+        if isinstance(chunk, RankChunk):
+            assert self.chief.ranks is not None  # only TFRanks.next_chunk makes a RankChunk
+            taken: Chunk = self.chief.ranks.settle(chunk)
+        else:
+            taken = chunk
         if self.steps_fn is None:
             self.steps_fn = self.chief.train_steps(self.model, self.step_var)
-        _logs, losses = self.steps_fn(chunk.batches, chunk.offset, chunk.steps)
+        _logs, losses = self.steps_fn(taken.batches, taken.offset, taken.steps)
         return losses[-1], losses
 
     def save(self, step: int) -> None:
@@ -159,7 +176,8 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
         node=chief.node, num_input_workers=chief.num_input_workers, params_path=chief.params_path,
         evaluating=evaluating,
         ingest_info=chief.ingest_info, rdv=chief.rdv, autoscale=chief.autoscale if streamed else None,
-        addresses=chief.addresses, registry=chief.registry)
+        addresses=chief.addresses, registry=chief.registry,
+        ranks=LoopRanks(chief.ranks, chief.node) if chief.ranks is not None else None)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))
 
 

@@ -169,7 +169,7 @@ class InputWorker:
         self.plan = None
         try:
             if self.role.shard_plan:
-                self.plan = load_shard_plan(self.role.shard_plan, self.role.num_input_workers)
+                self.plan = load_shard_plan(self.role.shard_plan, self.role.num_streamers)
         except ParamsError as e:
             self.rdv.register_worker(self.index, {**self.me, "status": "failed", "violations": e.problems})
             log.error("%s", e)
@@ -205,11 +205,12 @@ class InputWorker:
         return server
 
     def _build(self) -> WorkerInput:
-        """``input_fn`` built as this input worker (TF_CONFIG and the global seed stay set)."""
+        """``input_fn`` built as this input worker, streamer ``g`` of the job's ``W`` (a job-wide
+        shard; TF_CONFIG and the global seed stay set)."""
         if os.environ.get(TF_CONFIG_VAR):
             log.info("replacing the inherited TF_CONFIG with this input worker's")
-        built = build_worker_input(self.input_fn, self.resolved.params, self.index,
-                                   self.role.num_input_workers, self.plan,
+        built = build_worker_input(self.input_fn, self.resolved.params, self.role.streamer_index or 0,
+                                   self.role.num_streamers, self.plan,
                                    job_key=self.role.rendezvous_key,
                                    view_root=self.rdv.dir / "data_views", restore=False)
         if built.view is not None:
