@@ -27,12 +27,18 @@ block the others forever) and raise :class:`RankLost` then.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["RankGroup", "RankLost", "LoopRanks", "INPUT_ENDED", "stop_code", "decode_stop", "rank_record",
+from csrun_common import exits
+
+__all__ = ["RankGroup", "RankLost", "LoopRanks", "leave", "STOP_CODES", "EXIT_GRACE_SECS", "INPUT_ENDED",
+           "stop_code", "decode_stop", "rank_record",
            "world_figures", "rank_lines", "job_worker"]
+
+log = logging.getLogger("csrun.runtime")
 
 #: :func:`stop_code` of a rank whose input ended (no stop signal).
 INPUT_ENDED = 1
@@ -70,6 +76,42 @@ class RankGroup(Protocol):
         model's; names sorted, each tensor's bytes), so identical weights give identical
         digests."""
         ...
+
+    def close(self) -> None:
+        """Release the group (leave the process group); errors are only logged."""
+        ...
+
+
+#: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
+STOP_CODES = (exits.REQUEUE, 130, 143)
+#: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
+#: the other ranks (status 0) have left and srun reports rank 0's.
+EXIT_GRACE_SECS = 1.0
+
+
+def leave(group: RankGroup | None, code: int, together: bool) -> int:
+    """A chief's exit with several trainer ranks: when every rank ended its mode
+    (``together``), one last agreement, so that no rank exits before rank 0 has written
+    everything (srun ``--kill-on-bad-exit`` would end it); then :meth:`RankGroup.close`. A
+    stop's exit status (:data:`STOP_CODES`) is rank 0's, which leaves :data:`EXIT_GRACE_SECS`
+    after the others: theirs is 0, so srun's status is rank 0's. Returns the exit code
+    (``code`` unchanged with one rank, ``group`` None); a failed last agreement is logged and
+    gives 1 when ``code`` was 0."""
+    if group is None:
+        return code
+    if together:
+        try:
+            group.agree(0)
+        except RankLost as e:
+            log.error("%s", e)
+            together, code = False, code or 1
+    group.close()
+    if group.rank != 0 and code in STOP_CODES and together:
+        log.info("trainer rank %d stopped with the other ranks; rank 0 exits with status %d", group.rank, code)
+        return 0
+    if group.rank == 0 and code in STOP_CODES and together:
+        time.sleep(EXIT_GRACE_SECS)
+    return code
 
 
 def stop_code(input_ended: bool, signum: int, requeue: bool) -> int:

@@ -30,7 +30,7 @@ from .. import preemption
 from ..artifacts import write_params_yaml
 from ..loop import LoopSetup, TrainingDriver
 from ..params import ParamsError, Resolved, load_shard_plan, training_target
-from ..rankgroup import LoopRanks, RankLost
+from ..rankgroup import LoopRanks, RankLost, leave
 from ..rendezvous import Heartbeat, Rendezvous
 from . import checkpoint
 from .contract import (
@@ -49,7 +49,7 @@ from .contract import (
 from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
-from .ranks import TorchRanks, collective_failure, leave_ranks, rank_device
+from .ranks import TorchRanks, collective_failure, rank_device
 from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
@@ -159,7 +159,7 @@ class Chief:
                 self.own_input.stop()
                 if self.heartbeat is not None:
                     self.heartbeat.stop()
-        return leave_ranks(self.ranks, code, returned)
+        return leave(self.ranks, code, returned)
 
     def _rank_idle(self) -> int:
         """A mode other than training on a trainer rank other than 0: rank 0 alone runs it."""

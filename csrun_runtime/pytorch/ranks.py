@@ -17,29 +17,21 @@ import datetime
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from csrun_common import exits
 from csrun_common.roles import Role
 
 from ..rankgroup import RankLost
 
-__all__ = ["TorchRanks", "collective_timeout", "collective_failure", "weights_digest", "rank_device", "leave_ranks",
-           "BASE_TIMEOUT_SECS",
-           "STOP_CODES", "EXIT_GRACE_SECS"]
+__all__ = ["TorchRanks", "collective_timeout", "collective_failure", "weights_digest", "rank_device",
+           "BASE_TIMEOUT_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: The least seconds a rendezvous or a collective of the ranks may take before it fails
 #: (:func:`collective_timeout` raises it to cover the input's own timeouts).
 BASE_TIMEOUT_SECS = 300.0
-#: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
-STOP_CODES = (exits.REQUEUE, 130, 143)
-#: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
-#: the other ranks (status 0) have left and srun reports rank 0's.
-EXIT_GRACE_SECS = 1.0
 
 
 #: Words of the errors a gloo or nccl collective raises when a peer died or timed out (torch
@@ -72,30 +64,6 @@ def rank_device(role: Role) -> Any:
     if role.world_size > 1:
         return torch.device(f"cuda:{role.local_rank % max(1, torch.cuda.device_count())}")
     return torch.device("cuda")
-
-
-def leave_ranks(ranks: TorchRanks | None, code: int, together: bool) -> int:
-    """The chief's exit with several trainer ranks: when every rank ended its mode
-    (``together``), one last agreement, so that no rank exits before rank 0 has written
-    everything (srun ``--kill-on-bad-exit`` would end it); then leave the process group. A
-    stop's exit status (:data:`STOP_CODES`) is rank 0's, which leaves :data:`EXIT_GRACE_SECS`
-    after the others: theirs is 0, so srun's status is rank 0's. Returns the exit code
-    (``code`` unchanged with one rank, ``ranks`` None)."""
-    if ranks is None:
-        return code
-    if together:
-        try:
-            ranks.agree(0)
-        except RankLost as e:
-            log.error("%s", e)
-            together, code = False, code or 1
-    ranks.close()
-    if ranks.rank != 0 and code in STOP_CODES and together:
-        log.info("trainer rank %d stopped with the other ranks; rank 0 exits with status %d", ranks.rank, code)
-        return 0
-    if ranks.rank == 0 and code in STOP_CODES and together:
-        time.sleep(EXIT_GRACE_SECS)
-    return code
 
 
 def collective_timeout(rc: Mapping[str, Any]) -> float:

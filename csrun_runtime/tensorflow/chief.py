@@ -28,7 +28,7 @@ from csrun_common.roles import Role
 from .. import chief_input, preemption
 from ..artifacts import write_params_yaml
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
-from ..rankgroup import RankLost
+from ..rankgroup import RankLost, leave
 from ..rendezvous import Heartbeat, Rendezvous
 from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
@@ -167,7 +167,7 @@ class Chief:
                     # a worker still importing TensorFlow needs more than the stop's 10 s
                     preemption.wait_workers_left(self.rdv.reports, self.num_input_workers, 10.0 if stopped else 30.0)
             self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
-        return self.ranks.leave(code, returned) if self.ranks is not None else code
+        return leave(self.ranks, code, returned)
 
     def _run_mode(self) -> int:
         if self.role.world_size > 1 and self.mode not in TRAIN_MODES and not self.role.is_rank_zero:

@@ -35,24 +35,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from csrun_common import exits
 from csrun_common.roles import Role
 
 from .. import preemption
 from ..rankgroup import RankLost
 
-__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest", "STOP_CODES",
-           "EXIT_GRACE_SECS"]
+__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: The XLA note of a trainer rank of several (``runconfig.jit_compile`` auto or true).
 RANKS_NO_XLA = "several trainer ranks: each step is a strategy.run, without XLA"
-#: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).
-STOP_CODES = (exits.REQUEUE, 130, 143)
-#: Seconds rank 0 waits after the last agreement before it exits with a stop's status, so that
-#: the other ranks (status 0) have left and srun reports rank 0's.
-EXIT_GRACE_SECS = 1.0
 
 
 class RankSetupError(RuntimeError):
@@ -182,24 +175,6 @@ class TFRanks:
 
     def close(self) -> None:
         """Nothing to release: the strategy's servers end with the process."""
-
-    def leave(self, code: int, together: bool) -> int:
-        """The chief's exit: when every rank ended its mode (``together``), one last agreement,
-        so that no rank exits before rank 0 has written everything (srun ``--kill-on-bad-exit``
-        would end it); a stop's exit status (:data:`STOP_CODES`) is rank 0's, which leaves
-        :data:`EXIT_GRACE_SECS` after the others (theirs 0). Returns the exit code."""
-        if together:
-            try:
-                self.agree(0)
-            except RankLost as e:
-                log.error("%s", e)
-                together, code = False, code or 1
-        if self.rank != 0 and code in STOP_CODES and together:
-            log.info("trainer rank %d stopped with the other ranks; rank 0 exits with status %d", self.rank, code)
-            return 0
-        if self.rank == 0 and code in STOP_CODES and together:
-            time.sleep(EXIT_GRACE_SECS)
-        return code
 
     def digest(self) -> str:
         """:func:`weights_digest` of the model :meth:`build` made (``""`` before)."""

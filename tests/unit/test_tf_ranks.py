@@ -27,6 +27,7 @@ rank, port = int(sys.argv[1]), int(sys.argv[2])
 from csrun_common.ranks import trainer_env
 os.environ.update(trainer_env(rank, 0, 2, 1, ["localhost", "localhost"], port))
 from csrun_common.roles import Role
+from csrun_runtime.rankgroup import leave
 from csrun_runtime.tensorflow.ranks import TFRanks
 from csrun_runtime.tensorflow.service import ChunkedSource
 from csrun_runtime.tensorflow.steps import TrainSteps
@@ -65,7 +66,7 @@ for _ in range(4):
     trained.append(chunk.steps)
 print(json.dumps({"trained": trained, "step": int(step.numpy()), "digest": ranks.digest(),
                   "agree": ranks.agree(rank + 3), "gather": ranks.gather({"rank": rank, "word": "é" * rank}),
-                  "losses": len(losses), "leave": ranks.leave(0, True)}))
+                  "losses": len(losses), "leave": leave(ranks, 0, True)}))
 '''
 
 
