@@ -298,7 +298,6 @@ class TrainingDriver:
         self.autoscaler: Autoscaler | None = None
         self.ranks = setup.ranks
         self.writes = self.ranks is None or self.ranks.writes  # rank 0 (or the only chief) writes
-        self.saves = self.writes or bool(self.ranks and self.ranks.every_rank_saves)  # a collective save
         if setup.autoscale is not None and backend.batch_size:
             self._start_autoscaler(backend.batch_size)
 
@@ -331,7 +330,7 @@ class TrainingDriver:
             if s.evaluating and self.writes:
                 b.evaluate(self.start)
             return
-        if s.rc.get("save_initial_checkpoint") and self.saves:
+        if s.rc.get("save_initial_checkpoint") and self.writes:
             b.save(self.start)
             self.last_saved = self.start
         self.scalars = b.open_events() if self.writes else _no_scalars
@@ -387,7 +386,7 @@ class TrainingDriver:
         logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
         for s in logged:
             self._log_step(s, losses[s - before - 1], last=s == logged[-1])
-        if self.ckpt_steps and self.step % self.ckpt_steps == 0 and self.saves:
+        if self.ckpt_steps and self.step % self.ckpt_steps == 0 and self.writes:
             self.backend.save(self.step)
             self.last_saved = self.step
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target and self.writes:
@@ -452,7 +451,7 @@ class TrainingDriver:
         assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
         c.t_end = t_end
         steps = self.step - self.start
-        if self.last_saved != self.step and failed is None and self.saves:
+        if self.last_saved != self.step and failed is None and self.writes:
             b.save(self.step)
             self.last_saved = self.step
         desc = b.source.describe()

@@ -226,14 +226,10 @@ class LoopRanks:
 
     Args:
         group: the framework's :class:`RankGroup`; ``node``: this rank's node (for its record).
-        every_rank_saves: the loop calls the backend's ``save`` on every rank, not only on rank 0
-            (a framework whose checkpoint save is a collective, e.g. TensorFlow's
-            MultiWorkerMirroredStrategy, where ranks other than 0 write to a scratch place);
-            evaluations, events and performance.json stay rank 0's.
     """
 
-    def __init__(self, group: RankGroup, node: str | None = None, every_rank_saves: bool = False):
-        self.group, self.node, self.every_rank_saves = group, node, every_rank_saves
+    def __init__(self, group: RankGroup, node: str | None = None):
+        self.group, self.node = group, node
         self.agreements = 0  # agree() calls made (one per chunk)
         self.last_sync = 0.0  # seconds the last agreement took (waiting for the other ranks)
         self.sync_time = 0.0  # seconds of every agreement after the first (the steady state's)

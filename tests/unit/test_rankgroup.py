@@ -140,6 +140,7 @@ def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
     from csrun_runtime.pytorch.ranks import TorchRanks
     from csrun_runtime.pytorch.training import TorchStepBackend
     from csrun_runtime.rankgroup import LoopRanks
+    from csrun_runtime.task import flush_exit
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     preemption.reset()
@@ -169,7 +170,7 @@ def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
 
         lost = e if isinstance(e, RankLost) else collective_failure(ranks, e)
         (Path(tmp) / f"result{rank}.json").write_text(json.dumps({"lost": str(lost) if lost else repr(e)}))
-        return
+        flush_exit(0)
     t0 = time.perf_counter()
     for _ in range(50):
         ranks.agree(0)
@@ -178,6 +179,10 @@ def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
               "digest": ranks.digest(), "agree_s": per_agree}
     ranks.close()
     (Path(tmp) / f"result{rank}.json").write_text(json.dumps(result))
+    # a chief leaves as run() does (csrun_runtime.task.flush_exit: os._exit after flushing): without
+    # it the interpreter's teardown of the gloo group aborted ("terminate called without an active
+    # exception", SIGABRT) in about 1 run in 5 of the signal case, after this rank's work was done
+    flush_exit(0)
 
 
 def _free_port() -> int:
