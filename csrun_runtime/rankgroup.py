@@ -27,16 +27,16 @@ block the others forever) and raise :class:`RankLost` then.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from csrun_common import exits
 
-__all__ = ["RankGroup", "RankLost", "LoopRanks", "leave", "STOP_CODES", "EXIT_GRACE_SECS", "INPUT_ENDED",
-           "stop_code", "decode_stop", "rank_record",
-           "world_figures", "rank_lines", "job_worker"]
+__all__ = ["RankGroup", "RankLost", "LoopRanks", "leave", "weights_digest", "STOP_CODES", "EXIT_GRACE_SECS",
+           "INPUT_ENDED", "stop_code", "decode_stop", "rank_record", "world_figures", "rank_lines", "job_worker"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -80,6 +80,17 @@ class RankGroup(Protocol):
     def close(self) -> None:
         """Release the group (leave the process group); errors are only logged."""
         ...
+
+
+def weights_digest(weights: Iterable[tuple[str, str, tuple[int, ...], bytes]]) -> str:
+    """``sha256:<hex>`` of a model's weights, each ``(name, dtype, shape, bytes)`` (a backend's
+    :meth:`RankGroup.digest` gives its tensors' host bytes), names sorted: identical weights
+    give identical digests on every rank, in either framework's framing."""
+    h = hashlib.sha256()
+    for name, dtype, shape, data in sorted(weights, key=lambda w: w[0]):
+        h.update(f"{name}|{dtype}|{tuple(shape)}|".encode())
+        h.update(data)
+    return "sha256:" + h.hexdigest()
 
 
 #: Exit statuses of a stop (``--requeue``'s 75, SIGINT's 130, SIGTERM's 143).

@@ -14,7 +14,6 @@ the ranks' weights stay identical; :meth:`TorchRanks.digest` proves it at the en
 from __future__ import annotations
 
 import datetime
-import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from typing import Any
 from csrun_common.roles import Role
 
 from ..rankgroup import RankLost
+from ..rankgroup import weights_digest as digest_of
 
 __all__ = ["TorchRanks", "collective_timeout", "collective_failure", "weights_digest", "rank_device",
            "BASE_TIMEOUT_SECS"]
@@ -76,16 +76,16 @@ def collective_timeout(rc: Mapping[str, Any]) -> float:
 
 
 def weights_digest(module: Any) -> str:
-    """``sha256:<hex>`` of ``module``'s ``state_dict()`` (names sorted; each name, dtype, shape
-    and the tensor's bytes on the CPU): identical weights, identical digests."""
+    """:func:`csrun_runtime.rankgroup.weights_digest` of ``module``'s ``state_dict()`` (each
+    tensor's bytes on the CPU)."""
     import torch
 
-    h = hashlib.sha256()
-    for name, t in sorted(module.state_dict().items()):
-        x = t.detach().to("cpu").contiguous() if isinstance(t, torch.Tensor) else torch.as_tensor(t)
-        h.update(f"{name}|{x.dtype}|{tuple(x.shape)}|".encode())
-        h.update(x.view(torch.uint8).numpy().tobytes() if x.numel() else b"")
-    return "sha256:" + h.hexdigest()
+    def host(t: Any) -> Any:
+        return t.detach().to("cpu").contiguous() if isinstance(t, torch.Tensor) else torch.as_tensor(t)
+
+    tensors = ((name, host(t)) for name, t in module.state_dict().items())
+    return digest_of((name, str(x.dtype), tuple(x.shape), x.view(torch.uint8).numpy().tobytes() if x.numel() else b"")
+                     for name, x in tensors)
 
 
 class TorchRanks:

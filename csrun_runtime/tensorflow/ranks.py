@@ -27,7 +27,6 @@ TensorFlow is imported inside the functions (see :mod:`csrun_runtime.tensorflow.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from csrun_common.roles import Role
 
 from .. import preemption
 from ..rankgroup import RankLost
+from ..rankgroup import weights_digest as digest_of
 
 __all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest"]
 
@@ -54,13 +54,10 @@ class RankSetupError(RuntimeError):
 
 
 def weights_digest(model: Any) -> str:
-    """``sha256:<hex>`` of ``model``'s weights (names sorted, each array's bytes, float32 as
-    stored): identical weights give identical digests on every rank."""
-    h = hashlib.sha256()
-    for name, value in sorted((v.path, v.numpy()) for v in model.weights):
-        h.update(name.encode())
-        h.update(value.tobytes())
-    return f"sha256:{h.hexdigest()}"
+    """:func:`csrun_runtime.rankgroup.weights_digest` of ``model``'s weights (each variable's
+    value as stored, by its path)."""
+    values = ((v.path, v.numpy()) for v in model.weights)
+    return digest_of((name, str(a.dtype), tuple(a.shape), a.tobytes()) for name, a in values)
 
 
 def _strategy() -> Any:
