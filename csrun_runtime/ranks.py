@@ -7,8 +7,8 @@ chief nodes come from Slurm: ``SLURM_JOB_NODELIST_HET_GROUP_0`` (the chief's het
 and sbatch(1) "OUTPUT ENVIRONMENT VARIABLES"), else its older name
 ``SLURM_JOB_NODELIST_PACK_GROUP_0`` (srun 22.05 sets only that one on csrun_wse's srun path,
 measured: docs/MULTI-RANK.md), else ``SLURM_JOB_NODELIST`` (outside a het job), expanded
-by ``scontrol show hostnames`` (scontrol(1): "Takes an optional hostlist expression as input
-and writes a list of individual host names"); a node name that does not resolve (a test
+by :func:`csrun_common.hostlist.expand_hostlist` (scontrol(1) ``show hostnames``' syntax); a
+node name that does not resolve (a test
 cluster's) is replaced by its ``NodeAddr`` (``scontrol show node``). The user's own
 ``RANK``/``MASTER_ADDR``/... already in the environment are replaced: the job's layout decides.
 """
@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Mapping
 
 from csrun_common.env import MASTER_PORT, WORLD_SIZE
+from csrun_common.hostlist import expand_hostlist
 from csrun_common.ranks import master_port, trainer_env
 from csrun_common.roles import resolve_role
 
@@ -64,8 +65,14 @@ def node_address(name: str) -> str:
 
 def chief_hosts(env: Mapping[str, str]) -> list[str]:
     """The addresses of the chief's het group's nodes, in Slurm's order (rules: the module
-    docstring). Raises :class:`RankEnvError` naming the variable when neither nodelist is set."""
-    return [node_address(n) for n in _scontrol("show", "hostnames", chief_nodelist(env)).split()]
+    docstring). Raises :class:`RankEnvError` naming the variable when no nodelist is set, or the
+    nodelist when it does not parse."""
+    nodelist = chief_nodelist(env)
+    try:
+        names = expand_hostlist(nodelist)
+    except ValueError as e:
+        raise RankEnvError(f"the chief nodes {nodelist!r}: {e}") from None
+    return [node_address(n) for n in names]
 
 
 def chief_nodelist(env: Mapping[str, str]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from csrun_common.env import VERBOSE
 from csrun_common.errors import CsrunError, SlurmUnavailable
+from csrun_common.hostlist import expand_hostlist
 from csrun_common.layout import flag
 
 from . import slurm
@@ -112,10 +113,10 @@ class ClusterView:
 
 def gres_nodes(value: str) -> frozenset[str]:
     """The node names of the site's ``gres.node`` (a name, a comma list or a Slurm hostlist,
-    ``"gpu[01-04]"``: :func:`launcher.slurm.expand_hostlist`); empty for ``""``. Raises
+    ``"gpu[01-04]"``: :func:`csrun_common.hostlist.expand_hostlist`); empty for ``""``. Raises
     :class:`CsrunError` naming the key for an expression that does not parse."""
     try:
-        return frozenset(slurm.expand_hostlist(value))
+        return frozenset(expand_hostlist(value))
     except ValueError as exc:
         raise CsrunError(f"gres.node = {value!r}: not a node name or Slurm hostlist ({exc})") from None
 

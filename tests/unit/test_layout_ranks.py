@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from csrun_common.errors import CsrunError
+from csrun_common.hostlist import expand_hostlist
 from csrun_common.layout import LayoutSpec
 from launcher import cli, slurm
 from launcher.builders import WseRequest, expand_python_word
@@ -205,11 +206,11 @@ def test_autoscale_bounds_count_each_ranks_workers(no_gres):
 
 
 def test_gres_node_as_a_hostlist():
-    assert slurm.expand_hostlist("node[1-3,5],gpu[08-10],x") == ["node1", "node2", "node3", "node5", "gpu08",
+    assert expand_hostlist("node[1-3,5],gpu[08-10],x") == ["node1", "node2", "node3", "node5", "gpu08",
                                                                  "gpu09", "gpu10", "x"]
-    assert slurm.expand_hostlist("") == [] and slurm.expand_hostlist("node1") == ["node1"]
+    assert expand_hostlist("") == [] and expand_hostlist("node1") == ["node1"]
     with pytest.raises(ValueError, match="unbalanced"):
-        slurm.expand_hostlist("node[1-2")
+        expand_hostlist("node[1-2")
     from launcher.resolve import gres_nodes
     with pytest.raises(CsrunError, match=r"gres.node = 'n\[2-1\]': not a node name or Slurm hostlist"):
         gres_nodes("n[2-1]")
