@@ -8,6 +8,10 @@ and the chief process's cores (psutil CPU times of this process over the window)
 - ``data plane, device feed``: k processes running the input worker's real send path
   (``csrun_runtime.pytorch.worker.send_batches``) into the chief's real path
   (``RemoteSource`` + ``devicefeed.DeviceFeed``: pinned ring, copy stream, prefetch thread);
+- ``data plane, receive only``: the same senders into ``RemoteSource.next()`` alone (the
+  receive's ceiling, no copy);
+- ``data plane, device feed, 1 copy thread``: the device feed with its pinned copy on one
+  thread (shown when the default copies with several, :func:`devicefeed.auto_copy_threads`);
 - ``data plane, to_torch``: the same senders, ``RemoteSource.next()`` then ``to_torch`` (the
   path before issue 31: a fresh ``pin_memory()`` per batch on CUDA);
 - ``DataLoader``: ``DataLoader(num_workers=k, pin_memory=True)`` in this process over the same
@@ -18,7 +22,9 @@ and the chief process's cores (psutil CPU times of this process over the window)
   otherwise that row is reported as skipped.
 
 Usage: ``python bench/bench_gpu_feed.py [--quick] [--ks 4,8] [--out FILE]`` (default
-``bench/results/gpu_feed_<cpu|cuda>.json``). The JSON names the device and the host's cores.
+``bench/results/gpu_feed_<cpu|cuda>.json``; ``--kinds images``, ``--no-step``, ``--io-threads N``:
+a part of the run, or the receiver's zmq I/O threads fixed). The JSON names the device and the
+host's cores.
 """
 from __future__ import annotations
 
@@ -79,6 +85,13 @@ def sender_main(spec_path: str) -> None:
         s.close(timeout=1.0)
 
 
+def child_env() -> dict[str, str]:
+    """A sender's environment: this repository and bench/ first on PYTHONPATH, the caller's
+    PYTHONPATH kept (on the GPU machine pyzmq comes from a carried wheel's --target folder)."""
+    keep = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)] + ([keep] if keep else [])))
+
+
 def _sync(dev: Any) -> None:
     import torch
 
@@ -124,7 +137,7 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
 
     from csrun_common.roles import Role
     from csrun_runtime.pytorch.contract import to_torch
-    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed, auto_copy_threads, nest_bytes
     from csrun_runtime.pytorch.remote import RemoteSource
     from csrun_runtime.rendezvous import Rendezvous
 
@@ -137,7 +150,7 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
         spec = work / f"sender-{kind}-{k}-{i}.json"
         spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": kind, "quick": quick}))
         procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
-                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))))
+                                      env=child_env()))
     pids = [p.pid for p in procs]
     out: dict[str, Any] = {}
     try:
@@ -148,16 +161,25 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
             to_torch(nest, dev)
             return nest_bytes(nest)
 
+        def recv() -> int:
+            nest, _ = src.next()
+            return nest_bytes(nest)
+
+        out["data plane, receive only"] = window(recv, plan, dev, pids)
         out["data plane, to_torch"] = window(old, plan, dev, pids)
-        feed = DeviceFeed(src, dev, depth=depth)
+        auto = auto_copy_threads() if dev.type == "cuda" else 1
+        for name, threads in [("data plane, device feed", auto)] + (
+                [("data plane, device feed, 1 copy thread", 1)] if auto > 1 else []):
+            src.cancelled = False  # the previous feed's stop() cancelled the source's waits
+            feed = DeviceFeed(src, dev, depth=depth, copy_threads=threads)
 
-        def new() -> int:
-            batch, _ = feed.next()
-            return nest_bytes(batch)
+            def new(feed: Any = feed) -> int:
+                batch, _ = feed.next()
+                return nest_bytes(batch)
 
-        out["data plane, device feed"] = window(new, plan, dev, pids)
-        feed.stop()
-        out["data plane, device feed"]["feed"] = feed.feed_info()
+            out[name] = window(new, plan, dev, pids)
+            feed.stop()
+            out[name]["feed"] = feed.feed_info()
     finally:
         src.close()
         reap(procs, 5.0)
@@ -210,14 +232,14 @@ def h2d_row(kind: str, mode: str, dev: Any, plan: dict[str, float], quick: bool)
     batch = make_batch(kind, quick)
     nbytes = sum(t.nbytes for t in batch)
     inflight: collections.deque[Any] = collections.deque()
-    src = [t.pin_memory() for t in batch] if mode == "pinned" else list(batch)
+    src = [t.pin_memory() for t in batch] if mode == "pinned H2D" else list(batch)
     arrays = tuple(t.numpy() for t in batch)
 
     def step() -> int:
         if mode == "to_torch alone":
             to_torch(arrays, dev)
         else:
-            moved = [t.to(dev, non_blocking=mode == "pinned") for t in src]
+            moved = [t.to(dev, non_blocking=mode == "pinned H2D") for t in src]
             if dev.type == "cpu":  # a copy, so that the CPU row moves bytes as a device copy would
                 moved = [t.clone() for t in moved]
         if dev.type == "cuda":  # at most 4 batches queued
@@ -287,13 +309,18 @@ def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
         spec = work / f"sender-step-{i}.json"
         spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": "images", "quick": False}))
         procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
-                                      env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))))
+                                      env=child_env()))
     try:
         src.r.wait_workers(k, 120.0)
-        feed = DeviceFeed(src, dev, depth=depth)
-        block(lambda: feed.next()[0], 5)
-        fed, wait = block(lambda: feed.next()[0], 20)
-        feed.stop()
+        by_depth = {}
+        for d in sorted({depth, 1, 4}):  # runconfig.device_prefetch's default chosen by these
+            src.cancelled = False
+            feed = DeviceFeed(src, dev, depth=d)
+            block(lambda feed=feed: feed.next()[0], 5)
+            f_d, w_d = block(lambda feed=feed: feed.next()[0], 20)
+            feed.stop()
+            by_depth[d] = {"step_ms_fed": round(f_d * 1e3, 2), "wait_ms_per_step": round(w_d * 1e3, 2)}
+        fed, wait = by_depth[depth]["step_ms_fed"] / 1e3, by_depth[depth]["wait_ms_per_step"] / 1e3
     finally:
         src.close()
         reap(procs, 5.0)
@@ -302,6 +329,9 @@ def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
     return {"model": "torchvision ResNet-50, bf16 autocast, channels_last, SGD momentum", "senders": k,
             "step_ms_resident": [round(r1 * 1e3, 2), round(r2 * 1e3, 2)], "step_ms_fed": round(fed * 1e3, 2),
             "wait_ms_per_step": round(wait * 1e3, 2), "input_share_of_fed_step": round(1 - res / fed, 4),
+            "device_prefetch": depth,
+            "by_device_prefetch": {d: {**v, "input_share": round(1 - res / (v["step_ms_fed"] / 1e3), 4)}
+                                   for d, v in by_depth.items()},
             "target": "within 3 % of resident"}
 
 
@@ -324,12 +354,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ks", default=None, help="sender counts (default 4,8; --quick 1,2)")
     ap.add_argument("--depth", type=int, default=2, help="runconfig.device_prefetch of the device feed rows")
     ap.add_argument("--out", default=None, help="results JSON (default bench/results/gpu_feed_<cpu|cuda>.json)")
+    ap.add_argument("--kinds", default="images,small", help="batch kinds (images, small)")
+    ap.add_argument("--no-step", action="store_true", help="skip the ResNet-50 step rows")
+    ap.add_argument("--io-threads", type=int, default=None,
+                    help="the chief receiver's zmq I/O threads (default: the runtime's, by cores)")
     ap.add_argument("--sender", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.sender:
         sender_main(a.sender)
         return 0
-    res = run(a.quick, a.ks, a.depth)
+    if a.io_threads:
+        from csrun_runtime.dataplane import transport
+
+        transport.auto_io_threads = lambda: a.io_threads
+    res = run(a.quick, a.ks, a.depth, kinds=a.kinds.split(","), step=not a.no_step)
+    res["meta"]["io_threads"] = a.io_threads or "auto"
     out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{res['meta']['device_type']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
@@ -337,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(quick: bool = False, ks_text: str | None = None, depth: int = 2) -> dict[str, Any]:
+def run(quick: bool = False, ks_text: str | None = None, depth: int = 2,
+        kinds: list[str] | None = None, step: bool = True) -> dict[str, Any]:
     """The rows (bench/run.py's entry): into CUDA when there is one, else the CPU; ``ks_text``
     the sender counts (default 4,8; quick 1,2); ``depth`` the device feed's
     ``runconfig.device_prefetch``. Returns ``{"meta", "kinds", "step"}``."""
@@ -351,7 +391,7 @@ def run(quick: bool = False, ks_text: str | None = None, depth: int = 2) -> dict
     res: dict[str, Any] = {"meta": {**env(), "quick": a.quick, "ks": ks, "device_prefetch": a.depth, **plan},
                            "kinds": {}}
     with tempfile.TemporaryDirectory(prefix="gpu-feed-") as tmp:
-        for kind in ("images", "small"):
+        for kind in kinds or ["images", "small"]:
             nbytes = sum(t.nbytes for t in make_batch(kind, a.quick))
             rows: dict[str, Any] = {"batch": f"{'x'.join(map(str, shapes(kind, a.quick)[0][0]))} "
                                              f"{shapes(kind, a.quick)[0][1]} + labels", "batch_bytes": nbytes}
@@ -368,7 +408,9 @@ def run(quick: bool = False, ks_text: str | None = None, depth: int = 2) -> dict
             have_tv = True
         except ImportError:
             have_tv = False
-        if dev.type == "cuda" and have_tv and not a.quick:
+        if not step:
+            res["step"] = {"skipped": "--no-step"}
+        elif dev.type == "cuda" and have_tv and not a.quick:
             res["step"] = step_rows(dev, max(ks), Path(tmp), a.depth)
         else:
             res["step"] = {"skipped": "needs CUDA and torchvision, full size" if not a.quick else "--quick"}

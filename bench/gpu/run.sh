@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (issue 31): bench/bench_gpu_feed.py full size and bench_ingest_gap.py's
-# table 1, results into $OUT.
-#   OUT=/tmp/out bash bench/gpu/run.sh            # from the repository root, ~3-5 minutes on 16 cores
-# Installs a carried pyzmq wheel (bench/gpu/wheels/*.whl, or $WHEELS/*.whl) into /tmp/site when
-# pyzmq is missing (the device machine reaches no package index). torchvision is optional: without
-# it the ResNet-50 step rows are reported as skipped.
+# One command for a GPU machine (issue 31), from the repository root; results into $OUT:
+#   env.txt, devicefeed_tests.log   the device, versions; the device feed's unit tests on CUDA
+#   gpu_feed_cuda.json, gpu_feed.log   bench/bench_gpu_feed.py full size (k = $KS), ResNet-50 rows
+#   ingest_16core.json, ingest.log  bench_ingest_gap.py: issue 31's table 1 (256 KiB, 4 MiB; 1 rep)
+#   gpu_feed_io8.json               the image rows again with 8 zmq I/O threads (k = 8)
+# Each part has its own time limit, so that one part's failure leaves the others' results.
+#   OUT=/tmp/out bash bench/gpu/run.sh        # about 6 minutes on 16 cores
+# pyzmq is installed from carried wheels (.whl/*.whl, or $WHEELS) into /tmp/site when missing:
+# the GPU machine reaches no package index (device README).
 set -u
 OUT=${OUT:-/tmp/gpu_feed_out}
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
+export PYTHONUNBUFFERED=1
 if ! python3 -c 'import zmq' 2>/dev/null; then
-  WHEELS=${WHEELS:-$ROOT/bench/gpu/wheels}
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/pyzmq*.whl \
+  WHEELS=${WHEELS:-$ROOT/.whl}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
-{ date -u; nproc; nvidia-smi -L 2>&1; python3 -c 'import torch, zmq, numpy; print(torch.__version__, torch.version.cuda, zmq.__version__, numpy.__version__)'; git -C "$ROOT" log -1 --oneline 2>/dev/null; } > "$OUT/env.txt" 2>&1
-python3 bench/bench_gpu_feed.py --ks "${KS:-4,8}" --out "$OUT/gpu_feed_cuda.json" 2>&1 | tee "$OUT/gpu_feed.log"
-# issue 31's table 1 (ingest, data plane / raw TCP, k = 1, 2, 4, 8): ~5 minutes on 16 cores; SKIP_INGEST=1 skips it
-[ "${SKIP_INGEST:-0}" = 1 ] || python3 bench/bench_ingest_gap.py --out "$OUT/ingest_recv_16core.json" 2>&1 | tail -20 | tee "$OUT/ingest.log"
-python3 -m pytest -q -x tests/unit/test_pytorch_devicefeed.py 2>&1 | tail -5 | tee -a "$OUT/gpu_feed.log"
+{ date -u; echo "nproc $(nproc)"; nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1;
+  python3 -c 'import torch, zmq, numpy, torchvision; print("torch", torch.__version__, "cuda", torch.version.cuda, "pyzmq", zmq.__version__, "libzmq", zmq.zmq_version(), "numpy", numpy.__version__, "torchvision", torchvision.__version__)';
+  git -C "$ROOT" log -1 --oneline 2>/dev/null; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
+part 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
+part 270 python3 bench/bench_gpu_feed.py --ks "${KS:-4,8}" --out "$OUT/gpu_feed_cuda.json" 2>&1 | tee "$OUT/gpu_feed.log"
+[ "${SKIP_INGEST:-0}" = 1 ] || part 130 python3 bench/bench_ingest_gap.py --variants "raw TCP;zmq bare;data plane" \
+  --sizes "256 KiB;4 MiB" --repeats 1 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
+python3 - "$OUT/ingest_16core.json" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+for k, sizes in r.items():
+    for size, vs in sizes.items():
+        print(k, size, {v: (x.get("mb_per_sec"), x.get("vs_raw_tcp")) for v, x in vs.items()})
+PY
+[ "${SKIP_IO8:-0}" = 1 ] || part 80 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --io-threads 8 \
+  --out "$OUT/gpu_feed_io8.json" 2>&1 | tail -12

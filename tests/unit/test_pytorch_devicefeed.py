@@ -107,7 +107,7 @@ def test_a_shape_change_reallocates_the_ring_once():
     assert shapes == [(4, 3), (4, 3), (8, 3), (8, 3)] and feed.ring.allocations == 2
 
 
-def test_the_feed_thread_stays_at_most_depth_batches_ahead_and_does_the_receive():
+def test_the_feed_threads_stay_at_most_depth_plus_three_batches_ahead_and_receive_on_their_own():
     src = ListSource([batch(i) for i in range(20)])
     feed = DeviceFeed(src, "cpu", depth=3, threaded=True)
     b, _ = feed.next()
@@ -115,9 +115,10 @@ def test_the_feed_thread_stays_at_most_depth_batches_ahead_and_does_the_receive(
     while src.taken < 5 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)  # it would take more now if it were not bounded
-    # one handed out, `depth` queued, one received and waiting for room in the queue
-    assert src.taken == 1 + 3 + 1
-    assert src.threads == {"csrun-device-feed"}
+    # one handed out, `depth` queued, one staged and waiting for room in that queue, one
+    # received and waiting to be staged, one received and waiting for room in the staging queue
+    assert src.taken == 1 + 3 + 1 + 1 + 1
+    assert src.threads == {"csrun-device-feed-receive"}
     feed.close()
 
 
@@ -238,3 +239,47 @@ def test_the_loop_reports_a_nan_loss_at_its_log_line_naming_the_step(tmp_path, c
     assert "global_step = 1, loss = 1" in caplog.text and "global_step = 4" not in caplog.text
     perf = (tmp_path / "performance" / "performance.json").read_text()
     assert "loss is inf at global step 3" in perf
+
+
+def test_a_large_leaf_is_copied_by_several_threads_exactly():
+    """HostRing's split copy (issue 31: one core's memcpy bounds a 38.5 MB batch): chunks of
+    a length no thread count divides, a strided leaf copied whole, the pool ended by close()."""
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, 256, (5 << 20) + 7, dtype=np.uint8)
+    strided = rng.random((1100, 2000), dtype=np.float32)[:, ::2]  # 4.4 MB, not contiguous
+    ring = HostRing(2, pin=False, copy_threads=3)
+    for shift in range(3):  # every slot written, then the first again
+        a = np.roll(big, shift)
+        _, (x, s, none) = ring.fill([a, strided, None])
+        assert np.array_equal(x.numpy(), a) and np.array_equal(s.numpy(), strided) and none is None
+    assert ring._pool is not None and ring.allocations == 1
+    ring.close()
+    assert ring._pool is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in bench/gpu/run.sh on a GPU machine)")
+@pytest.mark.parametrize("copy_threads", [1, 4])
+def test_cuda_feed_hands_every_batch_exactly_while_the_gpu_is_busy(copy_threads):
+    """On CUDA: pinned ring reused (6 slots for 40 batches), copy stream, copy events, the
+    compute stream kept busy by a matmul per batch, so that a slot written again before its copy
+    ended, or a batch used before its copy event, shows as a wrong byte."""
+    rng = np.random.default_rng(0)
+    src = [{"x": rng.integers(0, 256, (8, 3, 512, 512), dtype=np.uint8), "y": np.arange(8, dtype=np.int64) + i}
+           for i in range(40)]
+    feed = DeviceFeed(ListSource(src), "cuda", depth=2, copy_threads=copy_threads)
+    assert feed.threaded and feed.ring is not None and feed.ring.pin
+    m = torch.randn(2048, 2048, device="cuda")
+    got = 0
+    while True:
+        b, _ = feed.next()
+        if b is None:
+            break
+        assert b["x"].device.type == "cuda"
+        for _ in range(3):
+            m = torch.tanh(m @ m)
+        assert torch.equal(b["x"].cpu(), torch.from_numpy(src[got]["x"])), f"batch {got} differs"
+        assert torch.equal(b["y"].cpu(), torch.from_numpy(src[got]["y"]))
+        got += 1
+    assert got == 40 and feed.feed_info()["ring"]["allocations"] == 1
+    assert feed.feed_info()["ring"]["copy_threads"] == copy_threads
+    feed.close()
