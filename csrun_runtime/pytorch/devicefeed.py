@@ -9,13 +9,15 @@ dtypes; reallocated only when a shape or dtype changes), then to the device with
 after its copy event: the compute stream waits for that event (``Stream.wait_event``, no host
 sync) and each device tensor is ``record_stream``-ed on the compute stream so that the
 caching allocator keeps it until the step's use of it is done. A ring slot is written again
-only after its previous copy's event completed. The host copy uses ``numpy.copyto`` (one
-thread, the GIL released), not torch's intra-op threads, so that pinning costs one copy's
-cores. ``runconfig.device_prefetch`` batches (default :data:`DEVICE_PREFETCH`) wait on the
-device, or in flight to it, ahead of the step.
+only after its previous copy's event completed. The host copy uses ``numpy.copyto`` (the GIL
+released), not torch's intra-op threads (``pin_memory()`` took all 16 cores of the GPU host),
+on :func:`auto_copy_threads` threads for a large leaf (4 on 16 cores: 38.5 MB image batches
+reached the H200 at 6.8-9.2 GB/s against 4.3-5.2 with one thread, BENCHMARKS.md "GPU feed").
+``runconfig.device_prefetch`` batches (default :data:`DEVICE_PREFETCH`) wait on the device, or
+in flight to it, ahead of the step.
 
-A background thread does the receive and the host copy, so the step loop never blocks on
-them; it only waits for the next batch (the queue) and, on CUDA, for that batch's copy event:
+Two background threads, one receiving and one staging (host copy, copy issue), so the step
+loop never blocks on them; it only waits for the next batch (the queue) and, on CUDA, for that batch's copy event:
 that wait is what :meth:`DeviceFeed.next` returns in ``last_wait`` and what the training
 loop counts as input wait (docs/VERDICT.md). Without CUDA the same class runs with no
 pinning, no streams and (by default) no thread: a batch passes through (``torch.from_numpy``
@@ -41,10 +43,10 @@ __all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "auto_copy_threads", "fe
 log = logging.getLogger("csrun.runtime")
 
 #: Default of ``runconfig.device_prefetch``: batches staged on the device (or in flight to it)
-#: ahead of the step. Two is the least that overlaps the next batch's host-to-device copy with
-#: the step while a third is received (the issue's ResNet-50 step needs 0.58 GB/s, a 38.5 MB
-#: batch's pinned copy takes 0.7 ms of a 66 ms step); the GPU measurement that would confirm
-#: it (``bench/bench_gpu_feed.py`` full size, BENCHMARKS.md) awaits a GPU machine.
+#: ahead of the step. Measured on an H200 host (16 cores, k = 8 senders, ResNet-50 bf16, a
+#: 38.5 MB image batch a step): depth 1, 2 and 4 all fed the step within 0.14 % of the batch
+#: resident on the GPU (54.74 / 54.74 / 54.73 ms against 54.66 ms, ``bench/bench_gpu_feed.py``,
+#: BENCHMARKS.md "GPU feed"); 2 keeps one batch of margin for a step that needs more input.
 DEVICE_PREFETCH = 2
 
 #: Leaves of at least this many bytes are copied into the pinned ring by several threads
@@ -355,8 +357,10 @@ class DeviceFeed:
 
     def _receive_run(self) -> None:
         """The receive thread: the source's nests into the staging queue, so that the next batch
-        is received while this one is copied (the two overlap; measured on an H200 host with 16
-        cores: receive and copy took 1.4 and 4.2 ms of each 38.5 MB batch on one thread)."""
+        is received while this one is copied. On one thread the receive took about 0.5 ms and the
+        staging 4.2 ms of each 38.5 MB image batch (an H200 host with 16 cores, 8 local senders,
+        ``bench/results/gpu/gpu_feed_h200.json``), so the overlap takes back at most that 10 %;
+        measured 8.8 against 8.3 GB/s, inside that host's noise (BENCHMARKS.md "GPU feed")."""
         while not self._stop.is_set():
             item = self._receive()
             if not self._put(self._rq, item) or item[0] != "batch":
