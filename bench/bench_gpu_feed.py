@@ -103,16 +103,7 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
     """``step()`` (returns bytes delivered) for the warm-up, then the window; GB/s, the chief's
     cores (this process) and the others' (``pids``)."""
     import psutil
-
-    def cpu(ps: list[int]) -> float:
-        tot = 0.0
-        for p in ps:
-            try:
-                t = psutil.Process(p).cpu_times()
-                tot += t.user + t.system
-            except psutil.Error:
-                pass
-        return tot
+    from bench_ingest import _cpu as cpu  # summed user+system CPU seconds of pids
 
     t_end = time.perf_counter() + plan["warmup_s"]
     while time.perf_counter() < t_end:
