@@ -69,6 +69,8 @@ def sender_main(spec_path: str) -> None:
     from csrun_runtime.pytorch.worker import send_batches
 
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])
     batch = make_batch(spec["kind"], spec["quick"], seed=spec["index"])
     ppid = os.getppid()
 
@@ -83,6 +85,47 @@ def sender_main(spec_path: str) -> None:
         pass
     finally:
         s.close(timeout=1.0)
+
+
+#: ``--split-cores``: the cores the senders (and the DataLoader rows' workers) run on; the chief
+#: runs on the others. None: every process may run on every core.
+SENDER_CPUS: list[int] | None = None
+
+
+def split_cores() -> list[int]:
+    """Pin this process (the chief) to the lower half of its usable cores and return the upper
+    half for the senders, as input workers on other nodes would leave the chief's cores alone."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    os.sched_setaffinity(0, cores[:half])
+    return cores[half:] or cores
+
+
+def pin_to_sender_cpus(_worker_id: int = 0) -> None:
+    """A sender's or DataLoader worker's affinity under ``--split-cores`` (no-op otherwise)."""
+    if SENDER_CPUS:
+        os.sched_setaffinity(0, SENDER_CPUS)
+
+
+def source_and_senders(kind: str, k: int, work: Path, quick: bool) -> tuple[Any, list[subprocess.Popen]]:
+    """The chief's real ``RemoteSource`` (its own rendezvous directory under ``work``) and k
+    sender processes (:func:`sender_main`) streaming ``kind`` batches into it."""
+    from csrun_common.roles import Role
+    from csrun_runtime.pytorch.remote import RemoteSource
+    from csrun_runtime.rendezvous import Rendezvous
+
+    rdv = Rendezvous(work / f"md-{kind}-{k}-{time.time_ns()}", "gpufeed.0")
+    rdv.reset()
+    role = Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1")
+    src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
+    procs = []
+    for i in range(k):
+        spec = work / f"sender-{kind}-{k}-{i}-{time.time_ns()}.json"
+        spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": kind, "quick": quick,
+                                    "cpus": SENDER_CPUS}))
+        procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
+                                      env=child_env()))
+    return src, procs
 
 
 def child_env() -> dict[str, str]:
@@ -126,22 +169,10 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
     """k sender processes into one RemoteSource: the device feed's row, then to_torch's."""
     from bench_ingest import reap
 
-    from csrun_common.roles import Role
     from csrun_runtime.pytorch.contract import to_torch
     from csrun_runtime.pytorch.devicefeed import DeviceFeed, auto_copy_threads, nest_bytes
-    from csrun_runtime.pytorch.remote import RemoteSource
-    from csrun_runtime.rendezvous import Rendezvous
 
-    rdv = Rendezvous(work / f"md-{kind}-{k}-{time.time_ns()}", "gpufeed.0")
-    rdv.reset()
-    role = Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1")
-    src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
-    procs = []
-    for i in range(k):
-        spec = work / f"sender-{kind}-{k}-{i}.json"
-        spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": kind, "quick": quick}))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
-                                      env=child_env()))
+    src, procs = source_and_senders(kind, k, work, quick)
     pids = [p.pid for p in procs]
     out: dict[str, Any] = {}
     try:
@@ -159,10 +190,12 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
         out["data plane, receive only"] = window(recv, plan, dev, pids)
         out["data plane, to_torch"] = window(old, plan, dev, pids)
         auto = auto_copy_threads() if dev.type == "cuda" else 1
-        for name, threads in [("data plane, device feed", auto)] + (
-                [("data plane, device feed, 1 copy thread", 1)] if auto > 1 else []):
+        variants: list[tuple[str, int | None]] = [("data plane, device feed", auto)]
+        variants += [("data plane, device feed, 1 copy thread", 1)] if auto > 1 else []
+        variants += [("data plane, device feed, pageable", None)] if dev.type == "cuda" else []
+        for name, threads in variants:
             src.cancelled = False  # the previous feed's stop() cancelled the source's waits
-            feed = DeviceFeed(src, dev, depth=depth, copy_threads=threads)
+            feed = DeviceFeed(src, dev, depth=depth, copy=None if threads else False, copy_threads=threads)
 
             def new(feed: Any = feed) -> int:
                 batch, _ = feed.next()
@@ -196,6 +229,7 @@ def dataloader_row(kind: str, k: int, dev: Any, plan: dict[str, float], fresh: b
     batch = make_batch(kind, quick)
     nbytes = sum(t.nbytes for t in batch)
     loader = DataLoader(SameBatch(batch, fresh), batch_size=None, num_workers=k, pin_memory=dev.type == "cuda",
+                        worker_init_fn=pin_to_sender_cpus,
                         timeout=60)
     it = iter(loader)
     try:
@@ -253,11 +287,8 @@ def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
     import torchvision
     from bench_ingest import reap
 
-    from csrun_common.roles import Role
     from csrun_runtime.pytorch.devicefeed import DeviceFeed
-    from csrun_runtime.pytorch.remote import RemoteSource
     from csrun_runtime.pytorch.training import OneBatch, TorchStepBackend
-    from csrun_runtime.rendezvous import Rendezvous
 
     torch.backends.cudnn.benchmark = True
     mean = torch.tensor([0.485, 0.456, 0.406], device=dev).view(1, 3, 1, 1) * 255
@@ -291,16 +322,7 @@ def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
 
     block(lambda: resident, 5)
     r1, _ = block(lambda: resident, 20)
-    rdv = Rendezvous(work / f"md-step-{time.time_ns()}", "gpufeed.0")
-    rdv.reset()
-    src = RemoteSource(rdv, Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1"),
-                       {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
-    procs = []
-    for i in range(k):
-        spec = work / f"sender-step-{i}.json"
-        spec.write_text(json.dumps({"endpoint": src.endpoint, "index": i, "kind": "images", "quick": False}))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--sender", str(spec)], stdin=subprocess.DEVNULL,
-                                      env=child_env()))
+    src, procs = source_and_senders("images", k, work, False)
     try:
         src.r.wait_workers(k, 120.0)
         by_depth = {}
@@ -349,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-step", action="store_true", help="skip the ResNet-50 step rows")
     ap.add_argument("--io-threads", type=int, default=None,
                     help="the chief receiver's zmq I/O threads (default: the runtime's, by cores)")
+    ap.add_argument("--split-cores", action="store_true",
+                    help="the chief on the lower half of the cores, the senders and DataLoader workers on the "
+                         "upper half (input workers on other nodes leave the chief's cores alone)")
     ap.add_argument("--sender", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.sender:
@@ -358,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         from csrun_runtime.dataplane import transport
 
         transport.auto_io_threads = lambda: a.io_threads
-    res = run(a.quick, a.ks, a.depth, kinds=a.kinds.split(","), step=not a.no_step)
+    res = run(a.quick, a.ks, a.depth, kinds=a.kinds.split(","), step=not a.no_step, split=a.split_cores)
     res["meta"]["io_threads"] = a.io_threads or "auto"
     out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{res['meta']['device_type']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(quick: bool = False, ks_text: str | None = None, depth: int = 2,
-        kinds: list[str] | None = None, step: bool = True) -> dict[str, Any]:
+        kinds: list[str] | None = None, step: bool = True, split: bool = False) -> dict[str, Any]:
     """The rows (bench/run.py's entry): into CUDA when there is one, else the CPU; ``ks_text``
     the sender counts (default 4,8; quick 1,2); ``depth`` the device feed's
     ``runconfig.device_prefetch``. Returns ``{"meta", "kinds", "step"}``."""
@@ -379,8 +404,26 @@ def run(quick: bool = False, ks_text: str | None = None, depth: int = 2,
     plan = {"warmup_s": 0.1, "window_s": 0.3} if quick else {"warmup_s": 0.5, "window_s": 2.0}
     a = argparse.Namespace(quick=quick, depth=depth)
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"meta": {**env(), "quick": a.quick, "ks": ks, "device_prefetch": a.depth, **plan},
+    global SENDER_CPUS
+    all_cores = sorted(os.sched_getaffinity(0))
+    SENDER_CPUS = split_cores() if split else None
+    res: dict[str, Any] = {"meta": {**env(), "quick": a.quick, "ks": ks, "device_prefetch": a.depth, **plan,
+                                    "split_cores": None if not split else
+                                    {"chief": sorted(os.sched_getaffinity(0)), "senders": SENDER_CPUS}},
                            "kinds": {}}
+    try:
+        _rows(res, dev, ks, plan, a, kinds, step)
+    finally:
+        SENDER_CPUS = None
+        os.sched_setaffinity(0, all_cores)
+    res["meta"]["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    res["meta"]["device_type"] = dev.type
+    return res
+
+
+def _rows(res: dict[str, Any], dev: Any, ks: list[int], plan: dict[str, float], a: argparse.Namespace,
+          kinds: list[str] | None, step: bool) -> None:
+    """:func:`run`'s measuring, into ``res``."""
     with tempfile.TemporaryDirectory(prefix="gpu-feed-") as tmp:
         for kind in kinds or ["images", "small"]:
             nbytes = sum(t.nbytes for t in make_batch(kind, a.quick))
@@ -406,9 +449,6 @@ def run(quick: bool = False, ks_text: str | None = None, depth: int = 2,
         else:
             res["step"] = {"skipped": "needs CUDA and torchvision, full size" if not a.quick else "--quick"}
         print("step:", json.dumps(res["step"]), flush=True)
-    res["meta"]["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    res["meta"]["device_type"] = dev.type
-    return res
 
 
 def render_kind(kind: str, rows: dict[str, Any], ks: list[int]) -> str:

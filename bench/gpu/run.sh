@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (issue 31), from the repository root; results into $OUT:
-#   env.txt, devicefeed_tests.log   the device, versions; the device feed's unit tests on CUDA
-#   gpu_feed_cuda.json, gpu_feed.log   bench/bench_gpu_feed.py full size (k = $KS), ResNet-50 rows
-#   ingest_16core.json, ingest.log  bench_ingest_gap.py: issue 31's table 1 (256 KiB, 4 MiB; 1 rep)
-#   gpu_feed_io8.json               the image rows again with 8 zmq I/O threads (k = 8)
+#   env.txt, devicefeed_tests.log     the device, versions; the device feed's tests on CUDA
+#   gpu_feed_split.json, gpu_feed.log bench_gpu_feed.py full size (k = $KS, ResNet-50 rows), the
+#                                     chief on half the cores and the senders on the other half
+#                                     (--split-cores: input workers on other nodes leave the
+#                                     chief's cores alone)
+#   gpu_feed_shared.json              the image rows at k = 8 with every process on every core
+#                                     (as bench/results/gpu/gpu_feed_h200*.json were measured)
+#   ingest_16core.json, ingest.log    bench_ingest_gap.py: issue 31's table 1 (256 KiB, 4 MiB; 2 reps)
 # Each part has its own time limit, so that one part's failure leaves the others' results.
-#   OUT=/tmp/out bash bench/gpu/run.sh        # about 6 minutes on 16 cores
+#   OUT=/tmp/out bash bench/gpu/run.sh        # about 7 minutes on 16 cores
 # pyzmq is installed from carried wheels (.whl/*.whl, or $WHEELS) into /tmp/site when missing:
 # the GPU machine reaches no package index (device README).
 set -u
@@ -26,9 +30,11 @@ export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
 cat "$OUT/env.txt"
 part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
 part 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
-part 270 python3 bench/bench_gpu_feed.py --ks "${KS:-4,8}" --out "$OUT/gpu_feed_cuda.json" 2>&1 | tee "$OUT/gpu_feed.log"
-[ "${SKIP_INGEST:-0}" = 1 ] || part 130 python3 bench/bench_ingest_gap.py --variants "raw TCP;zmq bare;data plane" \
-  --sizes "256 KiB;4 MiB" --repeats 1 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
+part 240 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
+part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -12
+[ "${SKIP_INGEST:-0}" = 1 ] || part 150 python3 bench/bench_ingest_gap.py --variants "raw TCP;zmq bare;data plane" \
+  --sizes "256 KiB;4 MiB" --repeats 2 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
+[ -f "$OUT/ingest_16core.json" ] || exit 0
 python3 - "$OUT/ingest_16core.json" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
@@ -36,5 +42,3 @@ for k, sizes in r.items():
     for size, vs in sizes.items():
         print(k, size, {v: (x.get("mb_per_sec"), x.get("vs_raw_tcp")) for v, x in vs.items()})
 PY
-[ "${SKIP_IO8:-0}" = 1 ] || part 80 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --io-threads 8 \
-  --out "$OUT/gpu_feed_io8.json" 2>&1 | tail -12

@@ -96,6 +96,22 @@ def _as_numpy(x: Any) -> Any:
     return None
 
 
+def _host_to_device(x: Any, device: Any) -> Any:
+    """Leaf ``x`` on CUDA ``device`` without pinning it first: a numeric numpy array or CPU
+    tensor copied with ``non_blocking=True`` from where it is (pinned memory: asynchronous;
+    pageable memory: the CUDA driver stages it through its own pinned buffers and returns once
+    the source is read, so the source may be released after the call); other leaves through
+    :func:`.contract.to_torch`."""
+    import torch
+
+    from .contract import to_torch
+
+    if _as_numpy(x) is not None:
+        t = to_torch(x) if not isinstance(x, torch.Tensor) else x  # a numpy array: its tensor view
+        return t.to(device, non_blocking=True)
+    return to_torch(x, device)
+
+
 def nest_bytes(nest: Any) -> int:
     """Bytes of the array and tensor leaves of a batch (what a feed moves to the device)."""
     n = 0
@@ -233,7 +249,11 @@ class DeviceFeed:
             the caller's thread, e.g. under ``--autoscale``, whose autoscaler drives the source
             from the loop). On the 2-core CPU host the thread's hand-off cost more than it
             overlapped (GIL hand-offs per batch: ``bench/bench_gpu_feed.py --quick``).
-        copy: copy into the reused host ring (default: only on CUDA, pinned).
+        copy: copy into the reused host ring (default: only on CUDA, pinned). ``False`` on
+            CUDA: each host leaf is copied to the device from where it was received, pinned
+            or not (pageable memory is staged by the CUDA driver on the feed's thread; the
+            ``device feed, pageable`` rows of ``bench/bench_gpu_feed.py`` measure it beside the
+            ring).
         copy_threads: threads of the ring's copy of one large batch (default on CUDA
             :func:`auto_copy_threads`, else 1).
 
@@ -299,8 +319,9 @@ class DeviceFeed:
         if self.cuda:
             assert self.stream is not None
             with torch.cuda.stream(self.stream):
-                # a ring buffer is pinned: copied without to_torch's is_pinned() query per leaf
-                leaves = [to_torch(x, self.device) if b is None else b.to(self.device, non_blocking=True)
+                # a ring buffer is pinned: copied without to_torch's is_pinned() query per leaf;
+                # without the ring a host leaf goes as it is (pageable: the driver stages it)
+                leaves = [_host_to_device(x, self.device) if b is None else b.to(self.device, non_blocking=True)
                           for x, b in zip(leaves, bufs, strict=True)]
                 event = torch.cuda.Event()
                 event.record(self.stream)
