@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "auto_copy_threads", "feed_rate", "nest_bytes"]
+__all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "Stager", "auto_copy_threads", "feed_rate", "nest_bytes"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -235,73 +235,26 @@ class FeedStats:
     waits: list[float] = field(default_factory=list)
 
 
-class DeviceFeed:
-    """Batches of ``source`` on ``device``, ``depth`` staged ahead (see the module docstring).
+class Stager:
+    """One batch's way from the host to ``device``: its leaves copied into the reused host
+    ``ring`` (when given) and, on CUDA, issued to the device on a copy stream of its own with
+    an event recorded after them; a ring slot is written again only after its previous copy's
+    event completed. Adds its seconds to ``stats.stage_s``.
 
     Args:
-        source: ``next() -> (nest | None, who)`` (``None``: the input ended; e.g.
-            :class:`.remote.RemoteSource`); its other attributes are reachable through the
-            feed (``describe``, the autoscaler's stream API, ...). With ``threaded`` the
-            source's ``next`` runs on the feed thread only.
-        device: the training device (``torch.device`` or its name).
-        depth: batches staged ahead (``runconfig.device_prefetch``, >= 1).
-        threaded: receive and stage on a background thread (default: only on CUDA; False: on
-            the caller's thread, e.g. under ``--autoscale``, whose autoscaler drives the source
-            from the loop). On the 2-core CPU host the thread's hand-off cost more than it
-            overlapped (GIL hand-offs per batch: ``bench/bench_gpu_feed.py --quick``).
-        copy: copy into the reused host ring (default: only on CUDA, pinned). ``False`` on
-            CUDA: each host leaf is copied to the device from where it was received, pinned
-            or not (pageable memory is staged by the CUDA driver on the feed's thread; the
-            ``device feed, pageable`` rows of ``bench/bench_gpu_feed.py`` measure it beside the
-            ring).
-        copy_threads: threads of the ring's copy of one large batch (default on CUDA
-            :func:`auto_copy_threads`, else 1).
-
-    :meth:`next` raises what the source raised (``InputStalled``, ``WorkerFailed``, ...).
+        device: the training device (``torch.device``); ``cuda``: whether it is a CUDA device
+            torch can use. ``ring``: a :class:`HostRing` or None (no host copy).
+        stats: the feed's :class:`FeedStats`.
     """
 
-    def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool | None = None,
-                 copy: bool | None = None, copy_threads: int | None = None):
+    def __init__(self, device: Any, cuda: bool, ring: HostRing | None, stats: FeedStats):
         import torch
 
-        self.source, self.device = source, torch.device(device)
-        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
-        if self.cuda and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.depth = max(1, int(depth))
-        self.copy = self.cuda if copy is None else bool(copy)
-        # slots: depth staged + one being filled + one handed to the step
-        if copy_threads is None:
-            copy_threads = auto_copy_threads() if self.cuda else 1
-        self.ring = HostRing(self.depth + 2, pin=self.cuda, copy_threads=copy_threads) if self.copy else None
-        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.device, self.cuda, self.ring, self.stats = device, cuda, ring, stats
+        self.stream = torch.cuda.Stream(device=device) if cuda else None
         self.slot_events: dict[int, Any] = {}
-        self.stats = FeedStats()
-        self.handed: dict[str, int] = {}  # batches handed to the step, per worker
-        self.last_wait = 0.0
-        self.threaded = self.cuda if threaded is None else bool(threaded)
-        self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue(maxsize=self.depth)
-        self._pending: list[tuple[str, Any, Any, Any]] = []  # unthreaded: staged batches
-        self._stop = threading.Event()
-        self._ended = False
-        self._thread: threading.Thread | None = None
-        self._receiver: threading.Thread | None = None
-        # threaded: received nests, one ahead of the one being staged (the source's credit
-        # window bounds the rest); the receive thread alone calls the source's next()
-        self._rq: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=1)
-        if self.threaded:
-            self._receiver = threading.Thread(target=self._receive_run, name="csrun-device-feed-receive", daemon=True)
-            self._thread = threading.Thread(target=self._run, name="csrun-device-feed", daemon=True)
-            self._receiver.start()
-            self._thread.start()
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("source",):  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.source, name)
-
-    # ------------------------------------------------------------------ the producer
-    def _stage(self, nest: Any) -> tuple[Any, Any]:
+    def stage(self, nest: Any) -> tuple[Any, Any]:
         """The batch's leaves copied into the ring (when copying) and issued to the device on
         the copy stream; returns ``(device nest, copy event or None)``."""
         import torch
@@ -343,6 +296,72 @@ class DeviceFeed:
         elif self.ring.next_slot in self.slot_events:
             self.slot_events.pop(self.ring.next_slot).synchronize()
 
+
+class DeviceFeed:
+    """Batches of ``source`` on ``device``, ``depth`` staged ahead (see the module docstring).
+
+    Args:
+        source: ``next() -> (nest | None, who)`` (``None``: the input ended; e.g.
+            :class:`.remote.RemoteSource`); its other attributes are reachable through the
+            feed (``describe``, the autoscaler's stream API, ...). With ``threaded`` the
+            source's ``next`` runs on the feed thread only.
+        device: the training device (``torch.device`` or its name).
+        depth: batches staged ahead (``runconfig.device_prefetch``, >= 1).
+        threaded: receive and stage on a background thread (default: only on CUDA; False: on
+            the caller's thread, e.g. under ``--autoscale``, whose autoscaler drives the source
+            from the loop). On the 2-core CPU host the thread's hand-off cost more than it
+            overlapped (GIL hand-offs per batch: ``bench/bench_gpu_feed.py --quick``).
+        copy: copy into the reused host ring (default: only on CUDA, pinned). ``False`` on
+            CUDA: each host leaf is copied to the device from where it was received, pinned
+            or not (pageable memory is staged by the CUDA driver on the feed's thread; the
+            ``device feed, pageable`` rows of ``bench/bench_gpu_feed.py`` measure it beside the
+            ring).
+        copy_threads: threads of the ring's copy of one large batch (default on CUDA
+            :func:`auto_copy_threads`, else 1).
+
+    :meth:`next` raises what the source raised (``InputStalled``, ``WorkerFailed``, ...).
+    """
+
+    def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool | None = None,
+                 copy: bool | None = None, copy_threads: int | None = None):
+        import torch
+
+        self.source, self.device = source, torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.depth = max(1, int(depth))
+        self.copy = self.cuda if copy is None else bool(copy)
+        # slots: depth staged + one being filled + one handed to the step
+        if copy_threads is None:
+            copy_threads = auto_copy_threads() if self.cuda else 1
+        self.ring = HostRing(self.depth + 2, pin=self.cuda, copy_threads=copy_threads) if self.copy else None
+        self.stats = FeedStats()
+        self.stager = Stager(self.device, self.cuda, self.ring, self.stats)
+        self.handed: dict[str, int] = {}  # batches handed to the step, per worker
+        self.last_wait = 0.0
+        self.threaded = self.cuda if threaded is None else bool(threaded)
+        self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue(maxsize=self.depth)
+        self._pending: list[tuple[str, Any, Any, Any]] = []  # unthreaded: staged batches
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread: threading.Thread | None = None
+        self._receiver: threading.Thread | None = None
+        # threaded: received nests, one ahead of the one being staged (the source's credit
+        # window bounds the rest); the receive thread alone calls the source's next()
+        self._rq: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=1)
+        if self.threaded:
+            self._receiver = threading.Thread(target=self._receive_run, name="csrun-device-feed-receive", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="csrun-device-feed", daemon=True)
+            self._receiver.start()
+            self._thread.start()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("source",):  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    # ------------------------------------------------------------------ the producer
     def _receive(self) -> tuple[str, Any, Any]:
         """The source's next nest: ``("batch", nest, who)``, ``("end", None, who)`` or
         ``("error", exc, None)``."""
@@ -360,7 +379,7 @@ class DeviceFeed:
             return kind, nest, who, None
         try:
             size = nest_bytes(nest)
-            batch, event = self._stage(nest)
+            batch, event = self.stager.stage(nest)
             self.stats.bytes += size
             return "batch", batch, who, event
         except BaseException as e:  # noqa: BLE001 - raised again on the step loop's thread
