@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -78,6 +79,11 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         self.convert = convert
         self._bundles = self.slots.bundle_n  # batches per bundle, by worker (the chunks' sizes)
         self._last_poll = time.monotonic()  # the first look at the workers after POLL_SECS
+        # held while receiving (the watch's state changes there) and while the watchdog reads that
+        # state: with the device prefetch the two run on different threads; the watchdog, set
+        # waiting, goes first (the receiving thread would take the lock again at once)
+        self._watch_lock = threading.Lock()
+        self._watchdog_waiting = threading.Event()
 
     # ------------------------------------------------------------------ bundles
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
@@ -89,13 +95,21 @@ class DataplaneSource(StreamMerge, ChunkedSource):
             try:
                 return self._next_item(0.5)
             except (TimeoutError, queue.Empty):
-                raise_if_stalled(self, start, timeout, what)
+                self._watchdog_waiting.set()
+                try:
+                    with self._watch_lock:
+                        raise_if_stalled(self, start, timeout, what)
+                finally:
+                    self._watchdog_waiting.clear()
 
     def _pull(self, wait: float) -> tuple[int, Any]:
         """The next bundle as ``(worker, nest)``, its leaves converted; raises ``TimeoutError``
         after ``wait`` seconds (:meth:`~csrun_runtime.streams.StreamMerge.next_bundle`). With the
         device prefetch only its thread calls it."""
-        b = self.next_bundle(wait)
+        while self._watchdog_waiting.is_set():  # the loop's watchdog reads the workers' state first
+            time.sleep(0.001)
+        with self._watch_lock:
+            b = self.next_bundle(wait)
         nest = b.nest
         if b.n == 0:  # an unstacked message (not from csrun's input workers): one batch
             nest = map_nest(lambda a: a[None], nest)

@@ -8,6 +8,7 @@ errors and stop are the real code path; only the device is not a GPU.
 """
 from __future__ import annotations
 
+import json
 import queue
 import time
 from typing import Any
@@ -24,7 +25,7 @@ from csrun_runtime.tensorflow.deviceprefetch import (
     prefetch_dataset,
     to_device,
 )
-from csrun_runtime.tensorflow.remote import DataplaneSource
+from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
 from csrun_runtime.tensorflow.service import InputStalled, LocalSource, ServiceSource, plan_bundle
 
 from .test_dataplane_source import BUNDLE, _batches, plane  # noqa: F401 - the real senders' fixture
@@ -178,6 +179,24 @@ def test_a_dataplane_source_prefetched_hands_out_the_same_batches_in_order(plane
     assert d["device_prefetch_stats"]["elements"] == 10 and d["batches_per_worker"] == {"0": 20, "1": 20}
     assert d["device_prefetch_stats"]["bytes"] == 10 * (BUNDLE * 8 * 3 * 4 + BUNDLE * 8 * 4)
     source.close()
+
+
+def test_a_dataplane_source_prefetched_stalls_and_fails_as_without(plane):  # noqa: F811
+    rdv, receiver, sender, register = plane
+    registry = {0: register(0, pid=sender(0, bundles=1).pid), 1: register(1, pid=4242)}
+    source = DataplaneSource(rdv, receiver, registry)
+    source.start_prefetch(plan_prefetch({}, streamed=True, device=CPU))
+    assert [source.get(10.0)[0] for _ in range(BUNDLE)] == [0] * BUNDLE
+    t = time.monotonic()
+    with pytest.raises(InputStalled, match=r"no batch from any input worker for \d+ s .*input worker 1 on node2 "
+                                           r"\(pid 4242\).*no batch yet"):
+        source.get(1.5, "runconfig.input_timeout_secs")  # the watchdog, on this thread, while the thread receives
+    assert time.monotonic() - t < 6
+    (rdv.workers_dir / STREAM_ERROR.format(index=1)).write_text(json.dumps({"error": "InvalidArgumentError: bad"}))
+    with pytest.raises(InputStalled, match=r"input worker 1 on node2 \(pid 4242\): its input pipeline failed"):
+        source.get(30.0)  # raised on the prefetch thread by the watch, passed through
+    source.close()
+    assert not source.prefetch.alive()
 
 
 def test_a_service_source_prefetched_keeps_each_workers_order(tmp_path):
