@@ -171,15 +171,19 @@ class ChiefStreams:
                 "batches_per_element": {str(i): p.get("batches_per_element") for i, p in plans.items()},
                 "reason": first.get("reason")}
             self.addresses, self.registry = list(addresses), registry
-            source = self._remote_source(addresses, registry)
-            source.start_prefetch(prefetch)
-            return source
+            streamed = self._remote_source(addresses, registry)
+            streamed.start_prefetch(prefetch)
+            return streamed
         plan = plan_bundle(ds.element_spec, setting)
         log.info("input bundling (in-process pipeline): %s", plan.reason)
         self.ingest_info["input_bundle"] = {
             "setting": setting, "batch_bytes": plan.batch_bytes,
             "batches_per_element": {"in-process": plan.bundle}, "reason": plan.reason}
-        return LocalSource(limit_threads(ds, self.role.cpus_per_task), plan, prefetch)
+        source = LocalSource(limit_threads(ds, self.role.cpus_per_task), plan, prefetch)
+        if source.prefetch_plan is not None and source.prefetch_plan != prefetch:
+            log.info("device prefetch: %s", source.prefetch_plan.reason)
+            self.ingest_info["device_prefetch"] = source.prefetch_plan.describe()
+        return source
 
     def device_prefetch(self, streamed: bool) -> PrefetchPlan:
         """The device prefetch's decision for this chief

@@ -8,7 +8,9 @@ one received element, a bundle of batches, per chunk) are already on the GPU, an
 
 - the in-process pipeline (:class:`~csrun_runtime.tensorflow.service.LocalSource`): TensorFlow's own
   ``tf.data.experimental.prefetch_to_device(gpu, device_prefetch)``, the dataset's last
-  transformation before its iterator is made (:func:`prefetch_dataset`);
+  transformation before its iterator is made (:func:`prefetch_dataset`); a dataset it refuses
+  (its legacy iterator cannot carry a ``None`` label) is iterated by a :class:`DevicePrefetch`
+  thread instead (:func:`prefetch_in_process`);
 - the input workers' streams (tf.data service's
   :class:`~csrun_runtime.tensorflow.service.ServiceSource`, the data plane's
   :class:`~csrun_runtime.tensorflow.remote.DataplaneSource`): their elements are merged on Python
@@ -37,11 +39,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["DEVICE_PREFETCH", "PrefetchPlan", "DevicePrefetch", "PrefetchStats", "gpu_device", "plan_prefetch",
-           "prefetch_dataset", "to_device", "NO_ITEM"]
+           "prefetch_dataset", "prefetch_in_process", "to_device", "NO_ITEM"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -128,6 +130,23 @@ def prefetch_dataset(ds: Any, plan: PrefetchPlan) -> Any:
     import tensorflow as tf
 
     return ds.apply(tf.data.experimental.prefetch_to_device(plan.device, buffer_size=plan.depth))
+
+
+def prefetch_in_process(ds: Any, plan: PrefetchPlan) -> tuple[Any, PrefetchPlan]:
+    """The in-process dataset's prefetch: ``(prefetch_dataset(ds, plan), plan)`` when TensorFlow's
+    ``prefetch_to_device`` takes ``ds``; when it refuses it (its legacy iterator cannot carry
+    every element structure: a ``None`` label raises ``TypeError``), ``(ds, plan)`` with
+    ``plan.how == "thread"``: the caller then iterates ``ds`` on a :class:`DevicePrefetch`
+    thread. Off: ``(ds, plan)``, ``ds`` the same object."""
+    if not plan.on or plan.how != "prefetch_to_device":
+        return ds, plan
+    try:
+        return prefetch_dataset(ds, plan), plan
+    except Exception as e:  # noqa: BLE001 - TensorFlow's refusals have several types
+        lines = str(e).strip().splitlines()
+        why = f"{type(e).__name__}: {lines[-1][:160] if lines else ''}"
+        return ds, replace(plan, how="thread", reason=f"{plan.reason}; prefetch_to_device refused the dataset "
+                                                      f"({why}): a thread copies its elements instead")
 
 
 def to_device(nest: Any, device: str) -> Any:

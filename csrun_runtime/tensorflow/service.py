@@ -40,7 +40,7 @@ from ..bundles import BUNDLE_TARGET_BYTES, MAX_BUNDLE
 from ..elastic import WorkerWatch
 from ..rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 from ..streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
-from .deviceprefetch import DevicePrefetch, PrefetchPlan, prefetch_dataset, to_device
+from .deviceprefetch import DevicePrefetch, PrefetchPlan, prefetch_in_process, to_device
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
@@ -391,8 +391,11 @@ class LocalSource(ChunkedSource):
         ds: the training dataset (one batch per element).
         plan: bundling of the in-process pipeline (``Dataset.batch(plan.bundle)``), so that the
             training loop gets chunks of several steps as from input workers; ``None``: none.
-        prefetch: the chief's device prefetch: when on, ``prefetch_to_device`` ends the dataset
-            (:func:`csrun_runtime.tensorflow.deviceprefetch.prefetch_dataset`); ``None`` or off: none.
+        prefetch: the chief's device prefetch: when on, ``prefetch_to_device`` ends the dataset,
+            or, for a dataset TensorFlow's ``prefetch_to_device`` refuses, a
+            :class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch` thread iterates it
+            (:func:`csrun_runtime.tensorflow.deviceprefetch.prefetch_in_process`); ``None`` or off:
+            none. ``prefetch_plan`` is the plan as applied.
 
     ``get_chunk`` / ``get`` return worker index 0; they block without a timeout (the pipeline
     runs in this process, so there is nothing remote to wait for).
@@ -404,18 +407,38 @@ class LocalSource(ChunkedSource):
         bundle = plan.bundle if plan is not None else 1
         self._bundles = {0: bundle}
         ds = bundle_dataset(ds, bundle)
-        self._it = iter(ds if prefetch is None else prefetch_dataset(ds, prefetch))
+        self.prefetch_plan = prefetch
+        if prefetch is not None:
+            ds, self.prefetch_plan = prefetch_in_process(ds, prefetch)
+        self._it = iter(ds)
         self.counts = {0: 0}
+        if self.prefetch_plan is not None and self.prefetch_plan.how == "thread":
+            self.start_prefetch(self.prefetch_plan)
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
-        return 0, next(self._it)
+        if self.prefetch is None:
+            return 0, next(self._it)
+        while True:  # no timeout, as without the thread; the input's end comes as StopIteration
+            try:
+                return 0, self.prefetch.get(0.5)
+            except queue.Empty:
+                continue
+
+    def _pull(self, wait: float) -> Any:
+        return next(self._it)  # the in-process pipeline: no wait of its own
+
+    def _stage(self, item: Any, device: str) -> Any:
+        return to_device(item, device)
 
     def describe(self) -> dict[str, Any]:
+        """Batches handed out and batches per element (performance.json); with a device prefetch
+        thread its figures (the thread stopped)."""
         return {"num_workers": 0, "batches_per_worker": {"in-process": self.counts[0]},
-                "batches_per_element": {"in-process": self._bundles[0]}}
+                "batches_per_element": {"in-process": self._bundles[0]}, **self.stop_prefetch()}
 
     def close(self) -> None:
-        pass
+        """Stop the device prefetch thread, if any."""
+        self.stop_prefetch()
 
 
 class ServiceSource(ChunkedSource):

@@ -87,6 +87,24 @@ def test_prefetch_to_device_ends_the_in_process_dataset_and_keeps_its_elements()
         assert b.batches[0].device.endswith("CPU:0")
 
 
+def test_a_dataset_prefetch_to_device_refuses_is_prefetched_by_the_thread_to_its_end():
+    ds = _dataset(8).map(lambda x, y: (x, None))  # a None label: prefetch_to_device's iterator refuses it
+    plan = plan_prefetch({"device_prefetch": 2}, streamed=False, device=CPU)
+    source = LocalSource(ds, plan_bundle(ds.element_spec, 2), plan)
+    assert source.prefetch_plan.how == "thread" and "refused" in source.prefetch_plan.reason
+    assert source.prefetch is not None
+    firsts = []
+    with pytest.raises(StopIteration):  # the finite dataset's end, as without the prefetch
+        for _ in range(10):
+            c = source.get_chunk(8, 1.0)
+            assert c.batches[1] is None and c.batches[0].device.endswith("CPU:0") and c.steps == 2
+            firsts.append(float(c.batches[0][0, 0, 0, 0]))
+    assert firsts == [0.0, 16.0]  # 8 samples, 2 per batch, 2 batches per element
+    assert source.describe()["device_prefetch_stats"]["elements"] == 2
+    source.close()
+    assert not source.prefetch.alive()
+
+
 # ---------------------------------------------------------------------------- the mechanism
 class _Counted:
     """A source of numbered numpy elements: ``pull(wait)`` as a DevicePrefetch asks, counting pulls;
