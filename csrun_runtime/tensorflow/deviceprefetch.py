@@ -163,7 +163,7 @@ def _nbytes(nest: Any) -> int:
 
     n = 0
     for t in tf.nest.flatten(nest):
-        if t is not None and hasattr(t, "dtype") and hasattr(t, "shape") and t.shape.is_fully_defined():
+        if isinstance(t, tf.Tensor) and t.shape.is_fully_defined():
             n += int(t.shape.num_elements()) * int(tf.as_dtype(t.dtype).size)
     return n
 
