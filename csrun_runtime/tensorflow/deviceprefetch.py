@@ -68,7 +68,8 @@ class PrefetchPlan:
         device: the TensorFlow device name (``"/device:GPU:0"``), ``None`` when off for want of one.
         depth: ``runconfig.device_prefetch``: elements staged ahead (>= 1).
         how: ``"prefetch_to_device"`` (the in-process dataset), ``"thread"`` (a
-            :class:`DevicePrefetch` on the merged streams) or ``"off"``.
+            :class:`DevicePrefetch` on the merged streams, or on an in-process dataset
+            ``prefetch_to_device`` refused) or ``"off"``.
         reason: one line saying why (logs, performance.json).
     """
 
@@ -103,6 +104,10 @@ def plan_prefetch(rc: Mapping[str, Any], *, streamed: bool, ranks: int = 1, auto
         autoscale: ``--autoscale`` is on (off for streamed sources).
         device: the device to prefetch to; default :func:`gpu_device` (``None``: no GPU, off).
             Tests force ``"/CPU:0"``.
+
+    Returns:
+        the :class:`PrefetchPlan` (``depth`` in elements). Raises ``ValueError`` / ``TypeError``
+        for a ``device_prefetch`` that is not an integer (the params' validation refuses it first).
     """
     depth = max(1, int(rc.get("device_prefetch") or DEVICE_PREFETCH))
     if device is _UNSET:
@@ -150,8 +155,10 @@ def prefetch_in_process(ds: Any, plan: PrefetchPlan) -> tuple[Any, PrefetchPlan]
 
 
 def to_device(nest: Any, device: str) -> Any:
-    """``nest`` (a nest of tensors or numpy arrays, ``None`` leaves kept) with every leaf a tensor
-    copied onto ``device`` (``tf.identity`` under ``tf.device``)."""
+    """``nest`` (a nest of tensors or numpy arrays, ``None`` leaves kept; sparse and ragged tensors
+    too) with every leaf a tensor copied onto ``device`` (``tf.identity`` under ``tf.device``; a
+    string tensor stays in host memory, as TensorFlow keeps it). Raises what the copy raises
+    (e.g. ``ResourceExhaustedError`` when the device is out of memory)."""
     import tensorflow as tf
 
     with tf.device(device):
