@@ -201,8 +201,12 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                                      "PyTorch: batches an input worker reads at most ahead of what the chief "
                                      "took (0: bounded by the data plane's 4 MiB byte window only)"),
     "device_prefetch": _Key(_int_min(1), 2,
-                            "PyTorch: batches the chief stages on its device (or in flight to it) ahead of "
-                            "the step (docs/PYTORCH.md \"The device feed\")"),
+                            "both frameworks: what the chief stages on its GPU ahead of the step; PyTorch: "
+                            "batches on its device or in flight to it (docs/PYTORCH.md \"The device feed\"); "
+                            "TensorFlow, when it sees a GPU: received elements, by prefetch_to_device "
+                            "(in-process pipeline) or a copying thread (input workers' streams), off with "
+                            "several trainer ranks and for the streams under --autoscale, a no-op on CPU "
+                            "(csrun_runtime/README.md \"Prefetch to the device\")"),
     "transport": _Key(_transport, "service",
                       "how input workers' batches reach the chief: service (tf.data service) or "
                       "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),

@@ -25,6 +25,7 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from . import remote
 from .contract import Refused, check_dataset, check_signature, check_workers
+from .deviceprefetch import PrefetchPlan, plan_prefetch
 from .pipeline import build_worker_input
 from .service import (
     BatchSource,
@@ -152,9 +153,11 @@ class ChiefStreams:
     def training_source(self, ds: Any, addresses: list[str]) -> BatchSource:
         """Where training batches come from: the merged streams of the input workers (each
         bundled as its worker registered it), else the in-process pipeline bundled by
-        ``runconfig.input_bundle``. Logs the bundling and keeps it for performance.json
-        (:attr:`ingest_info`)."""
+        ``runconfig.input_bundle``; on a GPU with its elements prefetched to the device
+        (:meth:`device_prefetch`; without a GPU the source is the same as before). Logs the
+        bundling and keeps it for performance.json (:attr:`ingest_info`)."""
         setting = self.rc.get("input_bundle", "auto")
+        prefetch = self.device_prefetch(streamed=bool(addresses))
         if addresses:
             registry = self.wait_workers()
             plans = {i: r.get("bundling") or {"batches_per_element": r.get("bundle", 1)}
@@ -168,15 +171,34 @@ class ChiefStreams:
                 "batches_per_element": {str(i): p.get("batches_per_element") for i, p in plans.items()},
                 "reason": first.get("reason")}
             self.addresses, self.registry = list(addresses), registry
-            return self._remote_source(addresses, registry)
+            streamed = self._remote_source(addresses, registry)
+            streamed.start_prefetch(prefetch)
+            return streamed
         plan = plan_bundle(ds.element_spec, setting)
         log.info("input bundling (in-process pipeline): %s", plan.reason)
         self.ingest_info["input_bundle"] = {
             "setting": setting, "batch_bytes": plan.batch_bytes,
             "batches_per_element": {"in-process": plan.bundle}, "reason": plan.reason}
-        return LocalSource(limit_threads(ds, self.role.cpus_per_task), plan)
+        source = LocalSource(limit_threads(ds, self.role.cpus_per_task), plan, prefetch)
+        if source.prefetch_plan is not None and source.prefetch_plan != prefetch:
+            log.info("device prefetch: %s", source.prefetch_plan.reason)
+            self.ingest_info["device_prefetch"] = source.prefetch_plan.describe()
+        return source
 
-    def _remote_source(self, addresses: list[str], registry: dict[int, dict[str, Any]]) -> BatchSource:
+    def device_prefetch(self, streamed: bool) -> PrefetchPlan:
+        """The device prefetch's decision for this chief
+        (:func:`csrun_runtime.tensorflow.deviceprefetch.plan_prefetch`: on when TensorFlow sees a
+        GPU, ``runconfig.device_prefetch`` elements ahead; off with several trainer ranks, and
+        for ``streamed`` sources under ``--autoscale``), logged (on a GPU) and kept for
+        performance.json (``ingest_info["device_prefetch"]``)."""
+        plan = plan_prefetch(self.rc, streamed=streamed, ranks=self.role.world_size,
+                             autoscale=self.autoscale is not None)
+        (log.info if plan.device is not None else log.debug)("device prefetch: %s", plan.reason)
+        self.ingest_info["device_prefetch"] = plan.describe()
+        return plan
+
+    def _remote_source(self, addresses: list[str],
+                       registry: dict[int, dict[str, Any]]) -> ServiceSource | remote.DataplaneSource:
         """The input workers' merged streams (tf.data service or the data plane); with
         ``--autoscale`` only the first ``autoscale.initial`` of them, the rest idle."""
         if self.autoscale is not None:

@@ -25,6 +25,8 @@ steps (:func:`chief_source`).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 from ..bundles import map_nest
 from ..rendezvous import Rendezvous
 from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
+from .deviceprefetch import to_device
 from .service import Chunk, ChunkedSource, Pending, ServiceSource
 
 __all__ = ["SOURCES", "DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
@@ -64,7 +67,9 @@ class DataplaneSource(StreamMerge, ChunkedSource):
     (features, labels))``; both raise :class:`~csrun_runtime.streams.InputStalled` naming the
     workers (node, heartbeat age, batches, last bundle) when no batch arrived for ``timeout``
     seconds or every worker stopped, and naming the worker when its pipeline failed. Call every
-    method from one thread (the receiver is not thread-safe).
+    method from one thread (the receiver is not thread-safe); after :meth:`start_prefetch`
+    (the chief on a GPU) the prefetch thread alone receives, until :meth:`describe` or
+    :meth:`close` stops it.
     """
 
     def __init__(self, rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping],
@@ -74,6 +79,11 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         self.convert = convert
         self._bundles = self.slots.bundle_n  # batches per bundle, by worker (the chunks' sizes)
         self._last_poll = time.monotonic()  # the first look at the workers after POLL_SECS
+        # held while receiving (the watch's state changes there) and while the watchdog reads that
+        # state: with the device prefetch the two run on different threads; the watchdog, set
+        # waiting, goes first (the receiving thread would take the lock again at once)
+        self._watch_lock = threading.Lock()
+        self._watchdog_waiting = threading.Event()
 
     # ------------------------------------------------------------------ bundles
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
@@ -83,16 +93,33 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         start = time.monotonic()
         while True:
             try:
-                b = self.next_bundle(0.5)
-            except TimeoutError:
-                raise_if_stalled(self, start, timeout, what)
-                continue
-            nest = b.nest
-            if b.n == 0:  # an unstacked message (not from csrun's input workers): one batch
-                nest = map_nest(lambda a: a[None], nest)
-            if self.convert is not None:
-                nest = map_nest(self.convert, nest)
-            return b.worker, nest
+                return self._next_item(0.5)
+            except (TimeoutError, queue.Empty):
+                self._watchdog_waiting.set()
+                try:
+                    with self._watch_lock:
+                        raise_if_stalled(self, start, timeout, what)
+                finally:
+                    self._watchdog_waiting.clear()
+
+    def _pull(self, wait: float) -> tuple[int, Any]:
+        """The next bundle as ``(worker, nest)``, its leaves converted; raises ``TimeoutError``
+        after ``wait`` seconds (:meth:`~csrun_runtime.streams.StreamMerge.next_bundle`). With the
+        device prefetch only its thread calls it."""
+        while self._watchdog_waiting.is_set():  # the loop's watchdog reads the workers' state first
+            time.sleep(0.001)
+        with self._watch_lock:
+            b = self.next_bundle(wait)
+        nest = b.nest
+        if b.n == 0:  # an unstacked message (not from csrun's input workers): one batch
+            nest = map_nest(lambda a: a[None], nest)
+        if self.convert is not None:
+            nest = map_nest(self.convert, nest)
+        return b.worker, nest
+
+    def _stage(self, item: tuple[int, Any], device: str) -> tuple[int, Any]:
+        worker, nest = item
+        return worker, to_device(nest, device)
 
     def _fill(self, timeout: float, what: str) -> Pending:
         if self._pending is None:
@@ -122,8 +149,17 @@ class DataplaneSource(StreamMerge, ChunkedSource):
     # ------------------------------------------------------------------ the record
     def describe(self) -> dict[str, Any]:
         """Per-worker batch counts (handed to training), nodes, batches per bundle, the
-        receiver's view (bundles, bytes, attempts, bad messages) and the elastic records."""
-        return {"transport": TRANSPORT, "num_workers": self.n, **super().describe()}
+        receiver's view (bundles, bytes, attempts, bad messages) and the elastic records; with
+        the device prefetch its figures (its thread stopped first: the receiver is read from
+        one thread at a time)."""
+        stats = self.stop_prefetch()
+        return {"transport": TRANSPORT, "num_workers": self.n, **super().describe(), **stats}
+
+    def close(self) -> None:
+        """Stop the device prefetch's thread, if any, then close the receiver
+        (:meth:`~csrun_runtime.streams.StreamMerge.close`)."""
+        self.stop_prefetch()
+        super().close()
 
     def _describe_plane(self) -> dict[str, Any]:
         rc = self.receiver.counts()

@@ -40,6 +40,7 @@ from ..bundles import BUNDLE_TARGET_BYTES, MAX_BUNDLE
 from ..elastic import WorkerWatch
 from ..rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 from ..streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
+from .deviceprefetch import DevicePrefetch, PrefetchPlan, prefetch_in_process, to_device
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions
     import tensorflow as tf
@@ -287,15 +288,54 @@ class Pending:
 class ChunkedSource:
     """Hands out the elements of input streams as chunks or single batches (the bundling's
     other end). Subclasses give ``_next_element(timeout, what) -> (worker, element)`` and
-    ``_bundles`` (batches per element, by worker). Counts are batches handed out."""
+    ``_bundles`` (batches per element, by worker). Counts are batches handed out.
+
+    A streamed subclass also gives ``_pull(wait) -> item`` (its next raw item within ``wait``
+    seconds, raising ``queue.Empty`` or ``TimeoutError`` when none came) and ``_stage(item,
+    device) -> item`` (the item's tensors on ``device``), and reads its items through
+    :meth:`_next_item`: :meth:`start_prefetch` then puts a
+    :class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch` thread between the two
+    (on a GPU; without one nothing changes)."""
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
         self._bundles: dict[int, int] = {}
         self._pending: Pending | None = None
+        #: the device prefetch thread (:meth:`start_prefetch`), None when off
+        self.prefetch: DevicePrefetch | None = None
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
         raise NotImplementedError
+
+    def _pull(self, wait: float) -> Any:
+        raise NotImplementedError
+
+    def _stage(self, item: Any, device: str) -> Any:
+        raise NotImplementedError
+
+    def _next_item(self, wait: float) -> Any:
+        """The next raw item (:meth:`_pull`'s), on the device when prefetching. Raises
+        ``queue.Empty`` / ``TimeoutError`` when none came within ``wait`` seconds, and what the
+        source raised."""
+        return self._pull(wait) if self.prefetch is None else self.prefetch.get(wait)
+
+    def start_prefetch(self, plan: PrefetchPlan) -> None:
+        """With ``plan.on``: from now on a thread pulls this source's items, copies them to
+        ``plan.device`` and keeps ``plan.depth`` of them ahead
+        (:class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch`; the source's own
+        reading then happens on that thread only). Off: nothing changes."""
+        if plan.on and self.prefetch is None:
+            device = str(plan.device)
+            self.prefetch = DevicePrefetch(self._pull, lambda item: self._stage(item, device), plan.depth)
+
+    def stop_prefetch(self) -> dict[str, Any]:
+        """Stop the prefetch thread (staged items dropped); returns ``{"device_prefetch_stats":
+        {...}}`` for :meth:`describe` (elements, bytes, the loop's waits, the copies' seconds),
+        ``{}`` when there was none."""
+        if self.prefetch is None:
+            return {}
+        self.prefetch.stop()
+        return {"device_prefetch_stats": self.prefetch.stats.describe()}
 
     def _fill(self, timeout: float, what: str) -> Pending:
         if self._pending is None:
@@ -351,28 +391,54 @@ class LocalSource(ChunkedSource):
         ds: the training dataset (one batch per element).
         plan: bundling of the in-process pipeline (``Dataset.batch(plan.bundle)``), so that the
             training loop gets chunks of several steps as from input workers; ``None``: none.
+        prefetch: the chief's device prefetch: when on, ``prefetch_to_device`` ends the dataset,
+            or, for a dataset TensorFlow's ``prefetch_to_device`` refuses, a
+            :class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch` thread iterates it
+            (:func:`csrun_runtime.tensorflow.deviceprefetch.prefetch_in_process`); ``None`` or off:
+            none. ``prefetch_plan`` is the plan as applied.
 
     ``get_chunk`` / ``get`` return worker index 0; they block without a timeout (the pipeline
     runs in this process, so there is nothing remote to wait for).
     """
 
-    def __init__(self, ds: Any, plan: BundlePlan | None = None):
+    def __init__(self, ds: Any, plan: BundlePlan | None = None, prefetch: PrefetchPlan | None = None):
         super().__init__()
         self.plan = plan
         bundle = plan.bundle if plan is not None else 1
         self._bundles = {0: bundle}
-        self._it = iter(bundle_dataset(ds, bundle))
+        ds = bundle_dataset(ds, bundle)
+        self.prefetch_plan = prefetch
+        if prefetch is not None:
+            ds, self.prefetch_plan = prefetch_in_process(ds, prefetch)
+        self._it = iter(ds)
         self.counts = {0: 0}
+        if self.prefetch_plan is not None and self.prefetch_plan.how == "thread":
+            self.start_prefetch(self.prefetch_plan)
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
-        return 0, next(self._it)
+        if self.prefetch is None:
+            return 0, next(self._it)
+        while True:  # no timeout, as without the thread; the input's end comes as StopIteration
+            try:
+                return 0, self.prefetch.get(0.5)
+            except queue.Empty:
+                continue
+
+    def _pull(self, wait: float) -> Any:
+        return next(self._it)  # the in-process pipeline: no wait of its own
+
+    def _stage(self, item: Any, device: str) -> Any:
+        return to_device(item, device)
 
     def describe(self) -> dict[str, Any]:
+        """Batches handed out and batches per element (performance.json); with a device prefetch
+        thread its figures (the thread stopped)."""
         return {"num_workers": 0, "batches_per_worker": {"in-process": self.counts[0]},
-                "batches_per_element": {"in-process": self._bundles[0]}}
+                "batches_per_element": {"in-process": self._bundles[0]}, **self.stop_prefetch()}
 
     def close(self) -> None:
-        pass
+        """Stop the device prefetch thread, if any."""
+        self.stop_prefetch()
 
 
 class ServiceSource(ChunkedSource):
@@ -561,7 +627,7 @@ class ServiceSource(ChunkedSource):
                 self.watch.poll(self)
                 self._next_check = now + HEARTBEAT_SECS
             try:
-                i, gen, item = self._q.get(timeout=0.5)
+                i, gen, item = self._next_item(0.5)
             except queue.Empty:
                 raise_if_stalled(self, start, timeout, what)
                 continue
@@ -572,9 +638,19 @@ class ServiceSource(ChunkedSource):
             self.last[i] = time.monotonic()
             return i, item
 
+    def _pull(self, wait: float) -> tuple[int, int, Any]:
+        """The merge queue's next ``(worker, stream generation, element or error)``; raises
+        ``queue.Empty`` after ``wait`` seconds."""
+        return self._q.get(timeout=wait)
+
+    def _stage(self, item: tuple[int, int, Any], device: str) -> tuple[int, int, Any]:
+        i, gen, element = item
+        return item if isinstance(element, BaseException) else (i, gen, to_device(element, device))
+
     def describe(self) -> dict[str, Any]:
         """Per-worker batch counts (batches handed to training), nodes and batches per
-        element (for performance.json and the log)."""
+        element (for performance.json and the log); with the device prefetch its figures
+        (its thread stopped)."""
         return {
             "num_workers": self.n,
             "batches_per_worker": {str(i): self.counts[i] for i in range(self.n)},
@@ -583,13 +659,15 @@ class ServiceSource(ChunkedSource):
             "workers_paused": sorted(self.paused),
             "batches_per_element": {str(i): self._bundles.get(i, 1) for i in range(self.n)},
             **self.watch.describe(),
+            **self.stop_prefetch(),
         }
 
     def close(self) -> None:
         """Stop the reader threads after their current element (they are daemons; nothing is
         joined: the process leaves with ``os._exit``, and deleting a tf.data service iterator
-        may block for seconds, ARCHITECTURE.md)."""
+        may block for seconds, ARCHITECTURE.md); the device prefetch's thread is stopped."""
         self._stop.set()
+        self.stop_prefetch()
 
 
 def count_elements(ds: tf.data.Dataset, counter: list[int]) -> tf.data.Dataset:
