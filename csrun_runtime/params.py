@@ -52,6 +52,14 @@ __all__ = [
 ]
 
 #: Values of ``--mode`` / ``runconfig.mode``.
+#: Default of ``runconfig.device_prefetch``, both frameworks' chiefs: what they stage on the GPU
+#: ahead of the step (PyTorch: batches; TensorFlow: received elements). Measured on an H200 host
+#: (16 cores, k = 8 senders, ResNet-50 bf16, a 38.5 MB image batch a step): depth 1, 2 and 4 all
+#: fed the step within 0.14 % of the batch resident on the GPU (54.74 / 54.74 / 54.73 ms against
+#: 54.66 ms, ``bench/bench_gpu_feed.py``, BENCHMARKS.md "GPU feed"); 2 keeps one batch of margin
+#: for a step that needs more input.
+DEVICE_PREFETCH = 2
+
 MODES = ("train", "eval", "train_and_eval", "validate_only", "compile_only")
 #: Modes that stream training input from the input workers.
 TRAIN_MODES = ("train", "train_and_eval")
@@ -200,7 +208,7 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
     "input_read_ahead_batches": _Key(_int_min(0), 32,
                                      "PyTorch: batches an input worker reads at most ahead of what the chief "
                                      "took (0: bounded by the data plane's 4 MiB byte window only)"),
-    "device_prefetch": _Key(_int_min(1), 2,
+    "device_prefetch": _Key(_int_min(1), DEVICE_PREFETCH,
                             "both frameworks: what the chief stages on its GPU ahead of the step; PyTorch: "
                             "batches on its device or in flight to it (docs/PYTORCH.md \"The device feed\"); "
                             "TensorFlow, when it sees a GPU: received elements, by prefetch_to_device "

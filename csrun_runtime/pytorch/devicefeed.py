@@ -38,16 +38,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..params import DEVICE_PREFETCH  # runconfig.device_prefetch's default (measured there)
+
 __all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "Stager", "auto_copy_threads", "feed_rate", "nest_bytes"]
 
 log = logging.getLogger("csrun.runtime")
-
-#: Default of ``runconfig.device_prefetch``: batches staged on the device (or in flight to it)
-#: ahead of the step. Measured on an H200 host (16 cores, k = 8 senders, ResNet-50 bf16, a
-#: 38.5 MB image batch a step): depth 1, 2 and 4 all fed the step within 0.14 % of the batch
-#: resident on the GPU (54.74 / 54.74 / 54.73 ms against 54.66 ms, ``bench/bench_gpu_feed.py``,
-#: BENCHMARKS.md "GPU feed"); 2 keeps one batch of margin for a step that needs more input.
-DEVICE_PREFETCH = 2
 
 #: Leaves of at least this many bytes are copied into the pinned ring by several threads
 #: (:class:`HostRing`'s ``copy_threads``).

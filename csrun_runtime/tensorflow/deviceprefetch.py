@@ -42,13 +42,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..params import DEVICE_PREFETCH  # runconfig.device_prefetch's default: elements staged ahead
+
 __all__ = ["DEVICE_PREFETCH", "PrefetchPlan", "DevicePrefetch", "PrefetchStats", "gpu_device", "plan_prefetch",
            "prefetch_dataset", "prefetch_in_process", "to_device", "NO_ITEM"]
 
 log = logging.getLogger("csrun.runtime")
 
-#: Default of ``runconfig.device_prefetch`` (csrun_runtime/params.py): elements staged ahead.
-DEVICE_PREFETCH = 2
 
 #: Seconds between looks at the stop flag while the thread waits for an element or for room.
 _POLL_SECS = 0.1
