@@ -17,13 +17,19 @@ and the chief process's cores (psutil CPU times of this process over the window)
 - ``DataLoader``: ``DataLoader(num_workers=k, pin_memory=True)`` in this process over the same
   batch, and ``DataLoader, fresh`` (a fresh tensor per batch);
 - ``pinned H2D``, ``pageable H2D``, ``to_torch alone`` (no transport);
+- ``one copy, ...`` (not csrun's path: the ceiling of issue 31's "frames land once in a ring of
+  pinned host buffers" on this host): k processes sending the batch's bytes over plain TCP; the
+  chief reads each connection on a thread of its own with ``socket.recv_into`` straight into
+  pinned buffers (two per connection, reused), then (``to device``) copies each to the device
+  on that thread's stream. Its ``chief_cores`` is what the kernel's TCP receive alone costs;
 - with CUDA and torchvision: a ResNet-50 (bf16 autocast, channels_last) stepped by
   ``TorchStepBackend.train`` with the batch resident vs fed by the device feed (k senders);
   otherwise that row is reported as skipped.
 
 Usage: ``python bench/bench_gpu_feed.py [--quick] [--ks 4,8] [--out FILE]`` (default
 ``bench/results/gpu_feed_<cpu|cuda>.json``; ``--kinds images``, ``--no-step``, ``--io-threads N``:
-a part of the run, or the receiver's zmq I/O threads fixed). The JSON names the device and the
+a part of the run, or the receiver's zmq I/O threads fixed; ``--no-top-pad``: the chief's glibc
+without the data plane's ``M_TOP_PAD``, for an A/B). The JSON names the device and the
 host's cores.
 """
 from __future__ import annotations
@@ -33,6 +39,7 @@ import itertools
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -144,7 +151,7 @@ def _sync(dev: Any) -> None:
 
 def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict[str, Any]:
     """``step()`` (returns bytes delivered) for the warm-up, then the window; GB/s, the chief's
-    cores (this process) and the others' (``pids``)."""
+    cores (this process) and the others' (``pids``), the chief's minor page faults per MB."""
     import psutil
     from bench_ingest import _cpu as cpu  # summed user+system CPU seconds of pids
 
@@ -153,15 +160,18 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
         step()
     _sync(dev)
     me = psutil.Process()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c0, w0, t0, got, n = sum(me.cpu_times()[:2]), cpu(pids), time.perf_counter(), 0, 0
     while time.perf_counter() - t0 < plan["window_s"]:
         got += step()
         n += 1
     _sync(dev)
     dt = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     return {"gb_per_sec": round(got / dt / 1e9, 4), "batches": n, "window_s": round(dt, 3),
             "chief_cores": round((sum(me.cpu_times()[:2]) - c0) / dt, 2),
-            "workers_cores": round((cpu(pids) - w0) / dt, 2)}
+            "workers_cores": round((cpu(pids) - w0) / dt, 2),
+            "chief_faults_per_mb": round(faults / (got / 1e6), 1) if got else None}
 
 
 def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool,
@@ -207,6 +217,110 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
     finally:
         src.close()
         reap(procs, 5.0)
+    return out
+
+
+def raw_sender_main(spec_path: str) -> None:
+    """A child of the one-copy rows: the batch's leaves' bytes sent over plain TCP, endlessly."""
+    import socket
+
+    spec = json.loads(Path(spec_path).read_text())
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])
+    bufs = [memoryview(t.numpy()).cast("B") for t in make_batch(spec["kind"], spec["quick"], seed=spec["index"])]
+    ppid = os.getppid()
+    try:
+        with socket.create_connection(("127.0.0.1", spec["port"]), timeout=60) as sock:
+            while os.getppid() == ppid:
+                for b in bufs:
+                    sock.sendall(b)
+    except OSError:  # the chief closed
+        pass
+
+
+def one_copy_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool) -> dict[str, Any]:
+    """The one-copy ceiling (module docstring): ``one copy, receive only`` (``recv_into`` pinned
+    buffers) and ``one copy, to device`` (then a non_blocking copy on a stream per connection)."""
+    import queue
+    import socket
+    import threading
+
+    import torch
+    from bench_ingest import reap
+
+    cuda = dev.type == "cuda"
+    nbytes = sum(t.nbytes for t in make_batch(kind, quick))
+    out: dict[str, Any] = {}
+    for name, h2d in (("one copy, receive only", False), ("one copy, to device", True)):
+        lsock = socket.create_server(("127.0.0.1", 0))
+        lsock.settimeout(120)
+        procs = []
+        for i in range(k):
+            spec = work / f"raw-{kind}-{k}-{i}-{time.time_ns()}.json"
+            spec.write_text(json.dumps({"port": lsock.getsockname()[1], "index": i, "kind": kind, "quick": quick,
+                                        "cpus": SENDER_CPUS}))
+            procs.append(subprocess.Popen([sys.executable, __file__, "--raw-sender", str(spec)],
+                                          stdin=subprocess.DEVNULL, env=child_env()))
+        conns = [lsock.accept()[0] for _ in range(k)]
+        q: queue.Queue[Any] = queue.Queue(maxsize=2 * k)
+        stop = threading.Event()
+
+        def reader(conn: Any, h2d: bool = h2d, stop: Any = stop, q: Any = q) -> None:
+            bufs = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+            dsts = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)] if h2d else []
+            stream = torch.cuda.Stream(device=dev) if cuda else None
+            events: list[Any] = [None, None]
+            for i in itertools.count():
+                s = i % 2
+                if events[s] is not None:
+                    events[s].synchronize()
+                mv, got = memoryview(bufs[s].numpy()), 0
+                while got < nbytes:
+                    try:
+                        r = conn.recv_into(mv[got:])
+                    except OSError:  # closed by the window's end
+                        return
+                    if not r or stop.is_set():
+                        return
+                    got += r
+                if h2d and stream is not None:
+                    with torch.cuda.stream(stream):
+                        dsts[s].copy_(bufs[s], non_blocking=True)
+                        events[s] = torch.cuda.Event()
+                        events[s].record(stream)
+                elif h2d:
+                    dsts[s].copy_(bufs[s])  # the CPU row: a copy, as a device copy would move the bytes
+                while not stop.is_set():
+                    try:
+                        q.put(events[s], timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+
+        threads = [threading.Thread(target=reader, args=(c,), daemon=True) for c in conns]
+        for t in threads:
+            t.start()
+
+        def step(q: Any = q) -> int:
+            ev = q.get(timeout=60)
+            if ev is not None:
+                ev.synchronize()
+            return nbytes
+
+        try:
+            out[name] = window(step, plan, dev, [p.pid for p in procs])
+        finally:
+            stop.set()
+            for c in conns:  # shutdown wakes a reader blocked in recv_into
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            lsock.close()
+            for t in threads:
+                t.join(5.0)
+            reap(procs, 5.0)
     return out
 
 
@@ -374,17 +488,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split-cores", action="store_true",
                     help="the chief on the lower half of the cores, the senders and DataLoader workers on the "
                          "upper half (input workers on other nodes leave the chief's cores alone)")
+    ap.add_argument("--no-top-pad", action="store_true",
+                    help="this chief's glibc without the data plane's M_TOP_PAD (as before it; A/B)")
     ap.add_argument("--sender", help=argparse.SUPPRESS)
+    ap.add_argument("--raw-sender", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.sender:
         sender_main(a.sender)
         return 0
+    if a.raw_sender:
+        raw_sender_main(a.raw_sender)
+        return 0
+    if a.no_top_pad:
+        from csrun_runtime.dataplane.receive import keep_receive_memory
+
+        keep_receive_memory(top_pad=0)  # first in this process: the receivers' later calls keep it
     if a.io_threads:
         from csrun_runtime.dataplane import transport
 
         transport.auto_io_threads = lambda: a.io_threads
     res = run(a.quick, a.ks, a.depth, kinds=a.kinds.split(","), step=not a.no_step, split=a.split_cores)
     res["meta"]["io_threads"] = a.io_threads or "auto"
+    res["meta"]["top_pad"] = not a.no_top_pad
     out = Path(a.out) if a.out else HERE / "results" / f"gpu_feed_{res['meta']['device_type']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
@@ -433,6 +558,7 @@ def _rows(res: dict[str, Any], dev: Any, ks: list[int], plan: dict[str, float], 
                 rows[mode] = h2d_row(kind, mode, dev, plan, a.quick)
             for k in ks:
                 rows[f"k={k}"] = {**dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth),
+                                  **one_copy_rows(kind, k, dev, plan, Path(tmp), a.quick),
                                   "DataLoader": dataloader_row(kind, k, dev, plan, False, a.quick),
                                   "DataLoader, fresh": dataloader_row(kind, k, dev, plan, True, a.quick)}
             res["kinds"][kind] = rows

@@ -71,7 +71,7 @@ import common
 #: The variants measured through senders, in the order of the first repetition.
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
             "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
-            "data plane, 2 I/O threads"]
+            "data plane, 2 I/O threads", "data plane, no top pad"]
 #: Issue 31's table 1: the variants, senders and sizes of the default run.
 TABLE = ["raw TCP", "data plane", "data plane, before"]
 TABLE_KS = [1, 2, 4, 8]
@@ -83,6 +83,9 @@ RECEIVER = {"data plane, before": {"io_threads": 1, "keep_memory": False},
 #: buffer; freed memory kept in the heap for the next bundle.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 SIZES = ["256 KiB", "4 MiB"]
+#: Element sizes by name: bench_ingest's, and issue 31's image batch (256x3x224x224 uint8 +
+#: labels: one element per bundle).
+SIZE_BYTES = {**bi.SIZES, "38.5 MB": 38_535_168}
 HWM = 4  # zmq bare: messages buffered per pipe at each end (the data plane's 4 MiB window is 4 bundles)
 
 
@@ -220,7 +223,7 @@ def child_chief(spec: dict, out: Path) -> None:
 
 def measure_here(variant: str, k: int, size: str, plan: dict, work: Path) -> dict[str, float]:
     """One measurement of ``variant`` with ``k`` senders at batch size ``size``, this process the chief."""
-    nbytes, w, m = bi.SIZES[size], plan["warmup_s"], plan["window_s"]
+    nbytes, w, m = SIZE_BYTES[size], plan["warmup_s"], plan["window_s"]
 
     def start(mode: str, extra_env: dict[str, str] | None = None, **extra: Any) -> Any:
         def go(spec: dict) -> subprocess.Popen:
@@ -247,6 +250,10 @@ def measure_here(variant: str, k: int, size: str, plan: dict, work: Path) -> dic
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), window_bytes=16 << 20)
     elif variant == "data plane, before":  # the senders' malloc as is too
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp", keep_memory=False), **RECEIVER[variant])
+    elif variant == "data plane, no top pad":  # this chief's glibc as before M_TOP_PAD (a fresh process)
+        from csrun_runtime.dataplane.receive import keep_receive_memory
+        keep_receive_memory(top_pad=0)
+        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"))
     elif variant in RECEIVER:
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), **RECEIVER[variant])
     else:
@@ -310,7 +317,7 @@ def run(quick: bool = False, variants: list[str] | None = None, sizes: list[str]
                 "medians of repetitions in rotating order; vs_raw_tcp: median of per-repetition ratios",
         "ks": ks, "sizes": sizes, "variants": order0, "repeats": repeats, **plan, "hwm_zmq_bare": HWM,
         "results": {k: {s: summarize(v) for s, v in sizes.items()} for k, sizes in raw.items()},
-        "framing_only": {s: framing_only(bi.SIZES[s]) for s in sizes},
+        "framing_only": {s: framing_only(SIZE_BYTES[s]) for s in sizes},
         "errors": [r["error"] for sizes in raw.values() for vs in sizes.values() for recs in vs.values()
                    for r in recs if "error" in r][:10],
         "seconds": round(time.monotonic() - t0, 1),

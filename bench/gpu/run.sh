@@ -7,9 +7,13 @@
 #                                     chief's cores alone)
 #   gpu_feed_shared.json              the image rows at k = 8 with every process on every core
 #                                     (as bench/results/gpu/gpu_feed_h200*.json were measured)
-#   ingest_16core.json, ingest.log    bench_ingest_gap.py: issue 31's table 1 (256 KiB, 4 MiB; 2 reps)
+#   gpu_feed_shared_nopad.json        the same with the chief's glibc without M_TOP_PAD (A/B)
+#   ingest_images.json                bench_ingest_gap.py, 38.5 MB elements, k = 8: raw TCP, the
+#                                     data plane, and without M_TOP_PAD (2 reps)
+#   ingest_16core.json, ingest.log    bench_ingest_gap.py: issue 31's table 1 (256 KiB, 4 MiB; 2 reps;
+#                                     SKIP_INGEST=1 skips it)
 # Each part has its own time limit, so that one part's failure leaves the others' results.
-#   OUT=/tmp/out bash bench/gpu/run.sh        # about 7 minutes on 16 cores
+#   OUT=/tmp/out SKIP_INGEST=1 bash bench/gpu/run.sh   # about 6 minutes on 16 cores
 # pyzmq is installed from carried wheels (.whl/*.whl, or $WHEELS) into /tmp/site when missing:
 # the GPU machine reaches no package index (device README).
 set -u
@@ -32,13 +36,16 @@ part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; t
 part 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
 part 240 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
 part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -12
+part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --no-top-pad --out "$OUT/gpu_feed_shared_nopad.json" 2>&1 | tail -12
+part 90 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, no top pad" --ks 8 \
+  --sizes "38.5 MB" --repeats 2 --out "$OUT/ingest_images.json" > "$OUT/ingest_images.log" 2>&1
 [ "${SKIP_INGEST:-0}" = 1 ] || part 150 python3 bench/bench_ingest_gap.py --variants "raw TCP;zmq bare;data plane" \
   --sizes "256 KiB;4 MiB" --repeats 2 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
-[ -f "$OUT/ingest_16core.json" ] || exit 0
-python3 - "$OUT/ingest_16core.json" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"
+for f in "$OUT"/ingest_images.json "$OUT"/ingest_16core.json; do [ -f "$f" ] && python3 - "$f" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"; done
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
 for k, sizes in r.items():
     for size, vs in sizes.items():
-        print(k, size, {v: (x.get("mb_per_sec"), x.get("vs_raw_tcp")) for v, x in vs.items()})
+        print(k, size, {v: (x.get("mb_per_sec"), x.get("vs_raw_tcp"), x.get("chief_cpu_s_per_mb"),
+                            x.get("chief_faults_per_mb")) for v, x in vs.items()})
 PY

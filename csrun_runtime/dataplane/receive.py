@@ -13,6 +13,13 @@ MB received (every page) and 0.4 GB/s through one receiver, with :func:`keep_rec
 with it (``bench/results/ingest_recv.json``). Faulting in every page of each bundle on one zmq
 I/O thread is the likely cause of the H100 host's 1.4-1.7 GB/s image receive with the chief at
 1.1 cores (issue 31, item 4); not yet measured there.
+
+Those 9-40 faults per MB were with one zmq I/O thread. With the default two or more, each I/O
+thread allocates from a glibc arena of its own, whose heaps are 64 MiB at most, and glibc
+unmaps such a heap as soon as it is empty (``heap_trim`` in glibc's ``malloc/arena.c``): a
+38.5 MB bundle, alone in its heap, came back into freshly faulted pages, 125 faults per MB. A
+top pad of :data:`KEEP_TOP_PAD` keeps those heaps: 5 faults per MB, half the chief's CPU per
+bundle (``bench/results/ingest_images.json``, BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -32,7 +39,14 @@ CORES_PER_IO_THREAD = 4
 #: Freed bytes glibc keeps at the top of a heap before it returns them to the kernel, under
 #: :func:`keep_receive_memory` (the chief's resident memory may stay this much above its use).
 KEEP_FREED_BYTES = 512 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+#: Free bytes glibc keeps at the top of a heap when it trims it (``M_TOP_PAD``), under
+#: :func:`keep_receive_memory`: 64 MiB, the largest heap of a thread's arena on 64-bit glibc
+#: (``HEAP_MAX_SIZE``), so that an arena's emptied heap is kept for the next bundle instead of
+#: being unmapped. mallopt(3): "When the heap is trimmed as a consequence of calling free(3) ...
+#: this much free space is preserved at the top of the heap." Also what glibc adds to each
+#: ``sbrk`` (address space; pages count as resident only once written).
+KEEP_TOP_PAD = 64 << 20
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4  # glibc's mallopt parameters (malloc.h)
 _kept: bool | None = None  # keep_receive_memory's outcome, once per process
 
 
@@ -53,14 +67,16 @@ def auto_io_threads() -> int:
     return max(2, min(IO_THREADS_MAX, usable_cores() // CORES_PER_IO_THREAD))
 
 
-def keep_receive_memory() -> bool:
+def keep_receive_memory(top_pad: int = KEEP_TOP_PAD) -> bool:
     """Tell this process' glibc to serve every block from its heaps (``M_MMAP_MAX`` 0: no
-    ``mmap`` per large block) and keep up to :data:`KEEP_FREED_BYTES` freed at the top of each
-    heap (``M_TRIM_THRESHOLD``), so that received frames reuse pages already mapped instead of
-    faulting in fresh ones. Process-wide and applied once (later calls return the first
-    outcome); a steady stream then reuses the same memory, and the process keeps what it freed
-    up to that bound. The environment variable :data:`csrun_common.env.DATAPLANE_KEEP_MEMORY` ``=0`` turns it off
-    for the process (e.g. a chief or input worker whose other allocations fragment the heaps).
+    ``mmap`` per large block), keep up to :data:`KEEP_FREED_BYTES` freed at the top of each
+    heap (``M_TRIM_THRESHOLD``) and keep emptied heaps (``M_TOP_PAD`` ``top_pad`` bytes,
+    default :data:`KEEP_TOP_PAD`; 0 leaves glibc's default, as before issue 31's second GPU
+    run), so that received frames reuse pages already mapped instead of faulting in fresh ones.
+    Process-wide and applied once (later calls return the first outcome); a steady stream then
+    reuses the same memory, and the process keeps what it freed up to that bound. The
+    environment variable :data:`csrun_common.env.DATAPLANE_KEEP_MEMORY` ``=0`` turns it off for
+    the process (e.g. a chief or input worker whose other allocations fragment the heaps).
     Returns whether it applied (False: turned off, not glibc, or mallopt refused)."""
     global _kept
     if _kept is None:
@@ -69,6 +85,8 @@ def keep_receive_memory() -> bool:
             try:
                 libc = ctypes.CDLL(None)
                 _kept = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+                if _kept and top_pad:
+                    _kept = bool(libc.mallopt(_M_TOP_PAD, int(top_pad)))
             except (OSError, AttributeError) as e:
                 log.debug("data plane: glibc mallopt unavailable: %s", e)
     return _kept

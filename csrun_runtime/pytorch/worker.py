@@ -327,8 +327,11 @@ class _Bundler:
 
         if not self.pending:
             return
-        leaves = [np.stack(col) for col in zip(*self.pending, strict=True)]
         n = len(self.pending)
+        if n == 1:  # a bundle of one batch: views with the bundle's leading axis, no copy
+            leaves = [a[np.newaxis] for a in self.pending[0]]
+        else:
+            leaves = [np.stack(col) for col in zip(*self.pending, strict=True)]
         while True:  # send_bundle sends nothing when it times out: retry the same bundle
             try:
                 self.sender.send_bundle(unflatten(self.tree, leaves), n, timeout=POLL_SECS)
