@@ -71,7 +71,8 @@ import common
 #: The variants measured through senders, in the order of the first repetition.
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
             "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
-            "data plane, 2 I/O threads", "data plane, no top pad"]
+            "data plane, 2 I/O threads", "data plane, no top pad", "data plane, copied out",
+            "data plane, copied out, no top pad"]
 #: Issue 31's table 1: the variants, senders and sizes of the default run.
 TABLE = ["raw TCP", "data plane", "data plane, before"]
 TABLE_KS = [1, 2, 4, 8]
@@ -173,6 +174,35 @@ def _measure_zmq(k: int, nbytes: int, warmup_s: float, window_s: float, start: A
         bi.reap(senders, 8.0)
 
 
+def _measure_copied_out(k: int, nbytes: int, warmup_s: float, window_s: float, start: Any) -> dict[str, float]:
+    """As :func:`bench_ingest.measure_dataplane`, but each bundle's leaves are copied into
+    buffers allocated once (as the PyTorch device feed copies into its pinned ring), so the
+    received frames live through a copy and several are alive at once, as in the chief."""
+    import numpy as np
+
+    from csrun_runtime.dataplane import Receiver
+
+    rx = Receiver("tcp://127.0.0.1:0", expected=k)
+    senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
+    bufs: dict[Any, Any] = {}
+
+    def step() -> int:
+        b = rx.get_bundle(60)
+        for j, a in enumerate(b.arrays):
+            key = (j, a.shape, a.dtype.str)
+            if key not in bufs:
+                bufs[key] = np.empty_like(a)
+            np.copyto(bufs[key], a)
+        return b.n
+
+    try:
+        rx.wait_workers(k, 120)
+        return bi._window(step, warmup_s, window_s, [p.pid for p in senders])
+    finally:
+        rx.close()
+        bi.reap(senders, 5.0)
+
+
 def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
     """MB/s of :meth:`Receiver._data` alone on one bundle's frames (already received), in
     this process: the receive path's Python per message, without zmq or the network."""
@@ -250,10 +280,13 @@ def measure_here(variant: str, k: int, size: str, plan: dict, work: Path) -> dic
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), window_bytes=16 << 20)
     elif variant == "data plane, before":  # the senders' malloc as is too
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp", keep_memory=False), **RECEIVER[variant])
-    elif variant == "data plane, no top pad":  # this chief's glibc as before M_TOP_PAD (a fresh process)
+    elif variant.startswith("data plane") and variant.endswith("no top pad"):  # glibc as before M_TOP_PAD
         from csrun_runtime.dataplane.receive import keep_receive_memory
-        keep_receive_memory(top_pad=0)
-        rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"))
+        keep_receive_memory(top_pad=0)  # first in this fresh chief process: the Receiver's call keeps it
+        rec = (_measure_copied_out if "copied out" in variant else bi.measure_dataplane)(
+            k, nbytes, w, m, start("dp"))
+    elif variant == "data plane, copied out":
+        rec = _measure_copied_out(k, nbytes, w, m, start("dp"))
     elif variant in RECEIVER:
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), **RECEIVER[variant])
     else:

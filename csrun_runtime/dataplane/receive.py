@@ -17,9 +17,12 @@ I/O thread is the likely cause of the H100 host's 1.4-1.7 GB/s image receive wit
 Those 9-40 faults per MB were with one zmq I/O thread. With the default two or more, each I/O
 thread allocates from a glibc arena of its own, whose heaps are 64 MiB at most, and glibc
 unmaps such a heap as soon as it is empty (``heap_trim`` in glibc's ``malloc/arena.c``): a
-38.5 MB bundle, alone in its heap, came back into freshly faulted pages, 125 faults per MB. A
-top pad of :data:`KEEP_TOP_PAD` keeps those heaps: 5 faults per MB, half the chief's CPU per
-bundle (``bench/results/ingest_images.json``, BENCHMARKS.md).
+38.5 MB bundle, alone in its heap, came back into freshly faulted pages when the consumer
+held bundles through a copy (as the device feed does): 97-116 faults per MB. A top pad of
+:data:`KEEP_TOP_PAD` keeps those heaps: 0 faults per MB, the chief's CPU per MB 0.63 -> 0.33 ms
+and 1.5 -> 2.5 GB/s at k = 1 on the 2-core host (``bench/results/ingest_images.json``, variants
+``data plane, copied out[, no top pad]``); on the 16-core H200 host 13.8 -> 18.0 GB/s at k = 8
+(``bench/results/gpu/ingest_images_h200.json``).
 """
 from __future__ import annotations
 
