@@ -11,8 +11,9 @@ host (docs/DATAPLANE.md "The receive path"): 38.5 MB image bundles take 230-260 
 MB received (every page) and 0.4 GB/s through one receiver, with :func:`keep_receive_memory`
 9-40 faults per MB and 0.9-1.1 GB/s; 256 KiB and 4 MiB streams 11-59 faults per MB, under 1
 with it (``bench/results/ingest_recv.json``). Faulting in every page of each bundle on one zmq
-I/O thread is the likely cause of the H100 host's 1.4-1.7 GB/s image receive with the chief at
-1.1 cores (issue 31, item 4); not yet measured there.
+I/O thread was a likely cause of the H100 host's 1.4-1.7 GB/s image receive with the chief at
+1.1 cores (issue 31, item 4; that host was not lent again). On a 16-core H200 host 8 local
+senders' image batches are received at 15.6-18.3 GB/s (BENCHMARKS.md "GPU feed", third run).
 
 Those 9-40 faults per MB were with one zmq I/O thread. With the default two or more, each I/O
 thread allocates from a glibc arena of its own, whose heaps are 64 MiB at most, and glibc

@@ -12,7 +12,8 @@ caching allocator keeps it until the step's use of it is done. A ring slot is wr
 only after its previous copy's event completed. The host copy uses ``numpy.copyto`` (the GIL
 released), not torch's intra-op threads (``pin_memory()`` took all 16 cores of the GPU host),
 on :func:`auto_copy_threads` threads for a large leaf (4 on 16 cores: 38.5 MB image batches
-reached the H200 at 6.8-9.2 GB/s against 4.3-5.2 with one thread, BENCHMARKS.md "GPU feed").
+from 8 local senders reached an H200 at 12.3-12.9 GB/s against 4.9-5.7 with one thread,
+BENCHMARKS.md "GPU feed", third run).
 ``runconfig.device_prefetch`` batches (default :data:`DEVICE_PREFETCH`) wait on the device, or
 in flight to it, ahead of the step.
 

@@ -81,7 +81,7 @@ def test_bench_gpu_feed_quick(tmp_path):
     for kind in ("images", "small"):
         rows = data["kinds"][kind]
         for row in ("data plane, receive only", "data plane, device feed", "data plane, to_torch", "DataLoader",
-                    "DataLoader, fresh"):
+                    "DataLoader, fresh", "one copy, receive only", "one copy, to device"):
             assert rows["k=1"][row]["gb_per_sec"] > 0, (kind, row)
             assert rows["k=1"][row]["chief_cores"] >= 0
         assert rows["to_torch alone"]["gb_per_sec"] > 0 and rows["pageable H2D"]["gb_per_sec"] > 0
