@@ -28,7 +28,8 @@ and the chief process's cores (psutil CPU times of this process over the window)
 
 Usage: ``python bench/bench_gpu_feed.py [--quick] [--ks 4,8] [--out FILE]`` (default
 ``bench/results/gpu_feed_<cpu|cuda>.json``; ``--kinds images``, ``--no-step``, ``--io-threads N``:
-a part of the run, or the receiver's zmq I/O threads fixed; ``--no-top-pad``: the chief's glibc
+a part of the run, or the receiver's zmq I/O threads fixed; ``--copy-threads N``: a device feed
+row with N copy threads beside the default's; ``--no-top-pad``: the chief's glibc
 without the data plane's ``M_TOP_PAD``, for an A/B). The JSON names the device and the
 host's cores.
 """
@@ -93,6 +94,9 @@ def sender_main(spec_path: str) -> None:
     finally:
         s.close(timeout=1.0)
 
+
+#: ``--copy-threads N``: one more device feed row with N copy threads (None: none).
+COPY_THREADS: int | None = None
 
 #: ``--split-cores``: the cores the senders (and the DataLoader rows' workers) run on; the chief
 #: runs on the others. None: every process may run on every core.
@@ -202,6 +206,8 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
         auto = auto_copy_threads() if dev.type == "cuda" else 1
         variants: list[tuple[str, int | None]] = [("data plane, device feed", auto)]
         variants += [("data plane, device feed, 1 copy thread", 1)] if auto > 1 else []
+        if dev.type == "cuda" and COPY_THREADS and COPY_THREADS != auto:  # --copy-threads: an A/B of the default
+            variants += [(f"data plane, device feed, {COPY_THREADS} copy threads", COPY_THREADS)]
         variants += [("data plane, device feed, pageable", None)] if dev.type == "cuda" else []
         for name, threads in variants:
             src.cancelled = False  # the previous feed's stop() cancelled the source's waits
@@ -488,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split-cores", action="store_true",
                     help="the chief on the lower half of the cores, the senders and DataLoader workers on the "
                          "upper half (input workers on other nodes leave the chief's cores alone)")
+    ap.add_argument("--copy-threads", type=int, default=None,
+                    help="on CUDA, one more device feed row with this many copy threads (the default: "
+                         "devicefeed.auto_copy_threads(), by the chief's usable cores)")
     ap.add_argument("--no-top-pad", action="store_true",
                     help="this chief's glibc without the data plane's M_TOP_PAD (as before it; A/B)")
     ap.add_argument("--sender", help=argparse.SUPPRESS)
@@ -499,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.raw_sender:
         raw_sender_main(a.raw_sender)
         return 0
+    global COPY_THREADS
+    COPY_THREADS = a.copy_threads
     if a.no_top_pad:
         from csrun_runtime.dataplane.receive import keep_receive_memory
 

@@ -4,7 +4,9 @@
 #   gpu_feed_split.json, gpu_feed.log bench_gpu_feed.py full size (k = $KS, ResNet-50 rows), the
 #                                     chief on half the cores and the senders on the other half
 #                                     (--split-cores: input workers on other nodes leave the
-#                                     chief's cores alone)
+#                                     chief's cores alone), with a row of 4 copy threads beside
+#                                     the default's 2 on those 8 cores (the third run's split chief
+#                                     was staging-bound at 8.5 GB/s with 3.7 of its 8 cores busy)
 #   gpu_feed_shared.json              the image rows at k = 8 with every process on every core
 #                                     (as bench/results/gpu/gpu_feed_h200*.json were measured)
 #   gpu_feed_shared_nopad.json        the same with the chief's glibc without M_TOP_PAD (A/B)
@@ -34,7 +36,7 @@ export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
 cat "$OUT/env.txt"
 part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
 part 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
-part 240 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
+part 240 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --copy-threads 4 --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
 part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -12
 part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --no-top-pad --out "$OUT/gpu_feed_shared_nopad.json" 2>&1 | tail -12
 part 90 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, no top pad" --ks 8 \
