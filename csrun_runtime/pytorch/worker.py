@@ -247,7 +247,11 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     (:data:`csrun_runtime.bundles.MAX_BUNDLE`, as the TensorFlow workers': the chief hands out a
     bundle's batches in a row, so tiny batches must not make one worker's bundle thousands of
     steps long), and what is pending sent at least every :data:`POLL_SECS` seconds (a slow
-    DataLoader's batches do not wait for a full bundle). ``check()`` runs every
+    DataLoader's batches do not wait for a full bundle). A batch that fills a bundle by itself
+    is sent as views of its arrays, without a copy (a 38.5 MB image batch's copy cost the
+    senders 6x their rate on the 2-core host, BENCHMARKS.md "GPU feed"), so a batch must not be
+    modified after it is yielded: the DataLoader's batches are fresh tensors; a loader that
+    refills the same buffers in place must yield copies. ``check()`` runs every
     :data:`POLL_SECS` seconds and whenever a send times out (the same bundle is sent again
     after it); what it raises ends the stream. ``sent(batch)`` is called for each batch taken.
     The sender is not closed here.
