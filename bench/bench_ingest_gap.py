@@ -71,15 +71,16 @@ import common
 #: The variants measured through senders, in the order of the first repetition.
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
             "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
-            "data plane, 2 I/O threads", "data plane, no top pad", "data plane, copied out",
-            "data plane, copied out, no top pad"]
+            "data plane, 2 I/O threads", "data plane, 8 I/O threads", "data plane, no top pad",
+            "data plane, copied out", "data plane, copied out, no top pad"]
 #: Issue 31's table 1: the variants, senders and sizes of the default run.
 TABLE = ["raw TCP", "data plane", "data plane, before"]
 TABLE_KS = [1, 2, 4, 8]
 TABLE_SIZES = ["16 KiB", "256 KiB", "4 MiB"]
 #: The receiver's arguments of the variants that set them (the others: its defaults).
 RECEIVER = {"data plane, before": {"io_threads": 1, "keep_memory": False},
-            "data plane, 2 I/O threads": {"io_threads": 2}}
+            "data plane, 2 I/O threads": {"io_threads": 2},
+            "data plane, 8 I/O threads": {"io_threads": 8}}
 #: glibc settings of the last variant's senders: no mmap/munmap (and page faults) per large
 #: buffer; freed memory kept in the heap for the next bundle.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
