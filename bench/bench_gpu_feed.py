@@ -267,7 +267,8 @@ def one_copy_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pat
                                         "cpus": SENDER_CPUS}))
             procs.append(subprocess.Popen([sys.executable, __file__, "--raw-sender", str(spec)],
                                           stdin=subprocess.DEVNULL, env=child_env()))
-        conns = [lsock.accept()[0] for _ in range(k)]
+        conns: list[Any] = []
+        threads: list[threading.Thread] = []
         q: queue.Queue[Any] = queue.Queue(maxsize=2 * k)
         stop = threading.Event()
 
@@ -303,17 +304,17 @@ def one_copy_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pat
                     except queue.Full:
                         pass
 
-        threads = [threading.Thread(target=reader, args=(c,), daemon=True) for c in conns]
-        for t in threads:
-            t.start()
-
         def step(q: Any = q) -> int:
             ev = q.get(timeout=60)
             if ev is not None:
                 ev.synchronize()
             return nbytes
 
-        try:
+        try:  # a sender that never connects: accept times out, and the senders are still reaped
+            conns.extend(lsock.accept()[0] for _ in range(k))
+            threads.extend(threading.Thread(target=reader, args=(c,), daemon=True) for c in conns)
+            for t in threads:
+                t.start()
             out[name] = window(step, plan, dev, [p.pid for p in procs])
         finally:
             stop.set()
