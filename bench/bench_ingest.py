@@ -359,18 +359,27 @@ def child_dp_sender(spec: dict) -> None:
 
 
 def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any],
-                      window_bytes: int | None = None, **receiver: Any) -> dict[str, float]:
+                      window_bytes: int | None = None, consume: Callable[[Any], None] | None = None,
+                      **receiver: Any) -> dict[str, float]:
     """Batches/s of ``k`` data-plane senders into one :class:`~csrun_runtime.dataplane.Receiver`
     of this process (``get_bundle``: bundles handed out as arrays on the received frames), and
     the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default);
+    ``consume(bundle)``: what the chief does with each bundle before the next (None: nothing);
     ``receiver``: its other arguments (``io_threads``, ``keep_memory``)."""
     from csrun_runtime.dataplane import WINDOW_BYTES, Receiver
 
     rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES, expected=k, **receiver)
     senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
+
+    def step() -> int:
+        b = rx.get_bundle(60)
+        if consume is not None:
+            consume(b)
+        return b.n
+
     try:
         rx.wait_workers(k, 120)
-        return _window(lambda: rx.get_bundle(60).n, warmup_s, window_s, [p.pid for p in senders])
+        return _window(step, warmup_s, window_s, [p.pid for p in senders])
     finally:
         rx.close()
         reap(senders, 5.0)

@@ -181,27 +181,16 @@ def _measure_copied_out(k: int, nbytes: int, warmup_s: float, window_s: float, s
     received frames live through a copy and several are alive at once, as in the chief."""
     import numpy as np
 
-    from csrun_runtime.dataplane import Receiver
-
-    rx = Receiver("tcp://127.0.0.1:0", expected=k)
-    senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
     bufs: dict[Any, Any] = {}
 
-    def step() -> int:
-        b = rx.get_bundle(60)
+    def copy_out(b: Any) -> None:
         for j, a in enumerate(b.arrays):
             key = (j, a.shape, a.dtype.str)
             if key not in bufs:
                 bufs[key] = np.empty_like(a)
             np.copyto(bufs[key], a)
-        return b.n
 
-    try:
-        rx.wait_workers(k, 120)
-        return bi._window(step, warmup_s, window_s, [p.pid for p in senders])
-    finally:
-        rx.close()
-        bi.reap(senders, 5.0)
+    return bi.measure_dataplane(k, nbytes, warmup_s, window_s, start, consume=copy_out)
 
 
 def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:

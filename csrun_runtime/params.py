@@ -51,7 +51,6 @@ __all__ = [
     "training_target", "worker_params", "load_shard_plan", "Resolved",
 ]
 
-#: Values of ``--mode`` / ``runconfig.mode``.
 #: Default of ``runconfig.device_prefetch``, both frameworks' chiefs: what they stage on the GPU
 #: ahead of the step (PyTorch: batches; TensorFlow: received elements). Measured on an H200 host
 #: (16 cores, k = 8 senders, ResNet-50 bf16, a 38.5 MB image batch a step): depth 1, 2 and 4 all
@@ -60,6 +59,7 @@ __all__ = [
 #: for a step that needs more input.
 DEVICE_PREFETCH = 2
 
+#: Values of ``--mode`` / ``runconfig.mode``.
 MODES = ("train", "eval", "train_and_eval", "validate_only", "compile_only")
 #: Modes that stream training input from the input workers.
 TRAIN_MODES = ("train", "train_and_eval")

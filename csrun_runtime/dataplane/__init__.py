@@ -23,8 +23,8 @@ pause/resume of one worker's stream, replaced workers (a higher ``attempt``) rea
 messages refused naming the worker, and an end-of-stream message. Imports only the standard
 library, numpy and pyzmq.
 """
-from .framing import FrameError, decode, encode_header, flatten, parse_header, unflatten
+from .framing import FrameError, decode, encode_header, flatten, parse_header, stack, unflatten
 from .transport import BUNDLE_BYTES, WINDOW_BYTES, Bundle, EndOfStream, Receiver, ReceiverGone, Sender
 
 __all__ = ["BUNDLE_BYTES", "WINDOW_BYTES", "Bundle", "EndOfStream", "FrameError", "Receiver", "ReceiverGone",
-           "Sender", "decode", "encode_header", "flatten", "parse_header", "unflatten"]
+           "Sender", "decode", "encode_header", "flatten", "parse_header", "stack", "unflatten"]

@@ -78,6 +78,17 @@ def flatten(nest: Any) -> tuple[Any, list[np.ndarray]]:
     return walk(nest), leaves
 
 
+def stack(batches: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+    """The leaves of one bundle of ``batches`` (each the leaves of one batch of one structure,
+    as :func:`flatten` gives them), each with a leading axis of ``len(batches)``: for a single
+    batch, views of its arrays (no copy: the caller must not modify them until they are sent);
+    for several, ``np.stack`` of each leaf (a new array). Raises ``ValueError`` (numpy's) when
+    the batches' leaf shapes differ."""
+    if len(batches) == 1:
+        return [a[np.newaxis] for a in batches[0]]
+    return [np.stack(col) for col in zip(*batches, strict=True)]
+
+
 def unflatten(tree: Any, leaves: Sequence[Any]) -> Any:
     """Rebuild the nest of structure ``tree`` (from :func:`flatten`) around ``leaves`` (in
     order). Raises :class:`FrameError` when ``tree`` is malformed or the counts differ."""

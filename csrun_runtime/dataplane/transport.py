@@ -231,11 +231,7 @@ class Sender:
         if not self._pending:
             return
         batches = self._pending
-        if len(batches) == 1:
-            leaves = [a[np.newaxis] for a in batches[0]]  # views: no copy
-        else:
-            leaves = [np.stack(col) for col in zip(*batches, strict=True)]
-        self._send_leaves(self._pending_tree, leaves, len(batches), self._pending_key, timeout)
+        self._send_leaves(self._pending_tree, framing.stack(batches), len(batches), self._pending_key, timeout)
         self._pending = []  # (kept when the send timed out: the next send or flush retries)
 
     def send_bundle(self, nest: Any, n: int, timeout: float | None = None) -> None:

@@ -327,15 +327,12 @@ class _Bundler:
     def flush(self) -> None:
         """Send the pending batches as one bundle (nothing when none is pending); a send that
         times out runs ``check()`` and sends the same bundle again."""
-        from ..dataplane import unflatten
+        from ..dataplane import stack, unflatten
 
         if not self.pending:
             return
         n = len(self.pending)
-        if n == 1:  # a bundle of one batch: views with the bundle's leading axis, no copy
-            leaves = [a[np.newaxis] for a in self.pending[0]]
-        else:
-            leaves = [np.stack(col) for col in zip(*self.pending, strict=True)]
+        leaves = stack(self.pending)  # one batch: views of it, no copy
         while True:  # send_bundle sends nothing when it times out: retry the same bundle
             try:
                 self.sender.send_bundle(unflatten(self.tree, leaves), n, timeout=POLL_SECS)
