@@ -118,9 +118,11 @@ def pin_to_sender_cpus(_worker_id: int = 0) -> None:
         os.sched_setaffinity(0, SENDER_CPUS)
 
 
-def source_and_senders(kind: str, k: int, work: Path, quick: bool) -> tuple[Any, list[subprocess.Popen]]:
+def source_and_senders(kind: str, k: int, work: Path, quick: bool,
+                       bulk: bool = False) -> tuple[Any, list[subprocess.Popen]]:
     """The chief's real ``RemoteSource`` (its own rendezvous directory under ``work``) and k
-    sender processes (:func:`sender_main`) streaming ``kind`` batches into it."""
+    sender processes (:func:`sender_main`) streaming ``kind`` batches into it; ``bulk``: with
+    ``runconfig.dataplane_bulk`` (the data on the bulk channel)."""
     from csrun_common.roles import Role
     from csrun_runtime.pytorch.remote import RemoteSource
     from csrun_runtime.rendezvous import Rendezvous
@@ -128,7 +130,8 @@ def source_and_senders(kind: str, k: int, work: Path, quick: bool) -> tuple[Any,
     rdv = Rendezvous(work / f"md-{kind}-{k}-{time.time_ns()}", "gpufeed.0")
     rdv.reset()
     role = Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1")
-    src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120}, adopt=False)
+    src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120,
+                                   "dataplane_bulk": bulk}, adopt=False)
     procs = []
     for i in range(k):
         spec = work / f"sender-{kind}-{k}-{i}-{time.time_ns()}.json"
@@ -179,16 +182,21 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
 
 
 def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool,
-                   depth: int) -> dict[str, Any]:
-    """k sender processes into one RemoteSource: the device feed's row, then to_torch's."""
+                   depth: int, bulk: bool = False) -> dict[str, Any]:
+    """k sender processes into one RemoteSource: the device feed's row, then to_torch's.
+    ``bulk``: the data on the bulk channel (``runconfig.dataplane_bulk``), rows named ``bulk
+    channel, ...``: receive only, and the device feed, which on CUDA lends the receiver its
+    pinned pool (one host copy, by the kernel), beside the same feed not lending (the ring's copy)."""
     from bench_ingest import reap
 
     from csrun_runtime.pytorch.contract import to_torch
     from csrun_runtime.pytorch.devicefeed import DeviceFeed, auto_copy_threads, nest_bytes
 
-    src, procs = source_and_senders(kind, k, work, quick)
+    src, procs = source_and_senders(kind, k, work, quick, bulk)
     pids = [p.pid for p in procs]
     out: dict[str, Any] = {}
+    if bulk:
+        return _bulk_rows(src, procs, dev, plan, depth)
     try:
         src.r.wait_workers(k, 120.0)
 
@@ -219,6 +227,43 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
 
             out[name] = window(new, plan, dev, pids)
             feed.stop()
+            out[name]["feed"] = feed.feed_info()
+    finally:
+        src.close()
+        reap(procs, 5.0)
+    return out
+
+
+def _bulk_rows(src: Any, procs: list[subprocess.Popen], dev: Any, plan: dict[str, float],
+               depth: int) -> dict[str, Any]:
+    """:func:`dataplane_rows` with ``bulk``: its rows, then ``src`` closed and ``procs`` reaped."""
+    from bench_ingest import reap
+
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
+
+    pids = [p.pid for p in procs]
+    out: dict[str, Any] = {}
+    try:
+        src.r.wait_workers(len(procs), 120.0)
+
+        def recv() -> int:
+            nest, _ = src.next()
+            return nest_bytes(nest)
+
+        out["bulk channel, receive only"] = window(recv, plan, dev, pids)
+        variants = [("bulk channel, device feed", None)]
+        variants += [("bulk channel, device feed, not lent", False)] if dev.type == "cuda" else []
+        for name, lend in variants:
+            src.cancelled = False
+            feed = DeviceFeed(src, dev, depth=depth, lend=lend)
+
+            def new(feed: Any = feed) -> int:
+                batch, _ = feed.next()
+                return nest_bytes(batch)
+
+            out[name] = window(new, plan, dev, pids)
+            feed.stop()
+            src.lend(None)  # the next row receives into fresh arrays again
             out[name]["feed"] = feed.feed_info()
     finally:
         src.close()
@@ -570,6 +615,7 @@ def _rows(res: dict[str, Any], dev: Any, ks: list[int], plan: dict[str, float], 
                 rows[mode] = h2d_row(kind, mode, dev, plan, a.quick)
             for k in ks:
                 rows[f"k={k}"] = {**dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth),
+                                  **dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth, bulk=True),
                                   **one_copy_rows(kind, k, dev, plan, Path(tmp), a.quick),
                                   "DataLoader": dataloader_row(kind, k, dev, plan, False, a.quick),
                                   "DataLoader, fresh": dataloader_row(kind, k, dev, plan, True, a.quick)}
@@ -594,10 +640,10 @@ def render_kind(kind: str, rows: dict[str, Any], ks: list[int]) -> str:
     lines = [f"{kind} {rows['batch']} ({rows['batch_bytes'] / 1e6:.2f} MB): GB/s (chief cores)"]
     for m in ("pinned H2D", "pageable H2D", "to_torch alone"):
         if m in rows:
-            lines.append(f"  {m:28s} {rows[m]['gb_per_sec']:8.3f} ({rows[m]['chief_cores']})")
+            lines.append(f"  {m:42s} {rows[m]['gb_per_sec']:8.3f} ({rows[m]['chief_cores']})")
     for k in ks:
         for m, r in rows[f"k={k}"].items():
-            lines.append(f"  k={k} {m:24s} {r['gb_per_sec']:8.3f} ({r['chief_cores']})")
+            lines.append(f"  k={k} {m:38s} {r['gb_per_sec']:8.3f} ({r['chief_cores']})")
     return "\n".join(lines)
 
 

@@ -360,15 +360,18 @@ def child_dp_sender(spec: dict) -> None:
 
 def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, start: Callable[[dict], Any],
                       window_bytes: int | None = None, consume: Callable[[Any], None] | None = None,
-                      **receiver: Any) -> dict[str, float]:
+                      lend: Callable[[int], Any] | None = None, **receiver: Any) -> dict[str, float]:
     """Batches/s of ``k`` data-plane senders into one :class:`~csrun_runtime.dataplane.Receiver`
     of this process (``get_bundle``: bundles handed out as arrays on the received frames), and
     the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default);
     ``consume(bundle)``: what the chief does with each bundle before the next (None: nothing);
-    ``receiver``: its other arguments (``io_threads``, ``keep_memory``)."""
+    ``lend``: what the receiver reads bundles into (:meth:`Receiver.lend`, with ``bulk=True``);
+    ``receiver``: its other arguments (``io_threads``, ``keep_memory``, ``bulk``)."""
     from csrun_runtime.dataplane import WINDOW_BYTES, Receiver
 
     rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES, expected=k, **receiver)
+    if lend is not None and not rx.lend(lend):
+        raise ValueError("measure_dataplane: lend needs bulk=True")
     senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
 
     def step() -> int:

@@ -72,7 +72,8 @@ import common
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
             "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
             "data plane, 2 I/O threads", "data plane, 8 I/O threads", "data plane, no top pad",
-            "data plane, copied out", "data plane, copied out, no top pad"]
+            "data plane, copied out", "data plane, copied out, no top pad", "bulk channel",
+            "bulk channel, lent"]
 #: Issue 31's table 1: the variants, senders and sizes of the default run.
 TABLE = ["raw TCP", "data plane", "data plane, before"]
 TABLE_KS = [1, 2, 4, 8]
@@ -80,7 +81,8 @@ TABLE_SIZES = ["16 KiB", "256 KiB", "4 MiB"]
 #: The receiver's arguments of the variants that set them (the others: its defaults).
 RECEIVER = {"data plane, before": {"io_threads": 1, "keep_memory": False},
             "data plane, 2 I/O threads": {"io_threads": 2},
-            "data plane, 8 I/O threads": {"io_threads": 8}}
+            "data plane, 8 I/O threads": {"io_threads": 8},
+            "bulk channel": {"bulk": True}}
 #: glibc settings of the last variant's senders: no mmap/munmap (and page faults) per large
 #: buffer; freed memory kept in the heap for the next bundle.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
@@ -193,6 +195,17 @@ def _measure_copied_out(k: int, nbytes: int, warmup_s: float, window_s: float, s
     return bi.measure_dataplane(k, nbytes, warmup_s, window_s, start, consume=copy_out)
 
 
+def _measure_lent(k: int, nbytes: int, warmup_s: float, window_s: float, start: Any) -> dict[str, float]:
+    """The bulk channel with the receiver lent reused buffers (the pinned pool of a CUDA device
+    feed, unpinned here: ``PinnedPool(pin=False)``), so that each received byte is copied once,
+    by the kernel: what :func:`_measure_copied_out`'s two copies become on that path. The
+    bundle's arrays are dropped at the next one (the lease returns its block to the pool)."""
+    from csrun_runtime.pytorch.pinned import PinnedPool
+
+    return bi.measure_dataplane(k, nbytes, warmup_s, window_s, start, bulk=True,
+                                lend=PinnedPool(pin=False).allocate)
+
+
 def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
     """MB/s of :meth:`Receiver._data` alone on one bundle's frames (already received), in
     this process: the receive path's Python per message, without zmq or the network."""
@@ -277,6 +290,8 @@ def measure_here(variant: str, k: int, size: str, plan: dict, work: Path) -> dic
             k, nbytes, w, m, start("dp"))
     elif variant == "data plane, copied out":
         rec = _measure_copied_out(k, nbytes, w, m, start("dp"))
+    elif variant == "bulk channel, lent":
+        rec = _measure_lent(k, nbytes, w, m, start("dp"))
     elif variant in RECEIVER:
         rec = bi.measure_dataplane(k, nbytes, w, m, start("dp"), **RECEIVER[variant])
     else:

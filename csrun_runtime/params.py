@@ -215,6 +215,11 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                             "(in-process pipeline) or a copying thread (input workers' streams), off with "
                             "several trainer ranks and for the streams under --autoscale, a no-op on CPU "
                             "(csrun_runtime/README.md \"Prefetch to the device\")"),
+    "dataplane_bulk": _Key(_bool, False,
+                           "data plane: input workers send their batches' bytes on a TCP connection of "
+                           "their own, read straight into the chief's buffers (pinned ones on a CUDA "
+                           "PyTorch chief: one host copy instead of two), control staying on zmq "
+                           "(docs/DATAPLANE.md \"The bulk channel\")"),
     "transport": _Key(_transport, "service",
                       "how input workers' batches reach the chief: service (tf.data service) or "
                       "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),

@@ -63,16 +63,18 @@ class InputStalled(RuntimeError):
 
 
 def start_receiver(host: str, window_bytes: int | None = None,
-                   window_batches: int | None = None) -> tuple[Any, str]:
+                   window_batches: int | None = None, bulk: bool = False) -> tuple[Any, str]:
     """Bind the chief's receiver on every interface, on a free port, with a credit window of
     ``window_bytes`` bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`) and,
-    when given, of ``window_batches`` batches not taken by the chief (the read-ahead bound).
+    when given, of ``window_batches`` batches not taken by the chief (the read-ahead bound);
+    ``bulk``: with the bulk channel (``runconfig.dataplane_bulk``, :mod:`.dataplane.bulk`).
     Returns ``(receiver, endpoint)``: the endpoint is ``tcp://<host>:<port>`` with ``host`` the
     address the input workers reach the chief by. Raises ``zmq.ZMQError`` when nothing can be
     bound."""
     from .dataplane import WINDOW_BYTES, Receiver
 
-    r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES, window_batches=window_batches or None)
+    r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES, window_batches=window_batches or None,
+                 bulk=bulk)
     port = r.endpoint.rsplit(":", 1)[1]
     return r, f"tcp://{host}:{port}"
 

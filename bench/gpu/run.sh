@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (issue 31), from the repository root; results into $OUT:
-#   env.txt, devicefeed_tests.log     the device, versions; the device feed's tests on CUDA
+# One command for a GPU machine (issue 31), from the repository root; results into $OUT. The parts
+# run most important first, each under its own time limit, so that one part's failure or a short
+# lease leaves the others' results:
+#   env.txt, devicefeed_tests.log     the device, versions; the device feed's and the pinned pool's
+#                                     tests on CUDA (the lent path: received straight into pinned
+#                                     blocks, copied to the GPU from there, blocks reused)
+#   gpu_feed_shared.json              the image rows at k = 8 with every process on every core (as
+#                                     bench/results/gpu/gpu_feed_h200*.json were measured), now with
+#                                     the bulk channel's rows: receive only, the device feed lent
+#                                     the pinned pool (one host copy), and not lent (the ring's copy)
 #   gpu_feed_split.json, gpu_feed.log bench_gpu_feed.py full size (k = $KS, ResNet-50 rows), the
 #                                     chief on half the cores and the senders on the other half
 #                                     (--split-cores: input workers on other nodes leave the
 #                                     chief's cores alone), with a row of 4 copy threads beside
 #                                     the default's 2 on those 8 cores (the third run's split chief
 #                                     was staging-bound at 8.5 GB/s with 3.7 of its 8 cores busy)
-#   gpu_feed_shared.json              the image rows at k = 8 with every process on every core
-#                                     (as bench/results/gpu/gpu_feed_h200*.json were measured)
-#   gpu_feed_shared_nopad.json        the same with the chief's glibc without M_TOP_PAD (A/B)
-#   ingest_images.json                bench_ingest_gap.py, 38.5 MB elements, k = 8: raw TCP, the
-#                                     data plane, and without M_TOP_PAD (2 reps)
 #   ingest_16core.json, ingest.log    bench_ingest_gap.py: issue 31's table 1 at k = 4, 8 (256 KiB,
-#                                     4 MiB; 3 reps), beside 8 zmq I/O threads (the third run's two
-#                                     cells under 0.8 were there: is 4 I/O threads the limit at k = 8?);
+#                                     4 MiB; 2 reps), beside 8 zmq I/O threads and the bulk channel
+#                                     (a reader thread per sender) (the third run's two cells under
+#                                     0.8 were there: is 4 I/O threads the limit at k = 8?);
 #                                     SKIP_INGEST=1 skips it
-# Each part has its own time limit, so that one part's failure leaves the others' results.
+# (The third run's M_TOP_PAD A/B and 38.5 MB ingest rows are in bench/results/gpu/*_r3*.)
 #   OUT=/tmp/out SKIP_INGEST=1 bash bench/gpu/run.sh   # about 6 minutes on 16 cores
 # pyzmq is installed from carried wheels (.whl/*.whl, or $WHEELS) into /tmp/site when missing:
 # the GPU machine reaches no package index (device README).
@@ -37,15 +41,13 @@ export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
   git -C "$ROOT" log -1 --oneline 2>/dev/null; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
-part 90 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
-part 240 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --copy-threads 4 --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
-part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -12
-part 90 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --no-top-pad --out "$OUT/gpu_feed_shared_nopad.json" 2>&1 | tail -12
-part 90 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, no top pad" --ks 8 \
-  --sizes "38.5 MB" --repeats 2 --out "$OUT/ingest_images.json" > "$OUT/ingest_images.log" 2>&1
-[ "${SKIP_INGEST:-0}" = 1 ] || part 150 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, 8 I/O threads" \
-  --ks 4,8 --sizes "256 KiB;4 MiB" --repeats 3 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
-for f in "$OUT"/ingest_images.json "$OUT"/ingest_16core.json; do [ -f "$f" ] && python3 - "$f" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"; done
+part 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py tests/unit/test_pytorch_pinned.py \
+  tests/unit/test_dataplane_bulk.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
+part 120 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -16
+part 300 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --copy-threads 4 --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
+[ "${SKIP_INGEST:-0}" = 1 ] || part 180 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, 8 I/O threads;bulk channel" \
+  --ks 4,8 --sizes "256 KiB;4 MiB" --repeats 2 --out "$OUT/ingest_16core.json" > "$OUT/ingest.log" 2>&1
+for f in "$OUT"/ingest_16core.json; do [ -f "$f" ] && python3 - "$f" <<'PY' 2>&1 | tee -a "$OUT/ingest.log"; done
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
 for k, sizes in r.items():

@@ -48,6 +48,7 @@ import numpy as np
 import zmq
 
 from . import framing
+from .bulk import BulkListener, BulkWriter
 from .framing import FrameError
 from .receive import auto_io_threads, keep_receive_memory
 
@@ -79,61 +80,26 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 # =========================================================================== sender
-class Sender:
-    """The sending end of one input worker: batches (nests of arrays) stacked into bundles and
-    sent to the chief's :class:`Receiver` at ``endpoint``.
+class _Credits:
+    """A sender's side of the flow control (:class:`Sender` has it): hello, the receiver's
+    control messages, credit, the bulk connection the welcome offers."""
 
-    Args:
-        endpoint: the receiver's address, e.g. ``tcp://chief-host:5555`` (its
-            :attr:`Receiver.endpoint`, with a host the worker can reach).
-        worker_index: this worker's index (``>= 0``), as the chief counts it.
-        attempt: this worker's attempt (``>= 0``); a replaced worker connects with a higher one
-            and the receiver drops what the older attempt still had in flight.
-        bundle: batches per message, or ``"auto"``: as many as make :data:`BUNDLE_BYTES`
-            (``bundle_bytes``), at least 1. Batches of another structure, dtype or shape than the
-            pending ones (e.g. a final smaller batch) start a new bundle.
-        bundle_bytes: the ``"auto"`` bundle's size, bytes.
-        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to this
-            process (bundles stacked into memory already mapped, not fresh pages).
-
-    Not thread-safe: use one Sender from one thread. Arrays of a one-batch bundle are sent
-    without a copy: do not modify them after :meth:`send` (several batches are stacked into a
-    new array first). Raises :class:`ValueError` for a negative index or attempt.
-    """
-
-    def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
-                 bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True):
-        if worker_index < 0 or attempt < 0:
-            raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
-        if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
-            raise ValueError(f"bundle {bundle!r}: 'auto' or an integer >= 1")
-        self.endpoint, self.worker_index, self.attempt = endpoint, worker_index, attempt
-        self.bundle, self.bundle_bytes = bundle, bundle_bytes
-        if keep_memory:
-            keep_receive_memory()
-        self._ctx = zmq.Context(1)
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.ROUTING_ID, f"{worker_index}.{attempt}".encode())
-        # no linger: close() waits for the receiver's confirmation itself, and a context torn
-        # down with zero-copy frames still queued and a linger can hang (pyzmq 27, measured)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(endpoint)
-        self._window: int | None = None  # None until welcomed
-        self._window_batches: int | None = None  # the welcome's batch window (None: bytes only)
-        self._inflight: deque[tuple[int, int]] = deque()  # (bytes, batches) of each unacknowledged data message
-        self._inflight_bytes = self._inflight_batches = 0
-        self._paused = False
-        self._refused: str | None = None
-        self._ended = False
-        self._pending: list[list[np.ndarray]] = []
-        self._pending_key: Any = None
-        self._pending_tree: Any = None
-        self._pending_n = 1
-        self._headers: dict[Any, bytes] = {}
-        self.bundles_sent = self.batches_sent = self.bytes_sent = 0
-        self._hello()
+    endpoint: str
+    worker_index: int
+    attempt: int
+    _sock: zmq.Socket
+    _bulk: BulkWriter | None
+    _window: int | None
+    _window_batches: int | None
+    _inflight: deque[tuple[int, int]]
+    _inflight_bytes: int
+    _inflight_batches: int
+    _paused: bool
+    _refused: str | None
+    _ended: bool
 
     def _hello(self) -> None:
+        self._close_bulk()
         self._window, self._window_batches, self._paused = None, None, False
         self._inflight.clear()
         self._inflight_bytes = self._inflight_batches = 0
@@ -153,6 +119,8 @@ class Sender:
             info = json.loads(frames[1])
             self._window, self._paused = int(info["window"]), bool(info["paused"])
             self._window_batches = int(info.get("window_batches") or 0) or None
+            if info.get("bulk_port"):
+                self._open_bulk(int(info["bulk_port"]))
         elif kind == b"P":
             self._paused = True
         elif kind == b"R":
@@ -199,6 +167,81 @@ class Sender:
                          f"(window {self._window} bytes / {self._window_batches} batches)")
                 raise TimeoutError(f"input worker {self.worker_index} at {self.endpoint}: {state}")
         self._check()
+
+    def _open_bulk(self, port: int) -> None:
+        """Connect to the receiver's bulk channel (its welcome's ``bulk_port``) on the
+        endpoint's host; a failure refuses further sends (:class:`ReceiverGone`)."""
+        if self._bulk is not None and self._bulk.port == port:
+            return
+        self._close_bulk()
+        host = self.endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        try:
+            self._bulk = BulkWriter(host, port, f"{self.worker_index}.{self.attempt}".encode())
+        except OSError as e:
+            self._refused = f"cannot connect to the receiver's bulk channel at {host}:{port}: {e}"
+
+    def _close_bulk(self) -> None:
+        if self._bulk is not None:
+            self._bulk.close()
+            self._bulk = None
+
+
+class Sender(_Credits):
+    """The sending end of one input worker: batches (nests of arrays) stacked into bundles and
+    sent to the chief's :class:`Receiver` at ``endpoint``.
+
+    Args:
+        endpoint: the receiver's address, e.g. ``tcp://chief-host:5555`` (its
+            :attr:`Receiver.endpoint`, with a host the worker can reach).
+        worker_index: this worker's index (``>= 0``), as the chief counts it.
+        attempt: this worker's attempt (``>= 0``); a replaced worker connects with a higher one
+            and the receiver drops what the older attempt still had in flight.
+        bundle: batches per message, or ``"auto"``: as many as make :data:`BUNDLE_BYTES`
+            (``bundle_bytes``), at least 1. Batches of another structure, dtype or shape than the
+            pending ones (e.g. a final smaller batch) start a new bundle.
+        bundle_bytes: the ``"auto"`` bundle's size, bytes.
+        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to this
+            process (bundles stacked into memory already mapped, not fresh pages).
+
+    Not thread-safe: use one Sender from one thread. Arrays of a one-batch bundle are sent
+    without a copy: do not modify them after :meth:`send` (several batches are stacked into a
+    new array first). When the receiver's welcome offers its bulk channel (:class:`Receiver`
+    ``bulk``), data messages go on a TCP connection of their own (:mod:`.bulk`), written to the
+    kernel before :meth:`send` returns. Raises :class:`ValueError` for a negative index or attempt.
+    """
+
+    def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
+                 bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True):
+        if worker_index < 0 or attempt < 0:
+            raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
+        if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
+            raise ValueError(f"bundle {bundle!r}: 'auto' or an integer >= 1")
+        self.endpoint, self.worker_index, self.attempt = endpoint, worker_index, attempt
+        self.bundle, self.bundle_bytes = bundle, bundle_bytes
+        if keep_memory:
+            keep_receive_memory()
+        self._ctx = zmq.Context(1)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.ROUTING_ID, f"{worker_index}.{attempt}".encode())
+        # no linger: close() waits for the receiver's confirmation itself, and a context torn
+        # down with zero-copy frames still queued and a linger can hang (pyzmq 27, measured)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._window: int | None = None  # None until welcomed
+        self._window_batches: int | None = None  # the welcome's batch window (None: bytes only)
+        self._inflight: deque[tuple[int, int]] = deque()  # (bytes, batches) of each unacknowledged data message
+        self._inflight_bytes = self._inflight_batches = 0
+        self._paused = False
+        self._refused: str | None = None
+        self._ended = False
+        self._pending: list[list[np.ndarray]] = []
+        self._pending_key: Any = None
+        self._pending_tree: Any = None
+        self._pending_n = 1
+        self._headers: dict[Any, bytes] = {}
+        self._bulk = None  # the bulk channel's connection, when the receiver's welcome offers one
+        self.bundles_sent = self.batches_sent = self.bytes_sent = 0
+        self._hello()
 
     # ----------------------------------------------------------------- data
     def send(self, nest: Any, timeout: float | None = None) -> None:
@@ -255,8 +298,15 @@ class Sender:
             header = self._headers[hkey] = framing.encode_header(tree, leaves, n)
         nbytes = sum(a.nbytes for a in leaves)
         self._wait_credit(_deadline(timeout), max(1, n))
-        frames: list[Any] = [b"D", header, *leaves]
-        self._sock.send_multipart(frames, copy=False)
+        if self._bulk is not None:
+            try:
+                self._bulk.send(header, leaves)
+            except OSError as e:
+                self._refused = f"the bulk channel broke: {e}"
+                self._check()
+        else:
+            frames: list[Any] = [b"D", header, *leaves]
+            self._sock.send_multipart(frames, copy=False)
         self._inflight.append((nbytes, max(1, n)))
         self._inflight_bytes += nbytes
         self._inflight_batches += max(1, n)
@@ -315,6 +365,7 @@ class Sender:
         except (TimeoutError, ReceiverGone):
             pass
         finally:
+            self._close_bulk()
             self._sock.close(linger=0)
             self._ctx.term()
         return self._ended
@@ -337,7 +388,9 @@ class Bundle:
 
     Lifetime: each array keeps its zmq frame alive (numpy's base chain holds the frame's
     buffer), so the arrays, and views of them, stay valid as long as they are referenced, also
-    after the receiver closed; the frame's memory is freed with the last of them. A consumer
+    after the receiver closed; the frame's memory is freed with the last of them. Through the
+    bulk channel the arrays are views of one buffer per bundle, which the consumer lent
+    (:meth:`Receiver.lend`) or a fresh numpy array; the same rule holds. A consumer
     that copies into its own buffers (a pinned ring for a device) takes :attr:`arrays`, copies
     each once, drops the bundle and rebuilds the nest around its copies (:meth:`rebuild`)."""
 
@@ -385,6 +438,9 @@ class _Worker:
     paused: bool = False
     last: float | None = None
     connected_at: float = 0.0
+    attempt_bundles: int = 0  # bundles of this attempt received (the bulk channel's end check)
+    end_bundles: int | None = None  # bundles its end of stream says it sent (bulk: not yet done)
+    bulk_ended: bool = False  # its bulk connection ended (everything it wrote was read)
 
     def carry_counts(self, cur: _Worker) -> None:
         """Go on with ``cur``'s counts and pause (a replacement attempt of the same index, or
@@ -420,108 +476,20 @@ def _layout(cache: dict[bytes, framing.Layout], raw: bytes) -> framing.Layout:
 
 
 class _Streams:
-    """The receiver's per-worker control and record (:class:`Receiver` has it): pause, resume,
-    counts and the bad messages."""
+    """The receiver's per-worker control and record (:class:`Receiver` has it): hello and
+    welcome, pause, resume, counts and the bad messages."""
 
     _workers: dict[int, _Worker]
     _paused: set[int]
     _errors: list[str]
+    _ids: dict[bytes, tuple[int, int]]
+    _bulk: BulkListener | None
+    window_bytes: int
+    window_batches: int | None
+    strict: bool
 
     def _tell(self, identity: bytes, *frames: bytes) -> None:
         raise NotImplementedError
-
-    def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
-        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
-        self._pause(i, True)
-
-    def resume(self, i: int) -> None:
-        """Let paused worker ``i`` send again."""
-        self._pause(i, False)
-
-    def _pause(self, i: int, paused: bool) -> None:
-        (self._paused.add if paused else self._paused.discard)(i)
-        if (w := self._workers.get(i)) is not None:
-            w.paused = paused
-            self._tell(w.identity, b"P" if paused else b"R")
-
-    def counts(self) -> dict[int, dict[str, Any]]:
-        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
-        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
-        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
-        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
-        now = time.monotonic()
-        return {i: w.count(now) for i, w in sorted(self._workers.items())}
-
-    def errors(self) -> list[str]:
-        """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
-        return list(self._errors)
-
-
-
-class Receiver(_Streams):
-    """The chief's end: one ROUTER socket bound once, read by the calling thread.
-
-    Args:
-        bind: where to bind, e.g. ``tcp://*:5555`` or ``tcp://127.0.0.1:0`` (port 0: any free
-            port; :attr:`endpoint` says which). Senders connect to it.
-        window_bytes: bytes each sender may have unacknowledged (flow control); the chief
-            buffers at most about this per sender (plus one bundle).
-        window_batches: batches each sender may have sent and the chief not taken (None: bytes
-            only). With it a bundle is acknowledged when the next one is asked for (consumed),
-            not when it is handed out, so that an input worker that checks :meth:`Sender.room`
-            reads at most this many batches ahead of the chief.
-        expected: how many workers (indices ``0..expected-1``) end the stream: once all have
-            sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
-        strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
-            dropping it; the next call reads on) instead of only recording it.
-        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads`, by cores).
-        keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
-
-    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
-    truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
-    ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
-    the other messages. A sender with a higher attempt than its index's current one replaces
-    it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
-    call every method from one thread. Raises ``zmq.ZMQError`` when ``bind`` cannot be bound.
-    """
-
-    def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
-                 expected: int | None = None, strict: bool = False, io_threads: int | None = None,
-                 window_batches: int | None = None, keep_memory: bool = True):
-        if window_batches is not None and window_batches < 1:
-            raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
-        self.window_bytes, self.expected, self.strict = window_bytes, expected, strict
-        self.window_batches = window_batches
-        self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
-        if keep_memory:
-            keep_receive_memory()
-        self._ctx = zmq.Context(io_threads or auto_io_threads())
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops
-        self._sock.setsockopt(zmq.LINGER, 100)
-        if bind.endswith(":0"):
-            bind = bind[:-2] + ":*"
-        self._sock.bind(bind)
-        #: The bound address (``tcp://host:port``; ``0.0.0.0`` when bound to every interface).
-        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._workers: dict[int, _Worker] = {}
-        self._ids: dict[bytes, tuple[int, int]] = {}  # routing id -> (index, attempt)
-        self._layouts: dict[bytes, framing.Layout] = {}
-        self._ready: deque[tuple[Bundle, bytes]] = deque()  # wait_workers' reads: acked when handed out
-        self._current: Bundle | None = None
-        self._next_batch = 0
-        self._errors: list[str] = []
-        self._paused: set[int] = set()  # indices paused (connected or not yet)
-        self.t0 = time.monotonic()
-
-    # ----------------------------------------------------------------- control
-    def _tell(self, identity: bytes, *frames: bytes) -> None:
-        try:
-            self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError:  # the sender is gone (ROUTER_MANDATORY) or not reading
-            pass
 
     def _error(self, identity: bytes, err: str) -> None:
         w = self._ids.get(identity)
@@ -553,8 +521,221 @@ class Receiver(_Streams):
             w.carry_counts(cur)
         w.paused = index in self._paused  # also when paused before it ever connected
         self._workers[index] = w
-        self._tell(identity, b"W", json.dumps({"window": self.window_bytes, "window_batches": self.window_batches,
-                                                "paused": w.paused}).encode())
+        welcome = {"window": self.window_bytes, "window_batches": self.window_batches, "paused": w.paused}
+        if self._bulk is not None:
+            welcome["bulk_port"] = self._bulk.port
+        self._tell(identity, b"W", json.dumps(welcome).encode())
+
+    def pause(self, i: int) -> None:
+        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
+        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
+        self._pause(i, True)
+
+    def resume(self, i: int) -> None:
+        """Let paused worker ``i`` send again."""
+        self._pause(i, False)
+
+    def _pause(self, i: int, paused: bool) -> None:
+        (self._paused.add if paused else self._paused.discard)(i)
+        if (w := self._workers.get(i)) is not None:
+            w.paused = paused
+            self._tell(w.identity, b"P" if paused else b"R")
+
+    def counts(self) -> dict[int, dict[str, Any]]:
+        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
+        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
+        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
+        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
+        now = time.monotonic()
+        return {i: w.count(now) for i, w in sorted(self._workers.items())}
+
+    def errors(self) -> list[str]:
+        """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
+        return list(self._errors)
+
+
+class _BulkSide:
+    """The receiver's reading of what is there (:class:`Receiver` has it): its zmq messages and
+    its bulk channel's posts (:mod:`.bulk`). Data read by the channel's threads becomes a
+    :class:`Bundle` here, on the receiver's thread, under the same checks as a zmq data message."""
+
+    _bulk: BulkListener | None
+    _posts: deque[tuple[str, bytes, Any, Any]]
+    _poller: zmq.Poller | None
+    _sock: zmq.Socket
+    _ids: dict[bytes, tuple[int, int]]
+    _workers: dict[int, _Worker]
+
+    def _handle(self, frames: list, ack: bool = True) -> Bundle | None:
+        raise NotImplementedError
+
+    def _tell(self, identity: bytes, *frames: bytes) -> None:
+        raise NotImplementedError
+
+    def _error(self, identity: bytes, err: str) -> None:
+        raise NotImplementedError
+
+    def _accept(self, w: _Worker, layout: framing.Layout, leaves: list[np.ndarray]) -> Bundle:
+        raise NotImplementedError
+
+    def _wait(self, deadline: float | None) -> bool:
+        """Wait until a message or a bulk post is there to read, or ``deadline`` passes (False)."""
+        if self._poller is None:
+            return bool(self._sock.poll(_ms(deadline)))
+        return bool(self._posts) or bool(self._poller.poll(_ms(deadline)))
+
+    def _read_ready(self, ack: bool) -> Bundle | None:
+        """Handle what is there to read now until it is a bundle (returned), else None."""
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            b = self._handle(frames, ack=ack)
+            if b is not None:
+                return b
+        return self._post(ack) if self._bulk is not None else None
+
+    @property
+    def bulk_port(self) -> int | None:
+        """The bulk channel's TCP port (on the bind address' interface); None without ``bulk``."""
+        return None if self._bulk is None else self._bulk.port
+
+    def lend(self, allocate: Any) -> bool:
+        """Receive later bundles of the bulk channel into ``allocate(nbytes) -> writable
+        buffer`` (called on the channel's reader threads: thread-safe; None: fresh numpy arrays
+        again), e.g. a device feed's pinned memory, so that each received byte is copied once,
+        by the kernel. Every leaf of such a bundle is a view of one uint8 array over the buffer
+        (the leaf's ``.base``, whose ``.base`` is the object ``allocate`` returned). Returns
+        False (nothing lent) without ``bulk``."""
+        if self._bulk is None:
+            return False
+        self._bulk.lend(allocate)
+        return True
+
+    def _post(self, ack: bool) -> Bundle | None:
+        """Handle the bulk channel's posts until one is a bundle (returned; acknowledged with
+        ``ack``) or none is left (None)."""
+        assert self._bulk is not None
+        if not self._posts:
+            self._posts.extend(self._bulk.take())
+        while self._posts:
+            # ("data", identity, layout, leaves) or ("end", identity, reason | None, bad stream)
+            kind, identity, first, second = self._posts.popleft()
+            who = self._ids.get(identity)
+            w = self._workers.get(who[0]) if who else None
+            if w is None or w.identity != identity:
+                if w is not None:
+                    w.stale += kind == "data"  # an older attempt's bundle still in its connection
+                elif kind == "data":
+                    self._error(identity, "bulk data from a sender that has not said hello")
+                continue
+            if kind == "end":
+                self._bulk_end(w, first, bool(second))
+                continue
+            b = self._accept(w, first, second)
+            self._end_check(w)
+            if ack:
+                self._tell(identity, b"A")
+            return b
+        return None
+
+    def _bulk_end(self, w: _Worker, why: str | None, bad: bool) -> None:
+        """Worker ``w``'s bulk connection ended: between messages (``why`` None), inside one (that
+        bundle is lost: a warning), or closed for a stream that cannot be parsed (``bad``: a bad
+        message, :meth:`_error`: recorded, raised under ``strict``)."""
+        w.bulk_ended = True
+        self._end_check(w)
+        if bad:
+            self._error(w.identity, str(why))
+        elif why:
+            log.warning("data plane: input worker %d (attempt %d): bulk connection ended inside a bundle "
+                        "(%s); that bundle is dropped", w.index, w.attempt, why)
+
+    def _end_check(self, w: _Worker) -> None:
+        """Through the bulk channel a sender's end (on zmq) can overtake its last bundles: it
+        is done once they are all read, or its connection ended (nothing more can come)."""
+        if w.end_bundles is not None and (w.attempt_bundles >= w.end_bundles or w.bulk_ended):
+            w.done = True
+
+
+
+class Receiver(_Streams, _BulkSide):
+    """The chief's end: one ROUTER socket bound once, read by the calling thread.
+
+    Args:
+        bind: where to bind, e.g. ``tcp://*:5555`` or ``tcp://127.0.0.1:0`` (port 0: any free
+            port; :attr:`endpoint` says which). Senders connect to it.
+        window_bytes: bytes each sender may have unacknowledged (flow control); the chief
+            buffers at most about this per sender (plus one bundle).
+        window_batches: batches each sender may have sent and the chief not taken (None: bytes
+            only). With it a bundle is acknowledged when the next one is asked for (consumed),
+            not when it is handed out, so that an input worker that checks :meth:`Sender.room`
+            reads at most this many batches ahead of the chief.
+        expected: how many workers (indices ``0..expected-1``) end the stream: once all have
+            sent their end, :meth:`get_bundle` raises :class:`EndOfStream`. None: never.
+        strict: raise :class:`FrameError` from :meth:`get_bundle` for a bad message (after
+            dropping it; the next call reads on) instead of only recording it.
+        io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads`, by cores).
+        keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
+        bulk: also listen for the bulk channel (:mod:`.bulk`; ``runconfig.dataplane_bulk``) on
+            the bind address' interface, a free port: the welcome offers it and senders send
+            their data there, read on a thread per sender straight into buffers the consumer
+            may lend (:meth:`lend`). Control stays on the ROUTER.
+
+    Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
+    truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
+    ["errors"]``, a logged warning naming the worker) and acknowledged; reading goes on with
+    the other messages. A sender with a higher attempt than its index's current one replaces
+    it: what the older attempt still had in flight is dropped (``stale``). Not thread-safe:
+    call every method from one thread. Raises ``zmq.ZMQError`` when ``bind`` cannot be bound.
+    """
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
+                 expected: int | None = None, strict: bool = False, io_threads: int | None = None,
+                 window_batches: int | None = None, keep_memory: bool = True, bulk: bool = False):
+        if window_batches is not None and window_batches < 1:
+            raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
+        self.window_bytes, self.expected, self.strict = window_bytes, expected, strict
+        self.window_batches = window_batches
+        self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
+        if keep_memory:
+            keep_receive_memory()
+        self._ctx = zmq.Context(io_threads or auto_io_threads())
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops
+        self._sock.setsockopt(zmq.LINGER, 100)
+        if bind.endswith(":0"):
+            bind = bind[:-2] + ":*"
+        self._sock.bind(bind)
+        #: The bound address (``tcp://host:port``; ``0.0.0.0`` when bound to every interface).
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._bulk: BulkListener | None = None
+        self._posts: deque[tuple[str, bytes, Any, Any]] = deque()
+        self._poller: zmq.Poller | None = None
+        if bulk:
+            host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+            self._bulk = BulkListener("" if host in ("*", "0.0.0.0") else host)
+            self._poller = zmq.Poller()
+            self._poller.register(self._sock, zmq.POLLIN)
+            self._poller.register(self._bulk.wakeup, zmq.POLLIN)
+        self._workers: dict[int, _Worker] = {}
+        self._ids: dict[bytes, tuple[int, int]] = {}  # routing id -> (index, attempt)
+        self._layouts: dict[bytes, framing.Layout] = {}
+        self._ready: deque[tuple[Bundle, bytes]] = deque()  # wait_workers' reads: acked when handed out
+        self._current: Bundle | None = None
+        self._next_batch = 0
+        self._errors: list[str] = []
+        self._paused: set[int] = set()  # indices paused (connected or not yet)
+        self.t0 = time.monotonic()
+
+    # ----------------------------------------------------------------- control
+    def _tell(self, identity: bytes, *frames: bytes) -> None:
+        try:
+            self._sock.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:  # the sender is gone (ROUTER_MANDATORY) or not reading
+            pass
 
     def _handle(self, frames: list, ack: bool = True) -> Bundle | None:
         identity = frames[0].bytes
@@ -577,7 +758,14 @@ class Receiver(_Streams):
                 self._tell(identity, b"A")
             return b
         if kind == b"E":
-            w.done = True
+            if self._bulk is None:
+                w.done = True
+            else:  # its last bundles may still be in its bulk connection
+                try:
+                    w.end_bundles = int(json.loads(frames[2].bytes)["bundles"])
+                except (IndexError, ValueError, KeyError, TypeError):
+                    w.end_bundles = 0
+                self._end_check(w)
             self._tell(identity, b"F")
             return None
         self._error(identity, f"unknown message kind {kind[:8]!r} ({len(frames) - 1} frames)")
@@ -593,12 +781,20 @@ class Receiver(_Streams):
         except FrameError as e:
             self._error(w.identity, str(e))
             return None
+        return self._accept(w, layout, leaves, nest)
+
+    def _accept(self, w: _Worker, layout: framing.Layout, leaves: list[np.ndarray], nest: Any = None) -> Bundle:
+        """Count one received bundle of worker ``w`` and make it (``nest``: the leaves rebuilt,
+        when the caller has it)."""
         nbytes = sum(layout.nbytes)
         n = max(layout.n, 1)
         w.bundles += 1
+        w.attempt_bundles += 1
         w.batches += n
         w.bytes += nbytes
         w.last = time.monotonic()
+        if nest is None:
+            nest = framing.unflatten(layout.tree, leaves)  # (checked against the layout when it was parsed)
         return Bundle(w.index, w.attempt, layout.n, nbytes, nest, layout.tree, leaves, w.identity)
 
     def _ended(self) -> bool:
@@ -608,17 +804,12 @@ class Receiver(_Streams):
     def _read(self, deadline: float | None) -> Bundle | None:
         """Handle messages until a bundle arrives (returned) or ``deadline`` passes (None)."""
         while True:
-            if not self._sock.poll(_ms(deadline)):
-                return None
-            while True:
-                try:
-                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                b = self._handle(frames, ack=self.window_batches is None)
-                if b is not None:
-                    return b
+            b = self._read_ready(ack=self.window_batches is None)
+            if b is not None:
+                return b
             if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if not self._wait(deadline):
                 return None
 
     # ----------------------------------------------------------------- public
@@ -680,16 +871,11 @@ class Receiver(_Streams):
         t0 = time.monotonic()
         deadline = t0 + timeout
         while len(self._workers) < n:
-            if not self._sock.poll(_ms(deadline)):
+            b = self._read_ready(ack=False)
+            if b is not None:
+                self._ready.append((b, b._identity))
+            elif len(self._workers) < n and not self._wait(deadline):
                 raise TimeoutError(f"{len(self._workers)} of {n} input workers connected within {timeout} s")
-            while True:
-                try:
-                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                b = self._handle(frames, ack=False)
-                if b is not None:
-                    self._ready.append((b, frames[0].bytes))
         return time.monotonic() - t0
 
     def close(self) -> None:
@@ -699,6 +885,8 @@ class Receiver(_Streams):
             return
         for w in self._workers.values():
             self._tell(w.identity, b"S", b"the receiver closed")
+        if self._bulk is not None:
+            self._bulk.close()
         self._sock.close(linger=100)
         self._ctx.term()
 

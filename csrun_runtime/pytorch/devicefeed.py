@@ -17,6 +17,14 @@ BENCHMARKS.md "GPU feed", third run).
 ``runconfig.device_prefetch`` batches (default :data:`DEVICE_PREFETCH`) wait on the device, or
 in flight to it, ahead of the step.
 
+On CUDA with the ring the feed also lends its source a pool of pinned blocks
+(:class:`.pinned.PinnedPool`, through the source's ``lend(allocate)`` when it has one: the
+data-plane receiver's bulk receive reads each bundle into one of them). The ring copy is skipped
+for the leaves of a batch received into lent pinned memory: they are copied to the device
+straight from there, on the same copy stream. That memory is held (the stager keeps a reference
+to the leaves) until the batch's copy event completes; then its block goes back to the pool for
+a later bundle. ``feed_info()["lent"]`` counts the pool's blocks and the batches staged so.
+
 Two background threads, one receiving and one staging (host copy, copy issue), so the step
 loop never blocks on them; it only waits for the next batch (the queue) and, on CUDA, for that batch's copy event:
 that wait is what :meth:`DeviceFeed.next` returns in ``last_wait`` and what the training
@@ -39,6 +47,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..handoff import put_unless_stopped
 from ..params import DEVICE_PREFETCH  # runconfig.device_prefetch's default (measured there)
 
 __all__ = ["DeviceFeed", "DEVICE_PREFETCH", "HostRing", "Stager", "auto_copy_threads", "feed_rate", "nest_bytes"]
@@ -237,18 +246,27 @@ class Stager:
     an event recorded after them; a ring slot is written again only after its previous copy's
     event completed. Adds its seconds to ``stats.stage_s``.
 
+    A leaf received into memory lent by ``pool`` (a view of one of its leases) skips the ring:
+    on CUDA it is copied to the device from where it is (pinned), and the stager keeps a
+    reference to it until its copy's event completed (looked at in each :meth:`stage`; all of
+    them waited for in :meth:`close`), so that its block is not reused while the copy reads it.
+    ``direct_batches`` counts the batches with such a leaf.
+
     Args:
         device: the training device (``torch.device``); ``cuda``: whether it is a CUDA device
             torch can use. ``ring``: a :class:`HostRing` or None (no host copy).
         stats: the feed's :class:`FeedStats`.
+        pool: the :class:`.pinned.PinnedPool` lent to the source, or None.
     """
 
-    def __init__(self, device: Any, cuda: bool, ring: HostRing | None, stats: FeedStats):
+    def __init__(self, device: Any, cuda: bool, ring: HostRing | None, stats: FeedStats, pool: Any = None):
         import torch
 
-        self.device, self.cuda, self.ring, self.stats = device, cuda, ring, stats
+        self.device, self.cuda, self.ring, self.stats, self.pool = device, cuda, ring, stats, pool
         self.stream = torch.cuda.Stream(device=device) if cuda else None
         self.slot_events: dict[int, Any] = {}
+        self.held: list[tuple[Any, list[Any]]] = []  # (copy event, lent host leaves it reads)
+        self.direct_batches = 0
 
     def stage(self, nest: Any) -> tuple[Any, Any]:
         """The batch's leaves copied into the ring (when copying) and issued to the device on
@@ -259,27 +277,54 @@ class Stager:
 
         t0 = time.perf_counter()
         leaves = list(_leaves(nest))
+        lent = [self._lent(x) for x in leaves]
+        if any(lent):
+            self.direct_batches += 1
         slot, bufs = None, [None] * len(leaves)
-        if self.ring is not None:
-            arrays = [_as_numpy(x) for x in leaves]
+        if self.ring is not None and not all(lent):
+            arrays = [None if d else _as_numpy(x) for x, d in zip(leaves, lent, strict=True)]
             self._free_slot(arrays)
             slot, bufs = self.ring.fill(arrays)
         event = None
         if self.cuda:
             assert self.stream is not None
+            self._release_held()
             with torch.cuda.stream(self.stream):
-                # a ring buffer is pinned: copied without to_torch's is_pinned() query per leaf;
-                # without the ring a host leaf goes as it is (pageable: the driver stages it)
-                leaves = [_host_to_device(x, self.device) if b is None else b.to(self.device, non_blocking=True)
-                          for x, b in zip(leaves, bufs, strict=True)]
+                # a ring buffer or a lent block is pinned: copied without to_torch's is_pinned()
+                # query per leaf; another host leaf goes as it is (pageable: the driver stages it)
+                host = leaves
+                leaves = [torch.from_numpy(x).to(self.device, non_blocking=True) if d
+                          else _host_to_device(x, self.device) if b is None else b.to(self.device, non_blocking=True)
+                          for x, b, d in zip(leaves, bufs, lent, strict=True)]
                 event = torch.cuda.Event()
                 event.record(self.stream)
             if slot is not None:
                 self.slot_events[slot] = event
+            if any(lent):  # the lent leaves are read until the event: their blocks kept till then
+                self.held.append((event, [x for x, d in zip(host, lent, strict=True) if d]))
         else:
             leaves = [to_torch(x if b is None else b, self.device) for x, b in zip(leaves, bufs, strict=True)]
         self.stats.stage_s += time.perf_counter() - t0
         return _rebuild(nest, iter(leaves)), event
+
+    def _lent(self, x: Any) -> bool:
+        """Whether leaf ``x`` is a numeric numpy array in memory lent by the pool."""
+        import numpy as np
+
+        return (self.pool is not None and isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
+                and bool(self.pool.owns(x)))
+
+    def _release_held(self) -> None:
+        """Drop the references to lent leaves whose copy event completed (their blocks go back
+        to the pool once nothing else refers to them)."""
+        if self.held:
+            self.held = [(e, xs) for e, xs in self.held if not e.query()]
+
+    def close(self) -> None:
+        """Wait for the copies still reading lent leaves, then drop the references to them."""
+        for e, _ in self.held:
+            e.synchronize()
+        self.held = []
 
     def _free_slot(self, arrays: list[Any]) -> None:
         """Wait until the ring slot :meth:`HostRing.fill` writes next is no longer read by a
@@ -314,12 +359,15 @@ class DeviceFeed:
             ring).
         copy_threads: threads of the ring's copy of one large batch (default on CUDA
             :func:`auto_copy_threads`, else 1).
+        lend: lend the source a :class:`.pinned.PinnedPool`'s ``allocate`` (its ``lend``, when it
+            has one and accepts) to receive into. Default: on CUDA with ``copy``; False: never;
+            True: whenever the source accepts (pinned only on CUDA). ``feed_info()["lent"]``.
 
     :meth:`next` raises what the source raised (``InputStalled``, ``WorkerFailed``, ...).
     """
 
     def __init__(self, source: Any, device: Any, depth: int = DEVICE_PREFETCH, threaded: bool | None = None,
-                 copy: bool | None = None, copy_threads: int | None = None):
+                 copy: bool | None = None, copy_threads: int | None = None, lend: bool | None = None):
         import torch
 
         self.source, self.device = source, torch.device(device)
@@ -333,7 +381,9 @@ class DeviceFeed:
             copy_threads = auto_copy_threads() if self.cuda else 1
         self.ring = HostRing(self.depth + 2, pin=self.cuda, copy_threads=copy_threads) if self.copy else None
         self.stats = FeedStats()
-        self.stager = Stager(self.device, self.cuda, self.ring, self.stats)
+        # before the threads start: the source receives into the pool from its first bundle on
+        self.pool = _lend_pool(source, self.cuda, (self.cuda and self.copy) if lend is None else lend)
+        self.stager = Stager(self.device, self.cuda, self.ring, self.stats, self.pool)
         self.handed: dict[str, int] = {}  # batches handed to the step, per worker
         self.last_wait = 0.0
         self.threaded = self.cuda if threaded is None else bool(threaded)
@@ -383,13 +433,7 @@ class DeviceFeed:
 
     def _put(self, q: queue.Queue[Any], item: Any) -> bool:
         """Put ``item`` into ``q``, looking at the stop flag while it is full; False: stopped."""
-        while not self._stop.is_set():
-            try:
-                q.put(item, timeout=_PUT_POLL_SECS)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(q, item, self._stop, _PUT_POLL_SECS)
 
     def _receive_run(self) -> None:
         """The receive thread: the source's nests into the staging queue, so that the next batch
@@ -468,12 +512,17 @@ class DeviceFeed:
     # ------------------------------------------------------------------ the record and the end
     def feed_info(self) -> dict[str, Any]:
         """performance.json's ``device_feed``: device, depth, thread, ring (pinned, slots,
-        allocations), batches, bytes, the step loop's waits and the thread's staging seconds."""
-        s = self.stats
+        allocations), lent (None: no pool lent to the source; else the pool's ``allocations``,
+        ``reuses``, ``bytes_pinned`` and the ``direct_batches`` staged from lent memory),
+        batches, bytes, the step loop's waits and the thread's staging seconds."""
+        s, pool = self.stats, None if self.pool is None else self.pool.counters()
         return {"device": str(self.device), "device_prefetch": self.depth, "threaded": self.threaded,
                 "ring": None if self.ring is None else {"pinned": self.ring.pin, "slots": self.ring.slots,
                                                         "allocations": self.ring.allocations,
                                                         "copy_threads": self.ring.copy_threads},
+                "lent": None if pool is None else {"allocations": pool["allocations"], "reuses": pool["reuses"],
+                                                   "bytes_pinned": pool["bytes_pinned"],
+                                                   "direct_batches": self.stager.direct_batches},
                 "batches": s.batches, "bytes": s.bytes, "wait_s": round(s.wait_s, 4),
                 "copy_event_wait_s": round(s.event_wait_s, 4), "stage_s": round(s.stage_s, 4)}
 
@@ -501,6 +550,7 @@ class DeviceFeed:
                 if t.is_alive():
                     log.warning("the device feed's thread %s did not end within %.0f s", t.name, timeout)
                     return
+        self.stager.close()  # the copies from lent blocks waited for, the blocks let go
         if self.ring is not None:
             self.ring.close()
 
@@ -510,6 +560,18 @@ class DeviceFeed:
         close = getattr(self.source, "close", None)
         if callable(close):
             close()
+
+
+def _lend_pool(source: Any, cuda: bool, lend: bool) -> Any:
+    """A :class:`.pinned.PinnedPool` (pinned on CUDA) whose ``allocate`` ``source.lend`` accepted,
+    or None (``lend`` False, the source has no ``lend``, or it declined)."""
+    offer = getattr(source, "lend", None)
+    if not lend or not callable(offer):
+        return None
+    from .pinned import PinnedPool
+
+    pool = PinnedPool(pin=cuda)
+    return pool if offer(pool.allocate) else None
 
 
 class _IterSource:

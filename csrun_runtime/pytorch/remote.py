@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from csrun_common.atomic import write_json
@@ -107,9 +107,12 @@ class RemoteSource(StreamMerge):
         w = role.num_input_workers
         # runconfig.input_read_ahead_batches: what a worker reads ahead of what this chief took
         ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
-        receiver, endpoint = start_receiver(role.host, window_batches=ahead or None)
+        receiver, endpoint = start_receiver(role.host, window_batches=ahead or None,
+                                            bulk=bool(rc.get("dataplane_bulk", False)))
         write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
-        log.info("data plane: receiving from %d input worker(s) at %s", w, endpoint)
+        log.info("data plane: receiving from %d input worker(s) at %s%s", w, endpoint,
+                 "" if receiver.bulk_port is None
+                 else f", bulk channel on port {receiver.bulk_port} (runconfig.dataplane_bulk)")
         # the workers register after the endpoint is published: their registrations are read in poll()
         super().__init__(rdv, receiver, {}, w if streams is None else max(1, min(w, int(streams))), slots=w,
                          adopt=adopt, addresses=[endpoint] * w)  # one receiver for every slot
@@ -126,6 +129,14 @@ class RemoteSource(StreamMerge):
         """Make :meth:`next` (waiting on another thread: the device feed's) return ``(None, -1)``
         within :data:`POLL_SECS` seconds; the only method another thread may call."""
         self.cancelled = True
+
+    def lend(self, allocate: Callable[[int], Any] | None) -> bool:
+        """Have the receiver read each bundle into a buffer ``allocate(nbytes)`` returns (on its
+        bulk channel's reader threads: :class:`.pinned.PinnedPool`'s ``allocate``; None: fresh
+        arrays again). Returns False when the receiver has no bulk channel
+        (``runconfig.dataplane_bulk`` off): nothing is lent (:meth:`Receiver.lend
+        <csrun_runtime.dataplane.Receiver.lend>`)."""
+        return bool(self.r.lend(allocate))
 
     # ------------------------------------------------------------------ the merge's hooks
     def _look(self, i: int) -> None:
@@ -198,11 +209,13 @@ class RemoteSource(StreamMerge):
 
     def _describe_plane(self) -> dict[str, Any]:
         counts = self.r.counts()
-        return {"input": "input workers over the data plane (zmq)",
+        bulk = self.r.bulk_port is not None
+        return {"input": f"input workers over the data plane (zmq{', bulk channel' if bulk else ''})",
                 "data_plane": {"endpoint": self.endpoint,
                                "bytes_per_worker": {str(i): c["bytes"] for i, c in counts.items()},
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
-                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values())}}
+                               "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values()),
+                               "bulk": bulk}}
 
 
 #: The chief's sources of its input workers' batches (:class:`csrun_runtime.backend.RemoteModule`).

@@ -230,7 +230,8 @@ class ChiefStreams:
             self._receiver, addresses = remote.start_for_chief(
                 self.rendezvous, self.role.host, self.num_input_workers, {
                     "num_workers": self.num_input_workers, "mode": self.mode,
-                    "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})
+                    "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}},
+                bulk=bool(self.rc.get("dataplane_bulk", False)))
             return addresses
         self._servers, ports = start_dispatchers(self.num_input_workers)
         addresses = [f"{self.role.host}:{p}" for p in ports]

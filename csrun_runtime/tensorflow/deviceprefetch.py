@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..handoff import put_unless_stopped
 from ..params import DEVICE_PREFETCH  # runconfig.device_prefetch's default: elements staged ahead
 
 __all__ = ["DEVICE_PREFETCH", "PrefetchPlan", "DevicePrefetch", "PrefetchStats", "gpu_device", "plan_prefetch",
@@ -247,13 +248,7 @@ class DevicePrefetch:
             got = self._produce()
             if got is None:
                 continue
-            while not self._stop.is_set():
-                try:
-                    self._q.put(got, timeout=_POLL_SECS)
-                    break
-                except queue.Full:
-                    continue
-            if got[0] != "item":
+            if not put_unless_stopped(self._q, got, self._stop, _POLL_SECS) or got[0] != "item":
                 return
 
     # ------------------------------------------------------------------ the consumer

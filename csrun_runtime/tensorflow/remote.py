@@ -169,20 +169,28 @@ class DataplaneSource(StreamMerge, ChunkedSource):
             "dataplane": {str(i): {k: c.get(k) for k in ("bundles", "batches", "bytes", "attempt", "errors",
                                                          "stale", "paused")} for i, c in rc.items()},
             "dataplane_errors": self.receiver.errors()[-10:],
+            "dataplane_bulk": self.receiver.bulk_port is not None,
         }
 
 
+def _bulk_note(receiver: Any) -> str:
+    """The receiver's log line's note of its bulk channel (``runconfig.dataplane_bulk``), or ""."""
+    port = receiver.bulk_port
+    return "" if port is None else f", bulk channel on port {port} (runconfig.dataplane_bulk)"
+
+
 def start_for_chief(rdv: Rendezvous, host: str, num_input_workers: int,
-                    info: Mapping[str, Any]) -> tuple[Any, list[str]]:
+                    info: Mapping[str, Any], bulk: bool = False) -> tuple[Any, list[str]]:
     """The chief with ``runconfig.transport: dataplane``: bind the receiver
     (:func:`start_receiver`) and publish it in ``dispatchers.json`` for every input worker
     (``transport: dataplane``, ``dispatchers[i]`` the endpoint, ``info`` added). Returns
-    ``(receiver, addresses)``: keep the receiver for :func:`chief_source`."""
-    receiver, endpoint = start_receiver(host)
+    ``(receiver, addresses)``: keep the receiver for :func:`chief_source`. ``bulk``:
+    ``runconfig.dataplane_bulk`` (the bulk channel, :mod:`csrun_runtime.dataplane.bulk`)."""
+    receiver, endpoint = start_receiver(host, bulk=bulk)
     addresses = [endpoint] * num_input_workers
     rdv.publish_dispatchers(addresses, {**dict(info), "transport": TRANSPORT})
-    log.info("data plane: one receiver at %s for %d input worker(s) (runconfig.transport = dataplane)",
-             endpoint, num_input_workers)
+    log.info("data plane: one receiver at %s for %d input worker(s) (runconfig.transport = dataplane)%s",
+             endpoint, num_input_workers, _bulk_note(receiver))
     return receiver, addresses
 
 

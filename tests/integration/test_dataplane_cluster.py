@@ -8,6 +8,9 @@ during training. As on the service path (tests/integration/test_elastic_cluster.
 reaches max_steps and csrun_wse exits 0, the chief notices the loss naming the worker, the
 replacement (same index, node, files and seed; attempt 1) connects to the receiver and streams
 again within 60 s, and performance.json records it, with the data plane's per-worker counts.
+The data travels on the bulk channel (``runconfig.dataplane_bulk``, docs/DATAPLANE.md "The bulk
+channel"): the killed worker's TCP connection ends, perhaps inside a bundle, and the replacement
+opens its own (the zmq data path's kill: test_node_loss_cluster.py, test_chief_input_cluster.py).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ KILL_AT = 300
 def test_dataplane_training_survives_a_killed_input_worker(cli_env, tmp_path):
     data = helpers.prepare_digits(tmp_path / "data")
     params = helpers.digits_params(tmp_path, data, train_input={"pace_ms": 20}, log_steps=50, checkpoint_steps=0,
-                                   eval_frequency=None, transport="dataplane")
+                                   eval_frequency=None, transport="dataplane", dataplane_bulk=True)
     md = tmp_path / "md"
     argv = [str(BIN / "csrun_wse"), "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task", "1",
             "python-ws", PACED, "--params", str(params), "--mode", "train",
@@ -55,6 +58,7 @@ def test_dataplane_training_survives_a_killed_input_worker(cli_env, tmp_path):
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert "data plane: one receiver at tcp://" in output and "tf.data service:" not in output
+    assert "bulk channel on port" in output
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["global_step_end"] == MAX_STEPS and perf["transport"] == "dataplane"
     (lost,) = perf["workers_lost"]
@@ -71,6 +75,7 @@ def test_dataplane_training_survives_a_killed_input_worker(cli_env, tmp_path):
     plane = perf["dataplane"]
     assert plane["1"]["attempt"] == 1 and plane["0"]["bundles"] > 0 and plane["1"]["bundles"] > 0
     assert plane["0"]["errors"] == 0 and plane["1"]["errors"] == 0 and perf["dataplane_errors"] == []
+    assert perf["dataplane_bulk"] is True
     (report,) = [json.loads(p.read_text()) for p in md.glob(".csrun/*/workers/1.report.json")]
     assert report["attempt"] == 1 and report["elements"] > 0
     assert report["shuffle_seed"] == reg["shuffle_seed"] and report["pipeline_files"] == reg["pipeline_files"]

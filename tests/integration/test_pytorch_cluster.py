@@ -111,7 +111,9 @@ def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     params["train_input"].update(num_workers=0, pace_ms=20)
     for k in ("prefetch_factor", "persistent_workers"):
         params["train_input"].pop(k)
-    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=50)
+    # on the bulk channel (runconfig.dataplane_bulk): the killed worker's connection ends, maybe
+    # inside a bundle, and its replacement connects a new one (the default path: the tests above)
+    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=50, dataplane_bulk=True)
     path = digits["root"] / "paced.yaml"
     path.write_text(yaml.safe_dump(params))
     md = digits["root"] / "md_killed"
@@ -146,7 +148,8 @@ def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     assert rep["index"] == 1 and rep["attempt"] == 1
     report = reports(md)[1]
     assert report["attempt"] == 1 and report["batches"] > 0 and report["torch_seed"] == reg["torch_seed"]
-    assert perf["data_plane"]["errors"] == []
+    assert perf["data_plane"]["errors"] == [] and perf["data_plane"]["bulk"] is True
+    assert "(runconfig.dataplane_bulk)" in output and all(int(v) > 0 for v in perf["batches_per_worker"].values())
 
 
 def test_pytorch_requeue_on_the_srun_path_resumes_without_losing_a_step(digits, cli_env):

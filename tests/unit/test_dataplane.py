@@ -1,7 +1,8 @@
 """The data plane (csrun_runtime.dataplane): framing round trips, bad messages refused naming the
 worker while the others are served, flow control bounding what the chief buffers, a killed
 sender replaced by a higher attempt, pause/resume and the end of stream — over real zmq
-sockets on loopback, with real sender processes where a process matters."""
+sockets on loopback, with real sender processes where a process matters; the transport's tests
+run with the data on zmq and on the bulk channel (test_dataplane_bulk.py has its own cases)."""
 from __future__ import annotations
 
 import json
@@ -103,9 +104,15 @@ def start_sender(endpoint, index, attempt=0, count=-1, kib=64):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
 
 
+@pytest.fixture(params=[False, True], ids=["zmq", "bulk"])
+def bulk(request):
+    """Data on zmq, or on the bulk channel (csrun_runtime.dataplane.bulk): the same tests hold."""
+    return request.param
+
+
 @pytest.fixture
-def rx():
-    r = Receiver("tcp://127.0.0.1:0")
+def rx(bulk):
+    r = Receiver("tcp://127.0.0.1:0", bulk=bulk)
     yield r
     r.close()
 
@@ -252,11 +259,11 @@ def follow_bytes_sent(p: subprocess.Popen) -> list[int]:
     return last
 
 
-def test_a_slow_consumer_bounds_the_buffered_bytes():
+def test_a_slow_consumer_bounds_the_buffered_bytes(bulk):
     """A sender process streams 256 KiB batches; the chief stops reading for a second: what the
     sender got out stays within one window (plus one bundle) of what the chief took."""
     window = 1 << 20
-    with Receiver("tcp://127.0.0.1:0", window_bytes=window) as r:
+    with Receiver("tcp://127.0.0.1:0", window_bytes=window, bulk=bulk) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
             last = follow_bytes_sent(p)
@@ -271,13 +278,13 @@ def test_a_slow_consumer_bounds_the_buffered_bytes():
             p.wait()
 
 
-def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded():
+def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded(bulk):
     """While the chief waits for every sender's hello (wait_workers), what an early sender gets
     out stays within its window: the bundles kept meanwhile are acknowledged only when handed
     out. (They were acknowledged on receipt: with 256 senders connecting over seconds, the
     chief kept everything the first ones sent, 21.5 GB, and was killed for memory.)"""
     window = 1 << 20
-    with Receiver("tcp://127.0.0.1:0", window_bytes=window) as r:
+    with Receiver("tcp://127.0.0.1:0", window_bytes=window, bulk=bulk) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
             last = follow_bytes_sent(p)
@@ -295,8 +302,8 @@ def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded():
             p.wait()
 
 
-def test_a_killed_sender_is_replaced_by_a_higher_attempt():
-    with Receiver("tcp://127.0.0.1:0") as r:
+def test_a_killed_sender_is_replaced_by_a_higher_attempt(bulk):
+    with Receiver("tcp://127.0.0.1:0", bulk=bulk) as r:
         first = start_sender(r.endpoint, 2, attempt=0)
         while r.counts().get(2, {}).get("bundles", 0) < 5:
             r.get_bundle(timeout=30)
@@ -354,8 +361,8 @@ def test_pause_and_resume_one_workers_stream(rx):
     assert all(f.error is None for f in feeders)
 
 
-def test_end_of_stream_and_close():
-    with Receiver("tcp://127.0.0.1:0", expected=2) as r:
+def test_end_of_stream_and_close(bulk):
+    with Receiver("tcp://127.0.0.1:0", expected=2, bulk=bulk) as r:
         feeders = [Feeder(r.endpoint, i, {"x": np.arange(3)}, count=10, bundle=4) for i in (0, 1)]
         for f in feeders:
             f.start()
@@ -368,7 +375,8 @@ def test_end_of_stream_and_close():
             f.join(10)
             assert f.confirmed is True and f.error is None
         assert all(c["done"] and c["batches"] == 10 for c in r.counts().values())
-    with Receiver("tcp://127.0.0.1:0", window_bytes=1) as r:  # a sender blocked on credit learns of the close
+    # a sender blocked on credit learns of the close
+    with Receiver("tcp://127.0.0.1:0", window_bytes=1, bulk=bulk) as r:
         f = Feeder(r.endpoint, 0, np.zeros(10), bundle=1, count=None)
         f.start()
         r.get_bundle(timeout=10)
