@@ -5,7 +5,8 @@ ingest over csrun's data plane (docs/INPUT-ANALYZER.md "PyTorch"; there is no ``
 no tf.data service hop). One process of a served probe (:func:`plane_role`):
 
 * process 0 is the chief: the PyTorch chief's own :class:`.remote.RemoteSource` (one
-  :class:`csrun_runtime.dataplane.Receiver`; its endpoint published as ``dataplane.json`` in a
+  :class:`csrun_runtime.dataplane.Receiver`, on its bulk channel when the user's params say
+  ``runconfig.dataplane_bulk``; its endpoint published as ``dataplane.json`` in a
   rendezvous directory under the probe's work directory) hands it one batch at a time, as it
   hands them to the training loop; :class:`PlaneCounter` counts them, so the probe window gives
   the delivered samples/s and the chief's CPU-seconds per sample;
@@ -87,9 +88,11 @@ class PlaneCounter:
     """The chief's side: the :class:`csrun_runtime.probing.Counter` interface over a
     :class:`.remote.RemoteSource` read through the training chief's device feed
     (:class:`.devicefeed.DeviceFeed`: on a machine with CUDA each batch lands in a pinned ring
-    and on the GPU, so the probe measures the feed into the device; on CPU it passes the numpy
-    nests through). ``step`` takes one batch and counts its samples and bytes; ``built.info``
-    names the device (``feed_device``), which the report reads."""
+    and on the GPU, or with ``runconfig.dataplane_bulk`` straight in the pinned blocks the feed
+    lends the receiver, so the probe measures the feed into the device; on CPU it passes the
+    numpy nests through). ``step`` takes one batch and counts its samples and bytes;
+    ``built.info`` names the device (``feed_device``), which the report reads, and whether the
+    bulk channel carried the data (``dataplane_bulk``)."""
 
     def __init__(self, source: Any):
         import torch
@@ -100,7 +103,8 @@ class PlaneCounter:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.source = DeviceFeed(source, device)
         self.built = BuiltInput(batches=iter(()), measure=samples_and_bytes,
-                                info={"feed_device": str(self.source.device)})
+                                info={"feed_device": str(self.source.device),
+                                      "dataplane_bulk": source.r.bulk_port is not None})
         self.samples = self.batches = self.bytes = self.restarts = 0
 
     def step(self) -> None:
@@ -196,7 +200,10 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
         host = socket.gethostname() if cmd.get("chief_apart") else "localhost"
         rdv.reset()
         chief = Role(kind="chief", worker_index=None, num_input_workers=T - 1, node=socket.gethostname(), host=host)
-        rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0)}
+        # the user's runconfig.dataplane_bulk: the probe's chief receives as the training chief would
+        user_rc = (getattr(entry, "params", None) or {}).get("runconfig") or {}
+        rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0),
+              "dataplane_bulk": bool(user_rc.get("dataplane_bulk", False))}
         return PlaneCounter(RemoteSource(rdv, chief, rc, adopt=False))
     deadline = time.monotonic() + timeout
     while (rec := read_json(rdv.dir / DATAPLANE_FILE)) is None:
