@@ -183,20 +183,20 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
 
 def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool,
                    depth: int, bulk: bool = False) -> dict[str, Any]:
-    """k sender processes into one RemoteSource: the device feed's row, then to_torch's.
-    ``bulk``: the data on the bulk channel (``runconfig.dataplane_bulk``), rows named ``bulk
-    channel, ...``: receive only, and the device feed, which on CUDA lends the receiver its
-    pinned pool (one host copy, by the kernel), beside the same feed not lending (the ring's copy)."""
+    """k sender processes into one RemoteSource: the device feed's rows (:func:`_feed_variants`),
+    then to_torch's. ``bulk``: the data on the bulk channel (``runconfig.dataplane_bulk``), rows
+    named ``bulk channel, ...``: receive only, and the device feed, which on CUDA lends the
+    receiver its pinned pool (one host copy, by the kernel), beside the same feed not lending (the
+    ring's copy); no to_torch row."""
     from bench_ingest import reap
 
     from csrun_runtime.pytorch.contract import to_torch
-    from csrun_runtime.pytorch.devicefeed import DeviceFeed, auto_copy_threads, nest_bytes
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
 
     src, procs = source_and_senders(kind, k, work, quick, bulk)
     pids = [p.pid for p in procs]
+    path = "bulk channel" if bulk else "data plane"
     out: dict[str, Any] = {}
-    if bulk:
-        return _bulk_rows(src, procs, dev, plan, depth)
     try:
         src.r.wait_workers(k, 120.0)
 
@@ -209,17 +209,12 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
             nest, _ = src.next()
             return nest_bytes(nest)
 
-        out["data plane, receive only"] = window(recv, plan, dev, pids)
-        out["data plane, to_torch"] = window(old, plan, dev, pids)
-        auto = auto_copy_threads() if dev.type == "cuda" else 1
-        variants: list[tuple[str, int | None]] = [("data plane, device feed", auto)]
-        variants += [("data plane, device feed, 1 copy thread", 1)] if auto > 1 else []
-        if dev.type == "cuda" and COPY_THREADS and COPY_THREADS != auto:  # --copy-threads: an A/B of the default
-            variants += [(f"data plane, device feed, {COPY_THREADS} copy threads", COPY_THREADS)]
-        variants += [("data plane, device feed, pageable", None)] if dev.type == "cuda" else []
-        for name, threads in variants:
+        out[f"{path}, receive only"] = window(recv, plan, dev, pids)
+        if not bulk:
+            out["data plane, to_torch"] = window(old, plan, dev, pids)
+        for name, feed_args in _feed_variants(path, dev, bulk):
             src.cancelled = False  # the previous feed's stop() cancelled the source's waits
-            feed = DeviceFeed(src, dev, depth=depth, copy=None if threads else False, copy_threads=threads)
+            feed = DeviceFeed(src, dev, depth=depth, **feed_args)
 
             def new(feed: Any = feed) -> int:
                 batch, _ = feed.next()
@@ -227,6 +222,7 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
 
             out[name] = window(new, plan, dev, pids)
             feed.stop()
+            src.lend(None)  # a lending feed's pool let go: the next row receives into fresh arrays
             out[name]["feed"] = feed.feed_info()
     finally:
         src.close()
@@ -234,41 +230,23 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
     return out
 
 
-def _bulk_rows(src: Any, procs: list[subprocess.Popen], dev: Any, plan: dict[str, float],
-               depth: int) -> dict[str, Any]:
-    """:func:`dataplane_rows` with ``bulk``: its rows, then ``src`` closed and ``procs`` reaped."""
-    from bench_ingest import reap
+def _feed_variants(path: str, dev: Any, bulk: bool) -> list[tuple[str, dict[str, Any]]]:
+    """The device feed rows of :func:`dataplane_rows` for ``path`` (its rows' prefix): each row's
+    name and :class:`DeviceFeed`'s arguments. zmq: the default copy threads, 1, ``--copy-threads``
+    and pageable (the last two on CUDA); the bulk channel: lending (the default), and on CUDA not."""
+    from csrun_runtime.pytorch.devicefeed import auto_copy_threads
 
-    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
-
-    pids = [p.pid for p in procs]
-    out: dict[str, Any] = {}
-    try:
-        src.r.wait_workers(len(procs), 120.0)
-
-        def recv() -> int:
-            nest, _ = src.next()
-            return nest_bytes(nest)
-
-        out["bulk channel, receive only"] = window(recv, plan, dev, pids)
-        variants = [("bulk channel, device feed", None)]
-        variants += [("bulk channel, device feed, not lent", False)] if dev.type == "cuda" else []
-        for name, lend in variants:
-            src.cancelled = False
-            feed = DeviceFeed(src, dev, depth=depth, lend=lend)
-
-            def new(feed: Any = feed) -> int:
-                batch, _ = feed.next()
-                return nest_bytes(batch)
-
-            out[name] = window(new, plan, dev, pids)
-            feed.stop()
-            src.lend(None)  # the next row receives into fresh arrays again
-            out[name]["feed"] = feed.feed_info()
-    finally:
-        src.close()
-        reap(procs, 5.0)
-    return out
+    cuda = dev.type == "cuda"
+    if bulk:
+        return [(f"{path}, device feed", {"lend": None})] + (
+            [(f"{path}, device feed, not lent", {"lend": False})] if cuda else [])
+    auto = auto_copy_threads() if cuda else 1
+    variants: list[tuple[str, dict[str, Any]]] = [(f"{path}, device feed", {"copy_threads": auto})]
+    variants += [(f"{path}, device feed, 1 copy thread", {"copy_threads": 1})] if auto > 1 else []
+    if cuda and COPY_THREADS and COPY_THREADS != auto:  # --copy-threads: an A/B of the default
+        variants += [(f"{path}, device feed, {COPY_THREADS} copy threads", {"copy_threads": COPY_THREADS})]
+    variants += [(f"{path}, device feed, pageable", {"copy": False, "copy_threads": None})] if cuda else []
+    return variants
 
 
 def raw_sender_main(spec_path: str) -> None:

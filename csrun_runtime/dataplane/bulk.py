@@ -237,13 +237,7 @@ class BulkListener:
         magic, hlen = _PREFIX.unpack(_recv_exact(conn, _PREFIX.size, "message prefix", at_boundary=True))
         if magic != MAGIC or hlen > MAX_HEADER_BYTES:
             raise FrameError(f"stream is not a bulk data message (prefix {magic!r}, header {hlen} bytes)")
-        raw = _recv_exact(conn, hlen, "header")
-        layout = layouts.get(raw)
-        if layout is None:
-            layout = framing.parse_header(raw)
-            if len(layouts) > 256:
-                layouts.clear()
-            layouts[raw] = layout
+        layout = framing.parse_header_cached(layouts, _recv_exact(conn, hlen, "header"))
         starts, total = offsets(layout)
         buf = np.frombuffer(self._lent(max(total, 1)), np.uint8, count=max(total, 1))
         view = memoryview(buf)  # type: ignore[arg-type]

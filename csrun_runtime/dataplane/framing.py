@@ -169,6 +169,18 @@ def parse_header(raw: bytes | memoryview) -> Layout:
     return Layout(h.get("tree"), dtypes, shapes, n)
 
 
+def parse_header_cached(cache: dict[bytes, Layout], raw: bytes) -> Layout:
+    """The parsed header ``raw`` (:func:`parse_header`), from ``cache`` when seen (at most 257
+    kept: a receiver's steady stream parses nothing). Raises :class:`FrameError` for a bad header."""
+    layout = cache.get(raw)
+    if layout is None:
+        layout = parse_header(raw)
+        if len(cache) > 256:
+            cache.clear()
+        cache[raw] = layout
+    return layout
+
+
 def decode(layout: Layout, frames: Sequence[Any]) -> Any:
     """The nest of one message (:func:`decode_leaves` rebuilt into its structure)."""
     return unflatten(layout.tree, decode_leaves(layout, frames))

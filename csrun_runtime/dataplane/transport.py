@@ -463,18 +463,6 @@ def _last_bundles(workers: dict[int, _Worker]) -> str:
                      for i, w in sorted(workers.items())) or "none connected"
 
 
-def _layout(cache: dict[bytes, framing.Layout], raw: bytes) -> framing.Layout:
-    """The parsed data header ``raw`` (:func:`framing.parse_header`), from ``cache`` when seen
-    (at most 257 kept). Raises :class:`FrameError` for a bad header."""
-    layout = cache.get(raw)
-    if layout is None:
-        layout = framing.parse_header(raw)
-        if len(cache) > 256:
-            cache.clear()
-        cache[raw] = layout
-    return layout
-
-
 class _Streams:
     """The receiver's per-worker control and record (:class:`Receiver` has it): hello and
     welcome, pause, resume, counts and the bad messages."""
@@ -775,7 +763,7 @@ class Receiver(_Streams, _BulkSide):
         try:
             if len(frames) < 3:
                 raise FrameError("data message without a header (truncated?)")
-            layout = _layout(self._layouts, frames[2].bytes)
+            layout = framing.parse_header_cached(self._layouts, frames[2].bytes)
             leaves = framing.decode_leaves(layout, [f.buffer for f in frames[3:]])
             nest = framing.unflatten(layout.tree, leaves)
         except FrameError as e:
