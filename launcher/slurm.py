@@ -241,6 +241,11 @@ def exit_status(returncode: int, received: Sequence[int]) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+#: How long csrun_wse waits, after srun ended, for its pipes' last lines before the summary
+#: (seconds); lines later still go to the task log only (:attr:`launcher.tasklog.TaskOutput.finished`).
+PUMP_DRAIN_S = 60.0
+
+
 def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOutput | None = None,
                    log: TaskLogFile | None = None) -> int:
     """Run ``argv`` (an srun line) as a child, forwarding SIGINT/SIGTERM; returns the exit
@@ -277,8 +282,8 @@ def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOut
         t.start()
     try:
         status, received = _wait_forwarding(proc)
-        for t in pumps:
-            t.join(timeout=10)
+        for t in pumps:  # every line srun printed is read before the summary (a loaded host can lag)
+            t.join(timeout=PUMP_DRAIN_S)
         with lock:  # the first failing task's own status, not srun's highest (launcher/tasklog.py)
             status = output.exit_status(status, interrupted=bool(received))
             _show(output.finish(status, log.shown_path(), interrupted=bool(received)))

@@ -36,6 +36,8 @@ _FAILED = re.compile(r"^srun: error: (\S+): tasks? (\S+): (.+)$")
 _EXIT = re.compile(r"Exited with exit code (\d+)")
 _QUEUE = re.compile(r"^srun: (error|fatal|warning|Warning|Job \d+|job \d+|Requested|Required|Force Terminated)")
 _STEPD_NOTICE = re.compile(r"^slurmstepd(-\S+)?: error: \*\*\* .*\*\*\*$")
+#: slurmstepd's notice glued to the end of a task's unfinished line (the task was killed mid-write).
+_GLUED_NOTICE = re.compile(r"^(.+?)(slurmstepd(-\S+)?: error: \*\*\* .*\*\*\*)$")
 
 #: The first line of an error a task prints: a Python traceback, the interpreter refusing a
 #: script or module, argparse's usage + ``error:``, an ``ERROR``/``CRITICAL`` log record
@@ -158,6 +160,14 @@ def _error_of(lines: Sequence[str]) -> list[str]:
     return list(lines[span[0]:span[1]]) if span else []
 
 
+def _stream_error(entries: Sequence[tuple[str, str]]) -> list[str]:
+    """The first error block of one task's ``(stream, text)`` lines, read on the stream its first
+    error-looking line came on: srun relays a task's stdout and stderr on two pipes, so a line the
+    task wrote to the other one before its error can arrive inside it."""
+    stream = next((s for s, t in entries if is_error_start(t)), None)
+    return _error_of([t for s, t in entries if s == stream]) if stream else []
+
+
 def last_words(lines: Sequence[str]) -> list[str]:
     """The last lines of a task that printed no error-looking line (label removed): after its
     last log record, at most :data:`LAST_WORDS`, trailing blank lines dropped; ``[]`` when it
@@ -174,9 +184,28 @@ def last_words(lines: Sequence[str]) -> list[str]:
     return out
 
 
-def _contains(lines: Sequence[str], block: Sequence[str]) -> bool:
-    n = len(block)
-    return any(list(lines[i:i + n]) == list(block) for i in range(len(lines) - n + 1))
+#: Lines of another stream (or another record) that may sit between two lines of a copy of an
+#: error block: :func:`_find_copy` still recognises it.
+COPY_GAP = 8
+
+
+def _find_copy(lines: Sequence[str], block: Sequence[str]) -> list[int] | None:
+    """The indices in ``lines`` of a copy of ``block``: its lines in order, each within
+    :data:`COPY_GAP` lines of the previous one (a line of the task's other stream may arrive
+    between them); ``None`` when there is none or ``block`` is empty."""
+    if not block:
+        return None
+    for start in (i for i, t in enumerate(lines) if t == block[0]):
+        found, at = [start], start
+        for want in block[1:]:
+            nxt = next((j for j in range(at + 1, min(len(lines), at + 2 + COPY_GAP)) if lines[j] == want), None)
+            if nxt is None:
+                break
+            found.append(nxt)
+            at = nxt
+        if len(found) == len(block):
+            return found
+    return None
 
 
 def _clip(block: Sequence[str]) -> list[str]:
@@ -238,9 +267,11 @@ class TaskOutput:
     ok_statuses: frozenset[int] = frozenset({0})
     job_id: str | None = None
     started: bool = False
-    #: Each task's lines from its first error on (:data:`KEPT_LINES`), in the order the tasks
-    #: printed their first error.
-    lines: dict[int, list[str]] = field(default_factory=dict)
+    #: Each task's ``(stream, text)`` lines from its first error on (:data:`KEPT_LINES`), in the
+    #: order the tasks printed their first error.
+    lines: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    #: Set by :meth:`finish`: a line that arrives later goes to the log only.
+    finished: bool = False
     held: list[tuple[str, str]] = field(default_factory=list)
     holding: bool = False
     nodes: dict[int, str] = field(default_factory=dict)
@@ -260,15 +291,21 @@ class TaskOutput:
         """Take one line of srun's ``stream`` (``"out"``/``"err"``, no newline); returns the
         lines to show now."""
         task, text = parse_label(raw)
+        if self.finished:
+            return []
         if task is None or text.startswith("slurmstepd"):  # slurmstepd's notices come labelled too
             return self._srun_line(stream, text)
+        glued = _GLUED_NOTICE.match(text)
+        if glued:  # the task's unfinished line, then slurmstepd's notice: each where it belongs
+            self._srun_line(stream, glued.group(2))
+            text = glued.group(1)
         self.started = True
         self.tails.setdefault(task, deque(maxlen=LAST_LINES)).append(text)
         kept = self.lines.get(task)
         if kept is None and is_error_start(text):
             kept = self.lines[task] = []
         if kept is not None and len(kept) < KEPT_LINES:
-            kept.append(text)
+            kept.append((stream, text))
         if task != 0:
             return self._other_task_line(stream, task, text)
         if self.holding and (_PROGRESS.match(text) or len(self.held) >= HOLD_LINES):  # it went on
@@ -387,13 +424,15 @@ class TaskOutput:
         return next(iter(self.lines), None)
 
     def _first_failure(self) -> Failure | None:
-        """The first failure srun reported whose task is known (its status not an ``ok_statuses``
-        exit code)."""
-        for f in self.failures:
-            code = f.exit_code()
-            if self._resolve(f) is not None and not (code is not None and code in self.ok_statuses):
-                return f
-        return None
+        """The failure that decides the job, whatever order srun reported the tasks in: the first
+        reported task that exited with an exit code of its own (not in ``ok_statuses``), else the
+        first one ended by a signal (``--kill-on-bad-exit`` ends the others with SIGTERM, and srun
+        may report them before the task that caused it); only tasks whose id is known."""
+        known = [f for f in self.failures if self._resolve(f) is not None]
+        exited = [f for f in known if f.exit_code() not in (None, *self.ok_statuses)]
+        signalled = [f for f in known if f.exit_code() is None]
+        first = exited or signalled
+        return first[0] if first else None
 
     def exit_status(self, status: int, interrupted: bool = False) -> int:
         """csrun_wse's exit status for srun's ``status``: the first failing task's own exit code
@@ -416,14 +455,15 @@ class TaskOutput:
             if interrupted:
                 out.append(("err", f"csrun_wse: every task's output and srun's messages: {log_path}"))
             return out
+        self.finished = True
         task = self.failing_task()
-        block = _error_of(self.lines.get(task, [])) if task is not None else []
-        if task not in (None, 0) and block and _contains(self.lines.get(0, []), block):
+        block = _stream_error(self.lines.get(task, [])) if task is not None else []
+        if task not in (None, 0) and _find_copy([t for _, t in self.lines.get(0, [])], block) is not None:
             task = 0  # the chief printed the same error: its copy is the one shown
         above = False
         if task == 0:  # its first error not shown yet (one it went on after is above already)
-            block = _error_of([t for _, t in self.held])
-            above = not block and bool(_error_of(self.lines.get(0, [])))
+            block = _stream_error(self.held)
+            above = not block and bool(_stream_error(self.lines.get(0, [])))
         words: list[str] = []
         if task is not None and not block and not above:  # no error-looking line: its last words
             words = last_words(self.tails.get(task, ()))
@@ -438,13 +478,8 @@ class TaskOutput:
         """The chief's held lines, without the copy of ``block`` the failing task's header will
         show (the same error printed by the chief too, or the chief's own first error)."""
         held = list(self.held)
-        texts = [t for _, t in held]
-        n = len(block)
-        if n:
-            for i in range(len(texts) - n + 1):
-                if texts[i:i + n] == list(block):
-                    return held[:i] + held[i + n:]
-        return held
+        found = set(_find_copy([t for _, t in held], block) or ())
+        return [h for i, h in enumerate(held) if i not in found]
 
     def _failure_lines(self, task: int | None, block: Sequence[str], above: bool,
                        last: bool = False) -> list[tuple[str, str]]:

@@ -222,3 +222,63 @@ def test_last_words_and_a_logged_exception_with_its_traceback():
               '  File "/u/data.py", line 9, in __getitem__', "    raise ValueError(i)", "ValueError: 7",
               "INFO: leaving"]
     assert first_error(logged) == (0, 5)  # logging's exception(): the record and its whole traceback
+
+
+def _feed(out: TaskOutput, lines: list[tuple[str, str]]) -> None:
+    for stream, raw in lines:
+        out.line(stream, raw)
+
+
+LAUNCHES = [("err", "srun: launching StepId=12.0 on host node1, 2 tasks: [0-1]"),
+            ("err", "srun: launching StepId=13.0 on host node2, 2 tasks: [0-1]")]
+TRACEBACK = ["Traceback (most recent call last):", '  File "/u/run.py", line 6, in <module>',
+             '    raise ValueError("bad data_dir")', "ValueError: bad data_dir"]
+
+
+@pytest.mark.parametrize("at", range(len(TRACEBACK) + 1))
+def test_a_chief_line_of_the_other_stream_inside_its_error_does_not_show_it_twice(at):
+    """srun relays a task's stdout and stderr on two pipes: the chief's stdout line, written before
+    its traceback, may be read in the middle of it, and a worker may be reported first."""
+    out = TaskOutput(groups=GROUPS)
+    chief = [("err", f"0: {t}") for t in TRACEBACK]
+    chief.insert(at, ("out", "0: PROGRESS global_step = 100"))
+    _feed(out, [*LAUNCHES, *[("err", f"2: {t}") for t in TRACEBACK], *chief,
+                ("err", "srun: error: node2: task 0: Exited with exit code 1"),
+                ("err", "srun: error: node1: task 0: Exited with exit code 1")])
+    shown = [t for _, t in out.finish(out.exit_status(1), LOG)]
+    assert sum("ValueError: bad data_dir" in t for t in shown) == 1, shown
+    assert sum("PROGRESS" in t for t in shown) == (0 if at == 0 else 1), shown  # a held line is kept
+    assert any(t.startswith("csrun_wse: task 0 (het group 0, chief) on node1 failed first") for t in shown), shown
+
+
+def test_the_task_that_exited_decides_though_srun_reported_a_terminated_one_first():
+    """``--kill-on-bad-exit`` ends the other tasks with SIGTERM; srun may report one of them first.
+    The same mistake then gives the same task and exit status in either order."""
+    for order in ((0, 1), (1, 0)):
+        out = TaskOutput(groups=GROUPS)
+        reports = ["srun: error: node2: task 1: Exited with exit code 1", "srun: error: node1: task 0: Terminated"]
+        _feed(out, [*LAUNCHES, ("err", "3: run.py failed at import: no module named x"),
+                    *[("err", reports[i]) for i in order]])
+        shown = [t for _, t in out.finish(out.exit_status(143), LOG)]
+        assert shown[0].startswith("csrun_wse: task 3 (het group 1, worker) on node2 failed first: "
+                                   "Exited with exit code 1"), (order, shown)
+        assert shown[-1].startswith("csrun_wse: exit status 1; "), (order, shown)
+
+
+def test_slurmstepds_notice_glued_to_a_killed_tasks_line_is_not_shown():
+    out = TaskOutput(groups=GROUPS)
+    _feed(out, [*LAUNCHES, ("err", "2: Traceback (most recent call last):"),
+                ("err", '2:   File "/u/run.py", line 3, in <modslurmstepd-node2: error: *** STEP 13.0 ON node2 '
+                        'CANCELLED AT 2026-11-28T07:19:54 ***'),
+                ("err", "srun: error: node2: task 0: Exited with exit code 1")])
+    shown = "\n".join(t for _, t in out.finish(out.exit_status(1), LOG))
+    assert "slurmstepd" not in shown and "CANCELLED" not in shown, shown
+    assert '  File "/u/run.py", line 3, in <mod' in shown
+
+
+def test_a_line_that_arrives_after_the_summary_is_not_shown():
+    out = TaskOutput(groups=GROUPS)
+    _feed(out, [*LAUNCHES, ("err", "3: run.py failed at import: x"),
+                ("err", "srun: error: node2: task 1: Exited with exit code 1")])
+    out.finish(1, LOG)
+    assert out.line("err", "0: run.py failed at import: x") == []
