@@ -2,13 +2,14 @@
 
 Rule sources: "Shard your input data" in the Cerebras document "Performance Optimization
 Practices" and "Multiple input workers" in "Limitations of the CerebrasEstimator" (quoted in
-:mod:`analyzer.shardplan`). The work is done by :mod:`analyzer.shardplan` and
+:mod:`analyzer.shard_planner`). The work is done by :mod:`analyzer.filescan` (the files' sizes
+and records), :mod:`analyzer.shard_planner` (the plan), :mod:`analyzer.shardplan` (its file) and
 :mod:`analyzer.reshard`; this module parses flags, resolves the worker layout and prints.
 Bad input is one line ``cs_input_analyzer: error: ...`` with exit status 2
 (:class:`csrun_common.errors.CsrunError`).
 
-:mod:`analyzer.shardplan` loads NumPy: it is imported inside the functions that use it, so
-that the CLI's start-up (``cs_input_analyzer --help``) does without.
+Those modules load NumPy: they are imported inside the functions that use them, so that the
+CLI's start-up (``cs_input_analyzer --help``) does without.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ from .datafiles import ParamsData, expand_sources, read_params
 from .reshard import ReshardVerificationError, reshard
 
 if TYPE_CHECKING:
-    from . import shardplan as sp
+    from .filescan import GatherResult
+    from .shard_planner import ShuffleBuffers
+    from .shardplan import ShardPlan
 
 __all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
 
@@ -233,7 +236,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: s
     dominating file, uneven loads and shuffle buffers that do not fit a node. Use the
     plan with: csrun_wse --shard-plan PLAN ...
     """
-    from . import shardplan as sp  # NumPy: when the command runs
+    from .shard_planner import PlanOptions, plan_shards  # NumPy: when the command runs
 
     num_input_workers, layout, per_node, report = resolve_layout(workers, given, report_dir)
     if count_budget < 0:
@@ -249,7 +252,7 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: s
                                                is not None else 0)
     hint_sources = list(sources) or (params.data_dirs if params else [])
     try:
-        plan = sp.plan_shards(gathered.table, num_input_workers, sp.PlanOptions(
+        plan = plan_shards(gathered.table, num_input_workers, PlanOptions(
             base_seed=base_seed, mode=mode, balance_by=None if balance_by == "auto" else balance_by,
             layout=layout, records_exact=gathered.records_exact, records_estimate=gathered.records_estimate,
             shuffle=shuffle, reshard_hint=shlex.join(hint_sources), extra_warnings=gathered.warnings))
@@ -271,10 +274,10 @@ def shard_plan_cmd(sources: tuple[str, ...], params_path: str | None, pattern: s
 
 def _size_flag(flag: str, value: str | None) -> int | None:
     """``--element-bytes`` / ``--node-memory`` in bytes (:func:`analyzer.shardplan.parse_size`)."""
-    from . import shardplan as sp  # NumPy: when the command runs
+    from .shardplan import parse_size  # NumPy: when the command runs
 
     try:
-        return sp.parse_size(value) if value is not None else None
+        return parse_size(value) if value is not None else None
     except ValueError as exc:
         raise _bad(f"{flag} {value!r}: {exc}") from None
 
@@ -289,10 +292,10 @@ def _read_params_flag(params_path: str | None) -> ParamsData | None:
 
 
 def _gather(sources: tuple[str, ...], params: ParamsData | None, params_path: str | None, pattern: str | None,
-            count: str, count_budget: float) -> sp.GatherResult:
+            count: str, count_budget: float) -> GatherResult:
     """The data files of SOURCES and the params' ``train_input.data_dir``, stat'ed and (with
-    ``--count``) their records counted (:func:`analyzer.shardplan.gather_files`)."""
-    from . import shardplan as sp  # NumPy: when the command runs
+    ``--count``) their records counted (:func:`analyzer.filescan.gather_files`)."""
+    from .filescan import gather_files  # NumPy: when the command runs
 
     if not sources and params is None:
         raise _bad("no data files: give SOURCES (files, directories, globs) or --params YAML "
@@ -304,19 +307,19 @@ def _gather(sources: tuple[str, ...], params: ParamsData | None, params_path: st
                                       what=f"--params {params_path}: train_input.data_dir")
             merged, d3 = expand_sources(paths + more, what="SOURCES") if paths else (more, 0)
             paths, dups = merged, dups + d2 + d3
-        return sp.gather_files(paths, count=count, budget_s=count_budget, duplicates=dups)
+        return gather_files(paths, count=count, budget_s=count_budget, duplicates=dups)
     except ValueError as exc:
         raise _bad(str(exc)) from None
 
 
-def _shuffle_buffers(params: ParamsData | None, report: dict, gathered: sp.GatherResult,
+def _shuffle_buffers(params: ParamsData | None, report: dict, gathered: GatherResult,
                      shuffle_buffer: int | None, sizes: tuple[int | None, int | None],
-                     per_node: int) -> tuple[sp.ShuffleBuffers, str]:
+                     per_node: int) -> tuple[ShuffleBuffers, str]:
     """The shuffle-memory check's inputs: the buffer (``--shuffle-buffer``, else the params'),
     the element size (``--element-bytes``, else the analyzer's measurement in the report,
     else the mean TFRecord record) and the node's memory (``--node-memory``, else the
     report's, else this host's). Returns them and where the memory figure came from."""
-    from . import shardplan as sp  # NumPy: when the command runs
+    from .shard_planner import ShuffleBuffers  # NumPy: when the command runs
 
     elem: float | None
     elem, mem = sizes
@@ -337,14 +340,14 @@ def _shuffle_buffers(params: ParamsData | None, report: dict, gathered: sp.Gathe
             mem, mem_src = int(rep_mem), "report.json"
         else:
             mem, mem_src = _node_memory()
-    return sp.ShuffleBuffers(buffer_elements=buf, element_bytes=elem, element_source=elem_src,
-                             workers_per_node=per_node, node_memory_bytes=mem), mem_src
+    return ShuffleBuffers(buffer_elements=buf, element_bytes=elem, element_source=elem_src,
+                          workers_per_node=per_node, node_memory_bytes=mem), mem_src
 
 
-def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) -> None:
+def _print_plan(plan: ShardPlan, layout: dict, mem_src: str, written: str) -> None:
     """The plan's summary: files, workers, balance, seeds, the shuffle check, the warnings
     with their fixes, where it was written and how to use it."""
-    from . import shardplan as sp  # NumPy: when the command runs
+    from .shardplan import format_bytes  # NumPy: when the command runs
 
     num_input_workers = plan.num_input_workers
     tot_rec = plan.total_records
@@ -352,7 +355,7 @@ def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) ->
                 (f", ~{plan.records_estimate:,} records (estimated)" if plan.records_estimate else ""))
     flags = LayoutSpec.from_record({**layout, "cpus_per_task": None}).to_flags() if "nodes" in layout else []
     lay = f" (csrun_wse {' '.join(flags)}: every task but the chief)" if flags else ""
-    click.echo(f"shard plan: {len(plan.paths):,} files ({sp.format_bytes(plan.total_bytes)}{rec_text}) "
+    click.echo(f"shard plan: {len(plan.paths):,} files ({format_bytes(plan.total_bytes)}{rec_text}) "
                f"-> {num_input_workers:,} input workers{lay}")
     imb = f"imbalance (max/mean): {plan.imbalance_bytes:.3f} bytes"
     if plan.imbalance_records is not None:
@@ -366,9 +369,9 @@ def _print_plan(plan: sp.ShardPlan, layout: dict, mem_src: str, written: str) ->
                    f"{plan.base_seed}")
     if plan.shuffle and plan.shuffle.get("checked"):
         s = plan.shuffle
-        click.echo(f"shuffle buffers: {sp.format_bytes(s['per_node_bytes'])} per node "
-                   f"({s['workers_per_node']} × {s['buffer_elements']} × {sp.format_bytes(s['element_bytes'])}) "
-                   f"of {sp.format_bytes(s['node_memory_bytes'])} ({mem_src}): "
+        click.echo(f"shuffle buffers: {format_bytes(s['per_node_bytes'])} per node "
+                   f"({s['workers_per_node']} × {s['buffer_elements']} × {format_bytes(s['element_bytes'])}) "
+                   f"of {format_bytes(s['node_memory_bytes'])} ({mem_src}): "
                    f"{'fits' if s['fits'] else 'does NOT fit'}")
     for w in plan.warnings:
         click.echo(f"{w.severity} [{w.code}]: {w.message}")

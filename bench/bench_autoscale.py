@@ -33,6 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 PACED = str(common.REPO / "tests" / "fixtures" / "paced" / "run.py")
@@ -87,7 +88,7 @@ def reach_s(run: dict, steady: float, fraction: float = 0.95) -> float | None:
 def run(quick: bool = False) -> dict:
     """``rounds`` rounds (quick: 1 round of ``rate`` only, 3,000 steps; full: 2 rounds of
     all three configurations in rotating order); returns per-configuration figures."""
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     root = Path(tempfile.mkdtemp(prefix="csrun-bench-autoscale."))
     params = _params(root)
     names = ["rate"] if quick else list(CONFIGS)
@@ -95,7 +96,7 @@ def run(quick: bool = False) -> dict:
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            common.wait_queue_empty(env, max_wait=60.0)
+            clusters.wait_queue_empty(env, max_wait=60.0)
             runs[name].append(one_run(name, env, root, params, r, max_steps))
     fixed = runs.get("fixed4") or []
     steady = common.median([w["samples_per_sec"] for x in fixed for w in x["windows"][1:]]) if fixed else None

@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 import yaml
 
@@ -116,7 +117,7 @@ def _produce(params: str, seconds: float, index: int, n: int) -> None:
 def run(quick: bool = False) -> dict:
     """``rounds`` rounds (quick: 1 round, 800 steps, 5 s producers; full: 3 rounds) of the three
     configurations in rotating order; returns the figures and ratios (module docstring)."""
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     root = Path(tempfile.mkdtemp(prefix="csrun-bench-chief-input."))
     params = _params(root)
     rounds, max_steps, seconds = (1, 800, 5.0) if quick else (3, MAX_STEPS, PRODUCE_S)
@@ -124,7 +125,7 @@ def run(quick: bool = False) -> dict:
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            common.wait_queue_empty(env, max_wait=60.0)
+            clusters.wait_queue_empty(env, max_wait=60.0)
             runs[name].append(producers(params, 2, seconds) if name == "producers"
                               else one_run(name, env, root, params, r, max_steps))
     rate = {n: [x["samples_per_sec"] for x in recs] for n, recs in runs.items()}

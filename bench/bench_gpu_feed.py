@@ -11,7 +11,7 @@ and the chief process's cores (psutil CPU times of this process over the window)
 - ``data plane, receive only``: the same senders into ``RemoteSource.next()`` alone (the
   receive's ceiling, no copy);
 - ``data plane, device feed, 1 copy thread``: the device feed with its pinned copy on one
-  thread (shown when the default copies with several, :func:`devicefeed.auto_copy_threads`);
+  thread (shown when the default copies with several, :func:`staging.auto_copy_threads`);
 - ``data plane, to_torch``: the same senders, ``RemoteSource.next()`` then ``to_torch`` (the
   path before issue 31: a fresh ``pin_memory()`` per batch on CUDA);
 - ``DataLoader``: ``DataLoader(num_workers=k, pin_memory=True)`` in this process over the same
@@ -191,7 +191,8 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
     from bench_ingest import reap
 
     from csrun_runtime.pytorch.contract import to_torch
-    from csrun_runtime.pytorch.devicefeed import DeviceFeed, nest_bytes
+    from csrun_runtime.pytorch.devicefeed import DeviceFeed
+    from csrun_runtime.pytorch.staging import nest_bytes
 
     src, procs = source_and_senders(kind, k, work, quick, bulk)
     pids = [p.pid for p in procs]
@@ -234,7 +235,7 @@ def _feed_variants(path: str, dev: Any, bulk: bool) -> list[tuple[str, dict[str,
     """The device feed rows of :func:`dataplane_rows` for ``path`` (its rows' prefix): each row's
     name and :class:`DeviceFeed`'s arguments. zmq: the default copy threads, 1, ``--copy-threads``
     and pageable (the last two on CUDA); the bulk channel: lending (the default), and on CUDA not."""
-    from csrun_runtime.pytorch.devicefeed import auto_copy_threads
+    from csrun_runtime.pytorch.staging import auto_copy_threads
 
     cuda = dev.type == "cuda"
     if bulk:
@@ -520,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
                          "upper half (input workers on other nodes leave the chief's cores alone)")
     ap.add_argument("--copy-threads", type=int, default=None,
                     help="on CUDA, one more device feed row with this many copy threads (the default: "
-                         "devicefeed.auto_copy_threads(), by the chief's usable cores)")
+                         "staging.auto_copy_threads(), by the chief's usable cores)")
     ap.add_argument("--no-top-pad", action="store_true",
                     help="this chief's glibc without the data plane's M_TOP_PAD (as before it; A/B)")
     ap.add_argument("--sender", help=argparse.SUPPRESS)

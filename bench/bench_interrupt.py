@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from launcher import slurm
@@ -70,13 +71,13 @@ def one(way: str, env: dict) -> dict:
 
 def run(quick: bool = False) -> dict:
     """``repeats`` rounds (quick 1, full 5) of the three ways; returns the figures."""
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     repeats = 1 if quick else 5
     runs: dict[str, list[dict]] = {w: [] for w in WAYS}
     for r in range(repeats):
         order = list(WAYS) if r % 2 == 0 else list(reversed(WAYS))
         for way in order:
-            common.wait_queue_empty(env, max_wait=30.0)
+            clusters.wait_queue_empty(env, max_wait=30.0)
             runs[way].append(one(way, env))
     summary = {w: {"empty_queue_s": common.spread([x["empty_queue_s"] for x in recs], digits=3),
                    "max_empty_queue_s": max(x["empty_queue_s"] for x in recs),

@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from analyzer.analyze import console_script
@@ -55,7 +56,7 @@ def run(quick: bool = False) -> dict:
     """Time ``pairs`` alternated pairs (quick: 2, full: 15 after a warm-up pair) of csrun_wse vs bare srun
     launching ``true`` on the same het layout. Returns the figures (seconds; ratios)."""
     pairs, warmup = (2, 0) if quick else (15, 1)
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     srun_argv, extra = bare_srun_argv(env)
     srun_env = {**env, **extra}
     csrun_argv = [console_script("csrun_wse"), *LAYOUT, "true"]
@@ -74,8 +75,8 @@ def run(quick: bool = False) -> dict:
     def guarded(fn):
         def inner() -> float:
             if calls["n"] % 2 == 0:
-                waited.append(round(common.wait_queue_empty(env, max_wait=30.0), 2))
-                queue_seen.append(common.others_jobs(env))
+                waited.append(round(clusters.wait_queue_empty(env, max_wait=30.0), 2))
+                queue_seen.append(clusters.others_jobs(env))
             calls["n"] += 1
             return fn()
         return inner

@@ -23,6 +23,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 RUN_PY = str(common.REPO / "examples" / "digits" / "run.py")
@@ -63,14 +64,14 @@ def one(env: dict, root: Path, params: Path, verbose: bool, index: int) -> dict:
 
 def run(quick: bool = False) -> dict:
     """``pairs`` alternated pairs (quick 1, full 2) of the main job quiet and verbose."""
-    env = {k: v for k, v in common.slurm_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CSRUN_VERBOSE")}
+    env = {k: v for k, v in clusters.slurm_env().items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CSRUN_VERBOSE")}
     root = Path(tempfile.mkdtemp(prefix="csrun-bench-quiet."))
     path = common.digits_params(root, env=env)
     pairs = 1 if quick else 2
     quiet, verbose = [], []
     for i in range(pairs):
         for loud in ((False, True) if i % 2 == 0 else (True, False)):
-            common.wait_queue_empty(env, max_wait=30.0)
+            clusters.wait_queue_empty(env, max_wait=30.0)
             (verbose if loud else quiet).append(one(env, root, path, loud, i))
     return {"benchmark": "quiet tasks: non-csrun log lines of the 7-task main job, default vs --verbose",
             "unit": "lines", "layout": LAYOUT, "tasks": 7, "pairs": pairs,

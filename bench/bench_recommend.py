@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from analyzer.analyze import cluster_info
@@ -179,7 +180,7 @@ def delivered(report_dir: Path, rep: dict, layout: dict, seconds: float, warmup:
     out_dir = report_dir / "bench_drain" / tag
     out_dir.mkdir(parents=True, exist_ok=True)
     argv = drain_command(rep, out_dir, layout, seconds, warmup, None)
-    common.wait_queue_empty(env, max_wait=60.0)
+    clusters.wait_queue_empty(env, max_wait=60.0)
     result = out_dir / "drain.json"
     # The figure is in drain.json; a launch whose tasks do not leave within RESULT_GRACE_S of
     # it only holds the nodes: launch_drain cancels it, and the tag is noted.
@@ -256,7 +257,7 @@ def run(quick: bool = False) -> dict:
     budget 30 s, the ``T × C ≤ n`` layouts twice each, 2 pairs of 3 s drains; full: all
     three pipelines, the analyzer's default 120 s budget, oversubscribed layouts too, 3
     repeats, 3 pairs of 10 s drains). Figures in samples/s, seconds and ratios."""
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     os.environ["SLURM_CONF"] = env.get("SLURM_CONF", "")
     os.environ["PATH"] = env["PATH"]
     settings = QUICK if quick else FULL

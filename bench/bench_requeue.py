@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 PACED = str(common.REPO / "tests" / "fixtures" / "paced" / "run.py")
@@ -138,7 +139,7 @@ def _cred_expire(env: dict) -> str | None:
 def run(quick: bool = False) -> dict:
     """``rounds`` rounds (quick: 1 round of ``warning`` only; full: 3 rounds of all three
     ways in rotating order) of the interrupted job; returns per-way figures and every round."""
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     root = Path(tempfile.mkdtemp(prefix="csrun-bench-requeue."))
     params = _params(root)
     rounds, ways = (1, ("warning",)) if quick else (3, WAYS)
@@ -146,7 +147,7 @@ def run(quick: bool = False) -> dict:
     for r in range(rounds):
         order = list(ways[r % len(ways):]) + list(ways[:r % len(ways)])
         for way in order:
-            common.wait_queue_empty(env, max_wait=60.0)
+            clusters.wait_queue_empty(env, max_wait=60.0)
             runs[way].append(one_run(way, env, root, params, r))
     summary = {}
     for way, recs in runs.items():

@@ -2,9 +2,9 @@
 
 Synthetic file sizes: lognormal (median e**17 B ≈ 23 MiB, sigma 1), seed 0. Measured:
 
-* ``plan_s``: :func:`analyzer.shardplan.plan_shards` on a ready :class:`FileTable`
+* ``plan_s``: :func:`analyzer.shard_planner.plan_shards` on a ready :class:`FileTable`
   (sort, exact LPT, per-worker CSR lists, sums, warnings), median of ``repeats`` runs;
-* ``lpt_s``: the assignment alone (:func:`analyzer.shardplan.lpt_assign`);
+* ``lpt_s``: the assignment alone (:func:`analyzer.lpt.lpt_assign`);
 * ``reference_heap_lpt_s``: a textbook tuple-heap LPT for comparison (full run only;
   its assignment must be identical);
 * ``write_json_s`` / ``load_plan_s``: writing the plan file and loading + validating it
@@ -33,7 +33,9 @@ import numpy as np
 
 HERE = common.BENCH
 
-from analyzer import shardplan as sp  # noqa: E402
+from analyzer.filescan import FileTable  # noqa: E402
+from analyzer.lpt import lpt_assign  # noqa: E402
+from analyzer.shard_planner import plan_shards  # noqa: E402
 from csrun_common import shardplan_schema as schema  # noqa: E402
 from csrun_common import tfrecord as tfr  # noqa: E402
 
@@ -85,23 +87,23 @@ def run(quick: bool = False) -> dict:
     F, W, repeats = (100_000, 1_000, 3) if quick else (1_000_000, 10_000, 5)
     rng = np.random.default_rng(0)
     sizes = rng.lognormal(17.0, 1.0, F).astype(np.int64)
-    table = sp.FileTable([f"/data/train/part-{i:07d}.tfrecord" for i in range(F)], sizes)
+    table = FileTable([f"/data/train/part-{i:07d}.tfrecord" for i in range(F)], sizes)
 
     plan_times, lpt_times = [], []
     plan = None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        plan = sp.plan_shards(table, W)
+        plan = plan_shards(table, W)
         plan_times.append(time.perf_counter() - t0)
     for _ in range(repeats):
         t0 = time.perf_counter()
-        owner, loads = sp.lpt_assign(sizes, W)
+        owner, loads = lpt_assign(sizes, W)
         lpt_times.append(time.perf_counter() - t0)
     assert plan is not None
     mean = float(sizes.sum()) / W
     lower = max(mean, float(sizes.max()))
     result: dict = {
-        "benchmark": "shard planning (analyzer.shardplan.plan_shards, exact LPT)",
+        "benchmark": "shard planning (analyzer.shard_planner.plan_shards, exact LPT)",
         "files": F, "workers": W, "repeats": repeats,
         "size_distribution": "lognormal(mu=17, sigma=1) bytes, numpy seed 0",
         "total_bytes": int(sizes.sum()),

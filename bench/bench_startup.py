@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from analyzer.analyze import console_script
@@ -48,7 +49,7 @@ def run(quick: bool = False) -> dict:
     import: at most 5) and compare with ``python -c pass``. Returns the figures (see the
     module docstring)."""
     rounds = 3 if quick else 15
-    env = common.slurm_env()
+    env = clusters.slurm_env()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     cmds = commands(quick)
     heavy = {k for k in cmds if "tensorflow" in k}

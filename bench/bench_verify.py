@@ -50,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from analyzer.analyze import console_script
@@ -111,8 +112,8 @@ def _verify(out: Path, layout: dict | None, seconds: float, env: dict) -> dict:
     if layout:
         argv += ["--total-nodes", str(layout["nodes"]), "--tasks-per-node", str(layout["tasks_per_node"]),
                  "--cpus-per-task", str(layout["cpus_per_task"])]
-    waited = common.wait_queue_empty(env, 30.0)
-    queued = common.others_jobs(env)
+    waited = clusters.wait_queue_empty(env, 30.0)
+    queued = clusters.others_jobs(env)
     p = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     res = json.loads((out / "verify.json").read_text())
     res["queue_wait_s"] = round(waited, 1)
@@ -153,7 +154,7 @@ def run(quick: bool = False, frameworks: bool = False) -> dict:
     runs, analyses = [], {}
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_verify_") as tmp, \
-            common.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
+            clusters.pinned_cluster(Path(tmp) / "cluster", PINNED_PORT) as (env, topology):
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
         common.ensure_example_data(examples, env)
         for cycle in range(cycles):

@@ -50,6 +50,7 @@ import traceback
 from pathlib import Path
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
+import results_table
 
 HERE, REPO = common.BENCH, common.REPO
 
@@ -141,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_markdown:
         md = Path(args.markdown) if args.markdown else (
             REPO / "BENCHMARKS.md" if results_dir == DEFAULT_RESULTS.resolve() else results_dir / "BENCHMARKS.md")
-        results = common.load_results(results_dir)
+        results = results_table.load_results(results_dir)
         try:
             rel = str(results_dir.relative_to(REPO))
         except ValueError:
             rel = str(results_dir)
-        common.update_markdown(md, common.generated_section(results, rel))
+        results_table.update_markdown(md, results_table.generated_section(results, rel))
         print(f"bench: table of {len(results)} result file(s) written to {md}", file=sys.stderr)
-        print(common.render_table(common.summary_rows(results)))
+        print(results_table.render_table(results_table.summary_rows(results)))
     return 1 if failed else 0
 
 

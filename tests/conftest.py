@@ -160,7 +160,7 @@ def pinned_cluster(tmp_path_factory) -> Iterator[dict]:
     """A second test cluster of 2 nodes, each pinned to its own host CPUs
     (``cluster up --nodes 2 --pin``: node1 the chief's GRES node, node2 a CPU node), in its
     own directory and port beside the main one; stopped at the end of the session. Started
-    by the benchmarks' :func:`common.pinned_cluster` (bench/common.py), the one place that
+    by the benchmarks' :func:`clusters.pinned_cluster` (bench/clusters.py), the one place that
     knows how. Returns ``{"conf": Path, "env": dict}`` (``SLURM_CONF`` set in ``env`` only)."""
     if not (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists()):
         pytest.skip("Slurm is not installed here: run scripts/setup.sh")
@@ -168,12 +168,12 @@ def pinned_cluster(tmp_path_factory) -> Iterator[dict]:
         pytest.skip("pinning 2 nodes needs 2 host CPUs")
     if str(REPO / "bench") not in sys.path:
         sys.path.insert(0, str(REPO / "bench"))
-    import common as bench_common
+    import clusters as bench_clusters
 
     with contextlib.ExitStack() as stack:
         try:
             env, _topology = stack.enter_context(
-                bench_common.pinned_cluster(tmp_path_factory.mktemp("pinned_cluster"), int(PINNED_PORT)))
+                bench_clusters.pinned_cluster(tmp_path_factory.mktemp("pinned_cluster"), int(PINNED_PORT)))
         except RuntimeError as exc:
             pytest.fail(f"pinned cluster up failed: {exc}")
         yield {"conf": Path(env["SLURM_CONF"]), "env": env}

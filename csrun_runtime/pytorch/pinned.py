@@ -60,7 +60,7 @@ class PinnedPool:
     Lifetime: a lease (and every array over it) stays valid for as long as it is referenced,
     whatever happens to the pool; its block is reused only after the lease was collected.
     Whoever hands an array over a lease to an asynchronous copy keeps a reference to the array
-    until that copy completed (:class:`.devicefeed.Stager` keeps it until the copy's event).
+    until that copy completed (:class:`.staging.Stager` keeps it until the copy's event).
     """
 
     def __init__(self, pin: bool = True, max_free_bytes: int = MAX_FREE_BYTES):

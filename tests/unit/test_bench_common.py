@@ -1,4 +1,5 @@
-"""Unit tests of bench/common.py: statistics, pairing order, the generated table."""
+"""Unit tests of bench/common.py (statistics, pairing order, metadata) and bench/results_table.py (the
+generated table)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
+import results_table  # noqa: E402
 
 
 def test_median_odd_even_empty_and_nan():
@@ -101,11 +103,11 @@ def test_metadata_has_required_keys():
 
 
 def test_fmt():
-    assert common.fmt(None) == "—"
-    assert common.fmt(float("nan")) == "—"
-    assert common.fmt(1.23456, "s") == "1.23 s"
-    assert common.fmt(12345.6, "samples/s") == "12,346 samples/s"
-    assert common.fmt(0) == "0"
+    assert results_table.fmt(None) == "—"
+    assert results_table.fmt(float("nan")) == "—"
+    assert results_table.fmt(1.23456, "s") == "1.23 s"
+    assert results_table.fmt(12345.6, "samples/s") == "12,346 samples/s"
+    assert results_table.fmt(0) == "0"
 
 
 def _results():
@@ -138,13 +140,13 @@ def _results():
 
 
 def test_summary_rows_cover_every_benchmark_in_order():
-    rows = common.summary_rows(_results())
+    rows = results_table.summary_rows(_results())
     names = [r["benchmark"] for r in rows]
     # issue order: launch, startup, recommend, verify, streaming, shardplan
     firsts = list(dict.fromkeys(names))
     assert firsts == ["launch", "startup", "recommend", "verify", "streaming", "shardplan"]
     launch = [r for r in rows if r["benchmark"] == "launch"]
-    assert launch[0]["value"] == common.fmt(common.compare([1.1, 1.2], [1.0, 1.1])["median_ratio"], "×")
+    assert launch[0]["value"] == results_table.fmt(common.compare([1.1, 1.2], [1.0, 1.1])["median_ratio"], "×")
     assert any(r["value"] == "error" and "no bench_verify" in r["spread"] for r in rows)
     assert any(r["benchmark"] == "recommend" and "images" in r["figure"] and r["value"] == "error" for r in rows)
     assert any(r["benchmark"] == "recommend" and r["value"] == "1.8 ×" for r in rows)
@@ -154,50 +156,51 @@ def test_summary_rows_cover_every_benchmark_in_order():
 
 
 def test_summary_rows_survive_unexpected_shapes():
-    rows = common.summary_rows({"launch": {"compare": "not a dict", "x": 3}, "mystery": {"a": 1.5}})
+    rows = results_table.summary_rows({"launch": {"compare": "not a dict", "x": 3}, "mystery": {"a": 1.5}})
     assert rows and all("figure" in r for r in rows)
 
 
 def test_render_table_escapes_pipes():
-    t = common.render_table([{"benchmark": "b", "figure": "a|b", "value": "1", "spread": "", "compared": "",
+    t = results_table.render_table([{"benchmark": "b", "figure": "a|b", "value": "1", "spread": "", "compared": "",
                               "mode": "full", "date": "d"}])
     lines = t.splitlines()
     assert lines[0].startswith("| benchmark |")
     assert "a\\|b" in lines[2]
-    assert common.render_table([]).count("\n") == 2
+    assert results_table.render_table([]).count("\n") == 2
 
 
 def test_update_markdown_replaces_only_between_markers(tmp_path):
     md = tmp_path / "B.md"
-    md.write_text(f"# T\n\nprose before\n\n{common.TABLE_START}\nold table\n{common.TABLE_END}\n\nprose after\n")
-    section = common.generated_section(_results())
-    common.update_markdown(md, section)
+    start, end = results_table.TABLE_START, results_table.TABLE_END
+    md.write_text(f"# T\n\nprose before\n\n{start}\nold table\n{end}\n\nprose after\n")
+    section = results_table.generated_section(_results())
+    results_table.update_markdown(md, section)
     text = md.read_text()
     assert "old table" not in text
     assert text.startswith("# T\n\nprose before\n")
     assert text.rstrip().endswith("prose after")
-    assert text.count(common.TABLE_START) == 1 and text.count(common.TABLE_END) == 1
+    assert text.count(results_table.TABLE_START) == 1 and text.count(results_table.TABLE_END) == 1
     assert "NOT pinned" in text
     # idempotent
-    common.update_markdown(md, section)
+    results_table.update_markdown(md, section)
     assert md.read_text() == text
 
 
 def test_update_markdown_appends_or_creates(tmp_path):
     md = tmp_path / "new.md"
-    common.update_markdown(md, common.generated_section({}))
-    assert common.TABLE_START in md.read_text() and "(no results)" in md.read_text()
+    results_table.update_markdown(md, results_table.generated_section({}))
+    assert results_table.TABLE_START in md.read_text() and "(no results)" in md.read_text()
     md2 = tmp_path / "old.md"
     md2.write_text("# Old\n")
-    common.update_markdown(md2, common.generated_section({}))
-    assert md2.read_text().startswith("# Old\n\n" + common.TABLE_START)
+    results_table.update_markdown(md2, results_table.generated_section({}))
+    assert md2.read_text().startswith("# Old\n\n" + results_table.TABLE_START)
 
 
 def test_load_results_keeps_unreadable_files(tmp_path):
     (tmp_path / "good.json").write_text(json.dumps({"a": 1}))
     (tmp_path / "bad.json").write_text("{nope")
     (tmp_path / "list.json").write_text("[1]")
-    res = common.load_results(tmp_path)
+    res = results_table.load_results(tmp_path)
     assert res["good"] == {"a": 1}
     assert res["bad"]["error"].startswith("unreadable")
     assert "error" in res["list"]
@@ -215,7 +218,7 @@ def test_verify_rows_from_bench_verify_shape():
                    "measured_samples_per_sec": common.spread([2100.0, 2200.0, 2300.0]),
                    "error_pct": common.spread([5.0, 10.0, 15.0])},
                   {"name": "digits: analysis", "error": "boom"}]}
-    rows = common.summary_rows({"verify": r})
+    rows = results_table.summary_rows({"verify": r})
     assert rows[0]["value"] == "10 %"
     assert "2,200 samples/s" in rows[0]["spread"] and "n=3" in rows[0]["spread"]
     assert rows[1]["value"] == "error" and "boom" in rows[1]["spread"]

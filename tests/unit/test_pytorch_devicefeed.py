@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from csrun_runtime.pytorch.contract import to_torch  # noqa: E402
-from csrun_runtime.pytorch.devicefeed import DeviceFeed, HostRing, feed_rate, nest_bytes  # noqa: E402
+from csrun_runtime.pytorch.devicefeed import DeviceFeed, feed_rate  # noqa: E402
+from csrun_runtime.pytorch.staging import HostRing, nest_bytes  # noqa: E402
 
 
 class ListSource:

@@ -16,8 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csrun_runtime.pytorch.devicefeed import DeviceFeed, FeedStats, HostRing, Stager  # noqa: E402
+from csrun_runtime.pytorch.devicefeed import DeviceFeed  # noqa: E402
 from csrun_runtime.pytorch.pinned import MIN_BLOCK_BYTES, PinnedPool, size_class  # noqa: E402
+from csrun_runtime.pytorch.staging import FeedStats, HostRing, Stager  # noqa: E402
 
 X_SHAPE, Y_SHAPE = (4, 3, 8, 8), (4, 16)  # float32 and uint8 leaves of the CPU tests' bundles
 
