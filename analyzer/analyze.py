@@ -361,7 +361,7 @@ def _partition(a: Analysis) -> str:
     """``--partition``, else the site configuration's ``slurm.partition``."""
     if a.opts.partition is not None:
         return a.opts.partition
-    return a.cfg.partition if a.cfg is not None else ""
+    return a.cfg.slurm.partition if a.cfg is not None else ""
 
 
 def _run_command_first(a: Analysis) -> bool:
@@ -382,7 +382,7 @@ def _probe_target(a: Analysis) -> Target:
     if a.opts.local or a.cfg is None or a.info is None:
         return Target(local=True, node_cpus=None, python=a.python)
     cont = site_container(a.cfg, a.opts.mount_dirs)
-    return Target(local=False, partition=_partition(a), account=a.cfg.account, exclude=a.cfg.gres_node,
+    return Target(local=False, partition=_partition(a), account=a.cfg.slurm.account, exclude=a.cfg.gres_node,
                   container=cont if cont.runtime != "none" else None, node_cpus=a.info["node_cpus"],
                   python=a.python)
 

@@ -81,8 +81,8 @@ def cluster_target() -> Target:
     """The probe target the analyzer uses on the cluster: one CPU node (not the GRES node)
     of the configured partition, all its CPUs (:class:`analyzer.probe_driver.Target`)."""
     cfg = load_config()
-    info = cluster_info(cfg.partition, cfg.gres_node)
-    return Target(local=False, partition=cfg.partition, account=cfg.account, exclude=cfg.gres_node,
+    info = cluster_info(cfg.slurm.partition, cfg.gres_node)
+    return Target(local=False, partition=cfg.slurm.partition, account=cfg.slurm.account, exclude=cfg.gres_node,
                           container=None, node_cpus=int(info["node_cpus"]), python=cfg.python)
 
 
