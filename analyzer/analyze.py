@@ -40,7 +40,7 @@ import click
 from csrun_common import exits
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import by_name, click_options
-from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
 from launcher.config import SiteConfig, load_config
@@ -559,10 +559,10 @@ def _recommend(rep: dict[str, Any], model: NodeModel, ingest: dict[str, Any],
         return None
     rep["recommendation"] = rec
     curve = []
+    spec = LayoutSpec.from_record(rec).with_(single_task_nodes=0, **ranks)
     for n in range(1, available + 1):
         try:
-            curve.append(rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
-                                           topology, rec.get("chief_input_cpus") or 0, **ranks))
+            curve.append(rc.predict_layout(model, spec.with_(nodes=n), ingest, topology))
         except ValueError:  # a node count the world does not take (W not a multiple of it)
             continue
     rep["nodes_curve"] = curve

@@ -155,17 +155,15 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     if not isinstance(rec, dict):
         raise _bad(f"--from-report {report_dir}: {file}: recommendation: missing "
                    f"(the analysis made no recommendation)")
-    n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
-    t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
-    s = rec.get("single_task_nodes") or 0
+    checked = {k: _pos_int(rec.get(k) or 1 if k in RANK_FIELDS else rec.get(k), f"--from-report {file}: "
+                           f"recommendation.{k}") for k in ("nodes", "tasks_per_node", *RANK_FIELDS)}
     cpus = rec.get("cpus_per_task")
-    ranks = [_pos_int(rec.get(k) or 1, f"--from-report {file}: recommendation.{k}") for k in RANK_FIELDS]
-    spec = LayoutSpec(n, t, cpus if isinstance(cpus, int) else None, s, int(rec.get("chief_input_cpus") or 0),
-                      bool(rec.get("cyclic")), *ranks)
     try:
+        spec = LayoutSpec.from_record({**rec, **checked, "cpus_per_task": cpus if isinstance(cpus, int) else None})
         w = spec.check().num_input_workers
-    except CsrunError as exc:
+    except (CsrunError, TypeError, ValueError) as exc:
         raise _bad(f"--from-report {file}: {exc}") from None
+    n, t, s = spec.nodes, spec.tasks_per_node, spec.single_task_nodes
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
         own = " + the chief's own input worker" if spec.chief_input_cpus else ""
