@@ -43,7 +43,7 @@ from csrun_common.flagspec import by_name, click_options
 from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
-from launcher.config import SiteConfig, load_config
+from launcher.config import FLAG_NOTES, KEY_FLAGS, SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
 from launcher.resolve import gres_nodes
 
@@ -155,7 +155,8 @@ def run_user_command(cmd: Command, local: bool, mount_dirs: str | None, cwd: str
     if local:
         argv = [python, cmd.run_py, *cmd.argv]
     else:
-        argv = [console_script("csrun_cpu")] + (["--mount-dirs", mount_dirs] if mount_dirs else []) + list(cmd.words)
+        mount = [KEY_FLAGS["mount_dirs"].flag, mount_dirs] if mount_dirs else []
+        argv = [console_script("csrun_cpu"), *mount, *cmd.words]
     shown = argv[:1] + [os.path.basename(argv[1])] + argv[2:] if local else argv
     click.echo(f"cs_input_analyzer: running {' '.join(shown)}", err=True)
     with open(log, "wb") as f:
@@ -700,8 +701,8 @@ ANALYZE_EPILOG = "\n".join([
                epilog=ANALYZE_EPILOG)
 @click.option("--available-nodes", type=click.IntRange(min=1), default=None,
               help="Nodes the layout may use [default: the partition's nodes; 1 with --local].")
-@click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
-              help="Directories to bind-mount in the container (passed to csrun_cpu and the probes).")
+@KEY_FLAGS["mount_dirs"].click_option(
+    help="Directories to bind-mount in the container (passed to csrun_cpu and the probes).")
 @click.option("--target-samples-per-sec", type=float, default=None, callback=_positive_float,
               help="Samples/s one accelerator (one trainer rank) consumes [default: compile_report.txt's estimate in "
                    "model_dir, else a previous run's performance.json, else best for the available nodes].")
@@ -710,7 +711,7 @@ ANALYZE_EPILOG = "\n".join([
               metavar="SECONDS", help="Seconds for probing (loading run.py included).")
 @click.option("--output", type=click.Path(file_okay=False), default=None,
               help="Output directory [default: <model_dir>/input_analysis/].")
-@click.option("--partition", default=None, help="Slurm partition [default: slurm.partition].")
+@KEY_FLAGS["partition"].click_option(FLAG_NOTES["partition"])
 @click.option("--no-run-command", is_flag=True,
               help="Do not run COMMAND first (it already succeeded); only analyse its input_fn.")
 @click.option("--no-progress", is_flag=True, help="No progress bar / per-probe lines.")

@@ -36,8 +36,9 @@ __all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
 
 
 #: ``shard-plan``'s ``[default: ...]`` of the layout flags (the plan is for csrun_wse's layout).
+#: The flags whose default is 0 show it (their ``None`` here means "not given").
 SHARD_PLAN_NOTES = {"nodes": "none; with it the plan is for csrun_wse's input workers, every task but the chief",
-                    "tasks_per_node": "1", "single_task_nodes": "0", "chief_input_cpus": "0"}
+                    "tasks_per_node": "1", **{s.name: "0" for s in LAYOUT_FLAGS if s.type is int and s.default == 0}}
 
 
 def _bad(message: str) -> CsrunError:

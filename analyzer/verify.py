@@ -36,6 +36,7 @@ from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import click_options
 from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
+from launcher.config import KEY_FLAGS
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
@@ -108,7 +109,7 @@ def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] 
     argv = [console_script("csrun_wse"), *LayoutSpec.from_record(layout).to_flags()]
     md = mount_dirs or rep.get("mount_dirs")
     if md:
-        argv += ["--mount-dirs", md]
+        argv += [KEY_FLAGS["mount_dirs"].flag, md]
     user = _strip_model_dir(rep.get("argv") or [])
     fw = framework_of_report(rep.get("framework"), False)
     argv += [LAUNCHERS[fw], "-m", "analyzer.verify_task", "--framework", fw]
@@ -375,7 +376,7 @@ def _rank_lines(drain: dict[str, Any]) -> list[str]:
               help="Seconds drained after the first batch before measuring.")
 @click_options(LAYOUT_FLAGS, notes=VERIFY_NOTES, over={s.name: {"default": None, "show_default": False}
                                                         for s in LAYOUT_FLAGS if s.type is not bool})
-@click.option("--mount-dirs", default=None, metavar="DIR[,DIR...]", help="Passed to csrun_wse.")
+@KEY_FLAGS["mount_dirs"].click_option(help="Passed to csrun_wse.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=10), default=600.0, show_default=True,
               help="Give up (and cancel the job) after this many seconds.")
 def verify_command(report: str | None, seconds: float, warmup: float, mount_dirs: str | None,

@@ -121,6 +121,8 @@ class SiteConfig:
 
 #: Every site-config key, in ``--show-config`` order (:class:`SiteConfig`'s fields).
 KEYS: tuple[Key, ...] = tuple(keys_of(SiteConfig))
+#: The flags that win over a key, by parameter name (``qos``, ``slurm_args``).
+KEY_FLAGS: dict[str, FlagSpec] = {k.spec.name: k.spec for k in KEYS if k.spec}
 #: Flag parameter name -> its help's ``[default: ...]``: the key it falls back to.
 FLAG_NOTES: dict[str, str] = flag_notes(KEYS)
 _BY_DOTTED: dict[str, Key] = {k.dotted: k for k in KEYS}

@@ -27,10 +27,10 @@ from click.shell_completion import CompletionItem
 from csrun_common.env import VERBOSE
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import FlagSpec, click_options
-from csrun_common.layout import LAYOUT_FLAGS
+from csrun_common.layout import HELP_LATER, LAYOUT_FLAGS
 
 from . import slurm
-from .config import FLAG_NOTES, KEYS
+from .config import FLAG_NOTES, KEY_FLAGS
 from .policy import POLICY_KEYS
 
 T = TypeVar("T", bound="CommonFlags")
@@ -57,8 +57,6 @@ def _partitions() -> list[str]:
 
 
 # --------------------------------------------------------------------------- declarations
-#: The flags that win over a site-config key, by parameter name (:data:`launcher.config.KEYS`).
-KEY_FLAGS: dict[str, FlagSpec] = {k.spec.name: k.spec for k in KEYS if k.spec}
 #: The site-policy flags' completions: what Slurm knows.
 _COMPLETIONS = {"partition": _complete(_partitions), "account": _complete(slurm.accounts),
                 "qos": _complete(slurm.qos_names), "reservation": _complete(slurm.reservations)}
@@ -80,8 +78,8 @@ _MOUNT_DIRS = KEY_FLAGS["mount_dirs"]
 _USE_SBATCH = FlagSpec("use_sbatch", "--use-sbatch", bool, False, "Submit as a batch het job and print the job id.")
 _DRY_RUN = FlagSpec("dry_run", "--dry-run", bool, False, "Print exactly what would run (srun line, or the sbatch "
                     "script); submit nothing. Works without slurmctld when nothing it must answer is unknown.")
-_LAYOUT_HEAD = tuple(s for s in LAYOUT_FLAGS if s.name != "chief_input_cpus")
-_CHIEF_INPUT = tuple(s for s in LAYOUT_FLAGS if s.name == "chief_input_cpus")
+_LAYOUT_HEAD = tuple(s for s in LAYOUT_FLAGS if s.name not in HELP_LATER)
+_LAYOUT_LATER = tuple(s for s in LAYOUT_FLAGS if s.name in HELP_LATER)
 #: ``csrun_wse``'s flags, in ``--help``'s order: the layout flags (:data:`LAYOUT_FLAGS`), the
 #: container, the shard plan, ``--requeue``, the chief's input CPUs, node loss, ``--autoscale``,
 #: then :data:`POLICY_OPTIONS` and the launch's.
@@ -93,7 +91,7 @@ WSE_OPTIONS: tuple[FlagSpec, ...] = (
     KEY_FLAGS["requeue"],
     KEY_FLAGS["requeue_signal"],
     KEY_FLAGS["max_requeues"],
-    *_CHIEF_INPUT,
+    *_LAYOUT_LATER,
     FlagSpec("survive_node_loss", "--survive-node-loss", bool, False, "Run the input-worker nodes as a job of "
              "their own (--no-kill), so that losing one of them does not end the run: its workers start again on "
              "the surviving nodes (docs/RESILIENCE.md)."),
@@ -211,4 +209,4 @@ class CpuFlags(CommonFlags):
 
 
 __all__ = ["CommonFlags", "WseFlags", "CpuFlags", "POLICY_SPECS", "POLICY_OPTIONS", "WSE_OPTIONS", "CPU_OPTIONS",
-           "GROUPS", "KEY_FLAGS", "wse_options", "cpu_options"]
+           "GROUPS", "wse_options", "cpu_options"]
