@@ -103,9 +103,10 @@ def keys_of(cls: type, path: str = "") -> Iterator[Key]:
 
 def build(cls: type, values: Mapping[str, Any], **extra: Any) -> Any:
     """An instance of ``cls`` holding ``values`` (``section.name`` -> value; a missing key: its
-    default; a list: as a tuple), its sections built the same way, and ``extra`` fields."""
+    default; a list: as a tuple), its sections built the same way; ``extra``: other fields'
+    values (they win)."""
     hints = typing.get_type_hints(cls)
-    kw: dict[str, Any] = dict(extra)
+    kw: dict[str, Any] = {}
     for f in fields(cls):
         if f.metadata.get(_SECTION):
             kw[f.name] = build(hints[f.name], values)
@@ -113,7 +114,7 @@ def build(cls: type, values: Mapping[str, Any], **extra: Any) -> Any:
             k = _typed(f, hints, "")
             value = values.get(k.dotted, k.default)
             kw[f.name] = tuple(value) if k.type is list else value
-    return cls(**kw)
+    return cls(**{**kw, **extra})
 
 
 def flag_notes(keys: tuple[Key, ...]) -> dict[str, str]:
