@@ -560,7 +560,7 @@ def _recommend(rep: dict[str, Any], model: NodeModel, ingest: dict[str, Any],
         return None
     rep["recommendation"] = rec
     curve = []
-    spec = LayoutSpec.from_record(rec).with_(single_task_nodes=0, **ranks)
+    spec = LayoutSpec.from_record(rec)  # the recommendation's tasks, CPUs, chief input and ranks
     for n in range(1, available + 1):
         try:
             curve.append(rc.predict_layout(model, spec.with_(nodes=n), ingest, topology))
