@@ -40,10 +40,10 @@ import click
 from csrun_common import exits
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import by_name, click_options
-from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS
+from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from csrun_runtime.registry import LAUNCHERS
 from launcher import slurm
-from launcher.config import SiteConfig, load_config
+from launcher.config import FLAG_NOTES, KEY_FLAGS, SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
 from launcher.resolve import gres_nodes
 
@@ -155,7 +155,8 @@ def run_user_command(cmd: Command, local: bool, mount_dirs: str | None, cwd: str
     if local:
         argv = [python, cmd.run_py, *cmd.argv]
     else:
-        argv = [console_script("csrun_cpu")] + (["--mount-dirs", mount_dirs] if mount_dirs else []) + list(cmd.words)
+        mount = [KEY_FLAGS["mount_dirs"].flag, mount_dirs] if mount_dirs else []
+        argv = [console_script("csrun_cpu"), *mount, *cmd.words]
     shown = argv[:1] + [os.path.basename(argv[1])] + argv[2:] if local else argv
     click.echo(f"cs_input_analyzer: running {' '.join(shown)}", err=True)
     with open(log, "wb") as f:
@@ -361,7 +362,7 @@ def _partition(a: Analysis) -> str:
     """``--partition``, else the site configuration's ``slurm.partition``."""
     if a.opts.partition is not None:
         return a.opts.partition
-    return a.cfg.partition if a.cfg is not None else ""
+    return a.cfg.slurm.partition if a.cfg is not None else ""
 
 
 def _run_command_first(a: Analysis) -> bool:
@@ -382,7 +383,7 @@ def _probe_target(a: Analysis) -> Target:
     if a.opts.local or a.cfg is None or a.info is None:
         return Target(local=True, node_cpus=None, python=a.python)
     cont = site_container(a.cfg, a.opts.mount_dirs)
-    return Target(local=False, partition=_partition(a), account=a.cfg.account, exclude=a.cfg.gres_node,
+    return Target(local=False, partition=_partition(a), account=a.cfg.slurm.account, exclude=a.cfg.gres_node,
                   container=cont if cont.runtime != "none" else None, node_cpus=a.info["node_cpus"],
                   python=a.python)
 
@@ -559,10 +560,10 @@ def _recommend(rep: dict[str, Any], model: NodeModel, ingest: dict[str, Any],
         return None
     rep["recommendation"] = rec
     curve = []
+    spec = LayoutSpec.from_record(rec)  # the recommendation's tasks, CPUs, chief input and ranks
     for n in range(1, available + 1):
         try:
-            curve.append(rc.predict_layout(model, n, rec["tasks_per_node"], rec["cpus_per_task"], 0, ingest,
-                                           topology, rec.get("chief_input_cpus") or 0, **ranks))
+            curve.append(rc.predict_layout(model, spec.with_(nodes=n), ingest, topology))
         except ValueError:  # a node count the world does not take (W not a multiple of it)
             continue
     rep["nodes_curve"] = curve
@@ -700,8 +701,8 @@ ANALYZE_EPILOG = "\n".join([
                epilog=ANALYZE_EPILOG)
 @click.option("--available-nodes", type=click.IntRange(min=1), default=None,
               help="Nodes the layout may use [default: the partition's nodes; 1 with --local].")
-@click.option("--mount-dirs", metavar="DIR[,DIR...]", default=None,
-              help="Directories to bind-mount in the container (passed to csrun_cpu and the probes).")
+@KEY_FLAGS["mount_dirs"].click_option(
+    help="Directories to bind-mount in the container (passed to csrun_cpu and the probes).")
 @click.option("--target-samples-per-sec", type=float, default=None, callback=_positive_float,
               help="Samples/s one accelerator (one trainer rank) consumes [default: compile_report.txt's estimate in "
                    "model_dir, else a previous run's performance.json, else best for the available nodes].")
@@ -710,7 +711,7 @@ ANALYZE_EPILOG = "\n".join([
               metavar="SECONDS", help="Seconds for probing (loading run.py included).")
 @click.option("--output", type=click.Path(file_okay=False), default=None,
               help="Output directory [default: <model_dir>/input_analysis/].")
-@click.option("--partition", default=None, help="Slurm partition [default: slurm.partition].")
+@KEY_FLAGS["partition"].click_option(FLAG_NOTES["partition"])
 @click.option("--no-run-command", is_flag=True,
               help="Do not run COMMAND first (it already succeeded); only analyse its input_fn.")
 @click.option("--no-progress", is_flag=True, help="No progress bar / per-probe lines.")

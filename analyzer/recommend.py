@@ -134,19 +134,16 @@ def _fraction(load: float, flow: float, outside: float, limit: float, cores: flo
     return max(0.0, min(1.0, f))
 
 
-def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
-                   single_task_nodes: int = 0, ingest: dict | None = None,
-                   topology: dict | None = None, chief_input_cpus: int = 0, *,
-                   chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
-    """Predicted delivered samples/s of one csrun_wse layout (rules in the module docstring).
+def predict_layout(model: NodeModel, spec: LayoutSpec, ingest: dict | None = None,
+                   topology: dict | None = None) -> dict[str, Any]:
+    """Predicted delivered samples/s of the csrun_wse layout ``spec`` (rules in the module
+    docstring; its CPUs per task ``None``, Slurm's choice, predicted as 1).
 
     ``ingest``: :func:`analyzer.model.ingest_limits` output or ``None`` (no service costs
     known: the workers' rates are summed). ``topology``: ``{"node_hosts": [host of node 1
     (the chief's), host of worker node 2, ...], "host_cores": {host: cores}}`` for hosts
-    whose nodes share cores, or ``None`` for independent nodes. ``chief_input_cpus``: CPUs
-    of the chief's task running input worker 0 (``LayoutSpec.chief_input_cpus``; 0: none).
-    ``chief_nodes`` × ``chief_tasks_per_node``: the trainer ranks (the world; 1 × 1: one
-    chief), rules in the module docstring's "Several trainer ranks".
+    whose nodes share cores, or ``None`` for independent nodes. A world of trainer ranks
+    above 1 (``spec.world_size``): the module docstring's "Several trainer ranks".
 
     Returns ``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes",
     "chief_input_cpus", "input_workers" (the chief's own counted), "predicted_samples_per_sec",
@@ -168,14 +165,12 @@ def predict_layout(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_t
     of input workers and CPU domains (:func:`_balance`), their fixed point
     (:meth:`_Balance.settle`) and the summary (:func:`_prediction`).
     """
-    spec = LayoutSpec(int(nodes), int(tasks_per_node), int(cpus_per_task), int(single_task_nodes),
-                      int(chief_input_cpus), chief_nodes=int(chief_nodes),
-                      chief_tasks_per_node=int(chief_tasks_per_node))
+    spec = spec.with_(cpus_per_task=1) if spec.cpus_per_task is None else spec
     c_task = _check_layout(model, spec)
     base = spec.record()
     if spec.world_size == 1 and (spec.nodes, spec.tasks_per_node, spec.single_task_nodes,
                                  spec.chief_input_cpus) == (1, 1, 0, 0):
-        return _in_process(model, base, int(cpus_per_task))
+        return _in_process(model, base, int(spec.cpus_per_task or 1))
     bal = _balance(model, spec, c_task, ingest or {}, topology)
     bal.settle()
     return _prediction(model, base, bal, topology)
@@ -433,11 +428,10 @@ def candidate_layouts(node_cpus: int, available_nodes: int) -> list[tuple[int, i
     return out
 
 
-def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_per_task: int,
-                        ingest: dict | None = None, topology: dict | None = None,
-                        without: dict[str, Any] | None = None) -> list[int]:
-    """The chief's input CPUs (``chief_input_cpus``) :func:`recommend` tries for an ``S = 0`` layout
-    besides 0 (CPUs of the chief's ``C``-CPU task):
+def chief_input_choices(model: NodeModel, spec: LayoutSpec, ingest: dict | None = None,
+                        topology: dict | None = None, without: dict[str, Any] | None = None) -> list[int]:
+    """The chief's input CPUs :func:`recommend` tries for an ``S = 0`` layout ``spec`` besides 0
+    (CPUs of the chief's ``C``-CPU task):
 
     * ``C - 1`` when ``C ≥ 2``: the worker pinned apart, training keeping one CPU;
     * ``1`` when ``C = 1``: the worker sharing the chief's one CPU at nice 10;
@@ -446,14 +440,14 @@ def chief_input_choices(model: NodeModel, nodes: int, tasks_per_node: int, cpus_
       worker's probed rate at ``C - 1`` CPUs) and ``C - m ≥ 1``: pinned, the chief keeping
       what its stream needs.
     """
-    C, T = int(cpus_per_task), int(tasks_per_node)
+    C, T = int(spec.cpus_per_task or 1), spec.tasks_per_node
     if C == 1:
         return [1]
     out = [C - 1]
     k_c, _h = _chief_costs(ingest or {})
     if k_c > 0:
         if without is None:
-            without = predict_layout(model, nodes, T, C, 0, ingest, topology)
+            without = predict_layout(model, spec.with_(chief_input_cpus=0), ingest, topology)
         rate = without["predicted_samples_per_sec"] + model.node_rate(T, C - 1) / T
         m = math.ceil(k_c * rate - 1e-9)
         if m >= 2 and C - m >= 1:
@@ -518,10 +512,11 @@ def _candidates(model: NodeModel, available_nodes: int, ingest: dict | None,
     least :data:`MIN_CHIEF_INPUT_GAIN`."""
     preds = []
     for N, T, C in candidate_layouts(model.node_cpus, available_nodes):
-        p0 = predict_layout(model, N, T, C, 0, ingest, topology)
+        spec = LayoutSpec(N, T, C)
+        p0 = predict_layout(model, spec, ingest, topology)
         preds.append(p0)
-        for L in chief_input_choices(model, N, T, C, ingest, topology, p0):
-            p = predict_layout(model, N, T, C, 0, ingest, topology, L)
+        for L in chief_input_choices(model, spec, ingest, topology, p0):
+            p = predict_layout(model, spec.with_(chief_input_cpus=L), ingest, topology)
             if p["predicted_samples_per_sec"] >= (1 + MIN_CHIEF_INPUT_GAIN) * p0["predicted_samples_per_sec"]:
                 preds.append(p)
     return preds
@@ -534,8 +529,7 @@ def _rank_candidates(model: NodeModel, available_nodes: int, ingest: dict | None
     specs = rank_layouts(model.node_cpus, available_nodes, chief_nodes, chief_tasks_per_node)
     if not specs:
         raise ValueError(no_rank_layout(chief_nodes, chief_tasks_per_node, available_nodes, model.node_cpus))
-    return [predict_layout(model, s.nodes, s.tasks_per_node, int(s.cpus_per_task or 1), 0, ingest, topology,
-                           chief_nodes=chief_nodes, chief_tasks_per_node=chief_tasks_per_node) for s in specs]
+    return [predict_layout(model, s, ingest, topology) for s in specs]
 
 
 def no_rank_layout(chief_nodes: int, chief_tasks_per_node: int, available_nodes: int, node_cpus: int | None) -> str:

@@ -27,6 +27,7 @@ from csrun_common import atomic
 from csrun_common.layout import LayoutSpec, flag
 from csrun_runtime.probing import DEFAULT_FRAMEWORK, facts
 from csrun_runtime.registry import LAUNCHERS
+from launcher.config import KEY_FLAGS
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
 
@@ -80,7 +81,7 @@ def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: s
     :meth:`csrun_common.layout.LayoutSpec.to_flags`."""
     words = ["csrun_wse", *LayoutSpec.from_record(rec).to_flags()]
     if mount_dirs:
-        words += ["--mount-dirs", mount_dirs]
+        words += [KEY_FLAGS["mount_dirs"].flag, mount_dirs]
     if shard_plan:
         words += ["--shard-plan", shard_plan]
     return shlex.join(words + train_command(command, framework))

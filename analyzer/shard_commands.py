@@ -39,8 +39,9 @@ __all__ = ["shard_plan_cmd", "reshard_cmd", "resolve_layout"]
 
 
 #: ``shard-plan``'s ``[default: ...]`` of the layout flags (the plan is for csrun_wse's layout).
+#: The flags whose default is 0 show it (their ``None`` here means "not given").
 SHARD_PLAN_NOTES = {"nodes": "none; with it the plan is for csrun_wse's input workers, every task but the chief",
-                    "tasks_per_node": "1", "single_task_nodes": "0", "chief_input_cpus": "0"}
+                    "tasks_per_node": "1", **{s.name: "0" for s in LAYOUT_FLAGS if s.type is int and s.default == 0}}
 
 
 def _bad(message: str) -> CsrunError:
@@ -158,17 +159,15 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     if not isinstance(rec, dict):
         raise _bad(f"--from-report {report_dir}: {file}: recommendation: missing "
                    f"(the analysis made no recommendation)")
-    n = _pos_int(rec.get("nodes"), f"--from-report {file}: recommendation.nodes")
-    t = _pos_int(rec.get("tasks_per_node"), f"--from-report {file}: recommendation.tasks_per_node")
-    s = rec.get("single_task_nodes") or 0
+    checked = {k: _pos_int(rec.get(k) or 1 if k in RANK_FIELDS else rec.get(k), f"--from-report {file}: "
+                           f"recommendation.{k}") for k in ("nodes", "tasks_per_node", *RANK_FIELDS)}
     cpus = rec.get("cpus_per_task")
-    ranks = [_pos_int(rec.get(k) or 1, f"--from-report {file}: recommendation.{k}") for k in RANK_FIELDS]
-    spec = LayoutSpec(n, t, cpus if isinstance(cpus, int) else None, s, int(rec.get("chief_input_cpus") or 0),
-                      bool(rec.get("cyclic")), *ranks)
     try:
+        spec = LayoutSpec.from_record({**rec, **checked, "cpus_per_task": cpus if isinstance(cpus, int) else None})
         w = spec.check().num_input_workers
-    except CsrunError as exc:
+    except (CsrunError, TypeError, ValueError) as exc:
         raise _bad(f"--from-report {file}: {exc}") from None
+    n, t, s = spec.nodes, spec.tasks_per_node, spec.single_task_nodes
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
         own = " + the chief's own input worker" if spec.chief_input_cpus else ""

@@ -36,6 +36,7 @@ from csrun_common.atomic import write_json
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import click_options
 from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
+from launcher.config import KEY_FLAGS
 from launcher.slurm import stop_process_group
 
 from .analyze import console_script
@@ -74,28 +75,21 @@ def load_report(d: Path) -> dict[str, Any]:
     return rep
 
 
-def predicted_for(rep: dict[str, Any], nodes: int, tasks: int, cpus: int, single: int = 0,
-                  chief_input_cpus: int = 0, chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
-    """The report model's prediction for a layout (the recommendation's own when it is one):
-    :func:`analyzer.recommend.predict_layout`'s dict (``predicted_samples_per_sec``,
-    ``interval`` [low, high] in samples/s, ``limited_by``; with several trainer ranks the
-    world's). ``chief_input_cpus``: CPUs of the chief's task running input worker 0
-    (``chief_input_cpus``); ``chief_nodes`` × ``chief_tasks_per_node``: the trainer ranks.
-    Raises :class:`CsrunError` for a layout the model does not predict (the chief's input
-    worker with several ranks)."""
+def predicted_for(rep: dict[str, Any], spec: LayoutSpec) -> dict[str, Any]:
+    """The report model's prediction for the layout ``spec`` (the recommendation's own when it
+    is that layout, ``cyclic`` aside): :func:`analyzer.recommend.predict_layout`'s dict
+    (``predicted_samples_per_sec``, ``interval`` [low, high] in samples/s, ``limited_by``; with
+    several trainer ranks the world's). Raises :class:`CsrunError` for a layout the model does
+    not predict (the chief's input worker with several ranks)."""
     rec = rep["recommendation"]
-    if (nodes, tasks, cpus, single, chief_input_cpus, chief_nodes, chief_tasks_per_node) == (
-            rec["nodes"], rec["tasks_per_node"], rec["cpus_per_task"], rec.get("single_task_nodes", 0),
-            rec.get("chief_input_cpus") or 0, rec.get("chief_nodes") or 1, rec.get("chief_tasks_per_node") or 1):
+    if spec.with_(cyclic=False) == LayoutSpec.from_record(rec).with_(cyclic=False):
         return rec
     # numpy (the model) only when another layout is asked for: not at the CLI's start-up.
     from .model import NodeModel
     from .recommend import predict_layout
 
     try:
-        return predict_layout(NodeModel.from_dict(rep["model"]), nodes, tasks, cpus, single, rep.get("ingest"),
-                              rep.get("topology"), chief_input_cpus, chief_nodes=chief_nodes,
-                              chief_tasks_per_node=chief_tasks_per_node)
+        return predict_layout(NodeModel.from_dict(rep["model"]), spec, rep.get("ingest"), rep.get("topology"))
     except ValueError as exc:
         raise CsrunError(str(exc)) from None
 
@@ -115,7 +109,7 @@ def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] 
     argv = [console_script("csrun_wse"), *LayoutSpec.from_record(layout).to_flags()]
     md = mount_dirs or rep.get("mount_dirs")
     if md:
-        argv += ["--mount-dirs", md]
+        argv += [KEY_FLAGS["mount_dirs"].flag, md]
     user = _strip_model_dir(rep.get("argv") or [])
     fw = framework_of_report(rep.get("framework"), False)
     argv += [LAUNCHERS[fw], "-m", "analyzer.verify_task", "--framework", fw]
@@ -149,20 +143,17 @@ def _strip_model_dir(argv: list[str]) -> list[str]:
     return drop_options(argv, valued=("--model_dir", "-o"))
 
 
-def verify_layout(rec: dict[str, Any], node_cpus: int, nodes: int | None = None, tasks: int | None = None,
-                  cpus: int | None = None, chief_input_cpus: int | None = None,
-                  **given: Any) -> dict[str, Any]:
-    """The layout verify launches: the recommendation ``rec``'s, with the layout flags given
-    (``None``/``False``: not given; ``nodes``, ``tasks``, ``cpus``, ``chief_input_cpus`` and
-    any other :data:`csrun_common.layout.LAYOUT_FLAGS` field in ``given``). Overriding nodes,
-    tasks or CPUs starts a layout without single-task nodes and without the chief's input
-    worker unless given. Returns the :meth:`csrun_common.layout.LayoutSpec.record` keys
+def verify_layout(rec: dict[str, Any], node_cpus: int, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The layout verify launches: the recommendation ``rec``'s, with the layout flags
+    ``given`` (:data:`csrun_common.layout.LAYOUT_FLAGS` field -> value; ``None``/``False``: not
+    given). Overriding the nodes, tasks per node or CPUs per task starts a layout without
+    single-task nodes and without the chief's input worker unless given. Returns the
+    :meth:`csrun_common.layout.LayoutSpec.record` keys
     (``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``,
     ``"cyclic"`` when set). Raises :class:`CsrunError` naming the flag for a value below its
     bound, more CPUs than a node's ``node_cpus`` or ``chief_input_cpus`` above the chief task's
     CPUs (:meth:`LayoutSpec.check_node`)."""
-    named = {k: v for k, v in {**given, "nodes": nodes, "tasks_per_node": tasks, "cpus_per_task": cpus,
-                                "chief_input_cpus": chief_input_cpus}.items() if v is not None and v is not False}
+    named = {k: v for k, v in (given or {}).items() if v is not None and v is not False}
     LayoutSpec.check_given(named)
     spec = LayoutSpec.from_record(rec)
     if any(named.get(k) for k in ("nodes", "tasks_per_node", "cpus_per_task")):
@@ -179,10 +170,10 @@ def result_paths(out_dir: Path, world_size: int) -> list[Path]:
     return [path.with_name(f"{path.stem}.rank{r}{path.suffix}") for r in range(world_size)]
 
 
-def verify(report: str | None, seconds: float, warmup: float, nodes: int | None, tasks: int | None,
-           cpus: int | None, timeout_s: float, mount_dirs: str | None,
-           chief_input_cpus: int | None = None, **given: Any) -> dict:
-    """Run the check; returns the ``verify.json`` record (``predicted_samples_per_sec``,
+def verify(report: str | None, seconds: float, warmup: float, given: Mapping[str, Any], timeout_s: float,
+           mount_dirs: str | None) -> dict:
+    """Run the check of the recommendation with the layout flags ``given`` (:func:`verify_layout`);
+    returns the ``verify.json`` record (``predicted_samples_per_sec``,
     ``interval``, ``measured_samples_per_sec``, ``error_pct``, ``within_interval``, ``layout``,
     ``drain`` (the drain's JSON; with several trainer ranks :func:`merge_rank_drains` of the
     ranks'), ``exit_status``, ``wall_s``; with the chief's input worker also ``chief_input``
@@ -190,10 +181,9 @@ def verify(report: str | None, seconds: float, warmup: float, nodes: int | None,
     d = find_report(report)
     rep = load_report(d)
     rec = rep["recommendation"]
-    layout = verify_layout(rec, int(rep["model"]["node_cpus"]), nodes, tasks, cpus, chief_input_cpus, **given)
+    layout = verify_layout(rec, int(rep["model"]["node_cpus"]), given)
     spec = LayoutSpec.from_record(layout)
-    pred = predicted_for(rep, spec.nodes, spec.tasks_per_node, int(spec.cpus_per_task or 1), spec.single_task_nodes,
-                         spec.chief_input_cpus, spec.chief_nodes, spec.chief_tasks_per_node)
+    pred = predicted_for(rep, spec)
     out_dir = d / "verify"
     out_dir.mkdir(parents=True, exist_ok=True)
     results = result_paths(out_dir, spec.world_size)
@@ -386,7 +376,7 @@ def _rank_lines(drain: dict[str, Any]) -> list[str]:
               help="Seconds drained after the first batch before measuring.")
 @click_options(LAYOUT_FLAGS, notes=VERIFY_NOTES, over={s.name: {"default": None, "show_default": False}
                                                         for s in LAYOUT_FLAGS if s.type is not bool})
-@click.option("--mount-dirs", default=None, metavar="DIR[,DIR...]", help="Passed to csrun_wse.")
+@KEY_FLAGS["mount_dirs"].click_option(help="Passed to csrun_wse.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=10), default=600.0, show_default=True,
               help="Give up (and cancel the job) after this many seconds.")
 def verify_command(report: str | None, seconds: float, warmup: float, mount_dirs: str | None,
@@ -397,7 +387,6 @@ def verify_command(report: str | None, seconds: float, warmup: float, mount_dirs
         LayoutSpec.check_given(given)
     except CsrunError as exc:
         raise click.UsageError(str(exc)) from None
-    res = verify(report, seconds, warmup, given.pop("nodes"), given.pop("tasks_per_node"), given.pop("cpus_per_task"),
-                 timeout_s, mount_dirs, given.pop("chief_input_cpus"), **given)
+    res = verify(report, seconds, warmup, given, timeout_s, mount_dirs)
     click.echo(render(res))
     return 0 if res.get("measured_samples_per_sec") is not None else 1

@@ -15,8 +15,8 @@ docs/CONTRACT.md):
   ``worker``: TensorFlow's ``input_fn(params_i)`` behind a tf.data service worker, PyTorch's
   DataLoader streamed over the data plane) until the chief is done;
 * the **chief** sets up what the runtime's chief sets up for training (the backend's
-  ``ChiefDrain``: the rendezvous, the input workers' streams, with ``CSRUN_CHIEF_INPUT_CPUS``
-  (the chief input CPUs of the layout) its CPU split and input worker 0 in its own task; the
+  ``ChiefDrain``: the rendezvous, the input workers' streams, with the layout's chief input
+  CPUs (:mod:`csrun_runtime.chief_input`) its CPU split and input worker 0 in its own task; the
   in-process input when there is no input worker) — but instead of training it only *drains*
   the stream: ``--warmup`` seconds after the first batch, then a measured window of
   ``--seconds``; it writes the delivered samples/s to ``--out`` (JSON), marks the job done
@@ -34,7 +34,7 @@ Result JSON: ``{"status": "ok"|"failed", "samples_per_sec", "window_s", "samples
 the first batch), "chief_cpu_cores" (CPU-seconds per second of the chief process),
 "job_cpu_cores_on_host" (the chief's and the input workers' on its host that the backend
 names), "other_cores_busy", "host_cpus", "node", "error"}`` and the backend's own keys
-(TensorFlow: "chief_input" with ``CSRUN_CHIEF_INPUT_CPUS``: its CPU split; its stream is
+(TensorFlow: "chief_input" with the chief's input CPUs: its CPU split; its stream is
 ``batches_per_worker["0"]``; PyTorch: "framework", "dataloader_workers", the own input
 worker's).
 

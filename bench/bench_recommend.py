@@ -57,6 +57,7 @@ from analyzer.model import NodeModel
 from analyzer.probe_driver import PROBE_KIND, ProbeSession, Target, Timing
 from analyzer.recommend import predict_layout
 from analyzer.verify import drain_command, launch_drain
+from csrun_common.layout import LayoutSpec
 from launcher.config import load_config
 
 REPO = common.REPO
@@ -82,8 +83,8 @@ def cluster_target() -> Target:
     """The probe target the analyzer uses on the cluster: one CPU node (not the GRES node)
     of the configured partition, all its CPUs (:class:`analyzer.probe_driver.Target`)."""
     cfg = load_config()
-    info = cluster_info(cfg.partition, cfg.gres_node)
-    return Target(local=False, partition=cfg.partition, account=cfg.account, exclude=cfg.gres_node,
+    info = cluster_info(cfg.slurm.partition, cfg.gres_node)
+    return Target(local=False, partition=cfg.slurm.partition, account=cfg.slurm.account, exclude=cfg.gres_node,
                           container=None, node_cpus=int(info["node_cpus"]), python=cfg.python)
 
 
@@ -161,7 +162,7 @@ def per_node_choice(rep: dict, n: int, tolerance: float = 0.05) -> tuple[int, in
     the best (:func:`analyzer.recommend.recommend`). ``None`` when the report has no model."""
     try:
         m = NodeModel.from_dict(rep["model"])
-        preds = {(t, c): float(predict_layout(m, 2, t, c, 1, None, None)["predicted_samples_per_sec"])
+        preds = {(t, c): float(predict_layout(m, LayoutSpec(2, t, c, single_task_nodes=1))["predicted_samples_per_sec"])
                  for c in range(1, n + 1) for t in range(1, n // c + 1)}
     except Exception:  # noqa: BLE001 - the report's model shape changed
         return None

@@ -2,8 +2,9 @@
 
 Each flag of ``csrun_wse``, ``csrun_cpu``, ``cs_input_analyzer verify`` and ``shard-plan`` is
 one :class:`FlagSpec` (its parameter name, its flag text, type, default, help): the layout
-flags in :data:`csrun_common.layout.LAYOUT_FLAGS`, the launcher's others in
-:mod:`launcher.flags`. :func:`click_options` builds the click options of a CLI from them, so
+flags in :data:`csrun_common.layout.LAYOUT_FLAGS`, a flag that wins over a site-config key on
+that key's field (:class:`launcher.config.SiteConfig`, :class:`launcher.policy.SitePolicy`),
+the launcher's others in :mod:`launcher.flags`. :func:`click_options` builds the click options of a CLI from them, so
 a flag is never written per CLI; the typed values the commands work on
 (:class:`launcher.flags.WseFlags`, :class:`csrun_common.layout.LayoutSpec`) are checked
 against the same tuples (``tests/unit/test_options.py``). The shape follows torchx's

@@ -31,10 +31,11 @@ from typing import Any
 from .errors import CsrunError
 from .flagspec import FlagSpec
 
-__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "RECORD_KEYS", "RANK_FIELDS", "flag", "resolve_counts"]
+__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "HELP_LATER", "RECORD_KEYS", "RANK_FIELDS", "flag",
+           "resolve_counts"]
 
 #: The layout flags, declared once, in the order :meth:`LayoutSpec.to_flags` writes them
-#: (``csrun_wse --help`` lists the chief's input CPUs later: :data:`launcher.flags.WSE_OPTIONS`);
+#: (``csrun_wse --help`` lists :data:`HELP_LATER` later);
 #: ``name`` is the :class:`LayoutSpec` field. The first three are always written (when set),
 #: the others only when not their default. ``min``: the bound :meth:`LayoutSpec.check`
 #: applies (and click, where ``click_range``).
@@ -62,6 +63,9 @@ LAYOUT_FLAGS: tuple[FlagSpec, ...] = (
              "TensorFlow's MultiWorkerMirroredStrategy over all ranks (docs/MULTI-RANK.md)", min=1,
              show_default=True),
 )
+#: The layout flags ``csrun_wse --help`` lists apart, after ``--requeue``'s
+#: (:data:`launcher.flags.WSE_OPTIONS`); the others come first.
+HELP_LATER = frozenset({"chief_input_cpus"})
 #: Field -> its flag text (from :data:`LAYOUT_FLAGS`).
 FLAGS: dict[str, str] = {s.name: s.flag for s in LAYOUT_FLAGS}
 #: Keys of a layout in the analyzer's records (``report.json``'s ``recommendation``,

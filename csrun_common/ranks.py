@@ -1,7 +1,7 @@
 """Several trainer ranks: which rank an input worker feeds, and each rank's environment.
 
 Pure Python (no Slurm call, no framework). A job of ``C`` chief nodes with ``R``
-trainer ranks each (the layout's ``chief_nodes`` and ``chief_tasks_per_node``) trains in
+trainer ranks each (the layout's chief nodes and trainer ranks per chief node) trains in
 ``world_size = C × R`` ranks, the tasks of its chief's het
 group (docs/MULTI-RANK.md):
 

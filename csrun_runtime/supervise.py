@@ -27,7 +27,7 @@ task's CPUs stay allocated to it, so the replacement needs no new allocation.
 docs/RESILIENCE.md "Lost input workers" states what this covers (a killed process); docs/RESILIENCE.md "A lost node"
 what covers a lost node (below).
 
-The input worker a chief starts in its own task (``CSRUN_CHIEF_INPUT_CPUS``,
+The input worker a chief starts in its own task (the chief's input CPUs,
 :mod:`csrun_runtime.chief_input`) runs under this module too; its supervisor first takes the
 CPUs and niceness the chief chose (``CSRUN_PIN_CPUS``, ``CSRUN_NICE``), which the worker inherits.
 

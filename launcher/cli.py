@@ -178,7 +178,7 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
     if not cfg.path_checks:  # site key checks.paths = false: as --no-path-checks
         flags = flags.without_path_checks()
     _refuse_check_with_dry_run(flags)
-    policy, sources = site_policy(flags.policy(), cfg)
+    policy, sources = site_policy(flags.policy, cfg)
     requeue = requeue_spec(flags.requeue, flags.requeue_signal, flags.max_requeues, cfg, policy, sources["time"])
     container = site_container(cfg, flags.mount_dirs)
     cmd, mode = expand_python_word(command, cfg.python)
@@ -462,7 +462,7 @@ def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
         raise _missing_command("csrun_cpu")
     _warn_options_after_command("csrun_cpu", command)
     _refuse_check_with_dry_run(flags)
-    policy, sources = site_policy(flags.policy(), cfg)
+    policy, sources = site_policy(flags.policy, cfg)
     container = site_container(cfg, flags.mount_dirs)
     cmd, _mode = expand_python_word(command, cfg.python)
     view = cluster_view(policy.partition, sources["partition"], cfg, flags.dry_run, exclude=cfg.gres_node)

@@ -11,6 +11,10 @@ from the first file found of:
 
 and falls back, key by key, to an embedded default that works on the local test
 cluster (``slurm-test-cluster/``). ``templates/config.toml`` is a commented template.
+
+Each key is declared once, as a field of :class:`SiteConfig` (or of its ``[slurm]`` section,
+:class:`launcher.policy.SitePolicy`) with its flag attached (:func:`launcher.sitekeys.key`);
+:data:`KEYS`, the schema, ``--show-config`` and the flags' ``[default: ...]`` are read from them.
 """
 from __future__ import annotations
 
@@ -28,83 +32,102 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from csrun_common.env import CONFIG
+from csrun_common.env import BATCH_CHECK_SECS, CONFIG, NO_PATH_CHECKS
 from csrun_common.errors import ConfigError, CsrunError
-from csrun_common.layout import FLAGS
+from csrun_common.flagspec import FlagSpec
+from csrun_common.layout import FLAGS, LAYOUT_FLAGS
 
-from .policy import check_slurm_arg, parse_time
+from .policy import SitePolicy, check_slurm_arg, parse_time
 from .requeue import DEFAULT_MAX_REQUEUES, DEFAULT_SIGNAL, parse_signal_spec
+from .sitekeys import Key, build, flag_notes, key, keys_of, section
 
 RUNTIMES = ("none", "singularity", "apptainer", "pyxis")
 EMBEDDED = "embedded default"
 
 
-@dataclass(frozen=True)
-class Key:
-    """One site-config key, declared once: its TOML place, the :class:`SiteConfig` attribute it
-    fills, its type and embedded default, the one-line help that ``templates/config.toml``
-    and the README paraphrase, and the flag that wins over it (``""`` when none does).
-    ``tests/unit/test_options.py`` fails when the dataclass, the template or the CLI drift
-    from this table."""
+_LAYOUT = {s.name: s for s in LAYOUT_FLAGS}
 
-    section: str
-    name: str
-    attr: str
-    type: type
-    default: Any
-    help: str
-    flag: str = ""
-    zero_allowed: bool = False  # an int key for which 0 is valid (the others must be positive)
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """Resolved site configuration; each field declares its key (:func:`launcher.sitekeys.key`:
+    TOML place, embedded default, help, the flag that wins over it), in ``--show-config``
+    order. The embedded defaults fit the test cluster: node1 carries gpu:1, node2..node5 are
+    CPU nodes with 2 CPUs each. ``slurm`` is the ``[slurm]`` section (:class:`SitePolicy`);
+    ``sources`` maps every ``section.key`` to where its value came from (a file path or
+    ``embedded default``)."""
+
+    nodes: int = key("defaults", "nodes", 2, f"DEF_NODES: csrun_wse {FLAGS['nodes']} when not given",
+                     _LAYOUT["nodes"], "{key}")
+    tasks_per_node: int = key("defaults", "tasks_per_node", 2,
+                              f"DEF_TASKS_PER_NODE: csrun_wse {FLAGS['tasks_per_node']} when not given",
+                              _LAYOUT["tasks_per_node"], "{key}, or node CPUs / C")
+    cpus_per_task: int = key("defaults", "cpus_per_task", 1,
+                             f"DEF_CPUS_PER_TASK: csrun_wse {FLAGS['cpus_per_task']} when not given",
+                             _LAYOUT["cpus_per_task"], "{key} if T of them fit, else Slurm's choice")
+    node_cpus: int = key("defaults", "node_cpus", 0, "CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)",
+                         zero_allowed=True)
+    gres_resource: str = key("gres", "resource", "gpu:1", "GRES_RESOURCE: --gres of the chief's component")
+    gres_node: str = key("gres", "node", "node1", "GRES_NODE: excluded from csrun_cpu and input-worker jobs")
+    container_runtime: str = key("container", "runtime", "none", "none | singularity | apptainer | pyxis")
+    container_image: str = key("container", "image", "", "SINGULARITY_IMAGE (or the Pyxis image)")
+    mount_dirs: tuple[str, ...] = key(
+        "container", "mount_dirs", (), "MOUNT_DIRS: always bind-mounted",
+        FlagSpec("mount_dirs", "--mount-dirs", str, None, "Directories to bind-mount in the container, added to {key}.",
+                 metavar="DIR[,DIR...]"))
+    slurm: SitePolicy = section(SitePolicy)
+    requeue: bool = key(
+        "requeue", "enabled", False, "csrun_wse --requeue by default",
+        FlagSpec("requeue", "--requeue", bool, None, "On the warning signal before the time limit, preemption or "
+                 "scontrol requeue, checkpoint, stop and requeue the job; it resumes from the checkpoint",
+                 off_flag="--no-requeue"), "{key}")
+    requeue_signal: str = key(
+        "requeue", "signal", DEFAULT_SIGNAL, "SIGNAL@SECONDS before the time limit",
+        FlagSpec("requeue_signal", "--requeue-signal", str, None,
+                 "Warning signal and its lead time before the time limit", metavar="SIG@SECONDS"), "{key}, {default}")
+    max_requeues: int = key(
+        "requeue", "max_requeues", DEFAULT_MAX_REQUEUES, "requeues allowed before the job is left failed",
+        FlagSpec("max_requeues", "--max-requeues", int, None, "Requeues allowed before the job is left failed"),
+        "{key}, {default}", zero_allowed=True)
+    path_checks: bool = key(
+        "checks", "paths", True, "check the script, --params, data paths, model_dir and shard plan before every launch",
+        FlagSpec("no_path_checks", "--no-path-checks", bool, False, "Skip the checks every launch makes of the script, "
+                 "--params, the data paths the params name, the model_dir's parent and a shard plan's files (for "
+                 "clusters whose login node does not see the compute nodes' paths; also "
+                 f"{NO_PATH_CHECKS.name}=1; docs/CHECKS.md).", options={"envvar": NO_PATH_CHECKS.name}))
+    batch_check_secs: int = key(
+        "checks", "batch_secs", 30, "seconds a launch may spend pulling one batch locally before queueing; 0 = off "
+        f"(${BATCH_CHECK_SECS.name} overrides)",
+        FlagSpec("no_batch_check", "--no-batch-check", bool, False, "Do not pull one batch of the training input on "
+                 "this host before queueing (by default a training run's first batch is pulled, bounded by {key} "
+                 "seconds, and a launch whose input code raises is refused; docs/CHECKS.md)."), zero_allowed=True)
+    master_port: int = key("ranks", "master_port", 0,
+                           "rank 0's port for several trainer ranks (CSRUN_MASTER_PORT, MASTER_PORT); 0 = derived "
+                           "from the job id (29500 + SLURM_JOB_ID % 2000)", zero_allowed=True)
+    python_executable: str = key("python", "executable", "",
+                                 "interpreter of python-ws/python-pt; \"\" = the one running csrun")
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def items(self) -> list[tuple[str, Any, str]]:
+        """Every key as ``(section.key, value, source)`` in schema order."""
+        return [(k.dotted, list(k.value(self)) if k.type is list else k.value(self),
+                 self.sources.get(k.dotted, EMBEDDED)) for k in KEYS]
 
     @property
-    def dotted(self) -> str:
-        """``section.name``, as ``--show-config`` and the error messages write it."""
-        return f"{self.section}.{self.name}"
+    def python(self) -> str:
+        """Interpreter that ``python-ws``/``python-pt`` run (default: ``sys.executable``)."""
+        return self.python_executable or sys.executable
 
 
-#: Every site-config key, in ``--show-config`` order. The embedded defaults fit the test
-#: cluster: node1 carries gpu:1, node2..node5 are CPU nodes with 2 CPUs each.
-KEYS: tuple[Key, ...] = (
-    Key("defaults", "nodes", "nodes", int, 2, f"DEF_NODES: csrun_wse {FLAGS['nodes']} when not given",
-        FLAGS["nodes"]),
-    Key("defaults", "tasks_per_node", "tasks_per_node", int, 2,
-        f"DEF_TASKS_PER_NODE: csrun_wse {FLAGS['tasks_per_node']} when not given", FLAGS["tasks_per_node"]),
-    Key("defaults", "cpus_per_task", "cpus_per_task", int, 1,
-        f"DEF_CPUS_PER_TASK: csrun_wse {FLAGS['cpus_per_task']} when not given", FLAGS["cpus_per_task"]),
-    Key("defaults", "node_cpus", "node_cpus", int, 0,
-        "CPUs of a CPU node when Slurm cannot be asked (0: ask sinfo)", zero_allowed=True),
-    Key("gres", "resource", "gres_resource", str, "gpu:1", "GRES_RESOURCE: --gres of the chief's component"),
-    Key("gres", "node", "gres_node", str, "node1", "GRES_NODE: excluded from csrun_cpu and input-worker jobs"),
-    Key("container", "runtime", "container_runtime", str, "none", "none | singularity | apptainer | pyxis"),
-    Key("container", "image", "container_image", str, "", "SINGULARITY_IMAGE (or the Pyxis image)"),
-    Key("container", "mount_dirs", "mount_dirs", list, [], "MOUNT_DIRS: always bind-mounted", "--mount-dirs"),
-    Key("slurm", "partition", "partition", str, "", "partition of every job", "--partition"),
-    Key("slurm", "account", "account", str, "", "account of every job", "--account"),
-    Key("slurm", "qos", "qos", str, "", "QOS of every job", "--qos"),
-    Key("slurm", "reservation", "reservation", str, "", "reservation of every job", "--reservation"),
-    Key("slurm", "constraint", "constraint", str, "", "node features every job requires", "--constraint"),
-    Key("slurm", "time", "time", str, "", "time limit in Slurm's format (sbatch(1) --time)", "--time"),
-    Key("slurm", "extra_args", "extra_args", list, [], "verbatim options for every het component",
-        "--slurm-arg"),
-    Key("requeue", "enabled", "requeue", bool, False, "csrun_wse --requeue by default", "--requeue"),
-    Key("requeue", "signal", "requeue_signal", str, DEFAULT_SIGNAL, "SIGNAL@SECONDS before the time limit",
-        "--requeue-signal"),
-    Key("requeue", "max_requeues", "max_requeues", int, DEFAULT_MAX_REQUEUES,
-        "requeues allowed before the job is left failed", "--max-requeues", zero_allowed=True),
-    Key("checks", "paths", "path_checks", bool, True,
-        "check the script, --params, data paths, model_dir and shard plan before every launch",
-        "--no-path-checks"),
-    Key("checks", "batch_secs", "batch_check_secs", int, 30,
-        "seconds a launch may spend pulling one batch locally before queueing; 0 = off "
-        "($CSRUN_BATCH_CHECK_SECS overrides)", "--no-batch-check", zero_allowed=True),
-    Key("ranks", "master_port", "master_port", int, 0,
-        "rank 0's port for several trainer ranks (CSRUN_MASTER_PORT, MASTER_PORT); 0 = derived from "
-        "the job id (29500 + SLURM_JOB_ID % 2000)", zero_allowed=True),
-    Key("python", "executable", "python_executable", str, "",
-        "interpreter of python-ws/python-pt; \"\" = the one running csrun"),
-)
-
+#: Every site-config key, in ``--show-config`` order (:class:`SiteConfig`'s fields).
+KEYS: tuple[Key, ...] = tuple(keys_of(SiteConfig))
+#: The flags that win over a key, by parameter name (``qos``, ``slurm_args``).
+KEY_FLAGS: dict[str, FlagSpec] = {k.spec.name: k.spec for k in KEYS if k.spec}
+#: Flag parameter name -> its help's ``[default: ...]``: the key it falls back to.
+FLAG_NOTES: dict[str, str] = flag_notes(KEYS)
 _BY_DOTTED: dict[str, Key] = {k.dotted: k for k in KEYS}
+#: :class:`SiteConfig` (or :class:`SitePolicy`) field -> its key.
+KEY_OF: dict[str, Key] = {k.attr: k for k in KEYS}
 
 #: section -> key -> (type, default), derived from :data:`KEYS`.
 SCHEMA: dict[str, dict[str, tuple[type, Any]]] = {}
@@ -133,63 +156,15 @@ def candidate_paths(env: Mapping[str, str] | None = None) -> list[tuple[Path, bo
     return out
 
 
-@dataclass(frozen=True)
-class SiteConfig:
-    """Resolved site configuration.
-
-    Attributes mirror the TOML keys (``section.key``); ``sources`` maps every
-    ``section.key`` to where its value came from (a file path or ``embedded default``).
-    """
-
-    nodes: int
-    tasks_per_node: int
-    cpus_per_task: int
-    gres_resource: str
-    gres_node: str
-    container_runtime: str
-    container_image: str
-    mount_dirs: tuple[str, ...]
-    partition: str
-    account: str
-    python_executable: str
-    node_cpus: int = 0
-    qos: str = ""
-    reservation: str = ""
-    constraint: str = ""
-    time: str = ""
-    extra_args: tuple[str, ...] = ()
-    requeue: bool = False
-    requeue_signal: str = DEFAULT_SIGNAL
-    max_requeues: int = DEFAULT_MAX_REQUEUES
-    path_checks: bool = True
-    batch_check_secs: int = 30
-    master_port: int = 0
-    sources: Mapping[str, str] = field(default_factory=dict)
-
-    def items(self) -> list[tuple[str, Any, str]]:
-        """Every key as ``(section.key, value, source)`` in schema order."""
-        out = []
-        for key in KEYS:
-            value = getattr(self, key.attr)
-            out.append((key.dotted, list(value) if key.type is list else value,
-                        self.sources.get(key.dotted, EMBEDDED)))
-        return out
-
-    @property
-    def python(self) -> str:
-        """Interpreter that ``python-ws``/``python-pt`` run (default: ``sys.executable``)."""
-        return self.python_executable or sys.executable
-
-
-def _check(path: str, section: str, key: str, value: Any) -> Any:
-    typ = _BY_DOTTED[f"{section}.{key}"].type
-    where = f"{path}: {section}.{key}"
+def _check(path: str, sec: str, name: str, value: Any) -> Any:
+    typ = _BY_DOTTED[f"{sec}.{name}"].type
+    where = f"{path}: {sec}.{name}"
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} = {value!r}: must be an integer")
-        if (section, key) in ZERO_ALLOWED and value < 0:
+        if (sec, name) in ZERO_ALLOWED and value < 0:
             raise ConfigError(f"{where} = {value!r}: must be 0 or more")
-        if (section, key) not in ZERO_ALLOWED and value < 1:
+        if (sec, name) not in ZERO_ALLOWED and value < 1:
             raise ConfigError(f"{where} = {value!r}: must be a positive integer")
     elif typ is bool:
         if not isinstance(value, bool):
@@ -200,25 +175,25 @@ def _check(path: str, section: str, key: str, value: Any) -> Any:
     elif typ is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where} = {value!r}: must be a list of strings")
-    if (section, key) == ("container", "runtime") and value not in RUNTIMES:
+    if (sec, name) == ("container", "runtime") and value not in RUNTIMES:
         raise ConfigError(f"{where} = {value!r}: must be one of {', '.join(RUNTIMES)}")
-    if (section, key) == ("ranks", "master_port") and not 0 <= value <= 65535:
+    if (sec, name) == ("ranks", "master_port") and not 0 <= value <= 65535:
         raise ConfigError(f"{where} = {value!r}: not a port (1..65535, or 0: derived from the job id)")
-    if (section, key) == ("gres", "resource") and value and not _GRES_RE.match(value):
+    if (sec, name) == ("gres", "resource") and value and not _GRES_RE.match(value):
         raise ConfigError(f"{where} = {value!r}: not a GRES spec like 'gpu:1' or 'gpu:a100:2'")
-    _check_meaning(where, section, key, value)
+    _check_meaning(where, sec, name, value)
     return value
 
 
-def _check_meaning(where: str, section: str, key: str, value: Any) -> None:
+def _check_meaning(where: str, sec: str, name: str, value: Any) -> None:
     """Values with a syntax of their own: a Slurm time, a signal spec, verbatim options.
     Raises :class:`ConfigError` naming the file and key."""
     try:
-        if (section, key) == ("slurm", "time") and value:
+        if (sec, name) == ("slurm", "time") and value:
             parse_time(value, where)
-        elif (section, key) == ("requeue", "signal"):
+        elif (sec, name) == ("requeue", "signal"):
             parse_signal_spec(value, where)
-        elif (section, key) == ("slurm", "extra_args"):
+        elif (sec, name) == ("slurm", "extra_args"):
             for arg in value:
                 check_slurm_arg(arg, where)
     except CsrunError as exc:
@@ -233,17 +208,17 @@ def parse_config(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     unknown section or key, and the key and value for a wrong type.
     """
     out: dict[str, Any] = {}
-    for section, body in data.items():
-        if section not in SCHEMA:
+    for sec, body in data.items():
+        if sec not in SCHEMA:
             raise ConfigError(
-                f"{path}: unknown section [{section}]; valid sections: {', '.join(SCHEMA)}")
+                f"{path}: unknown section [{sec}]; valid sections: {', '.join(SCHEMA)}")
         if not isinstance(body, dict):
-            raise ConfigError(f"{path}: {section} must be a table [{section}]")
-        for key, value in body.items():
-            if key not in SCHEMA[section]:
-                valid = ", ".join(f"{section}.{k}" for k in SCHEMA[section])
-                raise ConfigError(f"{path}: unknown key {section}.{key}; valid keys: {valid}")
-            out[f"{section}.{key}"] = _check(path, section, key, value)
+            raise ConfigError(f"{path}: {sec} must be a table [{sec}]")
+        for name, value in body.items():
+            if name not in SCHEMA[sec]:
+                valid = ", ".join(f"{sec}.{k}" for k in SCHEMA[sec])
+                raise ConfigError(f"{path}: unknown key {sec}.{name}; valid keys: {valid}")
+            out[f"{sec}.{name}"] = _check(path, sec, name, value)
     return out
 
 
@@ -266,21 +241,20 @@ def load_config(env: Mapping[str, str] | None = None) -> SiteConfig:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        for key, value in parse_config(data, str(path)).items():
-            values[key] = value
-            sources[key] = str(path)
+        for dotted, value in parse_config(data, str(path)).items():
+            values[dotted] = value
+            sources[dotted] = str(path)
         break
-    fields: dict[str, Any] = {k.attr: tuple(values[k.dotted]) if k.type is list else values[k.dotted]
-                              for k in KEYS}
-    return SiteConfig(**fields, sources=sources)
+    config: SiteConfig = build(SiteConfig, values, sources=sources)
+    return config
 
 
 def format_config(cfg: SiteConfig) -> str:
     """``--show-config`` text: one ``section.key = value  # source`` line per key."""
 
     lines = []
-    for key, value, source in cfg.items():
-        lines.append(f"{key} = {json.dumps(value)}  # {source}")
+    for dotted, value, source in cfg.items():
+        lines.append(f"{dotted} = {json.dumps(value)}  # {source}")
     if not cfg.python_executable:
         lines.append(f"# python.executable resolves to {cfg.python}")
     return "\n".join(lines)

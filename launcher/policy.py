@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from csrun_common.errors import CsrunError
+from csrun_common.flagspec import FlagSpec
 from csrun_common.layout import LAYOUT_FLAGS
 
-__all__ = ["SitePolicy", "parse_time", "format_seconds", "check_slurm_arg", "MANAGED_OPTIONS",
-           "constraint_features"]
+from .sitekeys import key, keys_of
+
+__all__ = ["SitePolicy", "POLICY_KEYS", "POLICY_FLAGS", "parse_time", "format_seconds", "check_slurm_arg",
+           "MANAGED_OPTIONS", "constraint_features"]
 
 #: The time formats of sbatch(1) ``--time``: "Acceptable time formats include "minutes",
 #: "minutes:seconds", "hours:minutes:seconds", "days-hours", "days-hours:minutes" and
@@ -35,15 +38,14 @@ _TIME_RE = re.compile(r"^(?:(?P<days>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>
 
 #: Options csrun writes itself, with the csrun flag (or key) to use instead; a
 #: ``--slurm-arg`` naming one of them is refused (two values of one option on one
-#: component: the last would silently win).
+#: component: the last would silently win). The layout's and the site policy's come from
+#: their flags' ``slurm_options`` (:data:`LAYOUT_FLAGS`, :data:`POLICY_KEYS`, filled in below
+#: :class:`SitePolicy`).
 MANAGED_OPTIONS: dict[str, str] = {
     **{option: spec.flag for spec in LAYOUT_FLAGS for option in spec.slurm_options},
     "--gres": "gres.resource",
     "--exclusive": "the layout (every component is exclusive)", "--exclude": "gres.node",
     "-x": "gres.node", "--job-name": "csrun (it names its jobs)", "-J": "csrun (it names its jobs)",
-    "--partition": "--partition", "-p": "--partition", "--account": "--account", "-A": "--account",
-    "--qos": "--qos", "-q": "--qos", "--time": "--time", "-t": "--time",
-    "--reservation": "--reservation", "--constraint": "--constraint", "-C": "--constraint",
     "--export": "csrun (the role contract travels in --export)", "--het-group": "the layout",
     "--output": "csrun (the batch output file)",
     "-o": "csrun (the batch output file)", "--requeue": "--requeue", "--no-requeue": "--requeue",
@@ -136,7 +138,9 @@ def constraint_features(expression: str) -> list[str]:
 
 @dataclass(frozen=True)
 class SitePolicy:
-    """The site options of one launch, each ``""`` when not given (Slurm's default).
+    """The site options of one launch, each ``""`` when not given (Slurm's default), and the
+    ``[slurm]`` section of the site config: each field declares its key and the flag that wins
+    over it (:func:`launcher.sitekeys.key`).
 
     Attributes:
         partition, account, qos, reservation, constraint: sbatch(1) ``--partition``,
@@ -146,13 +150,28 @@ class SitePolicy:
         extra_args: verbatim options (``slurm.extra_args`` then every ``--slurm-arg``).
     """
 
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    reservation: str = ""
-    constraint: str = ""
-    time: str = ""
-    extra_args: tuple[str, ...] = ()
+    partition: str = key("slurm", "partition", "", "partition of every job",
+                         FlagSpec("partition", "--partition", str, None, "Slurm partition",
+                                  slurm_options=("--partition", "-p")), "{key}")
+    account: str = key("slurm", "account", "", "account of every job",
+                       FlagSpec("account", "--account", str, None, "Slurm account",
+                                slurm_options=("--account", "-A")), "{key}")
+    qos: str = key("slurm", "qos", "", "QOS of every job",
+                   FlagSpec("qos", "--qos", str, None, "Quality of service", slurm_options=("--qos", "-q")), "{key}")
+    reservation: str = key("slurm", "reservation", "", "reservation of every job",
+                           FlagSpec("reservation", "--reservation", str, None, "Reservation(s) to run in",
+                                    slurm_options=("--reservation",)), "{key}")
+    constraint: str = key("slurm", "constraint", "", "node features every job requires",
+                          FlagSpec("constraint", "--constraint", str, None, "Node features required (e.g. "
+                                   "'skylake&ib')", slurm_options=("--constraint", "-C")), "{key}")
+    time: str = key("slurm", "time", "", "time limit in Slurm's format (sbatch(1) --time)",
+                    FlagSpec("time", "--time", str, None, "Time limit in Slurm's format: minutes, minutes:seconds, "
+                             "hours:minutes:seconds, days-hours[:minutes[:seconds]]", metavar="TIME",
+                             slurm_options=("--time", "-t")), "{key}, else the partition's")
+    extra_args: tuple[str, ...] = key("slurm", "extra_args", (), "verbatim options for every het component",
+                                      FlagSpec("slurm_args", "--slurm-arg", str, (), "An option passed verbatim to "
+                                               "every het component, e.g. --slurm-arg=--mem=0 (repeatable; added "
+                                               "to {key}).", metavar="ARG", multiple=True))
 
     @property
     def time_seconds(self) -> int | None:
@@ -161,32 +180,39 @@ class SitePolicy:
 
     def validate(self, sources: dict[str, str] | None = None) -> SitePolicy:
         """Check every value without asking Slurm; returns ``self``. ``sources`` names where
-        each field came from (a flag, or a config key) for the messages.
+        each field came from (a flag, or a config key; default: the flag) for the messages.
 
         Raises :class:`CsrunError` for a bad time format, a name with spaces or
         separators, or a bad verbatim option.
         """
-        src = sources or {}
+        src = {**POLICY_FLAGS, **(sources or {})}
         if self.time:
-            parse_time(self.time, src.get("time", "--time"))
+            parse_time(self.time, src["time"])
         for name in ("partition", "account", "qos", "reservation"):
-            _check_name(getattr(self, name), src.get(name, f"--{name}"), several=name == "reservation")
+            _check_name(getattr(self, name), src[name], several=name == "reservation")
         if self.constraint and ("\n" in self.constraint or " " in self.constraint.strip()):
-            raise CsrunError(f"{src.get('constraint', '--constraint')} {self.constraint!r}: "
+            raise CsrunError(f"{src['constraint']} {self.constraint!r}: "
                              "a constraint has no spaces (join features with & or |)")
         for arg in self.extra_args:
-            check_slurm_arg(arg, src.get("extra_args", "--slurm-arg"))
+            check_slurm_arg(arg, src["extra_args"])
         return self
 
     def options(self) -> list[str]:
         """The sbatch/srun options of this policy, in a fixed order (job-level options first,
         then the verbatim ones)."""
         opts = []
-        for name in ("partition", "account", "qos", "reservation", "constraint", "time"):
-            value = getattr(self, name)
-            if value:
-                opts.append(f"--{name}={value}")
+        for k in POLICY_KEYS:
+            value = k.value(self)
+            if value and k.type is str and k.spec:
+                opts.append(f"{k.spec.slurm_options[0]}={value}")
         return opts + list(self.extra_args)
+
+
+#: The ``[slurm]`` keys (:class:`SitePolicy`'s fields), each with its flag.
+POLICY_KEYS = tuple(keys_of(SitePolicy))
+#: :class:`SitePolicy` field -> the text of the flag that sets it (``--qos``).
+POLICY_FLAGS = {k.attr: k.flag for k in POLICY_KEYS}
+MANAGED_OPTIONS.update({option: k.flag for k in POLICY_KEYS if k.spec for option in k.spec.slurm_options})
 
 
 def merge_extra_args(config_args: Sequence[str], flag_args: Sequence[str]) -> tuple[str, ...]:

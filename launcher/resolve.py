@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from csrun_common.env import VERBOSE
 from csrun_common.errors import CsrunError, SlurmUnavailable
@@ -25,11 +26,11 @@ from csrun_common.hostlist import expand_hostlist
 from csrun_common.layout import flag
 
 from . import slurm
-from .config import SiteConfig
-from .policy import SitePolicy, constraint_features, merge_extra_args
+from .config import KEY_OF, SiteConfig
+from .policy import POLICY_KEYS, SitePolicy, constraint_features, merge_extra_args
 from .requeue import RequeueSpec
 
-__all__ = ["PolicyFlags", "site_policy", "requeue_spec", "ClusterView", "cluster_view", "check_site_names",
+__all__ = ["site_policy", "requeue_spec", "ClusterView", "cluster_view", "check_site_names",
            "task_env", "QUIET_ENV", "VERBOSE_ENV", "gres_nodes"]
 
 #: Exported to every launched task unless the user's environment sets it already: hides
@@ -41,33 +42,25 @@ QUIET_ENV = (("TF_CPP_MIN_LOG_LEVEL", "1"),)
 VERBOSE_ENV = (("TF_CPP_MIN_LOG_LEVEL", "0"),)
 
 
-@dataclass(frozen=True)
-class PolicyFlags:
-    """The site-policy flags as given (``None``: not given)."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    constraint: str | None = None
-    time: str | None = None
-    slurm_args: tuple[str, ...] = ()
-
-
-def site_policy(flags: PolicyFlags, cfg: SiteConfig) -> tuple[SitePolicy, dict[str, str]]:
-    """The launch's :class:`SitePolicy` (a flag wins over its ``slurm.*`` key; ``--slurm-arg``
-    adds to ``slurm.extra_args``) and, per field, where it came from (``--qos`` or
-    ``slurm.qos``) for messages. Raises :class:`CsrunError` (:meth:`SitePolicy.validate`)."""
-    values: dict[str, str] = {}
+def site_policy(given: Mapping[str, Any], cfg: SiteConfig) -> tuple[SitePolicy, dict[str, str]]:
+    """The launch's :class:`SitePolicy`: the site's (``cfg.slurm``) with the policy flags
+    ``given`` (parameter name -> value, ``None``: not given; :attr:`launcher.flags.CommonFlags.policy`)
+    winning over their keys, and ``--slurm-arg`` adding to ``slurm.extra_args``; and, per field,
+    where it came from (``--qos`` or ``slurm.qos``) for messages. Raises :class:`CsrunError`
+    (:meth:`SitePolicy.validate`)."""
+    values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name in ("partition", "account", "qos", "reservation", "constraint", "time"):
-        given = getattr(flags, name)
-        values[name] = given if given is not None else getattr(cfg, name)
-        sources[name] = f"--{name}" if given is not None else f"slurm.{name}"
-    extra = merge_extra_args(cfg.extra_args, flags.slurm_args)
-    for arg in cfg.extra_args:  # a bad config entry names the key, a bad flag the flag
-        SitePolicy(extra_args=(arg,)).validate({"extra_args": "slurm.extra_args"})
-    policy = SitePolicy(extra_args=extra, **values)
+    for k in POLICY_KEYS:
+        assert k.spec is not None  # every [slurm] key has its flag
+        value = given.get(k.spec.name)
+        if k.type is list:  # the flag adds to the key; a bad config entry names the key, a bad flag the flag
+            for arg in k.value(cfg.slurm):
+                SitePolicy(extra_args=(arg,)).validate({k.attr: k.dotted})
+            values[k.attr], sources[k.attr] = merge_extra_args(k.value(cfg.slurm), value or ()), k.flag
+        else:
+            values[k.attr] = value if value is not None else k.value(cfg.slurm)
+            sources[k.attr] = k.flag if value is not None else k.dotted
+    policy = SitePolicy(**values)
     policy.validate(sources)
     return policy, sources
 
@@ -79,18 +72,18 @@ def requeue_spec(enabled: bool | None, signal_spec: str | None, max_requeues: in
     ``None`` without requeue. Raises :class:`CsrunError` for a bad signal spec, a negative
     budget, or a lead time not shorter than the time limit."""
     on = cfg.requeue if enabled is None else enabled
+    sig, budget = KEY_OF["requeue_signal"], KEY_OF["max_requeues"]
     if not on:
-        for given, name in ((signal_spec, "--requeue-signal"), (max_requeues, "--max-requeues")):
+        for given, k in ((signal_spec, sig), (max_requeues, budget)):
             if given is not None:
-                raise CsrunError(f"{name} {given}: only with --requeue")
+                raise CsrunError(f"{k.flag} {given}: only with {KEY_OF['requeue'].flag}")
         return None
+    sig_source = sig.flag if signal_spec is not None else sig.dotted
     spec = RequeueSpec.parse(
         signal_spec if signal_spec is not None else cfg.requeue_signal,
         max_requeues if max_requeues is not None else cfg.max_requeues,
-        flag="--requeue-signal" if signal_spec is not None else "requeue.signal",
-        max_flag="--max-requeues" if max_requeues is not None else "requeue.max_requeues")
-    spec.check_time_limit(policy.time_seconds, time_source,
-                          "--requeue-signal" if signal_spec is not None else "requeue.signal")
+        flag=sig_source, max_flag=budget.flag if max_requeues is not None else budget.dotted)
+    spec.check_time_limit(policy.time_seconds, time_source, sig_source)
     return spec
 
 

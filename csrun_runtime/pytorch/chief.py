@@ -110,7 +110,7 @@ class Chief:
         self.device = rank_device(role)
         self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
-        self.own_input = OwnInput(role, os.environ)  # CSRUN_CHIEF_INPUT_CPUS: input worker 0 in this task
+        self.own_input = OwnInput(role, os.environ)  # the chief's input CPUs: input worker 0 in this task
 
     # ------------------------------------------------------------------ life
     def run(self) -> int:

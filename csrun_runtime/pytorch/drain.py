@@ -7,7 +7,7 @@ with ``csrun_wse ... python-pt``):
   data plane) until the chief is done;
 * the **chief** (:class:`ChiefDrain`) sets up what the PyTorch chief sets up for training —
   the rendezvous with its heartbeat, the CPU split and input worker 0 in its own task with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (:class:`.own_input.OwnInput`), the data-plane receiver
+  the chief's input CPUs (:class:`.own_input.OwnInput`), the data-plane receiver
   (:class:`.remote.RemoteSource`) — or, with no input worker, the in-process DataLoader
   (:func:`.worker.build_loader`, ``torch`` held to the task's CPUs).
 

@@ -1,5 +1,5 @@
-"""``CSRUN_CHIEF_INPUT_CPUS=N`` on the PyTorch chief (docs/CHIEF-INPUT.md): input worker 0
-runs as a supervised process of the chief's own task.
+"""The chief's input CPUs on the PyTorch chief (docs/CHIEF-INPUT.md, :mod:`csrun_runtime.chief_input`):
+input worker 0 runs as a supervised process of the chief's own task.
 
 The framework-neutral pieces are :mod:`csrun_runtime.chief_input`'s, as on the TensorFlow chief:
 :func:`~csrun_runtime.chief_input.place` splits the task's CPUs (and pins the chief's threads
@@ -29,7 +29,7 @@ log = logging.getLogger("csrun.runtime")
 
 class OwnInput:
     """The PyTorch chief's input worker 0 (module docstring); every method is a no-op without
-    ``CSRUN_CHIEF_INPUT_CPUS`` (or with 0) in ``env``.
+    the chief's input CPUs (or with 0) in ``env``.
 
     Args:
         role: the chief's role (its ``procid`` and ``cpus_per_task``).
@@ -78,7 +78,7 @@ class OwnInput:
 
     def missing(self) -> int:
         """Input workers that will write no report: 1 when worker 0 was asked for
-        (``CSRUN_CHIEF_INPUT_CPUS``) but not started (a mode that streams nothing, or nothing left
+        (the chief's input CPUs) but not started (a mode that streams nothing, or nothing left
         to train), else 0."""
         return 1 if self.requested and self.worker is None else 0
 

@@ -193,7 +193,7 @@ class InputWorker:
                 view = make_data_dir_view(ti["data_dir"], own, others, self.rdv.dir / "data_views" / str(self.index))
                 data_dir = view.data_dir
             w, rank = 1, 0
-        threads = self.role.cpus_per_task if self.role.chief_input else None  # CSRUN_CHIEF_INPUT_CPUS=N: N threads
+        threads = self.role.cpus_per_task if self.role.chief_input else None  # the chief's input CPUs N: N threads
         try:
             loader, params, seed = build_loader(self.fn, self.resolved.params, rank, w, g, data_dir, files,
                                                 threads=threads)

@@ -104,7 +104,7 @@ class Chief:
 
     @property
     def chief_input(self) -> chief_input.ChiefInputWorker | None:
-        """Input worker 0 in this task (``CSRUN_CHIEF_INPUT_CPUS``) once started, else None."""
+        """Input worker 0 in this task (:mod:`csrun_runtime.chief_input`) once started, else None."""
         return self.streams.chief_input
 
     @property

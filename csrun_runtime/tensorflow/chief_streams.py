@@ -1,6 +1,6 @@
 """The chief's input side: the training input's contract checks, the input workers'
 dispatchers (or data-plane receiver), their rendezvous registrations, the chief's own input
-worker (``CSRUN_CHIEF_INPUT_CPUS``) and the batch source training reads.
+worker (:mod:`csrun_runtime.chief_input`) and the batch source training reads.
 
 :class:`ChiefStreams` gets what it uses (the role, the params, the input function, the
 rendezvous), not the chief (:mod:`csrun_runtime.tensorflow.chief` owns one and delegates to it).
@@ -86,7 +86,7 @@ class ChiefStreams:
 
     # ------------------------------------------------------------------ the chief's input worker
     def place_chief_input(self) -> None:
-        """With ``CSRUN_CHIEF_INPUT_CPUS=n``, split this task's CPUs
+        """With the chief's input CPUs ``n``, split this task's CPUs
         between training and input worker 0 (:func:`csrun_runtime.chief_input.place`)
         and, when they are disjoint, pin the chief's threads now, before TensorFlow sizes its
         thread pools from them; :meth:`start_chief_input` then starts the worker. No-op

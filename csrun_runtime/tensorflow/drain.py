@@ -9,7 +9,7 @@
   (:class:`.chief.Chief`) and the merged stream (:class:`.service.ServiceSource`), or the
   in-process pipeline (:class:`.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
-  ``CSRUN_CHIEF_INPUT_CPUS`` (the layout's chief input CPUs) it splits its CPUs and starts
+  the layout's chief input CPUs it splits its CPUs and starts
   input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`).
   The result's ``chief_input`` is that worker's CPU split
   (:meth:`csrun_runtime.chief_input.ChiefInputWorker.describe`); ``job_cpu_cores_on_host``
@@ -115,7 +115,7 @@ class ChiefDrain:
         return samples(batch)
 
     def describe(self) -> dict[str, Any]:
-        """``{"chief_input": its CPU split}`` with ``CSRUN_CHIEF_INPUT_CPUS``, else ``{}``."""
+        """``{"chief_input": its CPU split}`` with the chief's input CPUs, else ``{}``."""
         ci = self.chief.chief_input
         return {} if ci is None else {"chief_input": ci.describe()}
 

@@ -18,6 +18,7 @@ from analyzer import recommend as R
 from analyzer import report as RP
 from analyzer import verify as V
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec
 from csrun_runtime import probing as D
 
 
@@ -43,9 +44,9 @@ def test_spare_chief_cpus_add_about_one_task():
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
     ing = ingest(0.05e-3, 0.1e-3)
     task = m.node_rate(2, 4) / 2
-    base = R.predict_layout(m, 2, 2, 4, ingest=ing)
-    shared = R.predict_layout(m, 2, 2, 4, ingest=ing, chief_input_cpus=4)
-    pinned = R.predict_layout(m, 2, 2, 4, ingest=ing, chief_input_cpus=3)
+    base = R.predict_layout(m, LayoutSpec(2, 2, 4), ing)
+    shared = R.predict_layout(m, LayoutSpec(2, 2, 4, chief_input_cpus=4), ing)
+    pinned = R.predict_layout(m, LayoutSpec(2, 2, 4, chief_input_cpus=3), ing)
     assert base["input_workers"] == 3 and base["chief_input_cpus"] == 0
     assert shared["input_workers"] == pinned["input_workers"] == 4
     assert shared["chief_input_cpus"] == 4 and pinned["chief_input_cpus"] == 3
@@ -61,14 +62,14 @@ def test_spare_chief_cpus_add_about_one_task():
 def test_single_task_chief_node_worker_is_a_task_alone_on_the_node():
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
     ing = ingest(0.05e-3, 0.1e-3)
-    base = R.predict_layout(m, 5, 1, 8, single_task_nodes=1, ingest=ing)
-    shared = R.predict_layout(m, 5, 1, 8, single_task_nodes=1, ingest=ing, chief_input_cpus=8)
+    base = R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1), ing)
+    shared = R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1, chief_input_cpus=8), ing)
     assert base["per_node"][0] == 0.0
     assert shared["chief_input_samples_per_sec"] == pytest.approx(m.node_rate(1, 8), rel=1e-6)
     assert rate(shared) == pytest.approx(rate(base) + m.node_rate(1, 8), rel=1e-6)
     # the chief's task is the whole node: more than its CPUs is refused
     with pytest.raises(ValueError, match=r"--chief-input-cpus 9: more than the chief task.s 8 CPU"):
-        R.predict_layout(m, 5, 1, 8, single_task_nodes=1, chief_input_cpus=9)
+        R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1, chief_input_cpus=9))
 
 
 def test_chief_saturated_by_its_stream_gains_nothing():
@@ -76,14 +77,14 @@ def test_chief_saturated_by_its_stream_gains_nothing():
     # fewer than the 4 worker nodes deliver.
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
     ing = ingest(0.5e-3, 0.1e-3)
-    base = R.predict_layout(m, 5, 1, 8, single_task_nodes=1, ingest=ing)
+    base = R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1), ing)
     assert rate(base) == pytest.approx(8 / 0.5e-3)
     assert base["limited_by"] == "chief ingest"
-    shared = R.predict_layout(m, 5, 1, 8, single_task_nodes=1, ingest=ing, chief_input_cpus=8)
+    shared = R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1, chief_input_cpus=8), ing)
     assert rate(shared) == pytest.approx(rate(base), rel=1e-6)
     assert shared["chief_input_samples_per_sec"] == pytest.approx(0.0, abs=1e-6)
     # pinned apart, the chief's stream keeps 1 CPU: worse, and the model says so
-    pinned = R.predict_layout(m, 5, 1, 8, single_task_nodes=1, ingest=ing, chief_input_cpus=7)
+    pinned = R.predict_layout(m, LayoutSpec(5, 1, 8, single_task_nodes=1, chief_input_cpus=7), ing)
     assert rate(pinned) == pytest.approx(1 / 0.5e-3)
     assert pinned["limited_by"] == "chief ingest"
 
@@ -93,13 +94,13 @@ def test_busy_chief_node_gains_little():
     # (0.1 ms/sample at ~10,000 samples/s), so a worker sharing it gets almost nothing.
     m = node_model(n=4, r1=1000.0, p=1.0, k=1e-3)
     ing = ingest(1e-4)
-    base = R.predict_layout(m, 3, 4, 1, ingest=ing)
-    with_ci = R.predict_layout(m, 3, 4, 1, ingest=ing, chief_input_cpus=1)
+    base = R.predict_layout(m, LayoutSpec(3, 4, 1), ing)
+    with_ci = R.predict_layout(m, LayoutSpec(3, 4, 1, chief_input_cpus=1), ing)
     assert rate(with_ci) >= rate(base) * (1 - 1e-9)
     assert rate(with_ci) <= rate(base) * 1.01
     assert with_ci["chief_input_samples_per_sec"] < 0.02 * m.node_rate(4, 1) / 4
     # the same node with a cheap chief: the worker gets most of a task's rate
-    cheap = R.predict_layout(m, 3, 4, 1, ingest=ingest(1e-5), chief_input_cpus=1)
+    cheap = R.predict_layout(m, LayoutSpec(3, 4, 1, chief_input_cpus=1), ingest(1e-5))
     assert cheap["chief_input_samples_per_sec"] > 0.8 * m.node_rate(4, 1) / 4
 
 
@@ -108,7 +109,7 @@ def test_saturated_chief_domain_caps_the_job_at_its_cores():
     # (0.25 ms/sample: 8,000 samples/s): the job is capped there, the chief node's worker idle.
     m = node_model(n=2, r1=5000.0, p=1.0, k=0.2e-3)
     ing = ingest(0.25e-3)
-    pr = R.predict_layout(m, 4, 2, 1, ingest=ing)
+    pr = R.predict_layout(m, LayoutSpec(4, 2, 1), ing)
     assert rate(pr) == pytest.approx(2 / 0.25e-3)
     assert pr["limited_by"] == "chief ingest"
     assert pr["per_node"][0] == pytest.approx(0.0, abs=1e-6)
@@ -116,26 +117,26 @@ def test_saturated_chief_domain_caps_the_job_at_its_cores():
 
 def test_in_process_case_unchanged_and_one_node_with_chief_input():
     m = node_model(n=4, r1=1000.0, p=1.0, k=1e-3)
-    inproc = R.predict_layout(m, 1, 1, 4)
+    inproc = R.predict_layout(m, LayoutSpec(1, 1, 4))
     assert inproc["limited_by"] == "in-process pipeline"
     assert inproc["input_workers"] == 0 and inproc["chief_input_cpus"] == 0
     assert rate(inproc) == pytest.approx(m.model_rate(1, 4))
     # N = T = 1 with L = 3: the chief and its one input worker on 3 pinned CPUs
-    one = R.predict_layout(m, 1, 1, 4, chief_input_cpus=3)
+    one = R.predict_layout(m, LayoutSpec(1, 1, 4, chief_input_cpus=3))
     assert one["input_workers"] == 1
     assert one["limited_by"] != "in-process pipeline"
     assert rate(one) == pytest.approx(m.node_rate(1, 3))
     # with a chief cost the chief's stream keeps 1 CPU: at most 1 / k_c
-    capped = R.predict_layout(m, 1, 1, 4, ingest=ingest(0.5e-3), chief_input_cpus=3)
+    capped = R.predict_layout(m, LayoutSpec(1, 1, 4, chief_input_cpus=3), ingest(0.5e-3))
     assert rate(capped) == pytest.approx(1 / 0.5e-3)
 
 
 def test_bad_chief_input_cpus_raise():
     m = node_model(n=4)
     with pytest.raises(ValueError):
-        R.predict_layout(m, 2, 2, 2, chief_input_cpus=3)
+        R.predict_layout(m, LayoutSpec(2, 2, 2, chief_input_cpus=3))
     with pytest.raises(ValueError):
-        R.predict_layout(m, 2, 2, 2, chief_input_cpus=-1)
+        R.predict_layout(m, LayoutSpec(2, 2, 2, chief_input_cpus=-1))
 
 
 # --------------------------------------------------------------------------- the choice
@@ -143,14 +144,14 @@ def test_bad_chief_input_cpus_raise():
 
 def test_choices():
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
-    assert R.chief_input_choices(m, 2, 8, 1) == [1]
-    assert R.chief_input_choices(m, 2, 2, 4) == [3]
-    assert R.chief_input_choices(m, 2, 1, 1, ingest(1e-4)) == [1]
+    assert R.chief_input_choices(m, LayoutSpec(2, 8, 1)) == [1]
+    assert R.chief_input_choices(m, LayoutSpec(2, 2, 4)) == [3]
+    assert R.chief_input_choices(m, LayoutSpec(2, 1, 1), ingest(1e-4)) == [1]
     # the chief's stream needs m = ceil(k_c × rate) CPUs: C - m pinned is tried too
     ing = ingest(0.5e-3)
-    p0 = R.predict_layout(m, 2, 1, 8, ingest=ing)
+    p0 = R.predict_layout(m, LayoutSpec(2, 1, 8), ing)
     need = -(-0.5e-3 * (rate(p0) + m.node_rate(1, 7)) // 1)
-    assert R.chief_input_choices(m, 2, 1, 8, ing) == [7, 8 - int(need)]
+    assert R.chief_input_choices(m, LayoutSpec(2, 1, 8), ing) == [7, 8 - int(need)]
 
 
 def test_recommend_uses_the_chief_input_to_save_a_node():
@@ -160,7 +161,7 @@ def test_recommend_uses_the_chief_input_to_save_a_node():
     m = node_model(n=4, r1=1000.0, p=1.0, k=1e-3)
     ing = ingest(0.02e-3)
     target = 6700.0
-    two = [R.predict_layout(m, 2, t, c, ingest=ing) for _, t, c in R.candidate_layouts(4, 1)]
+    two = [R.predict_layout(m, LayoutSpec(2, t, c), ing) for _, t, c in R.candidate_layouts(4, 1)]
     assert max(p["interval"][0] for p in two) < target
     rec = R.recommend(m, 3, target=target, ingest=ing)
     assert rec["nodes"] == 2
@@ -217,7 +218,7 @@ def _report(tmp_path: Path, **rec_kw) -> Path:
     d = tmp_path / "ana"
     d.mkdir()
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
-    rec = R.predict_layout(m, 2, 2, 4, ingest=ingest(0.05e-3), chief_input_cpus=3)
+    rec = R.predict_layout(m, LayoutSpec(2, 2, 4, chief_input_cpus=3), ingest(0.05e-3))
     rec.update(rec_kw)
     rep = {"run_py": "/x/run.py", "argv": ["--params", "p.yaml"], "cwd": str(tmp_path), "mount_dirs": None,
            "model": m.to_dict(), "recommendation": rec, "ingest": ingest(0.05e-3), "topology": None}
@@ -229,19 +230,19 @@ def test_verify_layout_keeps_the_recommendations_chief_input(tmp_path):
     rec = V.load_report(_report(tmp_path))["recommendation"]
     assert V.verify_layout(rec, 8)["chief_input_cpus"] == 3
     # an overridden layout starts without it, unless given
-    assert V.verify_layout(rec, 8, nodes=3)["chief_input_cpus"] == 0
-    assert V.verify_layout(rec, 8, nodes=3, chief_input_cpus=2)["chief_input_cpus"] == 2
-    assert V.verify_layout(rec, 8, chief_input_cpus=0)["chief_input_cpus"] == 0
+    assert V.verify_layout(rec, 8, {"nodes": 3})["chief_input_cpus"] == 0
+    assert V.verify_layout(rec, 8, {"nodes": 3, "chief_input_cpus": 2})["chief_input_cpus"] == 2
+    assert V.verify_layout(rec, 8, {"chief_input_cpus": 0})["chief_input_cpus"] == 0
     # a report of an earlier release has no chief_input_cpus
     assert V.verify_layout({k: v for k, v in rec.items() if k != "chief_input_cpus"}, 8)["chief_input_cpus"] == 0
     with pytest.raises(CsrunError, match="--chief-input-cpus 5"):
-        V.verify_layout(rec, 8, chief_input_cpus=5)
+        V.verify_layout(rec, 8, {"chief_input_cpus": 5})
 
 
 def test_verify_refuses_too_many_chief_input_cpus_before_launching(tmp_path):
     d = _report(tmp_path)
     with pytest.raises(CsrunError, match="chief task's 4 CPU"):
-        V.verify(str(d), 5, 1, None, None, None, 60, None, chief_input_cpus=6)
+        V.verify(str(d), 5, 1, {"chief_input_cpus": 6}, 60, None)
     assert not (d / "verify").exists()
 
 
@@ -260,10 +261,10 @@ def test_drain_command_passes_chief_input_cpus(tmp_path):
 def test_predicted_for_passes_chief_input_cpus(tmp_path):
     rep = V.load_report(_report(tmp_path))
     rec = rep["recommendation"]
-    assert V.predicted_for(rep, 2, 2, 4, 0, 3) is rec
-    other = V.predicted_for(rep, 2, 2, 4, 0, 4)
+    assert V.predicted_for(rep, LayoutSpec(2, 2, 4, chief_input_cpus=3)) is rec
+    other = V.predicted_for(rep, LayoutSpec(2, 2, 4, chief_input_cpus=4))
     assert other is not rec and other["chief_input_cpus"] == 4 and other["input_workers"] == 4
-    without = V.predicted_for(rep, 2, 2, 4, 0, 0)
+    without = V.predicted_for(rep, LayoutSpec(2, 2, 4))
     assert without["input_workers"] == 3
     assert rate(other) > rate(without)
 

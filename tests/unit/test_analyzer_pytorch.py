@@ -12,6 +12,7 @@ from analyzer import analyze as A
 from analyzer import dataloader_plan as D
 from analyzer import report as RP
 from analyzer.probe_driver import next_probe
+from csrun_common.layout import LayoutSpec
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
 COMMAND = ["python", "run.py", "--params", "configs/gil.yaml", "--mode", "validate_only"]
@@ -116,12 +117,12 @@ def test_a_large_batch_recording_is_capped_by_the_data_plane_ingest(tmp_path):
     model = fit(pd.DataFrame(D.at_best(rows)), 2)
     # one node, 2 input workers of 1 CPU (the layout verify measured at -89 % before): the served figures
     # bring the prediction down by the workers' sending and the chief's ingest
-    bare, served = (rc.predict_layout(model, 1, 2, 1, 0, i) for i in ({}, ing))
+    bare, served = (rc.predict_layout(model, LayoutSpec(1, 2, 1), i) for i in ({}, ing))
     assert served["predicted_samples_per_sec"] < 0.25 * bare["predicted_samples_per_sec"]
     assert served["limited_by"] == "node CPUs (pipeline and serving)"
     # the chief's measured CPU-seconds per sample cap the job exactly as the TensorFlow path's do: with the
     # workers' sending left free, 2 nodes × 1 worker of 1 CPU would outrun the chief's task of 1 CPU
-    free = rc.predict_layout(model, 2, 1, 1, 0, {**ing, "worker_hop_cpu_seconds_per_sample": 0.0})
+    free = rc.predict_layout(model, LayoutSpec(2, 1, 1), {**ing, "worker_hop_cpu_seconds_per_sample": 0.0})
     assert free["limited_by"] == "chief ingest"
     assert abs(free["predicted_samples_per_sec"] - 1 / k_c) < 1e-6 / k_c
     # on one node, streaming costs more than a second worker brings: the in-process DataLoader is recommended

@@ -60,24 +60,25 @@ def test_the_report_base_takes_the_world_from_the_flags(tmp_path):
 # ---------------------------------------------------------------- the prediction and the choice
 def test_chief_nodes_run_ranks_only_and_each_rank_gets_its_share():
     m = node_model()
-    pr = R.predict_layout(m, 6, 2, 2, **RANKS)
+    pr = R.predict_layout(m, LayoutSpec(6, 2, 2, **RANKS))
     one = m.model_rate(2, 2)
     assert pr["input_workers"] == (6 - 2) * 2 and pr["input_workers_per_rank"] == 2
     assert pr["per_node"][:2] == [0.0, 0.0]  # the chief's nodes: no input worker
     assert pr["predicted_samples_per_sec"] == pytest.approx(4 * one)
     assert pr["per_rank_samples_per_sec"] == pytest.approx([one] * 4)
     assert (pr["chief_nodes"], pr["chief_tasks_per_node"], pr["world_size"]) == (2, 2, 4)
-    assert "chief_nodes" not in R.predict_layout(m, 3, 2, 2)  # one chief: the keys of before
+    assert "chief_nodes" not in R.predict_layout(m, LayoutSpec(3, 2, 2))  # one chief: the keys of before
 
 
 def test_each_rank_has_its_own_ingest_cap_and_its_node_share():
     m = node_model()
-    capped = R.predict_layout(m, 6, 4, 2, 0, {"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 1e-4}, **RANKS)
+    capped = R.predict_layout(m, LayoutSpec(6, 4, 2, **RANKS),
+                              {"samples_per_sec": 3000.0, "cpu_seconds_per_sample": 1e-4})
     assert capped["predicted_samples_per_sec"] == pytest.approx(4 * 3000.0)
     assert capped["limited_by"] == "chief ingest"
     # CPU-bound stream: each rank has 8 // 2 = 4 CPUs, at 1 CPU-ms per sample: 4000/s per rank
-    cpu = R.predict_layout(m, 10, 8, 1, 0, {"samples_per_sec": 1e9, "cpu_bound": True,
-                                            "chief_cpu_seconds_per_sample": 1e-3}, **RANKS)
+    cpu = R.predict_layout(m, LayoutSpec(10, 8, 1, **RANKS), {"samples_per_sec": 1e9, "cpu_bound": True,
+                                                             "chief_cpu_seconds_per_sample": 1e-3})
     assert cpu["predicted_samples_per_sec"] == pytest.approx(4 * 4000.0)
     assert cpu["limited_by"] == "chief ingest"
 
@@ -87,7 +88,7 @@ def test_the_world_takes_the_slowest_rank_times_the_world_size():
     # rank 1; worker 1's node has half a core (a shared host), so rank 1 is the slow one.
     m = node_model(n=2, r1=1000.0, p=1.0, k=1e-3)
     topo = {"node_hosts": ["h1", "h2", "h3"], "host_cores": {"h3": 0.5}}
-    pr = R.predict_layout(m, 3, 1, 1, 0, None, topo, chief_nodes=1, chief_tasks_per_node=2)
+    pr = R.predict_layout(m, LayoutSpec(3, 1, 1, chief_nodes=1, chief_tasks_per_node=2), topology=topo)
     fast, slow = pr["per_rank_samples_per_sec"]
     assert slow == pytest.approx(500.0) and fast == pytest.approx(1000.0)
     assert pr["predicted_samples_per_sec"] == pytest.approx(2 * slow)
@@ -97,9 +98,9 @@ def test_the_world_takes_the_slowest_rank_times_the_world_size():
 def test_predict_refuses_what_the_world_does_not_take():
     m = node_model()
     with pytest.raises(ValueError, match="multiple of the world size"):
-        R.predict_layout(m, 5, 3, 1, **RANKS)  # 9 input workers for 4 ranks
+        R.predict_layout(m, LayoutSpec(5, 3, 1, **RANKS))  # 9 input workers for 4 ranks
     with pytest.raises(ValueError, match="--chief-input-cpus 1: not predicted"):
-        R.predict_layout(m, 6, 2, 1, 0, None, None, 1, **RANKS)
+        R.predict_layout(m, LayoutSpec(6, 2, 1, chief_input_cpus=1, **RANKS))
 
 
 def test_the_recommendation_keeps_the_chief_nodes_and_a_multiple_of_the_world():

@@ -9,6 +9,7 @@ import pytest
 from analyzer import analyze as A
 from analyzer import verify as V
 from analyzer import verify_task as D
+from csrun_common.layout import LayoutSpec
 
 
 def test_drain_argv_forces_training_mode():
@@ -45,8 +46,8 @@ def test_drain_command_keeps_user_args_and_moves_model_dir(tmp_path):
 
 def test_prediction_for_another_layout(tmp_path):
     rep = V.load_report(_report(tmp_path) / "")
-    assert V.predicted_for(rep, 2, 2, 1)["predicted_samples_per_sec"] == 150.0
-    other = V.predicted_for(rep, 1, 1, 2)
+    assert V.predicted_for(rep, LayoutSpec(2, 2, 1))["predicted_samples_per_sec"] == 150.0
+    other = V.predicted_for(rep, LayoutSpec(1, 1, 2))
     assert other["nodes"] == 1 and other["predicted_samples_per_sec"] > 0
 
 

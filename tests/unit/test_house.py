@@ -312,6 +312,142 @@ def test_the_layout_flag_grep_sees_a_second_module(tmp_path, monkeypatch):
     assert found["--cpus-per-task"] == []  # srun's option, with its '='
 
 
+# --------------------------------------------------------------------------- issue 40: declared once, spread counted
+#: At most this many source files name a layout field or write a flag's text (issue 40).
+MAX_SPREAD_FILES = 10
+
+
+def _package_sources() -> list[Path]:
+    """The modules of csrun's packages (:data:`PACKAGES`)."""
+    return [p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))]
+
+
+def _code_strings(tree: ast.Module) -> list[str]:
+    """The names and strings a module's code writes: identifiers (variables, attributes,
+    parameters, keyword arguments, definitions, imports) and string literals that are not
+    docstrings (an f-string's literal parts included)."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+            and isinstance(n.body[0].value.value, str)}
+    out: list[str] = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            out.append(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.append(n.attr)
+        elif isinstance(n, ast.arg | ast.keyword) and (n.arg if isinstance(n, ast.keyword) else True):
+            out.append(n.arg or "")
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.append(n.name)
+        elif isinstance(n, ast.alias):
+            out.append(n.asname or n.name)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            out.append(n.value)
+    return out
+
+
+def _slurm_word(spec) -> bool:
+    """A layout field named by one of its own Slurm options (``nodes``: ``--nodes``,
+    ``tasks_per_node``: ``--ntasks-per-node``, ``cpus_per_task``: ``--cpus-per-task``)."""
+    return any(o.lstrip("-").replace("-", "_").endswith(spec.name) for o in spec.slurm_options)
+
+
+def _field_spread() -> dict[str, list[str]]:
+    """Layout field -> the source files whose text names it anywhere (code, docstrings,
+    comments; ``CSRUN_CHIEF_INPUT_CPUS`` names ``chief_input_cpus``), except the fields named by
+    Slurm's own words (:func:`_slurm_word`), which Slurm's quantity everywhere shares (a probe's
+    CPUs per task, a partition's nodes): their flag text is counted instead."""
+    from csrun_common.layout import LAYOUT_FLAGS
+
+    texts = {str(p.relative_to(REPO)): p.read_text().lower() for p in _package_sources()}
+    return {s.name: [f for f, t in texts.items() if s.name in t] for s in LAYOUT_FLAGS if not _slurm_word(s)}
+
+
+def _flag_spread() -> dict[str, list[str]]:
+    """Flag text of csrun_wse and csrun_cpu (on and off) -> the source files whose code writes it
+    (:func:`_code_strings`: not in a docstring or comment, where prose names a feature by its flag);
+    Slurm's own option of the same text is written with its ``=`` and not counted."""
+    import re
+
+    from launcher.flags import CPU_OPTIONS, WSE_OPTIONS
+
+    code = {str(p.relative_to(REPO)): _code_strings(ast.parse(p.read_text())) for p in _package_sources()}
+    texts = dict.fromkeys(t for s in (*WSE_OPTIONS, *CPU_OPTIONS) for t in (s.flag, s.off_flag) if t)
+    out = {}
+    for text in texts:
+        pattern = re.compile(re.escape(text) + r"(?![=\w-])")
+        out[text] = [f for f, words in code.items() if any(pattern.search(w) for w in words)]
+    return out
+
+
+def test_each_layout_field_is_named_in_at_most_10_source_files():
+    found = _field_spread()
+    assert "chief_input_cpus" in found and "cpus_per_task" not in found  # the fields were read
+    assert all(found.values())  # and found, in csrun_common/layout.py at least
+    assert {f: (len(v), v) for f, v in found.items() if len(v) > MAX_SPREAD_FILES} == {}
+
+
+def test_each_flags_text_is_written_in_at_most_10_source_files():
+    found = _flag_spread()
+    assert len(found) > 30 and found["--qos"]  # the flags were read, and found
+    assert {f: (len(v), v) for f, v in found.items() if len(v) > MAX_SPREAD_FILES} == {}
+
+
+def test_the_spread_counts_code_not_docstrings(tmp_path, monkeypatch):
+    pkg = tmp_path / "launcher"
+    pkg.mkdir()
+    (pkg / "m.py").write_text('"""Uses --qos and CSRUN_CHIEF_INPUT_CPUS."""\nX = "--qos=1"  # --qos\n')
+    (pkg / "n.py").write_text('def f(a):\n    """--qos"""\n    return a.chief_input_cpus, "--qos"\n')
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert _flag_spread()["--qos"] == ["launcher/n.py"]
+    assert _field_spread()["chief_input_cpus"] == ["launcher/m.py", "launcher/n.py"]
+
+
+def _declared_flags() -> list[tuple[str, str]]:
+    """``(flag text, module)`` of every declaration: a ``FlagSpec(name, flag, ...)`` or a
+    ``click.option("--flag", ...)`` call with a literal flag."""
+    out = []
+    for p in _package_sources():
+        for n in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(n, ast.Call):
+                continue
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+            args = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if name == "FlagSpec" and len(args) >= 2:
+                out.append((args[1], str(p.relative_to(REPO))))
+            elif name == "option" and args:
+                out += [(t, str(p.relative_to(REPO))) for t in args[0].split("/") if t.startswith("--")]
+    return out
+
+
+def test_each_flag_of_csrun_wse_and_csrun_cpu_is_declared_once():
+    """A flag of csrun_wse or csrun_cpu is one FlagSpec; another CLI taking the same flag (the
+    analyzer's ``--partition``, ``--mount-dirs``) builds its option from that FlagSpec."""
+    from launcher.flags import CPU_OPTIONS, WSE_OPTIONS
+
+    declared = _declared_flags()
+    ours = {s.flag for s in (*WSE_OPTIONS, *CPU_OPTIONS)}
+    assert len([t for t, _ in declared if t in ours]) >= len(ours) > 30  # every one was found
+    counts = {t: [m for d, m in declared if d == t] for t in ours}
+    assert {t: ms for t, ms in counts.items() if len(ms) != 1} == {}
+
+
+def test_a_site_key_a_message_names_is_declared():
+    """Every ``section.key`` of the site config that code writes (a message, a help) is one of
+    :data:`launcher.config.KEYS`; each key is declared by one field."""
+    import re
+
+    from launcher.config import KEYS, SCHEMA
+
+    assert len({k.dotted for k in KEYS}) == len(KEYS)
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(SCHEMA) + r")\.([a-z_]+)\b(?![.(/])")
+    named = {(m.group(0), str(p.relative_to(REPO))) for p in _package_sources()
+             for w in _code_strings(ast.parse(p.read_text())) for m in pattern.finditer(w)}
+    assert len(named) > 10  # messages were read
+    assert sorted((key, f) for key, f in named if key not in {k.dotted for k in KEYS}) == []
+
+
 #: At most this many source files change for a new layout flag (issue 30).
 MAX_LAYOUT_FLAG_FILES = 6
 

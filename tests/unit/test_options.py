@@ -12,8 +12,9 @@ import tomllib
 
 from csrun_common.layout import LAYOUT_FLAGS
 from launcher.cli import csrun_cpu, csrun_wse
-from launcher.config import KEYS, SiteConfig, format_config, load_config
-from launcher.flags import CPU_OPTIONS, WSE_OPTIONS, CpuFlags, WseFlags
+from launcher.config import FLAG_NOTES, KEY_OF, KEYS, SiteConfig, format_config, load_config
+from launcher.flags import CPU_OPTIONS, GROUPS, WSE_OPTIONS, CpuFlags, WseFlags
+from launcher.policy import SitePolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +29,21 @@ def _flags(cmd: click.Command) -> set[str]:
 
 
 def test_siteconfig_fields_are_the_declared_keys():
-    fields = {f.name for f in dataclasses.fields(SiteConfig)} - {"sources"}
-    assert fields == {k.attr for k in KEYS}
+    """Every field of SiteConfig and of its [slurm] section declares a key; SiteConfig() holds the
+    embedded defaults that load_config() falls back to."""
+    top = {("", f.name) for f in dataclasses.fields(SiteConfig)} - {("", "sources"), ("", "slurm")}
+    assert {(k.path, k.attr) for k in KEYS} == top | {("slurm", f.name) for f in dataclasses.fields(SitePolicy)}
+    assert [v for _, v, _ in SiteConfig().items()] == [k.default for k in KEYS]
+
+
+def test_a_keys_flag_shows_the_key_and_its_default_in_help():
+    """The ``[default: ...]`` of a flag that falls back to a key is generated from the key."""
+    helps = {p.name: p.help for p in csrun_wse.params if isinstance(p, click.Option)}
+    assert helps["requeue_signal"].endswith(f"[default: requeue.signal, {KEY_OF['requeue_signal'].default}].")
+    assert helps["max_requeues"].endswith(f"[default: requeue.max_requeues, {KEY_OF['max_requeues'].default}].")
+    assert helps["qos"] == "Quality of service [default: slurm.qos]."
+    assert "(repeatable; added to slurm.extra_args)" in helps["slurm_args"]
+    assert {n: helps[n] for n in FLAG_NOTES if f"[default: {FLAG_NOTES[n]}]" not in helps[n]} == {}
 
 
 def test_template_holds_every_key_with_its_default():
@@ -70,23 +84,26 @@ def test_every_key_is_in_the_readme_table():
                          [(csrun_wse, WseFlags, WSE_OPTIONS), (csrun_cpu, CpuFlags, CPU_OPTIONS)], ids=["wse", "cpu"])
 def test_typed_flags_are_the_declared_flags(cmd, flags, specs):
     """The click parameters are the declarations (one FlagSpec each), and the typed value the
-    command works on has a field of the same name and default for each, the layout flags
-    in its ``layout`` mapping (WseFlags)."""
+    command works on has a field of the same name and default for each, the site-policy flags in
+    its ``policy`` mapping and the layout flags in its ``layout`` mapping (WseFlags)."""
     passed = {p.name for p in cmd.params if p.expose_value and p.name != "command"}
     assert passed == {s.name for s in specs}
-    typed = {f.name: f.default for f in dataclasses.fields(flags) if f.name != "layout"}
-    layout = {s.name: s.default for s in LAYOUT_FLAGS} if flags is WseFlags else {}
-    assert typed == {s.name: s.default for s in specs if s.name not in layout}
-    if layout:
-        assert WseFlags().layout == layout
+    groups = {f.name: f.default_factory() for f in dataclasses.fields(flags) if f.name in GROUPS}
+    assert set(groups) == ({"policy", "layout"} if flags is WseFlags else {"policy"})
+    grouped = {name: default for mapping in groups.values() for name, default in mapping.items()}
+    typed = {f.name: f.default for f in dataclasses.fields(flags) if f.name not in GROUPS}
+    assert typed == {s.name: s.default for s in specs if s.name not in grouped}
+    assert grouped == {s.name: s.default for s in specs if s.name not in typed}
+    assert WseFlags().layout == {s.name: s.default for s in LAYOUT_FLAGS}
     for p in cmd.params:
         if isinstance(p, click.Option) and p.name in typed:
             assert p.default == typed[p.name] or (p.multiple and tuple(p.default or ()) == typed[p.name]), p.name
 
 
 def test_the_layout_flags_reach_the_typed_layout():
-    flags = WseFlags.from_click({"nodes": 3, "cyclic": True, "check": True})
+    flags = WseFlags.from_click({"nodes": 3, "cyclic": True, "check": True, "qos": "debug", "slurm_args": ["-a"]})
     assert flags.layout == {**WseFlags().layout, "nodes": 3, "cyclic": True} and flags.check
+    assert flags.policy == {**WseFlags().policy, "qos": "debug", "slurm_args": ("-a",)}
 
 
 def test_an_undeclared_parameter_is_refused_naming_it():

@@ -101,7 +101,8 @@ def test_config_keys_of_site_policies_and_requeue(tmp_path):
     cfg = load_config(_env(tmp_path, '[slurm]\nqos = "debug"\ntime = "2:00:00"\nextra_args = ["--mem=0"]\n'
                                      '[requeue]\nenabled = true\nsignal = "USR1@120"\nmax_requeues = 0\n'
                                      '[defaults]\nnode_cpus = 16\n'))
-    assert (cfg.qos, cfg.time, cfg.extra_args, cfg.requeue, cfg.requeue_signal, cfg.max_requeues, cfg.node_cpus) == \
+    assert (cfg.slurm.qos, cfg.slurm.time, cfg.slurm.extra_args, cfg.requeue, cfg.requeue_signal, cfg.max_requeues,
+            cfg.node_cpus) == \
         ("debug", "2:00:00", ("--mem=0",), True, "USR1@120", 0, 16)
     text = format_config(cfg)
     for line in ('slurm.qos = "debug"', 'slurm.extra_args = ["--mem=0"]', "requeue.enabled = true",

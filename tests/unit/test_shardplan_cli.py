@@ -103,6 +103,9 @@ def test_from_report(data, tmp_path):
     (rep / "report.json").write_text(json.dumps({"recommendation": {"nodes": "x", "tasks_per_node": 2}}))
     one_line_error(run(["shard-plan", str(data), "--from-report", str(rep)]),
                    "recommendation.nodes: expected a positive integer, got 'x'")
+    (rep / "report.json").write_text(json.dumps({"recommendation": {"nodes": 3, "tasks_per_node": 2,
+                                                                    "single_task_nodes": "x"}}))
+    one_line_error(run(["shard-plan", str(data), "--from-report", str(rep)]), "--from-report", "'x'")
     one_line_error(run(["shard-plan", str(data), "--from-report", str(tmp_path / "none")]),
                    "--from-report", "no report.json")
 
