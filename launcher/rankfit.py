@@ -1,0 +1,158 @@
+"""A layout of several trainer ranks against the partition: the launcher's checks in one place, and
+the nearest layout that passes them (docs/MULTI-RANK.md "Refusals").
+
+csrun_wse (:func:`launcher.cli._wse_layout`) and cs_input_analyzer (before it probes) ask
+:func:`layout_error` whether the partition takes a layout: :func:`launcher.layout.plan` and
+:meth:`csrun_common.layout.LayoutSpec.check_node` (the layout's own rules against a node's CPUs),
+then the chief nodes' GRES (``R ×`` the site's ``gres.resource`` on each of ``C`` nodes) and the
+input-worker nodes outside ``gres.node``. :func:`check` raises the first refusal with a layout
+that fits (:func:`fitting_layout`: the same world size, the asked values kept where they can be)
+or, when the GRES is what no layout of that world size finds, the site-config line that runs the
+ranks without it (:data:`NO_GRES_LINE`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec, RankWorkersError, flag
+
+from .layout import plan
+from .resolve import gres_nodes
+
+__all__ = ["Node", "layout_error", "fitting_layout", "check", "gres_count", "gres_missing", "NO_GRES_LINE",
+           "layout_flags"]
+
+#: The site-config line that runs trainer ranks without a GRES (CPU ranks, gloo / RING collectives).
+NO_GRES_LINE = ('to train the ranks on CPU nodes without GRES, set gres.resource = "" in the site config '
+                '($CSRUN_CONFIG; docs/MULTI-RANK.md "On CPU nodes")')
+
+
+class Node(Protocol):
+    """What the checks read of a node (``launcher.slurm.NodeInfo``): its name and GRES."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def gres(self) -> str: ...
+
+
+def gres_count(spec: str) -> tuple[str, int]:
+    """``(name, count)`` of a GRES spec as sinfo prints it or the site gives it (``gpu:a100:4(S:0-1)``:
+    ``("gpu", 4)``; no count: 1)."""
+    head = spec.split("(")[0]
+    name, _, rest = head.partition(":")
+    last = rest.rpartition(":")[2]
+    return name, int(last) if last.isdigit() else 1
+
+
+def gres_missing(gres: str, nodes: Sequence[Node]) -> str | None:
+    """The one line when no node of ``nodes`` has the GRES ``gres`` names (any count), else ``None``."""
+    name = gres.split(":")[0]
+    if not gres or any(node.gres.split(":")[0] == name for node in nodes):
+        return None
+    return f"gres.resource = {gres!r}: no node in the partition has GRES {name!r}"
+
+
+def _gres_error(spec: LayoutSpec, gres: str, nodes: Sequence[Node]) -> str | None:
+    c, r = spec.chief_nodes, spec.chief_tasks_per_node
+    if not gres:
+        return None
+    name, count = gres_count(gres)
+    fit = [n.name for n in nodes
+           if any(gres_count(g)[0] == name and gres_count(g)[1] >= count * r for g in n.gres.split(",") if g)]
+    if len(fit) >= c:
+        return None
+    return (f"{flag('chief_nodes')} {c} {flag('chief_tasks_per_node')} {r}: {c} node(s) with {r} × gres.resource "
+            f"{gres!r} needed, the partition has {len(fit)}")
+
+
+def layout_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> str | None:
+    """Why the partition (``nodes`` of ``node_cpus`` CPUs) refuses ``spec``, in csrun_wse's one
+    line, or ``None`` when it takes it (the module docstring's checks, in csrun_wse's order)."""
+    try:
+        spec.check_node(node_cpus)
+        plan(spec, gres, node_cpus)
+    except RankWorkersError as e:  # its counts are left to check()'s fitting layout
+        return e.reason
+    except CsrunError as e:
+        return str(e)
+    if spec.nodes > len(nodes):
+        return f"{flag('nodes')} {spec.nodes}: the partition has only {len(nodes)} node(s)"
+    if spec.world_size <= 1:
+        return gres_missing(gres, nodes)
+    error = _gres_error(spec, gres, nodes)
+    if error:
+        return error
+    others = [n for n in nodes if n.name not in gres_nodes(gres_node)]
+    if spec.nodes - spec.chief_nodes > len(others):
+        return (f"{flag('nodes')} {spec.nodes} {flag('chief_nodes')} {spec.chief_nodes}: "
+                f"{spec.nodes - spec.chief_nodes} input-worker node(s) needed outside gres.node {gres_node!r}, "
+                f"the partition has {len(others)}")
+    return None
+
+
+def _splits(spec: LayoutSpec) -> list[tuple[int, int]]:
+    """``(chief_nodes, chief_tasks_per_node)`` of ``spec``'s world size: the asked one first."""
+    world = spec.world_size
+    asked = (spec.chief_nodes, spec.chief_tasks_per_node)
+    return [asked] + [(c, world // c) for c in range(1, world + 1) if world % c == 0 and (c, world // c) != asked]
+
+
+def _candidates(spec: LayoutSpec, nodes: int, node_cpus: int, c: int, r: int) -> Iterator[LayoutSpec]:
+    """Layouts of ``c`` chief nodes × ``r`` ranks on at most ``nodes`` nodes, nearest to ``spec``
+    first: its chief's input CPUs kept, then the node count, tasks per node and CPUs per task
+    as close to the asked as they go."""
+    asked_t, asked_c = spec.tasks_per_node, spec.cpus_per_task or 1
+    shapes = sorted(((t, cpus) for t in range(1, node_cpus + 1) for cpus in range(1, node_cpus // t + 1)),
+                    key=lambda tc: (abs(tc[0] - asked_t), abs(tc[1] - asked_c), tc))
+    for inputs in dict.fromkeys((spec.chief_input_cpus, 0)):
+        for n in sorted(range(c, nodes + 1), key=lambda n: (abs(n - spec.nodes), n)):
+            for t, cpus in shapes:
+                yield replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c,
+                              chief_tasks_per_node=r, chief_input_cpus=inputs)
+
+
+def fitting_layout(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node],
+                   node_cpus: int) -> LayoutSpec | None:
+    """The layout nearest to ``spec`` with its world size that :func:`layout_error` takes
+    (:func:`_splits`, then :func:`_candidates`' order; a split whose chief nodes lack the GRES
+    is skipped whole), or ``None`` when none does."""
+    for c, r in _splits(spec):
+        if _gres_error(replace(spec, chief_nodes=c, chief_tasks_per_node=r), gres, nodes):
+            continue
+        for cand in _candidates(spec, len(nodes), node_cpus, c, r):
+            if layout_error(cand, gres, gres_node, nodes, node_cpus) is None:
+                return cand
+    return None
+
+
+def layout_flags(spec: LayoutSpec) -> str:
+    """csrun_wse's flags of ``spec``'s shape (``--total-nodes N --tasks-per-node T ...``)."""
+    words = [f"{flag('nodes')} {spec.nodes}", f"{flag('tasks_per_node')} {spec.tasks_per_node}",
+             f"{flag('cpus_per_task')} {spec.cpus_per_task}"]
+    if spec.chief_input_cpus:
+        words.append(f"{flag('chief_input_cpus')} {spec.chief_input_cpus}")
+    words += [f"{flag('chief_nodes')} {spec.chief_nodes}",
+              f"{flag('chief_tasks_per_node')} {spec.chief_tasks_per_node}"]
+    return " ".join(words)
+
+
+def check(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> None:
+    """Raise :class:`CsrunError` with :func:`layout_error`'s line when the partition refuses
+    ``spec`` (several trainer ranks), followed by the nearest layout that fits, or by
+    :data:`NO_GRES_LINE` when the GRES is what none finds."""
+    error = layout_error(spec, gres, gres_node, nodes, node_cpus)
+    if error is None:
+        return
+    fit = fitting_layout(spec, gres, gres_node, nodes, node_cpus)
+    if fit is not None:
+        raise CsrunError(f"{error}; a layout of {spec.world_size} trainer ranks that fits the partition: "
+                         f"{layout_flags(fit)}")
+    if gres and fitting_layout(spec, "", gres_node, nodes, node_cpus) is not None:
+        raise CsrunError(f"{error}; no layout of {spec.world_size} trainer ranks finds that GRES: {NO_GRES_LINE}")
+    raise CsrunError(f"{error}; no layout of {spec.world_size} trainer ranks fits the partition's "
+                     f"{len(nodes)} node(s) of {node_cpus} CPUs")
