@@ -195,7 +195,7 @@ def verdict_lines(v: Mapping[str, Any], *, steps: int, start_step: int, end_step
         shares = (f"; train steps {_pct(compute)}"
                   + (f", waits for the other ranks {_pct(ranks)}" if rank_wait_fraction is not None else "")
                   + f", the rest {_pct(rest)} (checkpoints, logging)")
-    elif rank_wait_fraction is not None:
+    elif rank_wait_fraction is not None and rate:  # no steady state: no shares
         shares = f"; waits for the other ranks {_pct(ranks)}"
     return [
         f"verdict ({v.get('ended')}): {steps} step(s) trained, global step {start_step} -> {end_step}, "

@@ -174,9 +174,16 @@ def last_words(lines: Sequence[str]) -> list[str]:
     return out
 
 
+#: The label a trainer rank other than 0 puts on its log lines (csrun_runtime.task.log_prefix).
+_RANK_LABEL = re.compile(r"\[rank \d+ [^\]\s]*\] ")
+
+
 def _contains(lines: Sequence[str], block: Sequence[str]) -> bool:
+    """Whether ``lines`` hold ``block``, a trainer rank's label aside (several ranks that fail
+    with the same error print it once each)."""
     n = len(block)
-    return any(list(lines[i:i + n]) == list(block) for i in range(len(lines) - n + 1))
+    want = [_RANK_LABEL.sub("", t, count=1) for t in block]
+    return any([_RANK_LABEL.sub("", t, count=1) for t in lines[i:i + n]] == want for i in range(len(lines) - n + 1))
 
 
 def _clip(block: Sequence[str]) -> list[str]:
