@@ -387,7 +387,7 @@ class TrainingDriver:
         for s in logged:
             self._log_step(s, losses[s - before - 1], last=s == logged[-1])
         if self.ckpt_steps and self.step % self.ckpt_steps == 0:
-            self._save()
+            self.last_saved = save_checkpoint(self.backend, self.ranks, self.step)
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target and self.writes:
             te = time.monotonic()
             self.backend.evaluate(self.step)
@@ -441,15 +441,6 @@ class TrainingDriver:
         if last:
             self.clock.live_window(step, self.scalars)
 
-    def _save(self) -> None:
-        """A checkpoint of this step: rank 0's (or the only chief's) save, and with several ranks
-        first, on every rank, the statistics made the same (:meth:`LoopRanks.before_save`)."""
-        if self.ranks is not None:
-            self.ranks.before_save()
-        if self.writes:
-            self.backend.save(self.step)
-        self.last_saved = self.step
-
     # ------------------------------------------------------------------ the end
     def _finish(self, t_end: float, failed: str | None = None) -> None:
         """The end of training (target reached, stopped by a signal, or ``failed`` after its
@@ -460,7 +451,7 @@ class TrainingDriver:
         c.t_end = t_end
         steps = self.step - self.start
         if self.last_saved != self.step and failed is None:
-            self._save()
+            self.last_saved = save_checkpoint(b, self.ranks, self.step)
         desc = workernames.renumber(b.source.describe())  # job-wide indices with several ranks
         if self.autoscaler is not None:
             desc["autoscale"] = self.autoscaler.describe()
@@ -523,6 +514,17 @@ class TrainingDriver:
                     "worker_samples_per_sec": rates, "stopped_by": preemption.stop_signal()})
         rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
         return rec, v, total_time
+
+
+def save_checkpoint(b: StepBackend, ranks: LoopRanks | None, step: int) -> int:
+    """The checkpoint of global ``step`` (returned): the backend's save on rank 0 (or the only
+    chief), and with several ranks first, on every rank, the statistics made the same
+    (:meth:`csrun_runtime.rankgroup.LoopRanks.before_save`)."""
+    if ranks is not None:
+        ranks.before_save()
+    if ranks is None or ranks.writes:
+        b.save(step)
+    return step
 
 
 def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, start: int, step: int, target: int,

@@ -22,8 +22,7 @@ from csrun_common.layout import LayoutSpec, RankWorkersError, flag
 from .layout import plan
 from .resolve import gres_nodes
 
-__all__ = ["Node", "layout_error", "fitting_layout", "check", "gres_count", "gres_missing", "NO_GRES_LINE",
-           "layout_flags"]
+__all__ = ["Node", "layout_error", "fitting_layout", "check", "gres_count", "gres_missing", "NO_GRES_LINE"]
 
 #: The site-config line that runs trainer ranks without a GRES (CPU ranks, gloo / RING collectives).
 NO_GRES_LINE = ('to train the ranks on CPU nodes without GRES, set gres.resource = "" in the site config '
@@ -130,17 +129,6 @@ def fitting_layout(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[
     return None
 
 
-def layout_flags(spec: LayoutSpec) -> str:
-    """csrun_wse's flags of ``spec``'s shape (``--total-nodes N --tasks-per-node T ...``)."""
-    words = [f"{flag('nodes')} {spec.nodes}", f"{flag('tasks_per_node')} {spec.tasks_per_node}",
-             f"{flag('cpus_per_task')} {spec.cpus_per_task}"]
-    if spec.chief_input_cpus:
-        words.append(f"{flag('chief_input_cpus')} {spec.chief_input_cpus}")
-    words += [f"{flag('chief_nodes')} {spec.chief_nodes}",
-              f"{flag('chief_tasks_per_node')} {spec.chief_tasks_per_node}"]
-    return " ".join(words)
-
-
 def check(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> None:
     """Raise :class:`CsrunError` with :func:`layout_error`'s line when the partition refuses
     ``spec`` (several trainer ranks), followed by the nearest layout that fits, or by
@@ -151,7 +139,7 @@ def check(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], no
     fit = fitting_layout(spec, gres, gres_node, nodes, node_cpus)
     if fit is not None:
         raise CsrunError(f"{error}; a layout of {spec.world_size} trainer ranks that fits the partition: "
-                         f"{layout_flags(fit)}")
+                         f"{' '.join(fit.to_flags())}")
     if gres and fitting_layout(spec, "", gres_node, nodes, node_cpus) is not None:
         raise CsrunError(f"{error}; no layout of {spec.world_size} trainer ranks finds that GRES: {NO_GRES_LINE}")
     raise CsrunError(f"{error}; no layout of {spec.world_size} trainer ranks fits the partition's "

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from csrun_common.errors import CsrunError
 from csrun_common.layout import LayoutSpec
-from launcher.rankfit import NO_GRES_LINE, check, fitting_layout, layout_error, layout_flags
+from launcher.rankfit import NO_GRES_LINE, check, fitting_layout, layout_error
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def test_a_worker_count_the_world_does_not_divide_names_a_layout_that_fits():
         "world size")
     # the node count kept, the tasks per node changed: 3 nodes × 2 tasks = 6 input workers
     with pytest.raises(CsrunError, match=r"world size; a layout of 2 trainer ranks that fits the partition: "
-                                         r"--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 --chief-nodes 1 "
+                                         r"--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
                                          r"--chief-tasks-per-node 2$"):
         check(spec(4, 1, 1, 1, 2), "", "node1", TEST_CLUSTER, 2)
 
@@ -63,8 +63,8 @@ def test_input_worker_nodes_outside_gres_node():
     assert err == ("--total-nodes 5 --chief-nodes 1: 4 input-worker node(s) needed outside gres.node 'node[1-2]', "
                    "the partition has 3")
     fit = fitting_layout(spec(5, 2, 1, 1, 2), "", "node[1-2]", TEST_CLUSTER, 2)
-    assert fit is not None and layout_flags(fit) == ("--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
-                                                     "--chief-nodes 1 --chief-tasks-per-node 2")
+    assert fit is not None and " ".join(fit.to_flags()) == ("--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
+                                                            "--chief-tasks-per-node 2")
 
 
 def test_no_layout_fits_a_partition_too_small():
