@@ -12,7 +12,7 @@ ranks without it (:data:`NO_GRES_LINE`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -101,31 +101,59 @@ def _splits(spec: LayoutSpec) -> list[tuple[int, int]]:
     return [asked] + [(c, world // c) for c in range(1, world + 1) if world % c == 0 and (c, world // c) != asked]
 
 
-def _candidates(spec: LayoutSpec, nodes: int, node_cpus: int, c: int, r: int) -> Iterator[LayoutSpec]:
-    """Layouts of ``c`` chief nodes × ``r`` ranks on at most ``nodes`` nodes, nearest to ``spec``
-    first: its chief's input CPUs kept, then the node count, tasks per node and CPUs per task
-    as close to the asked as they go."""
-    asked_t, asked_c = spec.tasks_per_node, spec.cpus_per_task or 1
-    shapes = sorted(((t, cpus) for t in range(1, node_cpus + 1) for cpus in range(1, node_cpus // t + 1)),
-                    key=lambda tc: (abs(tc[0] - asked_t), abs(tc[1] - asked_c), tc))
-    for inputs in dict.fromkeys((spec.chief_input_cpus, 0)):
-        for n in sorted(range(c, nodes + 1), key=lambda n: (abs(n - spec.nodes), n)):
-            for t, cpus in shapes:
-                yield replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c,
-                              chief_tasks_per_node=r, chief_input_cpus=inputs)
+#: Weights of :func:`_distance`: input CPUs short of the asked cost more than the same surplus (an
+#: input-bound job is what the layout is for), and a shape change counts a tenth of a CPU change.
+SHORTFALL_WEIGHT, SHAPE_WEIGHT = 1.5, 0.1
+
+
+def _distance(spec: LayoutSpec, n: int, t: int, cpus: int, c: int, world: int, inputs: int) -> float:
+    """How far the layout ``n × t × cpus`` of ``c`` chief nodes (with ``inputs``: the ranks' own
+    input workers) is from ``spec``: the relative change of the input workers' CPUs
+    (:data:`SHORTFALL_WEIGHT` when fewer), plus :data:`SHAPE_WEIGHT` × the relative changes of the
+    node count, tasks and CPUs."""
+    asked_c = spec.cpus_per_task or 1
+    asked = spec.num_input_workers * asked_c
+    got = ((n - c) * t + (world if inputs else 0)) * cpus
+    change = (got - asked) / max(1, asked)
+    shape = abs(n - spec.nodes) / spec.nodes + abs(t - spec.tasks_per_node) / spec.tasks_per_node \
+        + abs(cpus - asked_c) / asked_c
+    return (change if change >= 0 else -SHORTFALL_WEIGHT * change) + SHAPE_WEIGHT * shape
+
+
+def _nearest(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int, c: int,
+             r: int, inputs: int) -> LayoutSpec | None:
+    """The layout of ``c`` chief nodes × ``r`` ranks (and ``inputs`` chief's input CPUs) nearest to
+    ``spec`` (:func:`_distance`, then fewer nodes) that :func:`layout_error` takes, of at most
+    twice the asked nodes; the worker-count rule is applied first by arithmetic."""
+    world = c * r
+    cands = []
+    for n in range(c, min(len(nodes), 2 * spec.nodes + c) + 1):
+        for t in range(1, node_cpus + 1):
+            if ((n - c) * t + (world if inputs else 0)) % world or (n - c) * t + inputs == 0:
+                continue
+            for cpus in range(1, node_cpus // t + 1):
+                cands.append((_distance(spec, n, t, cpus, c, world, inputs), n, t, cpus))
+    for _, n, t, cpus in sorted(cands):
+        cand = replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c,
+                       chief_tasks_per_node=r, chief_input_cpus=inputs)
+        if layout_error(cand, gres, gres_node, nodes, node_cpus) is None:
+            return cand
+    return None
 
 
 def fitting_layout(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node],
                    node_cpus: int) -> LayoutSpec | None:
-    """The layout nearest to ``spec`` with its world size that :func:`layout_error` takes
-    (:func:`_splits`, then :func:`_candidates`' order; a split whose chief nodes lack the GRES
-    is skipped whole), or ``None`` when none does."""
+    """The layout nearest to ``spec`` with its world size that :func:`layout_error` takes:
+    ``spec``'s chief nodes × ranks first (:func:`_splits`; a split whose chief nodes lack the GRES
+    is skipped whole), its chief's input CPUs kept before 0, then :func:`_nearest`; ``None``
+    when none fits."""
     for c, r in _splits(spec):
         if _gres_error(replace(spec, chief_nodes=c, chief_tasks_per_node=r), gres, nodes):
             continue
-        for cand in _candidates(spec, len(nodes), node_cpus, c, r):
-            if layout_error(cand, gres, gres_node, nodes, node_cpus) is None:
-                return cand
+        for inputs in dict.fromkeys((spec.chief_input_cpus, 0)):
+            fit = _nearest(spec, gres, gres_node, nodes, node_cpus, c, r, inputs)
+            if fit is not None:
+                return fit
     return None
 
 

@@ -42,18 +42,19 @@ def test_a_worker_count_the_world_does_not_divide_names_a_layout_that_fits():
     assert layout_error(spec(4, 1, 1, 1, 2), "", "node1", TEST_CLUSTER, 2) == (
         "--total-nodes 4 --tasks-per-node 1: 3 input workers for 2 trainer ranks; they must be a multiple of the "
         "world size")
-    # the node count kept, the tasks per node changed: 3 nodes × 2 tasks = 6 input workers
+    # the nearest input capacity, rounded up (one more node: 4 input workers), the shape kept
     with pytest.raises(CsrunError, match=r"world size; a layout of 2 trainer ranks that fits the partition: "
-                                         r"--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
+                                         r"--total-nodes 5 --tasks-per-node 1 --cpus-per-task 1 "
                                          r"--chief-tasks-per-node 2$"):
         check(spec(4, 1, 1, 1, 2), "", "node1", TEST_CLUSTER, 2)
 
 
 def test_another_split_of_the_world_is_named_when_its_gres_fits():
+    # 1 × 8 ranks need gpu:8 on a node; 2 × 4 find gpu:4 on two: the input workers keep their 32 CPUs
     gpus = [N(f"g{i}", "gpu:a100:4(S:0-1)") for i in range(2)] + [N(f"c{i}") for i in range(6)]
     with pytest.raises(CsrunError, match=r"1 node\(s\) with 8 × gres.resource 'gpu:1' needed, the partition has 0; "
-                                         r"a layout of 8 trainer ranks that fits the partition: --total-nodes 5 "
-                                         r"--tasks-per-node 8 --cpus-per-task 1 --chief-nodes 2 "
+                                         r"a layout of 8 trainer ranks that fits the partition: --total-nodes 6 "
+                                         r"--tasks-per-node 4 --cpus-per-task 2 --chief-nodes 2 "
                                          r"--chief-tasks-per-node 4$"):
         check(spec(5, 4, 2, 1, 8), "gpu:1", "g[0-1]", gpus, 8)
 
