@@ -3,11 +3,12 @@
 
 The layouts the recommendation draws from (:func:`analyzer.recommend.candidate_layouts`, those of
 several trainer ranks :func:`analyzer.recommend.rank_layouts`) are each given to
-:func:`launcher.rankfit.layout_error` against the partition's nodes (``sinfo``) and the site
-configuration: :func:`launcher.layout.plan`, the chief nodes' GRES (``R ×`` ``gres.resource``),
-the input-worker nodes outside ``gres.node``. When none passes, the analysis stops at once, in one
-line (exit 2), before its probing budget is spent; when only layouts of fewer nodes pass (the
-input workers need nodes outside ``gres.node``), the recommendation is held to those.
+:func:`launcher.rankfit.layout_error`'s checks against the partition's nodes (``sinfo``) and the
+site configuration (the partition's part once per node count): :func:`launcher.layout.plan`, the
+chief nodes' GRES (``R ×`` ``gres.resource``), the input-worker nodes outside ``gres.node``.
+When none passes, the analysis stops at once, in one line (exit 2), before its probing budget is
+spent; when only layouts of fewer nodes pass (the input workers need nodes outside
+``gres.node``), the recommendation is held to those.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from csrun_common.errors import CsrunError
 from csrun_common.layout import LayoutSpec
 from launcher import slurm
 from launcher.config import SiteConfig
-from launcher.rankfit import NO_GRES_LINE, Node, fitting_layout, layout_error
+from launcher.rankfit import NO_GRES_LINE, Node, fitting_layout, partition_error, rules_error
 
 __all__ = ["usable_nodes"]
 
@@ -44,7 +45,12 @@ def usable_nodes(specs: Sequence[LayoutSpec], cfg: SiteConfig | None, partition:
     if cfg is None or not node_cpus or not specs:
         return available_nodes
     nodes = slurm.list_nodes(partition)
-    errors = [layout_error(s, cfg.gres_resource, cfg.gres_node, nodes, node_cpus) for s in specs]
+    refused: dict[int, str | None] = {}  # node count -> the partition's refusal (it reads no more of a layout)
+    errors = []
+    for s in specs:
+        if s.nodes not in refused:
+            refused[s.nodes] = partition_error(s, cfg.gres_resource, cfg.gres_node, nodes)
+        errors.append(rules_error(s, cfg.gres_resource, node_cpus) or refused[s.nodes])
     passed = [s.nodes for s, e in zip(specs, errors, strict=True) if e is None]
     if not passed:
         raise CsrunError(_refusal(specs, [e for e in errors if e], cfg, nodes, node_cpus))

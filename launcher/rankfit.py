@@ -22,7 +22,8 @@ from csrun_common.layout import LayoutSpec, RankWorkersError, flag
 from .layout import plan
 from .resolve import gres_nodes
 
-__all__ = ["Node", "layout_error", "fitting_layout", "check", "gres_count", "gres_missing", "NO_GRES_LINE"]
+__all__ = ["Node", "layout_error", "rules_error", "partition_error", "fitting_layout", "check", "gres_count",
+           "gres_missing", "NO_GRES_LINE"]
 
 #: The site-config line that runs trainer ranks without a GRES (CPU ranks, gloo / RING collectives).
 NO_GRES_LINE = ('to train the ranks on CPU nodes without GRES, set gres.resource = "" in the site config '
@@ -69,16 +70,25 @@ def _gres_error(spec: LayoutSpec, gres: str, nodes: Sequence[Node]) -> str | Non
             f"{gres!r} needed, the partition has {len(fit)}")
 
 
-def layout_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> str | None:
-    """Why the partition (``nodes`` of ``node_cpus`` CPUs) refuses ``spec``, in csrun_wse's one
-    line, or ``None`` when it takes it (the module docstring's checks, in csrun_wse's order)."""
+def rules_error(spec: LayoutSpec, gres: str, node_cpus: int) -> str | None:
+    """The layout's own rules against a node of ``node_cpus`` CPUs
+    (:meth:`csrun_common.layout.LayoutSpec.check_node`, :func:`launcher.layout.plan`): the one
+    line, or ``None``. The worker-count rule's line comes without its counts (:func:`check`
+    names a layout instead)."""
     try:
         spec.check_node(node_cpus)
         plan(spec, gres, node_cpus)
-    except RankWorkersError as e:  # its counts are left to check()'s fitting layout
+    except RankWorkersError as e:
         return e.reason
     except CsrunError as e:
         return str(e)
+    return None
+
+
+def partition_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node]) -> str | None:
+    """The partition's refusal of ``spec``'s node count and chief nodes (it reads only those and
+    the ranks per node): too few nodes, no node with the GRES (one chief), too few chief nodes
+    with ``R ×`` the GRES, too few input-worker nodes outside ``gres.node``; ``None`` when none."""
     if spec.nodes > len(nodes):
         return f"{flag('nodes')} {spec.nodes}: the partition has only {len(nodes)} node(s)"
     if spec.world_size <= 1:
@@ -86,12 +96,18 @@ def layout_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[No
     error = _gres_error(spec, gres, nodes)
     if error:
         return error
-    others = [n for n in nodes if n.name not in gres_nodes(gres_node)]
-    if spec.nodes - spec.chief_nodes > len(others):
+    others = len(nodes) - len(gres_nodes(gres_node) & {n.name for n in nodes})
+    if spec.nodes - spec.chief_nodes > others:
         return (f"{flag('nodes')} {spec.nodes} {flag('chief_nodes')} {spec.chief_nodes}: "
                 f"{spec.nodes - spec.chief_nodes} input-worker node(s) needed outside gres.node {gres_node!r}, "
-                f"the partition has {len(others)}")
+                f"the partition has {others}")
     return None
+
+
+def layout_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> str | None:
+    """Why the partition (``nodes`` of ``node_cpus`` CPUs) refuses ``spec``, in csrun_wse's one
+    line, or ``None`` when it takes it: :func:`rules_error`, then :func:`partition_error`."""
+    return rules_error(spec, gres, node_cpus) or partition_error(spec, gres, gres_node, nodes)
 
 
 def _splits(spec: LayoutSpec) -> list[tuple[int, int]]:
@@ -106,13 +122,12 @@ def _splits(spec: LayoutSpec) -> list[tuple[int, int]]:
 SHORTFALL_WEIGHT, SHAPE_WEIGHT = 1.5, 0.1
 
 
-def _distance(spec: LayoutSpec, n: int, t: int, cpus: int, c: int, world: int, inputs: int) -> float:
+def _distance(spec: LayoutSpec, asked: int, n: int, t: int, cpus: int, c: int, world: int, inputs: int) -> float:
     """How far the layout ``n × t × cpus`` of ``c`` chief nodes (with ``inputs``: the ranks' own
-    input workers) is from ``spec``: the relative change of the input workers' CPUs
-    (:data:`SHORTFALL_WEIGHT` when fewer), plus :data:`SHAPE_WEIGHT` × the relative changes of the
-    node count, tasks and CPUs."""
+    input workers) is from ``spec``, whose input workers have ``asked`` CPUs: the relative change
+    of the input workers' CPUs (:data:`SHORTFALL_WEIGHT` when fewer), plus :data:`SHAPE_WEIGHT` ×
+    the relative changes of the node count, tasks and CPUs."""
     asked_c = spec.cpus_per_task or 1
-    asked = spec.num_input_workers * asked_c
     got = ((n - c) * t + (world if inputs else 0)) * cpus
     change = (got - asked) / max(1, asked)
     shape = abs(n - spec.nodes) / spec.nodes + abs(t - spec.tasks_per_node) / spec.tasks_per_node \
@@ -125,18 +140,21 @@ def _nearest(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node],
     """The layout of ``c`` chief nodes × ``r`` ranks (and ``inputs`` chief's input CPUs) nearest to
     ``spec`` (:func:`_distance`, then fewer nodes) that :func:`layout_error` takes, of at most
     twice the asked nodes; the worker-count rule is applied first by arithmetic."""
-    world = c * r
+    world, asked = c * r, spec.num_input_workers * (spec.cpus_per_task or 1)
     cands = []
     for n in range(c, min(len(nodes), 2 * spec.nodes + c) + 1):
         for t in range(1, node_cpus + 1):
             if ((n - c) * t + (world if inputs else 0)) % world or (n - c) * t + inputs == 0:
                 continue
             for cpus in range(1, node_cpus // t + 1):
-                cands.append((_distance(spec, n, t, cpus, c, world, inputs), n, t, cpus))
+                cands.append((_distance(spec, asked, n, t, cpus, c, world, inputs), n, t, cpus))
+    refused: dict[int, str | None] = {}  # node count -> the partition's refusal (it reads no more)
     for _, n, t, cpus in sorted(cands):
         cand = replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c,
                        chief_tasks_per_node=r, chief_input_cpus=inputs)
-        if layout_error(cand, gres, gres_node, nodes, node_cpus) is None:
+        if n not in refused:
+            refused[n] = partition_error(cand, gres, gres_node, nodes)
+        if refused[n] is None and rules_error(cand, gres, node_cpus) is None:
             return cand
     return None
 
