@@ -148,8 +148,8 @@ def _transport(v):
     raise ValueError("must be service (tf.data service) or dataplane (csrun's zmq data plane, docs/DATAPLANE.md)")
 
 
-#: ``runconfig.ddp``'s keys: PyTorch ``DistributedDataParallel``'s own keyword arguments
-#: (csrun_runtime.pytorch.ranks.DDP_OPTIONS names the same).
+#: ``runconfig.ddp``'s keys: PyTorch ``DistributedDataParallel``'s own keyword arguments, passed to
+#: it as they are (:meth:`csrun_runtime.pytorch.ranks.TorchRanks.wrap`; torch's defaults otherwise).
 DDP_KEYS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "broadcast_buffers")
 
 

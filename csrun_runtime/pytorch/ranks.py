@@ -26,7 +26,7 @@ from ..rankgroup import RankLost
 from ..rankgroup import weights_digest as digest_of
 
 __all__ = ["TorchRanks", "collective_timeout", "collective_failure", "weights_digest", "statistics_digest",
-           "rank_device", "ddp_misuse", "DDP_OPTIONS", "BASE_TIMEOUT_SECS"]
+           "rank_device", "ddp_misuse", "BASE_TIMEOUT_SECS"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -92,10 +92,6 @@ def statistics_digest(module: Any) -> str:
     return digest_of(entries(split_state(module)[1]))
 
 
-#: ``runconfig.ddp``'s keys: ``DistributedDataParallel``'s own keyword arguments (torch's defaults
-#: apply to those not given; ``broadcast_buffers`` is True there).
-DDP_OPTIONS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "broadcast_buffers")
-
 _UNUSED_WORDS = "find_unused_parameters=True"
 _UNUSED_INDICES = re.compile(r"did not receive grad for rank \d+: ([\d, ]+)")
 
@@ -124,7 +120,8 @@ class TorchRanks:
     Attributes: ``rank``, ``world_size``, ``local_rank``; ``backend`` (``"nccl"``/``"gloo"``);
     ``device`` (``cuda:LOCAL_RANK`` or ``cpu``); ``timeout`` (seconds); ``module``: the
     unwrapped model whose weights :meth:`digest` hashes (set by :meth:`wrap`); ``options``:
-    ``runconfig.ddp`` (:data:`DDP_OPTIONS`); ``sync_batchnorm``: ``runconfig.sync_batchnorm``."""
+    ``runconfig.ddp`` (DDP's keyword arguments: :data:`csrun_runtime.params.DDP_KEYS`);
+    ``sync_batchnorm``: ``runconfig.sync_batchnorm``."""
 
     def __init__(self, role: Role, backend: str, device: Any, timeout: float,
                  options: Mapping[str, bool] | None = None, sync_batchnorm: bool = False):
