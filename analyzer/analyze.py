@@ -284,6 +284,7 @@ class Analysis:
     cfg: SiteConfig | None = None
     info: ClusterInfo | None = None
     base: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # the report's notes known before probing
 
     @property
     def available_nodes(self) -> int:
@@ -343,19 +344,26 @@ def _prepare(opts: Options) -> Analysis:
 
 
 def _check_world(a: Analysis) -> None:
-    """With several trainer ranks, raise :class:`CsrunError` (one line naming the flags) when no
-    layout of the available nodes fits the world (:func:`analyzer.recommend.rank_layouts`;
-    nodes of unknown CPUs, ``--local``: only that the chief's nodes leave one for input workers)."""
-    opts = a.opts
-    if opts.world_size == 1:
-        return
-    # the model's module (numpy) only when an analysis of several ranks runs
-    from .recommend import no_rank_layout, rank_layouts
+    """Before any probe, the layouts the recommendation would draw from against csrun_wse's own
+    checks (:func:`analyzer.layoutcheck.usable_nodes`: GRES, input-worker nodes, the layout's
+    rules); raises :class:`CsrunError` (one line naming the flags) when none fits, and holds the
+    available nodes to those that do. With several trainer ranks and nodes of unknown CPUs
+    (``--local``): only that the chief's nodes leave one for input workers."""
+    from .layoutcheck import usable_nodes
+    from .recommend import candidate_layouts, no_rank_layout, rank_layouts
 
-    cpus = a.info["node_cpus"] if a.info else None
-    if a.available_nodes <= opts.chief_nodes or (
-            cpus and not rank_layouts(cpus, a.available_nodes, opts.chief_nodes, opts.chief_tasks_per_node)):
-        raise CsrunError(no_rank_layout(opts.chief_nodes, opts.chief_tasks_per_node, a.available_nodes, cpus))
+    opts, cpus = a.opts, (a.info["node_cpus"] if a.info else None)
+    if opts.world_size == 1:
+        specs = [LayoutSpec(n, t, c) for n, t, c in candidate_layouts(cpus, a.available_nodes)] if cpus else []
+    else:
+        specs = rank_layouts(cpus, a.available_nodes, opts.chief_nodes, opts.chief_tasks_per_node) if cpus else []
+        if a.available_nodes <= opts.chief_nodes or (cpus and not specs):
+            raise CsrunError(no_rank_layout(opts.chief_nodes, opts.chief_tasks_per_node, a.available_nodes, cpus))
+    usable = usable_nodes(specs, a.cfg, _partition(a), cpus, a.available_nodes)
+    if usable < a.available_nodes:
+        a.notes.append(f"at most {usable} of the {a.available_nodes} nodes: csrun_wse takes no layout of more "
+                       f"(the input workers' nodes must lie outside gres.node {a.cfg.gres_node if a.cfg else ''!r})")
+        opts.available_nodes = usable
 
 
 def _partition(a: Analysis) -> str:
@@ -408,7 +416,7 @@ def _report_base(a: Analysis) -> dict[str, Any]:
         "output_dir": str(a.out), "local": a.opts.local, "available_nodes": a.available_nodes,
         "time_budget_s": a.opts.budget_s, "mount_dirs": a.opts.mount_dirs,
         "target": world_target(target, target_src, o.world_size),
-        "cluster": a.info, "notes": [], **world,
+        "cluster": a.info, "notes": list(a.notes), **world,
     }
 
 

@@ -73,6 +73,7 @@ BENCHMARKS = {
     "read_ahead": "bench_read_ahead",
     "gpu_feed": "bench_gpu_feed",
     "rank_agree": "bench_rank_agree",
+    "rank_checks": "bench_rank_checks",
 }
 DEFAULT_RESULTS = HERE / "results"
 

@@ -31,7 +31,8 @@ from typing import Any
 from .errors import CsrunError
 from .flagspec import FlagSpec
 
-__all__ = ["LayoutSpec", "NodeShape", "LAYOUT_FLAGS", "FLAGS", "HELP_LATER", "RECORD_KEYS", "RANK_FIELDS", "flag",
+__all__ = ["LayoutSpec", "NodeShape", "RankWorkersError", "LAYOUT_FLAGS", "FLAGS", "HELP_LATER", "RECORD_KEYS",
+           "RANK_FIELDS", "flag",
            "resolve_counts"]
 
 #: The layout flags, declared once, in the order :meth:`LayoutSpec.to_flags` writes them
@@ -105,6 +106,15 @@ class NodeShape:
     chief: bool
 
 
+class RankWorkersError(CsrunError):
+    """The input workers are not a multiple of the world size: ``reason`` is the message without
+    the counts that would be (the launcher, knowing the partition, names a layout instead)."""
+
+    def __init__(self, reason: str, counts: str):
+        super().__init__(f"{reason} ({counts} would be)")
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class LayoutSpec:
     """One csrun_wse layout (the shapes: ``launcher/layout.py``'s module docstring).
@@ -171,9 +181,9 @@ class LayoutSpec:
         w = self.num_input_workers
         if w % world:
             low, high = w - w % world, w + world - w % world
-            raise CsrunError(f"{FLAGS['nodes']} {self.nodes} {FLAGS['tasks_per_node']} {self.tasks_per_node}: "
-                             f"{w} input workers for {world} trainer ranks; they must be a multiple of "
-                             f"the world size ({', '.join(str(x) for x in (low, high) if x > 0)} would be)")
+            reason = (f"{FLAGS['nodes']} {self.nodes} {FLAGS['tasks_per_node']} {self.tasks_per_node}: "
+                      f"{w} input workers for {world} trainer ranks; they must be a multiple of the world size")
+            raise RankWorkersError(reason, ", ".join(str(x) for x in (low, high) if x > 0))
 
     @staticmethod
     def check_given(values: Mapping[str, Any]) -> None:

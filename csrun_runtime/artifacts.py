@@ -174,22 +174,29 @@ def verdict(*, steps: int, steady_steps: int, steady_time: float, steady_calls: 
 
 def verdict_lines(v: Mapping[str, Any], *, steps: int, start_step: int, end_step: int, batch_size: int,
                   steady_steps: int, steady_time: float, compile_time: float, programming_time: float,
-                  compute_samples_per_sec: float | None = None) -> list[str]:
+                  compute_samples_per_sec: float | None = None, rank_wait_fraction: float | None = None) -> list[str]:
     """The verdict block the chief prints at the end of training (pure): a header with how
     training ended, then steps, the steady-state rate with compile and programming time
     apart, the input-wait share and :func:`verdict`'s sentence, one clause a line (srun splits
     output lines longer than about 250 characters). ``compute_samples_per_sec`` is the
     "train step alone" rate of the same steps 2..N (performance.json's
     ``est_samples_per_sec``): with it the wait line also gives the train steps' share of the
-    steady-state time and the rest (steady rate / step-alone rate = the train steps' share)."""
+    steady-state time and the rest (steady rate / step-alone rate = the train steps' share);
+    ``rank_wait_fraction`` (several trainer ranks): the share waited for the other ranks, a
+    share of its own, not in the rest."""
     rate = v.get("steady_samples_per_sec")
     clauses = str(v.get("sentence")).split("; ")
     wait = float(v.get("input_wait_fraction") or 0.0)
     shares = ""
+    ranks = float(rank_wait_fraction or 0.0)
     if rate and compute_samples_per_sec:  # the same steps over all their time and over their compute time
         compute = min(1.0, float(rate) / compute_samples_per_sec)
-        rest = max(0.0, 1.0 - compute - wait)
-        shares = f"; train steps {_pct(compute)}, the rest {_pct(rest)} (checkpoints, logging)"
+        rest = max(0.0, 1.0 - compute - wait - ranks)
+        shares = (f"; train steps {_pct(compute)}"
+                  + (f", waits for the other ranks {_pct(ranks)}" if rank_wait_fraction is not None else "")
+                  + f", the rest {_pct(rest)} (checkpoints, logging)")
+    elif rank_wait_fraction is not None and rate:  # no steady state: no shares
+        shares = f"; waits for the other ranks {_pct(ranks)}"
     return [
         f"verdict ({v.get('ended')}): {steps} step(s) trained, global step {start_step} -> {end_step}, "
         f"batch_size {batch_size}",

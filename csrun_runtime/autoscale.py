@@ -48,6 +48,8 @@ from typing import Any
 
 from csrun_common.autoscale import AutoscaleSpec
 
+from . import workernames
+
 __all__ = ["Window", "Decision", "decide", "Autoscaler", "HIGH_WAIT", "LOW_WAIT"]
 
 log = logging.getLogger("csrun.runtime")
@@ -256,7 +258,7 @@ class Autoscaler:
                                 "reason": d.reason, "input_wait_fraction": round(win.wait_fraction, 4),
                                 "samples_per_sec": round(win.delivered, 1), "workers": workers,
                                 "tf_autoscaler_estimate": d.estimate})
-            log.info("autoscale: %s input worker %d on %s (now %d streaming): %s", d.action, slot,
+            log.info("autoscale: %s %s on %s (now %d streaming): %s", d.action, workernames.name(slot),
                      (self.registry.get(slot) or {}).get("node", "?"), workers, d.reason)
         self._last_removed = len(self.source.streaming()) if d.action == "remove" else None
         # what the merge buffers hold (whole service elements) must drain before the next judgement

@@ -36,6 +36,7 @@ from csrun_common import env as codec
 from csrun_common.atomic import write_json
 from csrun_common.roles import WORKER_JOB_ENV
 
+from . import workernames
 from .rendezvous import STALE_SECS, Rendezvous
 
 __all__ = ["WorkerWatch", "Reopenable", "MAX_DEATHS", "ATTEMPT_ENV", "STATE_ENV", "tell_supervisor"]
@@ -127,7 +128,7 @@ class WorkerWatch:
                 now = time.time()
                 rec["streaming_again"] = round(now, 3)
                 rec["seconds_loss_to_stream"] = round(now - rec["lost_at"], 3)
-                log.info("input worker %d streams again, %.1f s after its loss", rec["index"],
+                log.info("%s streams again, %.1f s after its loss", workernames.name(rec["index"]),
                          now - rec["lost_at"])
         if self.adopt:
             self._order_adoptions()
@@ -148,8 +149,8 @@ class WorkerWatch:
                 self.given_up.append({"index": i, "node": d.get("node"), "time": d.get("time"),
                                       "deaths": d.get("deaths")})
                 self._pending.pop(i, None)
-                log.warning("input worker %d on %s died %s times: given up; training continues "
-                            "without it", i, d.get("node"), d.get("deaths"))
+                log.warning("%s on %s died %s times: given up; training continues "
+                            "without it", workernames.name(i), d.get("node"), d.get("deaths"))
         self.deaths_seen[i] = len(deaths)
 
     def _order_adoptions(self) -> None:
@@ -169,24 +170,24 @@ class WorkerWatch:
                 self._attempt_ordered.pop(i, None)
                 self.given_up.append({"index": i, "node": self.nodes.get(i), "time": round(now, 3),
                                       "deaths": self._orders[i]})
-                log.warning("input worker %d lost %d times: given up; training continues without it",
-                            i, self._orders[i])
+                log.warning("%s lost %d times: given up; training continues without it",
+                            workernames.name(i), self._orders[i])
                 continue
             self._orders[i] = self._orders.get(i, 0) + 1
             attempt = max(self.attempt[i], self._attempt_ordered.get(i, 0)) + 1
             self._attempt_ordered[i], self._order_time[i] = attempt, now
             self.rdv.order_adoption(i, {"index": i, "attempt": attempt, "lost_node": self.nodes.get(i),
                                         "time": round(now, 3)})
-            log.warning("input worker %d on %s: no heartbeat for %.0f s and no supervisor replacing it "
+            log.warning("%s on %s: no heartbeat for %.0f s and no supervisor replacing it "
                         "(its node is lost): the input workers' job is asked to start it on a "
-                        "surviving node (replacement %d)", i, self.nodes.get(i), age, attempt)
+                        "surviving node (replacement %d)", workernames.name(i), self.nodes.get(i), age, attempt)
 
     def _lose(self, i: int, when: float, why: str) -> None:
         self._pending[i] = when
         self.lost.append({"index": i, "node": self.nodes.get(i), "pid": self.pids.get(i),
                           "time": round(when, 3), "noticed": round(time.time(), 3), "reason": why})
-        log.warning("input worker %d on %s (pid %s) lost %.1f s ago: %s; waiting for its "
-                    "replacement", i, self.nodes.get(i), self.pids.get(i), time.time() - when, why)
+        log.warning("%s on %s (pid %s) lost %.1f s ago: %s; waiting for its "
+                    "replacement", workernames.name(i), self.nodes.get(i), self.pids.get(i), time.time() - when, why)
 
     def _replaced(self, i: int, reg: Mapping[str, Any], source: Reopenable) -> None:
         lost_at = self._pending.pop(i)
@@ -200,8 +201,8 @@ class WorkerWatch:
                               "attempt": self.attempt[i], "time": round(now, 3),
                               "seconds_after_loss": round(now - lost_at, 3), "stream": how,
                               "lost_at": round(lost_at, 3), "batches_before": source.counts.get(i, 0)})
-        log.warning("input worker %d replaced on %s (pid %s, replacement %d) %.1f s after its "
-                    "loss; its stream %s", i, reg.get("node"), reg.get("pid"), self.attempt[i],
+        log.warning("%s replaced on %s (pid %s, replacement %d) %.1f s after its "
+                    "loss; its stream %s", workernames.name(i), reg.get("node"), reg.get("pid"), self.attempt[i],
                     now - lost_at, how)
 
     def awaiting(self) -> set[int]:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat
 from csrun_common.atomic import write_json
 from csrun_common.autoscale import AutoscaleSpec
 
-from . import preemption
+from . import preemption, workernames
 from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from .autoscale import Autoscaler
 from .params import training_target
@@ -386,9 +386,8 @@ class TrainingDriver:
         logged = [s for s in range(before + 1, self.step + 1) if self._logs_at(s)]
         for s in logged:
             self._log_step(s, losses[s - before - 1], last=s == logged[-1])
-        if self.ckpt_steps and self.step % self.ckpt_steps == 0 and self.writes:
-            self.backend.save(self.step)
-            self.last_saved = self.step
+        if self.ckpt_steps and self.step % self.ckpt_steps == 0:
+            self.last_saved = save_checkpoint(self.backend, self.ranks, self.step)
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target and self.writes:
             te = time.monotonic()
             self.backend.evaluate(self.step)
@@ -451,10 +450,9 @@ class TrainingDriver:
         assert c.t_first is not None and c.t_first_end is not None  # at least one step ran
         c.t_end = t_end
         steps = self.step - self.start
-        if self.last_saved != self.step and failed is None and self.writes:
-            b.save(self.step)
-            self.last_saved = self.step
-        desc = b.source.describe()
+        if self.last_saved != self.step and failed is None:
+            self.last_saved = save_checkpoint(b, self.ranks, self.step)
+        desc = workernames.renumber(b.source.describe())  # job-wide indices with several ranks
         if self.autoscaler is not None:
             desc["autoscale"] = self.autoscaler.describe()
         b.end_input()
@@ -478,7 +476,8 @@ class TrainingDriver:
         say_verdict(v, steps=steps, start=self.start, end=self.step, batch_size=self.batch_size,
                     steady_time=rec["steady_time"], compile_time=rec["compile_time"],
                     compute_rate=rec.get("est_samples_per_sec") if c.computes else None,
-                    programming_time=c.programming_time)
+                    programming_time=c.programming_time,
+                    rank_wait=self.ranks.rank_wait_fraction(rec["steady_time"]) if self.ranks else None)
         for line in rank_lines(world) if world is not None else []:
             log.info("%s", line)
         if s.evaluating and failed is None and not preemption.stop_requested():
@@ -517,6 +516,17 @@ class TrainingDriver:
         return rec, v, total_time
 
 
+def save_checkpoint(b: StepBackend, ranks: LoopRanks | None, step: int) -> int:
+    """The checkpoint of global ``step`` (returned): the backend's save on rank 0 (or the only
+    chief), and with several ranks first, on every rank, the statistics made the same
+    (:meth:`csrun_runtime.rankgroup.LoopRanks.before_save`)."""
+    if ranks is not None:
+        ranks.before_save()
+    if ranks is None or ranks.writes:
+        b.save(step)
+    return step
+
+
 def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, start: int, step: int, target: int,
                               writes: bool = True) -> None:
     """A stop signal before the first step: the allocation record and a performance.json
@@ -539,12 +549,15 @@ def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, st
 
 
 def say_verdict(v: dict[str, Any], *, steps: int, start: int, end: int, batch_size: int, steady_time: float,
-                compile_time: float, compute_rate: float | None, programming_time: float = 0.0) -> None:
+                compile_time: float, compute_rate: float | None, programming_time: float = 0.0,
+                rank_wait: float | None = None) -> None:
     """Log the verdict block (:func:`csrun_runtime.artifacts.verdict_lines`) of ``steps`` steps
-    from global step ``start`` to ``end``; its input-bound line as a warning."""
+    from global step ``start`` to ``end``; its input-bound line as a warning. ``rank_wait``:
+    the share waited for the other trainer ranks (several ranks)."""
     for line in verdict_lines(v, steps=steps, start_step=start, end_step=end, batch_size=batch_size,
                               steady_steps=max(0, steps - 1), steady_time=steady_time, compile_time=compile_time,
-                              programming_time=programming_time, compute_samples_per_sec=compute_rate):
+                              programming_time=programming_time, compute_samples_per_sec=compute_rate,
+                              rank_wait_fraction=rank_wait):
         (log.warning if v.get("bound") == "input" and line.startswith("  input-bound") else log.info)("%s", line)
 
 

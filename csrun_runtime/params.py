@@ -148,6 +148,24 @@ def _transport(v):
     raise ValueError("must be service (tf.data service) or dataplane (csrun's zmq data plane, docs/DATAPLANE.md)")
 
 
+#: ``runconfig.ddp``'s keys: PyTorch ``DistributedDataParallel``'s own keyword arguments, passed to
+#: it as they are (:meth:`csrun_runtime.pytorch.ranks.TorchRanks.wrap`; torch's defaults otherwise).
+DDP_KEYS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "broadcast_buffers")
+
+
+def _ddp(v):
+    """a mapping of find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers to true/false"""
+    if not isinstance(v, Mapping):
+        raise ValueError(f"must be a mapping of {', '.join(DDP_KEYS)} to true or false")
+    for key, value in v.items():
+        if key not in DDP_KEYS:
+            raise ValueError(f"has {key!r}, not a DistributedDataParallel option csrun passes "
+                             f"({', '.join(DDP_KEYS)})")
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be true or false")
+    return dict(v)
+
+
 def _logging(v):
     """DEBUG, INFO, WARNING or ERROR"""
     if isinstance(v, str) and v.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -220,6 +238,14 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                            "their own, read straight into the chief's buffers (pinned ones on a CUDA "
                            "PyTorch chief: one host copy instead of two), control staying on zmq "
                            "(docs/DATAPLANE.md \"The bulk channel\")"),
+    "ddp": _Key(_ddp, {},
+                "PyTorch, several trainer ranks: DistributedDataParallel's keyword arguments, by DDP's names "
+                "(find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers; torch's "
+                "defaults for those not given; docs/PYTORCH.md \"Several trainer ranks\")"),
+    "sync_batchnorm": _Key(_bool, False,
+                           "several trainer ranks: BatchNorm statistics over every rank's batch (Model Zoo's key): "
+                           "PyTorch converts BatchNorm to SyncBatchNorm (CUDA ranks only), TensorFlow sets "
+                           "BatchNormalization's synchronized=True (docs/MULTI-RANK.md \"Weights and statistics\")"),
     "transport": _Key(_transport, "service",
                       "how input workers' batches reach the chief: service (tf.data service) or "
                       "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
@@ -231,7 +257,7 @@ IGNORED_MODELZOO_KEYS = frozenset({
     "disable_strict_checkpoint_loading", "dist_addr", "dist_backend", "enable_distributed",
     "enable_summaries", "init_method", "job_labels", "load_checkpoint_states", "steps_per_epoch",
     "mgmt_address", "mount_dirs", "num_act_servers", "num_csx", "num_epochs", "num_wgt_servers",
-    "num_workers_per_csx", "precision_opt_level", "python_paths", "save_losses", "sync_batchnorm",
+    "num_workers_per_csx", "precision_opt_level", "python_paths", "save_losses",
     "target_device", "use_cs_grad_accum", "wsc_log_level", "save_summary_steps",
     "save_checkpoints_steps", "save_checkpoints_secs", "tf_random_seed", "log_step_count_steps",
     "multireplica", "max_checkpoints", "experimental",

@@ -341,8 +341,9 @@ def record_allocation(model_dir: str | os.PathLike[str], alloc: Allocation,
     chain = run_allocations(records)
     steps = [int(r["end_step"]) - int(r["start_step"]) for r in chain]
     if log is not None:
-        log(f"allocation {len(chain)} of this run (job {alloc.job_id}, requeue {alloc.requeue}): global steps "
-            f"{alloc.start_step + 1}..{alloc.end_step} ({alloc.steps} steps)"
+        kept = (f"global steps {alloc.start_step + 1}..{alloc.end_step} ({alloc.steps} steps)" if alloc.steps > 0
+                else f"no step kept past global step {alloc.start_step} (no checkpoint after it)")
+        log(f"allocation {len(chain)} of this run (job {alloc.job_id}, requeue {alloc.requeue}): {kept}"
             + (f", stopped by {alloc.stopped_by}" if alloc.stopped_by else ""))
         log(f"the run took {len(chain)} allocation(s) so far; steps in each: {', '.join(map(str, steps))}")
     return {"allocations": len(chain), "allocation": len(chain), "steps_per_allocation": steps,

@@ -14,12 +14,13 @@ in lockstep; :class:`csrun_runtime.loop.TrainingDriver` takes the framework's
   ``stopped_by`` are the same;
 * **writes once**: only rank 0 writes checkpoints, events, performance.json, the allocation
   record and evaluates; the others write nothing into the model_dir (their rendezvous
-  directory aside);
+  directory aside); before each of rank 0's saves every rank makes the per-replica statistics
+  the same (:meth:`LoopRanks.before_save`, :meth:`RankGroup.sync_statistics`);
 * **gathers the ranks' figures** at the end (:meth:`RankGroup.gather` of :func:`rank_record`,
-  each with the digest of the rank's final weights, :meth:`RankGroup.digest`): rank 0's
-  performance.json gets ``ranks`` and the world's figures (:func:`world_figures`) and its
-  verdict the per-rank lines (:func:`rank_lines`): each rank's input wait, the slowest rank
-  and its slowest input worker.
+  each with the digests of the rank's final trainable weights and statistics,
+  :meth:`RankGroup.digest`, and its input workers by job-wide index): rank 0's
+  performance.json gets ``ranks``, the world's figures and every rank's input workers
+  (:func:`world_figures`), its verdict the per-rank lines (:func:`rank_lines`).
 
 A framework implements :class:`RankGroup` (PyTorch: :class:`csrun_runtime.pytorch.ranks.TorchRanks`
 over ``torch.distributed``); its collectives must time out (a rank that died or hangs must not
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 from csrun_common import exits
 
 __all__ = ["RankGroup", "RankLost", "LoopRanks", "leave", "weights_digest", "STOP_CODES", "EXIT_GRACE_SECS",
-           "INPUT_ENDED", "stop_code", "decode_stop", "rank_record", "world_figures", "rank_lines", "job_worker"]
+           "INPUT_ENDED", "stop_code", "decode_stop", "rank_record", "world_figures", "rank_lines", "RANK_WORKER_KEYS"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -71,10 +72,23 @@ class RankGroup(Protocol):
         :class:`RankLost`."""
         ...
 
-    def digest(self) -> str:
-        """``sha256:<hex>`` of this rank's model weights as they are now (the unwrapped
-        model's; names sorted, each tensor's bytes), so identical weights give identical
-        digests."""
+    def digest(self) -> tuple[str, str]:
+        """``(weights, statistics)``: ``sha256:<hex>`` (:func:`weights_digest`) of this rank's
+        trainable weights as they are now (PyTorch: the parameters; TensorFlow: the trainable
+        variables) and of the rest of its model's state, the per-replica statistics (BatchNorm's
+        moving mean and variance, counters), so identical values give identical digests."""
+        ...
+
+    def sync_statistics(self) -> list[str]:
+        """Make the statistics the same on every rank, as the framework would save them
+        (docs/MULTI-RANK.md "Weights and statistics"); every rank calls it before rank 0 saves
+        a checkpoint. Returns the names of this rank's statistics whose values changed. Raises
+        :class:`RankLost`."""
+        ...
+
+    @property
+    def statistics_kept(self) -> str:
+        """What the checkpoint holds of the statistics, in the verdict's words."""
         ...
 
     def close(self) -> None:
@@ -143,46 +157,69 @@ def decode_stop(code: int) -> tuple[bool, int, bool]:
     return code == INPUT_ENDED, 0, False
 
 
-def job_worker(slot: Any, rank: int, world_size: int) -> Any:
-    """The job-wide index ``g = slot × world_size + rank`` of a rank's input worker ``slot``
-    (:func:`csrun_common.ranks.worker_rank`'s inverse), as a string when ``slot`` was one;
-    other keys (``"in-process"``) unchanged."""
-    text = str(slot)
-    if not text.isdigit():
-        return slot
-    g = int(text) * world_size + rank
-    return str(g) if isinstance(slot, str) else g
+#: performance.json's keys of a rank's input workers (job-wide indices: :func:`csrun_runtime.workernames.renumber`)
+#: that each rank's record carries and :func:`world_figures` joins over the ranks.
+RANK_WORKER_KEYS = ("num_workers", "batches_per_worker", "worker_nodes", "worker_samples_per_sec", "workers_lost",
+                    "workers_replaced", "workers_given_up", "workers_paused")
 
 
-def rank_record(rank: int, world_size: int, node: str | None, rec: Mapping[str, Any], digest: str) -> dict[str, Any]:
+def rank_record(rank: int, node: str | None, rec: Mapping[str, Any], digests: tuple[str, str],
+                synced: Sequence[str] = ()) -> dict[str, Any]:
     """What rank ``rank`` tells rank 0 at the end (pure): from its performance record ``rec``
-    (:func:`csrun_runtime.artifacts.performance_record` with its verdict): ``steps``,
-    ``samples_per_sec`` (steps × batch_size / total_time, samples/s), ``steady_samples_per_sec``,
-    ``input_wait_fraction`` (0..1: the rank's wait for its *own* input; its waits for the other
-    ranks in the stop agreement are :class:`LoopRanks`'s ``rank_wait_fraction``),
-    ``slowest_input_worker`` (its verdict's, the worker named by its job-wide index) and
-    ``weights_sha256`` (``digest``)."""
+    (:func:`csrun_runtime.artifacts.performance_record` with its verdict, its workers numbered
+    job-wide): ``steps``, ``samples_per_sec`` (steps × batch_size / total_time, samples/s),
+    ``steady_samples_per_sec``, ``input_wait_fraction`` (0..1: the rank's wait for its *own*
+    input), ``slowest_input_worker``, its input workers (:data:`RANK_WORKER_KEYS`),
+    ``weights_sha256`` and ``statistics_sha256`` (``digests``) and ``statistics_synchronized``
+    (``synced``: the statistics whose values this rank's :meth:`RankGroup.sync_statistics` changed)."""
     v = rec.get("verdict") or {}
-    slow = v.get("slowest_input_worker")
-    if slow:
-        slow = {**slow, "worker": job_worker(slow.get("worker"), rank, world_size)}
     return {"rank": int(rank), "node": node, "steps": rec.get("steps"), "global_step_end": rec.get("global_step_end"),
             "samples_per_sec": rec.get("samples_per_sec"), "steady_samples_per_sec": rec.get("steady_samples_per_sec"),
-            "input_wait_fraction": rec.get("input_wait_fraction"), "slowest_input_worker": slow,
-            "weights_sha256": digest}
+            "input_wait_fraction": rec.get("input_wait_fraction"),
+            "slowest_input_worker": v.get("slowest_input_worker"),
+            **{k: rec[k] for k in RANK_WORKER_KEYS if k in rec},
+            "weights_sha256": digests[0], "statistics_sha256": digests[1],
+            "statistics_synchronized": sorted(set(synced))}
 
 
-def world_figures(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _by_index(item: tuple[Any, Any]) -> tuple[bool, int]:
+    text = str(item[0])
+    return not text.isdigit(), int(text) if text.isdigit() else 0
+
+
+def _joined_workers(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The job's input workers from every rank's record: the mappings merged (job-wide keys are
+    disjoint), the lists concatenated, ``num_workers`` summed."""
+    out: dict[str, Any] = {}
+    for key in RANK_WORKER_KEYS:
+        values = [r[key] for r in ranks if key in r]
+        if not values:
+            continue
+        if key == "num_workers":
+            out[key] = sum(int(x or 0) for x in values)
+        elif all(isinstance(x, Mapping) for x in values):
+            out[key] = dict(sorted(((k, x) for m in values for k, x in m.items()), key=_by_index))
+        elif all(isinstance(x, list) for x in values):
+            out[key] = [e for x in values for e in x]
+    return out
+
+
+def world_figures(ranks: Sequence[Mapping[str, Any]], statistics_kept: str = "") -> dict[str, Any]:
     """performance.json's keys of the world (pure), from every rank's :func:`rank_record`:
     ``world_size``, ``ranks``, ``world_samples_per_sec`` and ``world_steady_samples_per_sec``
     (sums over the ranks, samples/s; ``None`` when a rank has none), ``slowest_rank`` (the
-    rank that waited longest for its own input -- in lockstep every rank trains at the same
-    rate, and the others wait for that one in the stop agreement: ``{"rank", "node",
-    "input_wait_fraction", "steady_samples_per_sec", "slowest_input_worker"}``) and
-    ``weights_identical`` (every rank's digest the same)."""
+    rank that waited longest for its own input: ``{"rank", "node", "input_wait_fraction",
+    "steady_samples_per_sec", "slowest_input_worker"}``), ``weights_identical`` (every rank's
+    trainable weights the same), ``statistics_identical`` (the statistics, at the end),
+    ``statistics_synchronized`` (the statistics any rank's values differed in before a save),
+    ``statistics_kept`` and the job's input workers (:data:`RANK_WORKER_KEYS`, every rank's)."""
     def total(key: str) -> float | None:
         values = [r.get(key) for r in ranks]
         return None if None in values else round(sum(float(x or 0.0) for x in values), 2)
+
+    def same(key: str) -> bool:
+        values = {r.get(key) for r in ranks}
+        return len(values) == 1 and None not in values
 
     slowest = None
     if ranks:
@@ -190,11 +227,13 @@ def world_figures(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                                          -float(r.get("steady_samples_per_sec") or 0.0)))
         slowest = {k: slow.get(k) for k in ("rank", "node", "input_wait_fraction", "steady_samples_per_sec",
                                             "slowest_input_worker")}
-    digests = {r.get("weights_sha256") for r in ranks}
+    synced = sorted({n for r in ranks for n in r.get("statistics_synchronized") or []})
     return {"world_size": len(ranks), "ranks": [dict(r) for r in ranks],
             "world_samples_per_sec": total("samples_per_sec"),
             "world_steady_samples_per_sec": total("steady_samples_per_sec"),
-            "slowest_rank": slowest, "weights_identical": len(digests) == 1 and None not in digests}
+            "slowest_rank": slowest, "weights_identical": same("weights_sha256"),
+            "statistics_identical": same("statistics_sha256"), "statistics_synchronized": synced,
+            "statistics_kept": statistics_kept, **_joined_workers(ranks)}
 
 
 def _worker_text(w: Mapping[str, Any] | None) -> str:
@@ -204,24 +243,48 @@ def _worker_text(w: Mapping[str, Any] | None) -> str:
     return f"slowest input worker {w.get('worker')}{where} {float(w.get('samples_per_sec') or 0):.1f} samples/s"
 
 
+def _lost_text(r: Mapping[str, Any]) -> str:
+    """``; input workers lost 5 (replaced), paused 3`` of a rank's record (job-wide indices)."""
+    replaced = {e.get("index") for e in r.get("workers_replaced") or []}
+    lost = [f"{e.get('index')}" + (" (replaced)" if e.get("index") in replaced else "")
+            for e in r.get("workers_lost") or []]
+    parts = ([f"lost {', '.join(lost[:6])}"] if lost else []) + (
+        [f"paused {', '.join(map(str, (r.get('workers_paused') or [])[:6]))}"] if r.get("workers_paused") else [])
+    return f"; input workers {', '.join(parts)}" if parts else ""
+
+
+def _statistics_lines(world: Mapping[str, Any]) -> list[str]:
+    """The verdict's line on the per-replica statistics (none when they never differed)."""
+    synced, kept = world.get("statistics_synchronized") or [], world.get("statistics_kept") or "rank 0's"
+    names = ", ".join(synced[:4]) + (f" and {len(synced) - 4} more" if len(synced) > 4 else "")
+    if not world.get("statistics_identical", True):
+        return [f"  statistics (buffers, moving averages) differ between ranks at the end, as per-replica "
+                f"statistics may: the checkpoint holds {kept}"]
+    if synced:
+        return [f"  statistics: {len(synced)} per-replica statistic(s) differed between ranks (each rank's own "
+                f"batches: {names}), not an error; the checkpoint holds {kept}"]
+    return []
+
+
 def rank_lines(world: Mapping[str, Any]) -> list[str]:
-    """The verdict's lines of the ranks (pure), from :func:`world_figures`: the world's rate,
-    one line per rank (its input wait, steady rate and slowest input worker), then the
-    slowest rank. Each line under 250 characters (srun splits longer ones)."""
+    """The verdict's lines of the ranks (pure), from :func:`world_figures`: the world's rate and
+    whether the trainable weights are identical, the statistics' line, one line per rank (its
+    input wait, steady rate, slowest input worker, lost and paused workers), then the slowest
+    rank. Each line under 250 characters (srun splits longer ones)."""
     ranks = world.get("ranks") or []
     rate = world.get("world_steady_samples_per_sec")
     out = [f"  ranks: {len(ranks)} trainer ranks, world steady state "
            + (f"{float(rate):.1f} samples/s (the ranks' sum)" if rate is not None else "none")
-           + ("; weights identical on every rank" if world.get("weights_identical") else
-              "; WEIGHTS DIFFER between ranks")]
+           + ("; trainable weights identical on every rank" if world.get("weights_identical") else
+              "; TRAINABLE WEIGHTS DIFFER between ranks"), *_statistics_lines(world)]
     for r in ranks:
         steady = r.get("steady_samples_per_sec")
-        out.append(f"  rank {r.get('rank')}" + (f" ({r['node']})" if r.get("node") else "")
-                   + f": input wait {100.0 * float(r.get('input_wait_fraction') or 0.0):.1f} %, "
-                   + (f"waits for the other ranks {100.0 * float(r['rank_wait_fraction']):.1f} %, "
-                      if r.get("rank_wait_fraction") is not None else "")
-                   + (f"{float(steady):.1f} samples/s" if steady is not None else "no steady state")
-                   + f", {_worker_text(r.get('slowest_input_worker'))}")
+        out.append((f"  rank {r.get('rank')}" + (f" ({r['node']})" if r.get("node") else "")
+                    + f": input wait {100.0 * float(r.get('input_wait_fraction') or 0.0):.1f} %, "
+                    + (f"waits for the other ranks {100.0 * float(r['rank_wait_fraction']):.1f} %, "
+                       if r.get("rank_wait_fraction") is not None else "")
+                    + (f"{float(steady):.1f} samples/s" if steady is not None else "no steady state")
+                    + f", {_worker_text(r.get('slowest_input_worker'))}{_lost_text(r)}")[:249])
     slow = world.get("slowest_rank")
     if slow and len(ranks) > 1:
         out.append(f"  slowest rank: {slow.get('rank')}" + (f" ({slow['node']})" if slow.get("node") else "")
@@ -244,6 +307,7 @@ class LoopRanks:
         self.agreements = 0  # agree() calls made (one per chunk)
         self.last_sync = 0.0  # seconds the last agreement took (waiting for the other ranks)
         self.sync_time = 0.0  # seconds of every agreement after the first (the steady state's)
+        self.synced: set[str] = set()  # statistics whose values a sync_statistics() changed here
 
     @property
     def writes(self) -> bool:
@@ -268,13 +332,26 @@ class LoopRanks:
             preemption.adopt_stop(signum, requeue)
         return not stop
 
+    def before_save(self) -> None:
+        """Every rank, where rank 0 saves a checkpoint: :meth:`RankGroup.sync_statistics`,
+        the statistics it changed remembered for the record. Raises :class:`RankLost`."""
+        changed = self.group.sync_statistics()
+        if changed:
+            log.info("statistics that differed from the checkpoint's on this rank (per-replica): %s",
+                     ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else ""))
+        self.synced.update(changed)
+
+    def rank_wait_fraction(self, steady_time: float) -> float:
+        """The share (0..1) of ``steady_time`` (s) this rank waited for the others in the stop
+        agreements after the first: kept out of the input wait and the train steps' time."""
+        return round(min(1.0, self.sync_time / steady_time), 4) if steady_time > 0 else 0.0
+
     def gather(self, rec: Mapping[str, Any]) -> dict[str, Any] | None:
         """At the end of training, on every rank: gather each rank's :func:`rank_record` (this
-        one from ``rec``, with the digest of its weights); returns :func:`world_figures` on
-        rank 0, ``None`` on the others. Raises :class:`RankLost`."""
+        one from ``rec``, with the digests of its weights and statistics); returns
+        :func:`world_figures` on rank 0, ``None`` on the others. Raises :class:`RankLost`."""
         g = self.group
-        mine = rank_record(g.rank, g.world_size, self.node, rec, g.digest())
-        steady = float(rec.get("steady_time") or 0.0)
-        mine["rank_wait_fraction"] = round(min(1.0, self.sync_time / steady), 4) if steady > 0 else 0.0
+        mine = rank_record(g.rank, self.node, rec, g.digest(), sorted(self.synced))
+        mine["rank_wait_fraction"] = self.rank_wait_fraction(float(rec.get("steady_time") or 0.0))
         records = g.gather(mine)
-        return world_figures(records) if self.writes else None
+        return world_figures(records, g.statistics_kept) if self.writes else None

@@ -40,6 +40,7 @@ from typing import Any
 
 from csrun_common.atomic import read_json
 
+from . import workernames
 from .elastic import WorkerWatch
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 
@@ -335,7 +336,7 @@ class StreamMerge:
     # ------------------------------------------------------------------ the watch
     def _who(self, i: int) -> str:
         reg = self.registry.get(i) or {}
-        return f"input worker {i} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
+        return f"{workernames.name(i)} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
     def status_text(self) -> str:
         """One clause per worker: node, heartbeat age, batches handed out, last bundle age

@@ -18,6 +18,8 @@ import psutil
 
 from csrun_common.roles import Role, resolve_role
 
+from . import workernames
+
 if TYPE_CHECKING:
     from .params import Resolved
 
@@ -67,6 +69,7 @@ def begin(env: Mapping[str, str] | None = None) -> tuple[Role, str]:
         raise
     prefix = log_prefix(role)
     setup_logging(prefix)
+    workernames.set_rank(role.rank, role.world_size)  # input workers named job-wide in every message
     return role, prefix
 
 

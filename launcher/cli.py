@@ -23,7 +23,7 @@ from csrun_common.layout import FLAGS, LayoutSpec, flag, resolve_counts
 from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
 
-from . import batchcheck, preflight, slurm
+from . import batchcheck, preflight, rankfit, slurm
 from .builders import EXECUTION_MODES, CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
@@ -259,47 +259,18 @@ def _wse_layout(flags: WseFlags, cfg: SiteConfig, view: ClusterView) -> JobLayou
         node_cpus = view.node_cpus or 1
         if n > len(view.nodes):
             raise CsrunError(f"{n_flag} {n}: the partition has only {len(view.nodes)} node(s)")
-        if cfg.gres_resource:
-            gres_name = cfg.gres_resource.split(":")[0]
-            if not any(node.gres.split(":")[0] == gres_name for node in view.nodes):
-                raise CsrunError(f"gres.resource = {cfg.gres_resource!r}: no node in the partition has GRES "
-                                 f"{gres_name!r}")
+        missing = rankfit.gres_missing(cfg.gres_resource, view.nodes)
+        if missing:
+            raise CsrunError(missing)
     else:
         node_cpus = offline_node_cpus(view, given["tasks_per_node"], given["cpus_per_task"],
                                       given["single_task_nodes"])
     t, c = resolve_counts(given["tasks_per_node"], given["cpus_per_task"], cfg.tasks_per_node, cfg.cpus_per_task,
                           node_cpus)
     spec = LayoutSpec(**{**given, "nodes": n, "tasks_per_node": t, "cpus_per_task": c})
-    if view.online and spec.world_size > 1:
-        _check_rank_nodes(spec.check(), cfg, view)
+    if view.online and spec.world_size > 1:  # the partition's refusal names a layout that fits
+        rankfit.check(spec, cfg.gres_resource, cfg.gres_node, view.nodes, node_cpus)
     return plan(spec, cfg.gres_resource, node_cpus)
-
-
-def _gres_count(spec: str) -> tuple[str, int]:
-    """``(name, count)`` of a GRES spec as sinfo prints it or the site gives it (``gpu:a100:4(S:0-1)``:
-    ``("gpu", 4)``; no count: 1)."""
-    head = spec.split("(")[0]
-    name, _, rest = head.partition(":")
-    last = rest.rpartition(":")[2]
-    return name, int(last) if last.isdigit() else 1
-
-
-def _check_rank_nodes(spec: LayoutSpec, cfg: SiteConfig, view: ClusterView) -> None:
-    """Several trainer ranks against the partition (docs/MULTI-RANK.md "GRES nodes"): the chief's
-    nodes need ``R ×`` the site's GRES each, and the input workers need ``N - chief_nodes`` nodes
-    outside ``gres.node``. Raises :class:`CsrunError` naming the flags and the counts."""
-    c, r = spec.chief_nodes, spec.chief_tasks_per_node
-    if cfg.gres_resource:
-        name, count = _gres_count(cfg.gres_resource)
-        fit = [node.name for node in view.nodes
-               if any(_gres_count(g)[0] == name and _gres_count(g)[1] >= count * r for g in node.gres.split(",") if g)]
-        if len(fit) < c:
-            raise CsrunError(f"{flag('chief_nodes')} {c} {flag('chief_tasks_per_node')} {r}: {c} node(s) with "
-                             f"{r} × gres.resource {cfg.gres_resource!r} needed, the partition has {len(fit)}")
-    others = [node for node in view.nodes if node.name not in gres_nodes(cfg.gres_node)]
-    if spec.nodes - c > len(others):
-        raise CsrunError(f"{flag('nodes')} {spec.nodes} {flag('chief_nodes')} {c}: {spec.nodes - c} input-worker "
-                         f"node(s) needed outside gres.node {cfg.gres_node!r}, the partition has {len(others)}")
 
 
 def _autoscale(flags: WseFlags, layout: JobLayout) -> AutoscaleSpec | None:

@@ -184,17 +184,25 @@ def last_words(lines: Sequence[str]) -> list[str]:
     return out
 
 
+#: The label a trainer rank other than 0 puts on its log lines (csrun_runtime.task.log_prefix).
+_RANK_LABEL = re.compile(r"\[rank \d+ [^\]\s]*\] ")
 #: Lines of another stream (or another record) that may sit between two lines of a copy of an
 #: error block: :func:`_find_copy` still recognises it.
 COPY_GAP = 8
 
 
+def _unranked(text: str) -> str:
+    return _RANK_LABEL.sub("", text, count=1)
+
+
 def _find_copy(lines: Sequence[str], block: Sequence[str]) -> list[int] | None:
     """The indices in ``lines`` of a copy of ``block``: its lines in order, each within
     :data:`COPY_GAP` lines of the previous one (a line of the task's other stream may arrive
-    between them); ``None`` when there is none or ``block`` is empty."""
+    between them), a trainer rank's label aside (several ranks failing with the same error print
+    it once each); ``None`` when there is none or ``block`` is empty."""
     if not block:
         return None
+    lines, block = [_unranked(t) for t in lines], [_unranked(t) for t in block]
     for start in (i for i, t in enumerate(lines) if t == block[0]):
         found, at = [start], start
         for want in block[1:]:

@@ -26,7 +26,7 @@ from typing import Any
 from csrun_common import exits
 from csrun_common.roles import Role
 
-from .. import preemption
+from .. import preemption, workernames
 from ..artifacts import write_params_yaml
 from ..loop import LoopSetup, TrainingDriver
 from ..params import ParamsError, Resolved, load_shard_plan, training_target
@@ -132,7 +132,7 @@ class Chief:
             code = 2
         except WorkerFailed as e:
             for v in e.violations:
-                log.error("input worker %d: %s", e.index, v)
+                log.error("%s: %s", workernames.name(e.index), v)
             code = 2
         except InputStalled as e:
             log.error("input stalled: %s", e)

@@ -40,7 +40,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
 
-from .. import preemption
+from .. import preemption, workernames
 from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
@@ -62,7 +62,7 @@ class WorkerFailed(RuntimeError):
     """An input worker registered ``status: failed`` (contract violations, listed)."""
 
     def __init__(self, index: int, violations: list[str]):
-        super().__init__(f"input worker {index} failed: " + "; ".join(violations))
+        super().__init__(f"{workernames.name(index)} failed: " + "; ".join(violations))
         self.index, self.violations = index, violations
 
 
@@ -152,7 +152,7 @@ class RemoteSource(StreamMerge):
 
     def _announce(self, i: int, why: str) -> None:
         self.announced.add(i)
-        log.info("input worker %d on %s: %s", i, self.nodes.get(i), why)
+        log.info("%s on %s: %s", workernames.name(i), self.nodes.get(i), why)
 
     def reopen(self, index: int, registration: Mapping[str, Any]) -> str:
         """Worker ``index``'s replacement registered (:meth:`csrun_runtime.streams.StreamMerge.reopen`;
@@ -199,7 +199,7 @@ class RemoteSource(StreamMerge):
                 continue
             if self.t_first is None:
                 self.t_first = time.monotonic()
-                log.info("first batch from input worker %d after %.2f s", worker, self.t_first - self.t0)
+                log.info("first batch from %s after %.2f s", workernames.name(worker), self.t_first - self.t0)
             self.counts[worker] = self.counts.get(worker, 0) + 1
             return nest, worker
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from ..loop import ScalarWriter
 from . import checkpoint
-from .contract import batch_size_of, to_torch
+from .contract import ContractError, batch_size_of, to_torch
 from .events import EventWriter
+from .ranks import ddp_misuse
 
 __all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
 
@@ -138,14 +139,22 @@ class TorchStepBackend:
         return None if nest is None else OneBatch(nest, who)
 
     def train(self, chunk: OneBatch) -> tuple[DeviceLoss, list[DeviceLoss]]:
-        """One optimizer step on the chunk's batch, moved to the device."""
+        """One optimizer step on the chunk's batch, moved to the device. Raises
+        :class:`.contract.ContractError` for DistributedDataParallel's unused-parameter error
+        (:func:`.ranks.ddp_misuse`)."""
         batch = to_torch(chunk.nest, self.device)
         if self.batch_size is None:
             self.batch_size = batch_size_of(batch) or 0
             log.info("batch_size %d", self.batch_size)
         self.opt.zero_grad(set_to_none=True)
-        loss = self.forward_loss(self.model, batch)
-        loss.backward()
+        try:
+            loss = self.forward_loss(self.model, batch)
+            loss.backward()
+        except RuntimeError as e:  # several ranks: DDP's unused-parameter error is one line naming the key
+            hint = ddp_misuse(e, self.module) if self.module is not self.model else None
+            if hint is None:
+                raise
+            raise ContractError(hint) from None
         self.opt.step()
         if self.scheduler is not None:
             self.scheduler.step()

@@ -31,6 +31,7 @@ import numpy as np
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.roles import Role
 
+from .. import workernames
 from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
@@ -152,7 +153,7 @@ class InputWorker:
             raise _Leave(1, None)
         reg = self.rdv.worker(self.index)
         if reg and int(reg.get("attempt") or 0) > self.attempt:
-            log.warning("leaving: input worker %d was replaced by attempt %s", self.index, reg.get("attempt"))
+            log.warning("leaving: %s was replaced by attempt %s", workernames.name(self.index), reg.get("attempt"))
             raise _Leave(0, "superseded")
 
     def _wait_endpoint(self) -> str:

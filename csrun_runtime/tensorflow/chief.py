@@ -174,7 +174,7 @@ class Chief:
             log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
             return 0
         if self.role.world_size > 1 and self.mode in TRAIN_MODES:  # before any TF op: it enables the collectives
-            self.ranks = TFRanks(self.role)
+            self.ranks = TFRanks(self.role, self.rc)
         if self.num_input_workers:
             try:
                 self.streams.autoscale = parse_autoscale(os.environ, self.num_input_workers)

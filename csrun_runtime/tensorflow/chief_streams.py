@@ -19,7 +19,7 @@ from typing import Any
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.roles import Role
 
-from .. import chief_input
+from .. import chief_input, workernames
 from ..coverage import check_job_files
 from ..params import ParamsError
 from ..rendezvous import Rendezvous
@@ -256,7 +256,7 @@ class ChiefStreams:
             regs = {i: self.rendezvous.worker(i) for i in range(self.num_input_workers)}
             failed = {i: r for i, r in regs.items() if r and r.get("status") == "failed"}
             if failed:
-                raise Refused([f"input worker {i} on {r.get('node')}: {v}"
+                raise Refused([f"{workernames.name(i)} on {r.get('node')}: {v}"
                                for i, r in sorted(failed.items()) for v in r.get("violations", [])])
             ok = {i: r for i, r in regs.items() if r and r.get("status") == "ok"}
             if len(ok) == self.num_input_workers:

@@ -40,7 +40,7 @@ from .. import preemption
 from ..rankgroup import RankLost
 from ..rankgroup import weights_digest as digest_of
 
-__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest"]
+__all__ = ["TFRanks", "RankChunk", "RANKS_NO_XLA", "RankSetupError", "weights_digest", "synchronize_batchnorm"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -53,11 +53,25 @@ class RankSetupError(RuntimeError):
     the setting)."""
 
 
-def weights_digest(model: Any) -> str:
-    """:func:`csrun_runtime.rankgroup.weights_digest` of ``model``'s weights (each variable's
-    value as stored, by its path)."""
-    values = ((v.path, v.numpy()) for v in model.weights)
+def weights_digest(variables: Any) -> str:
+    """:func:`csrun_runtime.rankgroup.weights_digest` of ``variables`` (Keras variables: each
+    one's value as stored, by its path)."""
+    values = ((v.path, v.numpy()) for v in variables)
     return digest_of((name, str(a.dtype), tuple(a.shape), a.tobytes()) for name, a in values)
+
+
+def _is_batchnorm(layer: Any) -> bool:
+    return type(layer).__name__ == "BatchNormalization" and hasattr(layer, "synchronized")
+
+
+def synchronize_batchnorm(model: Any) -> int:
+    """``synchronized = True`` on every Keras ``BatchNormalization`` layer of ``model`` (nested
+    ones too; Keras reads it when the layer is called, "Only applicable with the TensorFlow
+    backend": its moments all-reduced across replicas). Returns how many layers."""
+    layers = [layer for layer in model._flatten_layers(include_self=False) if _is_batchnorm(layer)]  # Keras' walk
+    for layer in layers:
+        layer.synchronized = True
+    return len(layers)
 
 
 def _strategy() -> Any:
@@ -110,8 +124,13 @@ class TFRanks:
     ``world_size`` workers.
     """
 
-    def __init__(self, role: Role):
+    #: What the checkpoint holds of the statistics (the verdict's words): what tf.distribute saves
+    #: for a variable aggregated over the replicas.
+    statistics_kept = "their mean over the ranks (as tf.distribute saves an aggregated variable)"
+
+    def __init__(self, role: Role, rc: Any = None):
         self.rank, self.world_size = role.rank, role.world_size
+        self.sync_batchnorm = bool((rc or {}).get("sync_batchnorm"))
         t = time.monotonic()
         self.strategy = _strategy()
         self.start_secs = time.monotonic() - t
@@ -134,6 +153,9 @@ class TFRanks:
         optimizer's are mirrored, initialized from worker 0; kept for :meth:`digest`."""
         with self.strategy.scope():
             self.model = build()
+        if self.sync_batchnorm:
+            log.info("runconfig.sync_batchnorm: %d BatchNormalization layer(s) synchronized across the ranks",
+                     synchronize_batchnorm(self.model))
         return self.model
 
     # ------------------------------------------------------------------ collectives
@@ -173,9 +195,24 @@ class TFRanks:
     def close(self) -> None:
         """Nothing to release: the strategy's servers end with the process."""
 
-    def digest(self) -> str:
-        """:func:`weights_digest` of the model :meth:`build` made (``""`` before)."""
-        return weights_digest(self.model) if self.model is not None else ""
+    def digest(self) -> tuple[str, str]:
+        """:func:`weights_digest` of the model's trainable variables and of the others (its
+        statistics: BatchNormalization's moving mean and variance); ``""`` both before :meth:`build`."""
+        if self.model is None:
+            return "", ""
+        return weights_digest(self.model.trainable_weights), weights_digest(self.model.non_trainable_weights)
+
+    def sync_statistics(self) -> list[str]:
+        """Every rank, before rank 0 saves: each non-trainable variable (a per-replica statistic)
+        whose values differ between the ranks is set to their mean over the ranks (as float64;
+        rank 0's for a non-float one) on every rank, so the checkpoint holds the aggregate
+        (:mod:`.statsync`). Returns the paths of this rank's variables that changed. Raises
+        :class:`csrun_runtime.rankgroup.RankLost`."""
+        from .statsync import sync_statistics
+
+        if self.model is None:
+            return []
+        return sync_statistics(self.strategy, self.model.non_trainable_weights, self.rank, self.world_size)
 
     def next_chunk(self, source: Any, limit: int, timeout: float, what: str) -> RankChunk:
         """This rank's next chunk, not yet taken: waits (inside the core loop's input wait, which

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import workernames
 from ..bundles import BUNDLE_TARGET_BYTES, MAX_BUNDLE
 from ..elastic import WorkerWatch
 from ..rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
@@ -520,7 +521,7 @@ class ServiceSource(ChunkedSource):
 
     def _who(self, i: int) -> str:
         reg = self.registry.get(i) or {}
-        return f"input worker {i} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
+        return f"{workernames.name(i)} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
     def _put(self, item: tuple[int, int, Any]) -> bool:
         while not self._stop.is_set():

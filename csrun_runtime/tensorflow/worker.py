@@ -30,6 +30,7 @@ from typing import Any
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
 from csrun_common.roles import Role
 
+from .. import workernames
 from ..bundles import AUTOSCALE_MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
@@ -287,9 +288,9 @@ class InputWorker:
                 return 1, None
             newer = self.superseded()
             if newer is not None:
-                log.warning("leaving: input worker %d was replaced by attempt %s on %s (the chief "
+                log.warning("leaving: %s was replaced by attempt %s on %s (the chief "
                             "took this one for lost: no heartbeat for over %.0f s); its replacement serves "
-                            "dispatcher %d", self.index, newer.get("attempt"), newer.get("node"),
+                            "dispatcher %d", workernames.name(self.index), newer.get("attempt"), newer.get("node"),
                             STALE_SECS, self.index)
                 return 0, SUPERSEDED
             time.sleep(POLL_SECS)

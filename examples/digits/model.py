@@ -1,5 +1,6 @@
 """model_fn of the digits example: a fully connected classifier in the spirit of Model Zoo's
-fc_mnist (``depth`` hidden layers of ``hidden_size`` units, ``activation_fn``, ``dropout``)."""
+fc_mnist (``depth`` hidden layers of ``hidden_size`` units, ``activation_fn``, ``dropout``;
+``batch_norm: true`` puts a BatchNormalization after each hidden layer)."""
 from __future__ import annotations
 
 import keras
@@ -13,6 +14,8 @@ def model_fn(params: dict) -> keras.Model:
     for _ in range(int(m.get("depth", 2))):
         layers.append(keras.layers.Dense(int(m.get("hidden_size", 64)),
                                          activation=m.get("activation_fn", "relu")))
+        if m.get("batch_norm"):
+            layers.append(keras.layers.BatchNormalization())
         if float(m.get("dropout", 0.0)) > 0:
             layers.append(keras.layers.Dropout(float(m["dropout"])))
     layers.append(keras.layers.Dense(int(m.get("num_classes", 10)), name="logits"))

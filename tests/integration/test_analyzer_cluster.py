@@ -8,12 +8,15 @@ accuracy target (within 15 %) is measured by bench/bench_verify.py, not here.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from analyzer import report
 from launcher import slurm
 from tests.fixtures.runtime import helpers
 
@@ -63,26 +66,45 @@ def test_cluster_images_analysis_and_verify(images_params, cli_env):
     assert res["drain"]["window_s"] >= 5
 
 
-def analyze_digits(tmp_path: Path, env: dict, budget: int) -> None:
-    """The digits example's data in ``tmp_path`` and its analysis (``budget`` s) in ``tmp_path/ana``."""
+def analyze_digits(tmp_path: Path, env: dict, budget: int, *extra: str) -> subprocess.CompletedProcess:
+    """The digits example's data in ``tmp_path`` and its analysis (``budget`` s, ``extra`` options)
+    in ``tmp_path/ana``."""
     data = helpers.prepare_digits(tmp_path / "data")
     params = helpers.digits_params(tmp_path, data, model_dir=str(tmp_path / "model_dir"))
-    p = analyzer(["--time-budget", str(budget), "--no-run-command", "--output", str(tmp_path / "ana"),
-                  "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
-                  "--mode", "validate_only"], cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stdout + p.stderr
+    return analyzer(["--time-budget", str(budget), "--no-run-command", "--output", str(tmp_path / "ana"), *extra,
+                     "python", str(REPO / "examples" / "digits" / "run.py"), "--params", str(params),
+                     "--mode", "validate_only"], cwd=tmp_path, env=env)
 
 
 def test_cluster_digits_verify_with_input_workers(tmp_path, cli_env):
+    # issue 44: 2 ranks on a node need gpu:2, the test cluster has one gpu:1: refused before any probe,
+    # in one line saying how to run ranks without GRES (seconds, not the 60 s budget)
+    helpers.prepare_digits(tmp_path / "data")  # once, before the clock
+    t0 = time.monotonic()
+    p = analyze_digits(tmp_path, cli_env, 60, "--chief-tasks-per-node", "2")
+    refused_s = time.monotonic() - t0
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and 'gres.resource = ""' in p.stderr, p.stderr
+    assert not (tmp_path / "ana" / "work").exists() and refused_s < 30, refused_s  # no probe session began
+    print(f"analyzer refusal: {refused_s:.1f} s")
     # verify needs a report with a model, not a full one: 30 s (~8 probes of ~2.5 s after the load)
-    analyze_digits(tmp_path, cli_env, budget=30)
     # several trainer ranks (issue 32): 1 chief node × 2 ranks, each draining its own input worker
     # (a site config without GRES: the test cluster has one gpu:1, and 2 ranks on a node need gpu:2)
     (tmp_path / "site.toml").write_text('[gres]\nresource = ""\n')
+    env = dict(cli_env, CSRUN_CONFIG=str(tmp_path / "site.toml"))
+    p = analyze_digits(tmp_path, env, 30, "--chief-tasks-per-node", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    # every layout the report recommends passes csrun_wse --check (issue 44: Slurm's --test-only too)
+    rep = json.loads((tmp_path / "ana" / "report.json").read_text())
+    rec = rep["recommendation"]
+    lines = [rep["csrun_wse_command"]] + [report.csrun_wse_command(a, rep["command"]) for a in rec["alternatives"]]
+    for line in lines:
+        words = shlex.split(line)
+        c = subprocess.run([str(BIN / words[0]), "--check", *words[1:]], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert c.returncode == 0 and c.stdout.startswith("csrun_wse --check: the job can run"), (line, c.stderr)
     v = analyzer(["verify", "--report", str(tmp_path / "ana"), "--seconds", "5", "--warmup", "2",
                   "--total-nodes", "2", "--tasks-per-node", "2", "--cpus-per-task", "1",
-                  "--chief-tasks-per-node", "2"], cwd=tmp_path,
-                 env=dict(cli_env, CSRUN_CONFIG=str(tmp_path / "site.toml")))
+                  "--chief-tasks-per-node", "2"], cwd=tmp_path, env=env)
     assert v.returncode == 0, v.stdout + v.stderr
     res = json.loads((tmp_path / "ana" / "verify.json").read_text())
     assert res["layout"] == {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0,
@@ -136,7 +158,8 @@ def test_pinned_cluster_serving_cost_and_verify(tmp_path, pinned_cluster):
     env = pinned_cluster["env"]
     # 40 s: the served probe is the 3rd (after a pipeline and an ingest probe of ~2.5-3 s and a
     # load of ~8 s), so it has room on a loaded host
-    analyze_digits(tmp_path, env, budget=40)
+    p = analyze_digits(tmp_path, env, 40)
+    assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads((tmp_path / "ana" / "report.json").read_text())
     assert rep["topology"] is None  # pinned: no host shared beyond its cores
     assert rep["probed_on"]["node"] == "node2"

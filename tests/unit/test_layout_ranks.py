@@ -177,12 +177,17 @@ def test_dry_run_prints_the_ranks_srun_line(no_gres):
     (["--autoscale", "--max-workers", "3"], "--max-workers 3: the layout has only 2 input-worker task(s); raise "
                                             "--total-nodes or --tasks-per-node (per trainer rank: 8 input workers "
                                             "for 4 ranks"),
+    # the partition is known: the refusal names a layout that fits it, not worker counts (issue 44)
     (["--total-nodes", "3", "--chief-input-cpus", "0"], "--total-nodes 3 --tasks-per-node 2: 2 input workers for 4 "
-                                                        "trainer ranks; they must be a multiple of the world size "
-                                                        "(4 would be)"),
+                                                        "trainer ranks; they must be a multiple of the world size; "
+                                                        "a layout of 4 trainer ranks that fits the partition: "
+                                                        "--total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
+                                                        "--chief-nodes 2 --chief-tasks-per-node 2\n"),
     (["--chief-nodes", "5"], "--chief-nodes 5: must be less than --total-nodes 4"),
     (["--tasks-per-node", "1"], "--total-nodes 4 --tasks-per-node 1: 6 input workers for 4 trainer ranks; they must "
-                                "be a multiple of the world size (4, 8 would be)"),
+                                "be a multiple of the world size; a layout of 4 trainer ranks that fits the "
+                                "partition: --total-nodes 4 --tasks-per-node 2 --cpus-per-task 1 "
+                                "--chief-input-cpus 1 --chief-nodes 2 --chief-tasks-per-node 2\n"),
     (["--single-task-nodes", "1"], "--single-task-nodes 1: not with several trainer ranks"),
 ])
 def test_bad_rank_values_one_line_exit_2_nothing_submitted(no_gres, args, msg):
@@ -195,7 +200,9 @@ def test_the_partition_must_hold_the_ranks_gres_and_the_workers_nodes(cluster): 
     code, _, err = invoke(cli.csrun_wse, [*RANK_FLAGS, "python", "x.py"])  # gres.resource gpu:1, on node1 only
     assert code == 2 and err.count("\n") == 1
     assert "--chief-nodes 2 --chief-tasks-per-node 2: 2 node(s) with 2 × gres.resource 'gpu:1' needed, the " \
-           "partition has 0" in err
+           "partition has 0; no layout of 4 trainer ranks finds that GRES: to train the ranks on CPU nodes without " \
+           "GRES, set gres.resource = \"\" in the site config ($CSRUN_CONFIG; docs/MULTI-RANK.md \"On CPU nodes\")" \
+           in err
 
 
 def test_autoscale_bounds_count_each_ranks_workers(no_gres):

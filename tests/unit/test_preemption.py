@@ -73,6 +73,14 @@ def test_allocations_of_a_run_are_chained_by_their_steps(tmp_path):
     assert lines[-1] == "the run took 3 allocation(s) so far; steps in each: 120, 130, 50"
 
 
+def test_a_failed_allocation_that_kept_no_step_says_so(tmp_path):
+    """Issue 44: a run that failed at step 2 before any checkpoint logged "global steps 1..0 (0 steps)"."""
+    lines: list[str] = []
+    preemption.record_allocation(tmp_path, alloc(0, 0, None), lines.append)
+    assert lines[0] == "allocation 1 of this run (job 7, requeue 0): no step kept past global step 0 (no checkpoint " \
+                       "after it)"
+
+
 def test_a_gap_starts_a_new_run():
     recs = [{"start_step": 0, "end_step": 100, "stopped_by": "SIGUSR2"},
             {"start_step": 80, "end_step": 200, "stopped_by": None}]  # resumed from an older checkpoint

@@ -20,7 +20,6 @@ from csrun_runtime import preemption
 from csrun_runtime.rankgroup import (
     INPUT_ENDED,
     decode_stop,
-    job_worker,
     rank_lines,
     rank_record,
     stop_code,
@@ -38,12 +37,6 @@ def test_stop_codes_rank_a_signal_above_an_input_end_and_round_trip():
     assert max(usr2, term, INPUT_ENDED) == max(term, usr2)  # the agreement's MAX is one signal
 
 
-def test_a_ranks_slot_is_named_by_its_job_wide_worker():
-    # 8 workers, 4 ranks: rank 1's slots 0 and 1 are workers 1 and 5
-    assert [job_worker(s, 1, 4) for s in (0, 1, "0", "1")] == [1, 5, "1", "5"]
-    assert job_worker("in-process", 2, 4) == "in-process"
-
-
 def _rec(rate, wait, slow_slot, slow_rate, node="node5"):
     return {"steps": 40, "global_step_end": 40, "samples_per_sec": rate * 0.9, "steady_samples_per_sec": rate,
             "input_wait_fraction": wait,
@@ -51,22 +44,37 @@ def _rec(rate, wait, slow_slot, slow_rate, node="node5"):
 
 
 def test_the_world_sums_the_ranks_and_the_verdict_names_each_wait_and_the_slowest_rank():
-    ranks = [rank_record(0, 2, "node1", _rec(400.0, 0.02, "0", 410.0), "sha256:ab"),
-             {**rank_record(1, 2, "node2", _rec(250.0, 0.41, "1", 120.0, node="node4"), "sha256:ab"),
+    lost = [{"index": 3, "rank": 1, "slot": 1, "node": "node4"}]
+    ranks = [rank_record(0, "node1", {**_rec(400.0, 0.02, "0", 410.0), "num_workers": 2,
+                                      "batches_per_worker": {"0": 10, "2": 12}}, ("sha256:ab", "sha256:s0")),
+             {**rank_record(1, "node2", {**_rec(250.0, 0.41, "3", 120.0, node="node4"), "num_workers": 2,
+                                         "batches_per_worker": {"1": 9, "3": 7}, "workers_lost": lost,
+                                         "workers_replaced": lost}, ("sha256:ab", "sha256:s1"), ["bn.running_mean"]),
               "rank_wait_fraction": 0.03}]
-    assert ranks[1]["slowest_input_worker"]["worker"] == "3"  # rank 1's slot 1 of 2 ranks: worker 3
-    world = world_figures(ranks)
+    assert ranks[1]["slowest_input_worker"]["worker"] == "3"  # job-wide already (workernames.renumber)
+    world = world_figures(ranks, "their mean over the ranks")
     assert world["world_size"] == 2 and world["world_steady_samples_per_sec"] == 650.0
     assert world["world_samples_per_sec"] == pytest.approx(585.0)
     assert world["slowest_rank"]["rank"] == 1 and world["weights_identical"] is True
+    # every rank's input workers, job-wide: rank 1's lost worker 3 is the job's
+    assert world["num_workers"] == 4 and list(world["batches_per_worker"]) == ["0", "1", "2", "3"]
+    assert world["workers_lost"] == lost and world["workers_replaced"] == lost
+    assert world["statistics_identical"] is False and world["statistics_synchronized"] == ["bn.running_mean"]
     lines = rank_lines(world)
     assert lines[0].startswith("  ranks: 2 trainer ranks, world steady state 650.0 samples/s")
-    assert "rank 0 (node1): input wait 2.0 %" in lines[1] and "rank 1 (node2): input wait 41.0 %" in lines[2]
-    assert "slowest input worker 3 on node4 120.0 samples/s" in lines[2]
-    assert "waits for the other ranks 3.0 %" in lines[2] and "waits for" not in lines[1]
-    assert lines[3].startswith("  slowest rank: 1 (node2), input wait 41.0 %") and all(len(x) < 250 for x in lines)
+    assert "trainable weights identical on every rank" in lines[0]
+    assert lines[1].startswith("  statistics (buffers, moving averages) differ between ranks at the end")
+    assert "the checkpoint holds their mean over the ranks" in lines[1]
+    assert "rank 0 (node1): input wait 2.0 %" in lines[2] and "rank 1 (node2): input wait 41.0 %" in lines[3]
+    assert "slowest input worker 3 on node4 120.0 samples/s" in lines[3]
+    assert lines[3].endswith("; input workers lost 3 (replaced)")
+    assert "waits for the other ranks 3.0 %" in lines[3] and "waits for" not in lines[2]
+    assert lines[4].startswith("  slowest rank: 1 (node2), input wait 41.0 %") and all(len(x) < 250 for x in lines)
+    synced = world_figures([ranks[0], {**ranks[1], "statistics_sha256": "sha256:s0"}], "rank 0's")
+    assert rank_lines(synced)[1] == ("  statistics: 1 per-replica statistic(s) differed between ranks (each rank's "
+                                     "own batches: bn.running_mean), not an error; the checkpoint holds rank 0's")
     differ = world_figures([ranks[0], {**ranks[1], "weights_sha256": "sha256:cd"}])
-    assert differ["weights_identical"] is False and "WEIGHTS DIFFER" in rank_lines(differ)[0]
+    assert differ["weights_identical"] is False and "TRAINABLE WEIGHTS DIFFER" in rank_lines(differ)[0]
 
 
 def test_an_input_worker_of_a_rank_shards_by_its_job_wide_index():
@@ -132,6 +140,28 @@ class _Batches:
         return {"batches_per_worker": {"0": self.n}, "worker_nodes": {"0": "here"}}
 
 
+def _zoo_model():
+    """A Linear with what real models hold beside it (issues 40, 44): a BatchNorm (running
+    statistics, a 0-dim int64 counter), a learnable 0-dim scale, and 0-dim and non-contiguous
+    buffers of every dtype the digest reads."""
+    import torch
+
+    from tests.unit.csrun_runtime.pytorch.test_tensorbytes import zoo_buffers
+
+    class Zoo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.bn = torch.nn.Linear(4, 1), torch.nn.BatchNorm1d(4)
+            self.scale = torch.nn.Parameter(torch.tensor(1.0))
+            for name, t in zoo_buffers().items():
+                self.register_buffer(name, t)
+
+        def forward(self, x):
+            return self.lin(self.bn(x)) * self.scale
+
+    return Zoo()
+
+
 def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
     """One spawned rank: join a gloo group of 2, train a DDP Linear through the core's loop."""
     import torch
@@ -150,7 +180,7 @@ def _rank_main(rank: int, port: int, tmp: str, scenario: str) -> None:
           "steps_per_execution": "auto", "input_timeout_secs": 20.0, "worker_start_timeout_secs": 20.0}
     ranks = TorchRanks.start(role, rc)
     torch.manual_seed(rank)  # different initial weights: DDP broadcasts rank 0's
-    model = torch.nn.Linear(4, 1)
+    model = _zoo_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model_dir = Path(tmp) / f"dir{rank}"
     end = 7 if scenario == "input_end" and rank == 1 else None
@@ -201,7 +231,7 @@ def test_two_gloo_ranks_stop_together_and_rank_zero_alone_writes(tmp_path, scena
     mp.spawn(_rank_main, args=(_free_port(), str(tmp_path), scenario), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"result{r}.json").read_text()) for r in (0, 1))
     want = 7 if scenario == "input_end" else 3
-    assert r0["step"] == r1["step"] == want and r0["digest"] == r1["digest"] != "", (r0, r1)
+    assert r0["step"] == r1["step"] == want and r0["digest"] == r1["digest"] != ["", ""], (r0, r1)
     if scenario == "signal":
         assert r0["signal"] == r1["signal"] == "SIGUSR2" and r0["exit"] == r1["exit"] == preemption.REQUEUE_EXIT
     else:
@@ -210,7 +240,12 @@ def test_two_gloo_ranks_stop_together_and_rank_zero_alone_writes(tmp_path, scena
     assert (tmp_path / "dir0" / f"model-ckpt-{want}.pt").is_file()
     perf = json.loads((tmp_path / "dir0" / "performance" / "performance.json").read_text())
     assert [r["rank"] for r in perf["ranks"]] == [0, 1] and perf["weights_identical"] is True
-    assert {r["weights_sha256"] for r in perf["ranks"]} == {r0["digest"]}
+    assert {r["weights_sha256"] for r in perf["ranks"]} == {r0["digest"][0]}
+    # each rank's BatchNorm saw its own batches; before the checkpoint rank 0's went to rank 1 (DDP's
+    # broadcast_buffers), so the statistics end identical and the checkpoint is every rank's state
+    assert perf["statistics_identical"] is True and {r["statistics_sha256"] for r in perf["ranks"]} == {r0["digest"][1]}
+    assert {"bn.running_mean", "bn.running_var"} <= set(perf["statistics_synchronized"]), perf
+    assert perf["ranks"][0]["statistics_synchronized"] == [] and "rank 0's" in perf["statistics_kept"]
     assert all(r["steps"] == want for r in perf["ranks"]) and perf["global_step_end"] == want
     assert perf["world_samples_per_sec"] == pytest.approx(sum(r["samples_per_sec"] for r in perf["ranks"]), abs=0.02)
     if scenario == "signal":

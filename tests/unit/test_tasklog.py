@@ -118,6 +118,22 @@ def test_the_same_error_from_the_chief_and_a_worker_is_the_chiefs():
     assert sum("unrecognized arguments" in t for t in shown) == 1, shown
 
 
+def test_the_same_error_from_two_trainer_ranks_is_shown_once():
+    """Issue 44: rank 1 prints the error rank 0 prints, under its label ``[rank 1 node1]``, and
+    srun reports rank 1 first: the terminal shows the error once (recorded: the unused-parameter
+    refusal of 2 PyTorch ranks on node1)."""
+    error = ("runconfig.ddp.find_unused_parameters: the model's unused got no gradient in a step (not used in the "
+             "loss); DistributedDataParallel needs runconfig.ddp: {find_unused_parameters: true} for that")
+    lines = ["srun: launching StepId=4.0 on host node1, 2 tasks: [0-1]", "0: INFO:csrun:global_step = 1, loss = 4.1",
+             f"1: ERROR:csrun:[rank 1 node1] {error}", f"0: ERROR:csrun:{error}",
+             "srun: error: node1: task 1: Exited with exit code 2",
+             "srun: error: node1: task 0: Exited with exit code 2"]
+    shown = summarise(lines, (TaskGroup(0, "chief", 0, 2),), 2, LOG)
+    assert sum(error in t for t in shown) == 1, shown
+    assert shown[1] == "csrun_wse: task 0 (het group 0, chief) on node1 failed first: Exited with exit code 2, " \
+                       "with this error:" and shown[2] == f"  ERROR:csrun:{error}", shown
+
+
 def test_an_interrupted_job_shows_the_chief_lines_and_the_log():
     out = TaskOutput(groups=GROUPS)
     out.line("err", "0: Traceback (most recent call last):")

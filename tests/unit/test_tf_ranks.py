@@ -38,7 +38,7 @@ import tensorflow as tf
 
 def build():
     keras.utils.set_random_seed(7 + rank)  # different seeds: the strategy broadcasts worker 0's values
-    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    m = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization(), keras.layers.Dense(3)])
     m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     m.optimizer.build(m.trainable_variables)
     return m
@@ -64,7 +64,19 @@ for _ in range(4):
     taken = ranks.settle(chunk)
     logs, losses = train(taken.batches, taken.offset, taken.steps)
     trained.append(chunk.steps)
-print(json.dumps({"trained": trained, "step": int(step.numpy()), "digest": ranks.digest(),
+before, steps_done = ranks.digest(), int(step.numpy())
+synced = ranks.sync_statistics()  # each rank's BatchNormalization saw its own batches
+after = ranks.digest()
+ranks.sync_batchnorm = True  # runconfig.sync_batchnorm: the moments all-reduced in each step
+model = ranks.build(build)
+train = TrainSteps(model, counter=step, strategy=ranks.strategy)
+for _ in range(2):
+    chunk = ranks.next_chunk(source, 4, 10.0, "test")
+    assert ranks.agree(0) == 0
+    taken = ranks.settle(chunk)
+    train(taken.batches, taken.offset, taken.steps)
+print(json.dumps({"trained": trained, "step": steps_done, "digest": before, "synced": synced,
+                  "after": after, "sync_batchnorm": ranks.digest(),
                   "agree": ranks.agree(rank + 3), "gather": ranks.gather({"rank": rank, "word": "é" * rank}),
                   "losses": len(losses), "leave": leave(ranks, 0, True)}))
 '''
@@ -105,7 +117,15 @@ def test_two_ranks_agree_on_each_calls_steps_and_end_with_identical_weights(tmp_
     # elements of 5 and 3, at most 4 a call: min(4, 3), min(2, 3), min(4, 1), min(4, 3)
     assert outs[0]["trained"] == outs[1]["trained"] == [3, 2, 1, 3]
     assert outs[0]["step"] == outs[1]["step"] == 9
-    assert outs[0]["digest"] == outs[1]["digest"] and outs[0]["digest"].startswith("sha256:")
+    # the trainable weights are identical; BatchNormalization's moving statistics are each rank's own
+    # until sync_statistics() sets both ranks' to their mean (what the checkpoint then holds)
+    (w0, s0), (w1, s1) = outs[0]["digest"], outs[1]["digest"]
+    assert w0 == w1 and w0.startswith("sha256:") and s0 != s1
+    names = ["sequential/batch_normalization/moving_mean", "sequential/batch_normalization/moving_variance"]
+    assert outs[0]["synced"] == outs[1]["synced"] == names
+    assert outs[0]["after"] == outs[1]["after"] and outs[0]["after"][0] == w0
+    # runconfig.sync_batchnorm (BatchNormalization's synchronized=True): identical without a sync
+    assert outs[0]["sync_batchnorm"] == outs[1]["sync_batchnorm"]
     assert outs[0]["agree"] == outs[1]["agree"] == 4  # the maximum of 3 and 4
     assert outs[0]["gather"] == outs[1]["gather"] == [{"rank": 0, "word": ""}, {"rank": 1, "word": "é"}]
     assert [o["leave"] for o in outs] == [0, 0]

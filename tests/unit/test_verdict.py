@@ -77,6 +77,20 @@ def test_verdict_block_lines_are_short_and_keep_compile_apart():
     assert all(len(line) < 200 for line in lines)
 
 
+def test_the_wait_for_the_other_ranks_is_a_share_of_its_own():
+    """Issue 44, problem 7: with several trainer ranks the breakdown names the stop agreement's
+    wait apart from "the rest" (PT 2 × 1 said the rest 32.3 % beside a 32.0 % wait for the ranks)."""
+    v = A.verdict(**facts(wait_fraction=0.05))
+    kw = dict(steps=1000, start_step=0, end_step=1000, batch_size=64, steady_steps=999, steady_time=10.0,
+              compile_time=0.1, programming_time=1.0)
+    lines = A.verdict_lines(v, compute_samples_per_sec=10000.0, rank_wait_fraction=0.32, **kw)
+    # 6393.6 / 10000 = 63.9 % in train steps, 5 % input, 32 % the other ranks: the rest 0 %
+    assert lines[3] == ("  input wait: 5.0 % of the steady-state time; train steps 63.9 %, waits for the other "
+                        "ranks 32.0 %, the rest 0.0 % (checkpoints, logging)")
+    no_rate = A.verdict_lines(v, rank_wait_fraction=0.32, **kw)
+    assert no_rate[3] == "  input wait: 5.0 % of the steady-state time; waits for the other ranks 32.0 %"
+
+
 def test_worker_rates_and_field_descriptions():
     assert A.worker_rates({"0": 100, "1": 50}, 64, 2.0) == {"0": 3200.0, "1": 1600.0}
     assert A.worker_rates({"0": 100}, 64, 0.0) == {}
