@@ -102,6 +102,8 @@ KEYS: tuple[Key, ...] = (
         "the job id (29500 + SLURM_JOB_ID % 2000)", zero_allowed=True),
     Key("python", "executable", "python_executable", str, "",
         "interpreter of python-ws/python-pt; \"\" = the one running csrun"),
+    Key("runs", "state_dir", "state_dir", str, "",
+        "the run index of csrun list/status (\"\" = $XDG_STATE_HOME/csrun, else ~/.local/state/csrun)"),
 )
 
 _BY_DOTTED: dict[str, Key] = {k.dotted: k for k in KEYS}
@@ -164,6 +166,7 @@ class SiteConfig:
     path_checks: bool = True
     batch_check_secs: int = 30
     master_port: int = 0
+    state_dir: str = ""
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:

@@ -138,6 +138,7 @@ def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOut
         status, received = _wait_forwarding(proc)
         for t in pumps:
             t.join(timeout=10)
+        log.finish(status, output.nodes)
         with lock:  # the first failing task's own status, not srun's highest (launcher/tasklog.py)
             status = output.exit_status(status, interrupted=bool(received))
             show(output.finish(status, log.shown_path(), interrupted=bool(received)))
@@ -160,22 +161,25 @@ def _wait_forwarding(proc: subprocess.Popen) -> tuple[int, list[int]]:
 
 
 def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], env: dict | None = None,
-                        grace: float = WORKER_JOB_GRACE_S, output: TaskOutput | None = None) -> int:
+                        grace: float = WORKER_JOB_GRACE_S, output: TaskOutput | None = None,
+                        log: TaskLogFile | None = None) -> int:
     """Run the chief's job (``chief_argv``, an srun line) in the foreground, as
     :func:`run_foreground` does, and the input workers' own job (``worker_argv``) beside it in a
     session of its own. Once the chief's srun has ended, the workers' srun gets ``grace``
     seconds to end by itself, then is stopped (:func:`stop_process_group`: a step still
     pending or running is cancelled). Returns the chief's status (:func:`exit_status`): the
     chief decides the job; a worker job that ended early is reported on stderr. With
-    ``output``, the workers' job's lines go to the chief's job's task log only."""
+    ``output``, the workers' job's lines go to the chief's job's task log only (``log``, default:
+    a new :func:`task_log`, closed at the end)."""
     command.check_conf()
-    log = task_log() if output is not None else None
+    own_log = log is None
+    log = (log or task_log()) if output is not None else None
     try:
         workers = subprocess.Popen([command.require(worker_argv[0]), *worker_argv[1:]], env=env,
                                    start_new_session=True, stdout=subprocess.PIPE if log else None,
                                    stderr=subprocess.STDOUT if log else None)
     except OSError as exc:
-        if log:
+        if log and own_log:
             log.close()
         raise CsrunError(f"cannot start {worker_argv[0]}: {exc.strerror}") from None
     if log and workers.stdout:
@@ -187,7 +191,7 @@ def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], e
             workers.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             stop_process_group(workers)
-        if log:
+        if log and own_log:
             log.close()
     if workers.returncode not in (0, None) and rc == 0:
         print(f"csrun_wse: the input workers' job ended with status {workers.returncode}", file=sys.stderr)

@@ -8,11 +8,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from csrun_common.env import LOG_DIR
 
+from ..attempts import AttemptLog, job_dir
 from ..tasklog import TaskOutput, is_supervisor_notice, parse_label
 
 
@@ -20,13 +21,19 @@ class TaskLogFile:
     """The log of one csrun_wse launch (srun path): every line its srun printed, as srun printed
     it (each task's lines under srun's ``--label``), and the input workers' own job's lines
     under ``[workers' job]``. Written to ``<dir>/csrun_wse-<pid>.log`` from the start, renamed
-    ``csrun_wse-<job id>.log`` once srun names the job. Thread-safe."""
+    ``csrun_wse-<job id>.log`` once srun names the job. With ``attempt`` (a recorded run's launch
+    number, 1-based), each task's lines also go to that attempt's directory
+    (:class:`launcher.attempts.AttemptLog`, under ``<dir>/csrun_wse-<job id>/``), and
+    ``on_job(job_id, attempt_dir)`` is called once the job is known. Thread-safe."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, attempt: int = 0,
+                 on_job: Callable[[str, Path], None] | None = None):
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"csrun_wse-{os.getpid()}-{int(time.time())}.log"
         self._file = open(self.path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
         self._lock = threading.Lock()
+        self.attempt, self._on_job = attempt, on_job
+        self._attempt_log: AttemptLog | None = None
 
     def write(self, line: str, job_id: str | None = None) -> None:
         """Append one line; with ``job_id`` (the job is known), rename the file after it once."""
@@ -40,6 +47,23 @@ class TaskLogFile:
                 if not target.exists():
                     os.replace(self.path, target)
                     self.path = target
+            if job_id and self.attempt and self._attempt_log is None:
+                self._start_attempt(job_id)
+            if self._attempt_log is not None:
+                self._attempt_log.line(*parse_label(line))
+
+    def _start_attempt(self, job_id: str) -> None:
+        where = job_dir(self.path.parent, "csrun_wse", job_id) / f"attempt-{self.attempt}"
+        self._attempt_log = AttemptLog(where)
+        self._attempt_log.start(job_id, self.attempt, {})
+        if self._on_job is not None:
+            self._on_job(job_id, where)
+
+    def finish(self, status: int | None, task_nodes: Mapping[int, str]) -> None:
+        """The attempt's end marker (:meth:`launcher.attempts.AttemptLog.end`), when it has one."""
+        with self._lock:
+            if self._attempt_log is not None:
+                self._attempt_log.end(status, task_nodes)
 
     def shown_path(self) -> str:
         """The log's path as shown to the user (relative to the working directory when under it)."""
@@ -59,18 +83,18 @@ class TaskLogFile:
 LOG_DIR_ENV = LOG_DIR
 
 
-def task_log() -> TaskLogFile:
-    """A new :class:`TaskLogFile` in ``$CSRUN_LOG_DIR`` or ``./csrun_logs``; in the temporary
-    directory when that cannot be created."""
+def task_log(attempt: int = 0, on_job: Callable[[str, Path], None] | None = None) -> TaskLogFile:
+    """A new :class:`TaskLogFile` (``attempt``, ``on_job``: as it takes them) in ``$CSRUN_LOG_DIR``
+    or ``./csrun_logs``; in the temporary directory when that cannot be created."""
     directory = Path(os.environ.get(LOG_DIR_ENV) or "csrun_logs")
     try:
-        return TaskLogFile(directory)
+        return TaskLogFile(directory, attempt, on_job)
     except OSError:
-        return TaskLogFile(Path(tempfile.gettempdir()) / f"csrun_logs-{os.getuid()}")
+        return TaskLogFile(Path(tempfile.gettempdir()) / f"csrun_logs-{os.getuid()}", attempt, on_job)
 
 
 def pump(pipe: io.BufferedReader, stream: str, output: TaskOutput, log: TaskLogFile,
-          lock: threading.Lock) -> None:
+         lock: threading.Lock) -> None:
     """Read one of srun's pipes to its end: each line to the log and through ``output``."""
     for raw in iter(pipe.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
