@@ -10,7 +10,8 @@ same job id, ``SLURM_RESTART_COUNT`` + 1; srun: each launch of ``--requeue``'s l
       srun.log         srun's and slurmstepd's own lines
       start.json       {"job_id", "attempt", "nodes": {het group: node list}, "time"}
       end.json         {"status": srun's exit status or null (its output ended without one:
-                        cancelled, killed), "task_nodes": {task: node}, "time"}
+                        cancelled, requeued, killed), "task_nodes": {task: node},
+                        "exit_codes": {task: the exit code srun reported}, "time"}
 
 The markers are what the run's state falls back on when Slurm no longer knows the job and keeps
 no accounting (:mod:`launcher.runs.states`). Writes are :mod:`csrun_common.atomic`'s.
@@ -81,15 +82,18 @@ class AttemptLog:
         f.write(text + "\n")
         f.flush()
 
-    def end(self, status: int | None, task_nodes: Mapping[int, str] | None = None) -> None:
+    def end(self, status: int | None, task_nodes: Mapping[int, str] | None = None,
+            exit_codes: Mapping[int, int] | None = None) -> None:
         """Close the task files and write ``end.json`` (``status`` ``None``: srun's output ended
-        without its status: the job was cancelled or killed)."""
+        without its status: the job was cancelled, requeued or killed; ``exit_codes``: the tasks
+        srun reported exited with a code, :meth:`launcher.tasklog.TaskOutput.exit_codes`)."""
         for f in self._files.values():
             f.close()
         self._files.clear()
         self.directory.mkdir(parents=True, exist_ok=True)
         write_json(self.directory / END, {"status": status, "time": time.time(),
-                                          "task_nodes": {str(k): v for k, v in (task_nodes or {}).items()}})
+                                          "task_nodes": {str(k): v for k, v in (task_nodes or {}).items()},
+                                          "exit_codes": {str(k): v for k, v in (exit_codes or {}).items()}})
 
 
 @dataclass(frozen=True)

@@ -352,6 +352,17 @@ class TaskOutput:
             return Failure(self._node_offset[node] + rel[0], node, status, raw, rel[0])
         return Failure(None, node, status, raw, rel[0] if rel else None)
 
+    def exit_codes(self) -> dict[int, int]:
+        """The exit code of each task srun reported exited with one (``Exited with exit code 75``),
+        by global task id: the chief's own status when the batch script's status line is missing
+        (``scontrol requeue`` ends the script before it writes it)."""
+        out: dict[int, int] = {}
+        for f in self.failures:
+            task, code = self._resolve(f), f.exit_code()
+            if task is not None and code is not None:
+                out.setdefault(task, code)
+        return out
+
     def _resolve(self, f: Failure) -> int | None:
         """``f``'s global task id: known from its node, else from the layout alone: the one
         group with a task of that number, or among several the one task whose output was seen
@@ -535,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _, text in out.line("err", line):
                 print(text, flush=True)
     if attempt is not None:
-        attempt.end(status, out.nodes)
+        attempt.end(status, out.nodes, out.exit_codes())
     for _, text in out.finish(status if status is not None else 0, args.log, interrupted=status is None):
         print(text, flush=True)
     return 0

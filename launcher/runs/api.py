@@ -15,18 +15,19 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csrun_common.env import RUN_ID
 from csrun_common.errors import CsrunError
 
 from .. import slurm
 from ..config import load_config
-from ..flags import LAYOUT_NAMES, WSE_OPTIONS, WseFlags
 from . import logs, poll, states
 from .record import RunRecord, RunStore, state_dir
-from .recorder import flag_argv
 from .view import RunStatus
+
+if TYPE_CHECKING:
+    from ..flags import WseFlags
 
 #: Seconds :meth:`Run.cancel` with ``checkpoint`` waits for the tasks to save and leave after the
 #: stop signal before it cancels the job (a checkpoint save of the test's models takes < 1 s;
@@ -146,6 +147,7 @@ def runs(state: str | None = None) -> list[Run]:
 def wse_flags(**options: Any) -> WseFlags:
     """:class:`launcher.flags.WseFlags` of csrun_wse's options by name (``nodes=3``,
     ``use_sbatch=True``, ``requeue=True``, ...). Raises ``TypeError`` naming an unknown one."""
+    from ..flags import LAYOUT_NAMES, WseFlags  # lazy: csrun's verbs do not launch
     known = {f.name for f in fields(WseFlags)} - {"layout"}
     unknown = sorted(set(options) - known - LAYOUT_NAMES)
     if unknown:
@@ -162,6 +164,9 @@ def launch(command: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     return its :class:`Run`. With ``use_sbatch`` it returns once the job is queued; on the srun
     path csrun_wse runs on as a child of its own session and this returns once its record is
     written. Raises :class:`CsrunError` with csrun_wse's last error line when it refuses."""
+    from ..flags import WSE_OPTIONS  # lazy: csrun's verbs do not launch
+    from .recorder import flag_argv
+
     flags = wse_flags(**options)
     if flags.dry_run or flags.check:
         raise CsrunError("launch(): dry_run and check launch nothing; run csrun_wse for them")

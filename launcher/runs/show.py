@@ -87,12 +87,17 @@ def performance_line(perf: Mapping[str, Any]) -> str:
             f"{verdict.get('bound', 'unknown')}-bound; ended: {perf.get('ended', '-')}")
 
 
+def _indices(items: Sequence[Any]) -> str:
+    """Input worker indices of performance.json's ``workers_*`` lists (records or plain indices)."""
+    return ", ".join(str(i.get("index") if isinstance(i, Mapping) else i) for i in items)
+
+
 def allocation_lines(perf: Mapping[str, Any]) -> list[str]:
     """Every allocation's steps and lost, replaced and paused input workers (performance.json's
     ``allocation_history``)."""
     out = []
     for a in perf.get("allocation_history") or []:
-        workers = "; ".join(f"{k.replace('workers_', '')} {', '.join(str(i) for i in a.get(k) or [])}"
+        workers = "; ".join(f"{k.replace('workers_', '').replace('_', ' ')} {_indices(a.get(k) or [])}"
                             for k in ("workers_lost", "workers_replaced", "workers_paused", "workers_given_up")
                             if a.get(k)) or "no worker lost, replaced or paused"
         out.append(f"    allocation {a.get('allocation')} (job {a.get('job_id')}, requeue {a.get('requeue')}): "

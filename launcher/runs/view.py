@@ -23,7 +23,8 @@ from .record import RunRecord
 @dataclass
 class AttemptView:
     """One attempt: ``number`` (1-based), ``job_id``, ``nodes`` (het group → node list),
-    ``status`` (srun's exit status, ``None`` while running or when it ended without one),
+    ``status`` (srun's exit status, else the chief's exit code srun reported; ``None`` while
+    running or when neither is known),
     ``state`` (a run state), ``started``/``ended`` (``time.time()`` s) and its log directory."""
 
     number: int
@@ -86,6 +87,8 @@ def _attempt_views(rec: RunRecord, found: list[tuple[str, Attempt]], run_state: 
             state = run_state
         else:
             state = states.FAILED
+        if status is None:  # the output ended without srun's status: the chief's own, as srun reported it
+            status = ((a.end or {}).get("exit_codes") or {}).get("0")
         views.append(AttemptView(a.number, job, dict((a.start or {}).get("nodes") or {}), status, state,
                                  (a.start or {}).get("time"), (a.end or {}).get("time"), str(a.directory)))
     return views

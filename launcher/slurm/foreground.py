@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from csrun_common.errors import CsrunError
 
-from ..builders import WORKER_JOB_GRACE_S
 from ..tasklog import TaskOutput
 from . import command
 from .logfile import TaskLogFile, pump, pump_plain, show, task_log
@@ -138,7 +137,7 @@ def run_foreground(argv: Sequence[str], env: dict | None = None, output: TaskOut
         status, received = _wait_forwarding(proc)
         for t in pumps:
             t.join(timeout=10)
-        log.finish(status, output.nodes)
+        log.finish(status, output)
         with lock:  # the first failing task's own status, not srun's highest (launcher/tasklog.py)
             status = output.exit_status(status, interrupted=bool(received))
             show(output.finish(status, log.shown_path(), interrupted=bool(received)))
@@ -161,17 +160,21 @@ def _wait_forwarding(proc: subprocess.Popen) -> tuple[int, list[int]]:
 
 
 def run_with_worker_job(chief_argv: Sequence[str], worker_argv: Sequence[str], env: dict | None = None,
-                        grace: float = WORKER_JOB_GRACE_S, output: TaskOutput | None = None,
+                        grace: float | None = None, output: TaskOutput | None = None,
                         log: TaskLogFile | None = None) -> int:
-    """Run the chief's job (``chief_argv``, an srun line) in the foreground, as
-    :func:`run_foreground` does, and the input workers' own job (``worker_argv``) beside it in a
-    session of its own. Once the chief's srun has ended, the workers' srun gets ``grace``
-    seconds to end by itself, then is stopped (:func:`stop_process_group`: a step still
-    pending or running is cancelled). Returns the chief's status (:func:`exit_status`): the
-    chief decides the job; a worker job that ended early is reported on stderr. With
-    ``output``, the workers' job's lines go to the chief's job's task log only (``log``, default:
-    a new :func:`task_log`, closed at the end)."""
+    """Run the chief's job (``chief_argv``, an srun line) in the foreground, as :func:`run_foreground`
+    does, and the input workers' own job (``worker_argv``) beside it in a session of its own.
+    Once the chief's srun has ended, the workers' srun gets ``grace`` seconds (default
+    :data:`launcher.builders.WORKER_JOB_GRACE_S`) to end by itself, then is stopped
+    (:func:`stop_process_group`: a step still pending or running is cancelled). Returns the
+    chief's status (:func:`exit_status`): the chief decides the job; a worker job that ended
+    early is reported on stderr. With ``output``, the workers' job's lines go to the chief's
+    job's task log only (``log``, default: a new :func:`task_log`, closed at the end)."""
     command.check_conf()
+    if grace is None:
+        from ..builders import WORKER_JOB_GRACE_S  # lazy: csrun status/list need no builder
+
+        grace = WORKER_JOB_GRACE_S
     own_log = log is None
     log = (log or task_log()) if output is not None else None
     try:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from csrun_common.env import LOG_DIR
@@ -59,11 +59,12 @@ class TaskLogFile:
         if self._on_job is not None:
             self._on_job(job_id, where)
 
-    def finish(self, status: int | None, task_nodes: Mapping[int, str]) -> None:
-        """The attempt's end marker (:meth:`launcher.attempts.AttemptLog.end`), when it has one."""
+    def finish(self, status: int | None, output: TaskOutput) -> None:
+        """The attempt's end marker (:meth:`launcher.attempts.AttemptLog.end`: ``status``, the
+        tasks' nodes and exit codes ``output`` saw), when it has one."""
         with self._lock:
             if self._attempt_log is not None:
-                self._attempt_log.end(status, task_nodes)
+                self._attempt_log.end(status, output.nodes, output.exit_codes())
 
     def shown_path(self) -> str:
         """The log's path as shown to the user (relative to the working directory when under it)."""

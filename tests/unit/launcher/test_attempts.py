@@ -53,11 +53,17 @@ def test_the_filter_writes_each_task_and_the_markers(tmp_path, monkeypatch, caps
     assert "global_step = 2" in (tmp_path / "all.log").read_text()  # the task log as before
 
 
-def test_output_cut_short_has_no_status(tmp_path, monkeypatch):
+def test_output_cut_short_has_no_status_but_the_chiefs_exit_code(tmp_path, monkeypatch):
+    """scontrol requeue ends the batch script before it writes srun's status; srun's own lines
+    still say how the chief exited (the lines of a requeued job on the test cluster)."""
     attempt = tmp_path / "a"
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"0: working\n")))
-    tasklog.main(["--groups", "0:chief:0:1", "--log", str(tmp_path / "l.log"), "--attempt-dir", str(attempt)])
-    assert json.loads((attempt / "end.json").read_text())["status"] is None
+    cut = (b"srun: launching StepId=10.0 on host node1, 2 tasks: [0-1]\n0: working\n"
+           b"slurmstepd-node1: error: *** STEP 10.0 ON node1 CANCELLED AT 2026-11-28T07:37:54 DUE TO JOB REQUEUE ***\n"
+           b"srun: error: node1: task 0: Exited with exit code 75\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(cut)))
+    tasklog.main(["--groups", "0:chief:0:2", "--log", str(tmp_path / "l.log"), "--attempt-dir", str(attempt)])
+    end = json.loads((attempt / "end.json").read_text())
+    assert end["status"] is None and end["exit_codes"] == {"0": 75}
 
 
 def test_attempts_read_in_order_and_the_script_names_the_same_directory(tmp_path):
