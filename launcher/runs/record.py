@@ -125,10 +125,11 @@ class RunStore:
         return new_run_id(kind, lambda rid: self.index_path(rid).exists())
 
     def save(self, rec: RunRecord) -> None:
-        """Write both copies (the model_dir's only when its directory can be made)."""
+        """Write both copies; the model_dir's only once the model_dir exists (the run makes it:
+        a launch never creates a directory its job would not)."""
         data = asdict(rec)
         write_json(self.index_path(rec.run_id), data)
-        if rec.model_dir:
+        if rec.model_dir and Path(rec.model_dir).is_dir():
             try:
                 write_json(self.model_dir_path(rec.model_dir, rec.run_id), data)
             except OSError:
@@ -179,16 +180,17 @@ class RunStore:
 
     def find(self, ref: str) -> RunRecord:
         """The record ``ref`` names: a run id, a Slurm job id (``57``, ``57+1``) or a model_dir
-        (its newest run). Raises :class:`CsrunError` naming the closest known run ids."""
+        (its newest run, recorded beside it or in the index). Raises :class:`CsrunError` naming
+        the closest known run ids."""
         ref = str(ref).strip()
         if ref and "/" not in ref and self.index_path(ref).exists():
             return self.load(ref)
         if ref and (Path(ref) / ".csrun" / "runs").is_dir():
             return self._newest_in(Path(ref))
         records = self.all()
-        job = ref.split("+")[0]
-        for rec in records:
-            if job.isdigit() and job in rec.jobs:
+        job, where = ref.split("+")[0], str(Path(ref).resolve()) if ref else ""
+        for rec in records:  # newest first
+            if (job.isdigit() and job in rec.jobs) or (rec.model_dir and rec.model_dir == where):
                 return rec
         known = [r.run_id for r in records]
         close = difflib.get_close_matches(ref, known, n=3, cutoff=0.5) or known[:3]

@@ -89,9 +89,24 @@ def _attempt_views(rec: RunRecord, found: list[tuple[str, Attempt]], run_state: 
             state = states.FAILED
         if status is None:  # the output ended without srun's status: the chief's own, as srun reported it
             status = ((a.end or {}).get("exit_codes") or {}).get("0")
-        views.append(AttemptView(a.number, job, dict((a.start or {}).get("nodes") or {}), status, state,
+        views.append(AttemptView(a.number, job, _nodes(rec, a), status, state,
                                  (a.start or {}).get("time"), (a.end or {}).get("time"), str(a.directory)))
     return views
+
+
+def _nodes(rec: RunRecord, a: Attempt) -> dict[str, str]:
+    """Each het group's nodes in attempt ``a``: its start marker's (the job's node lists), else
+    the nodes srun named for the group's tasks (the srun path: ``end.json``'s ``task_nodes``)."""
+    nodes = dict((a.start or {}).get("nodes") or {})
+    if nodes:
+        return nodes
+    by_task = (a.end or {}).get("task_nodes") or {}
+    for g in rec.groups:
+        first = int(g.get("first_task", 0))
+        seen = sorted({by_task[str(t)] for t in range(first, first + int(g.get("ntasks", 0))) if str(t) in by_task})
+        if seen:
+            nodes[str(g.get("het_group", 0))] = ",".join(seen)
+    return nodes
 
 
 def _group_views(rec: RunRecord, rows: Sequence[JobRow], attempt: AttemptView | None) -> list[GroupView]:

@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -86,6 +87,8 @@ def test_start_up_is_light():
 
 def test_a_run_pickles_and_attaches_in_another_process(store, tmp_path):
     rec = make_run(store, tmp_path, end=ENDED)
+    Path(rec.model_dir).mkdir(parents=True)
+    store.save(rec)
     run = api.attach(rec.model_dir)
     again = pickle.loads(pickle.dumps(run))
     assert again == run and again.state() == "SUCCEEDED"

@@ -111,3 +111,16 @@ def test_wait_all_asks_once_per_interval_for_every_run(store, tmp_path, slurm_an
     got = poll.wait_all(store, [a, b], timeout=100)
     assert {s.state for s in got.values()} == {"SUCCEEDED"}
     assert [x[0] for x in asked] == ["squeue"] * 3 and slept == [2.0, 2.0]  # a change restarts the backoff
+
+
+def test_srun_path_attempt_nodes_come_from_srun_s_lines(store, tmp_path, slurm_answers):
+    """The srun path starts its attempt before srun names the nodes: they come from end.json."""
+    from launcher.attempts import AttemptLog, job_dir
+
+    answers, _ = slurm_answers
+    rec = make_run(store, tmp_path, jobs=("70",), end={"state": "SUCCEEDED", "reason": "exit 0", "time": 1.0})
+    log = AttemptLog(job_dir(rec.log_root, rec.job_name, "70") / "attempt-1")
+    log.start("70", 1, {})
+    log.end(0, {0: "node1", 1: "node1", 2: "node3", 3: "node2", 4: "node2", 5: "node3"})
+    [attempt] = poll.refresh(store, [rec])[rec.run_id].attempts
+    assert attempt.nodes == {"0": "node1", "1": "node2,node3"}

@@ -31,6 +31,9 @@ def test_run_ids_are_typable_and_unique():
 def test_both_copies_and_the_lock(store, tmp_path):
     rec = make_run(store, tmp_path)
     beside = RunStore.model_dir_path(rec.model_dir, rec.run_id)
+    assert not beside.exists() and not Path(rec.model_dir).exists()  # a launch makes no model_dir
+    Path(rec.model_dir).mkdir(parents=True)  # the run made it
+    store.save(rec)
     assert json.loads(beside.read_text()) == json.loads(store.index_path(rec.run_id).read_text())
     store.update(rec.run_id, lambda r: r.jobs.append("58"))
     assert store.load(rec.run_id).jobs == ["57", "58"]
@@ -50,8 +53,12 @@ def test_find_by_run_id_job_id_and_model_dir(store, tmp_path):
     new = make_run(store, tmp_path, "wse-1128-bbbb", jobs=("41",))
     assert store.find("wse-1127-aaaa").run_id == old.run_id
     assert store.find("41").run_id == new.run_id and store.find("41+1").run_id == new.run_id
-    assert store.find(new.model_dir).run_id == new.run_id
+    assert store.find(new.model_dir).run_id == new.run_id  # from the index: the model_dir does not exist
     assert [r.run_id for r in store.all()] == [new.run_id, old.run_id]  # newest first
+    Path(old.model_dir).mkdir(parents=True)
+    store.save(old)
+    store.index_path(old.run_id).unlink()
+    assert store.find(old.model_dir).run_id == old.run_id  # from the copy beside it
 
 
 def test_an_unknown_run_names_the_closest(store, tmp_path):
