@@ -29,6 +29,7 @@ name                  what                                                      
 ``ingest_gap``        data plane vs raw TCP, >= 256 KiB: where the gap goes        23
 ``read_ahead``        PyTorch read-ahead bound vs the byte window only              33
 ``gpu_feed``          the PyTorch chief's feed into its device vs DataLoader, H2D   31
+``runs``              csrun status of a running job; csrun list over 1,000 runs     42
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -74,6 +75,7 @@ BENCHMARKS = {
     "gpu_feed": "bench_gpu_feed",
     "rank_agree": "bench_rank_agree",
     "rank_checks": "bench_rank_checks",
+    "runs": "bench_runs",
 }
 DEFAULT_RESULTS = HERE / "results"
 

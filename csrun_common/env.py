@@ -194,6 +194,8 @@ DATAPLANE_KEEP_MEMORY = Var("CSRUN_DATAPLANE_KEEP_MEMORY", "0 | 1", "user", "the
                             "received frames reuse pages already mapped)")
 LOG_DIR = Var("CSRUN_LOG_DIR", "path", "user", "the user", "launcher.slurm.task_log",
               "where csrun_wse writes its task logs (default ./csrun_logs)")
+RUN_ID = Var("CSRUN_RUN_ID", "run id", "user", "launcher.runs.api.launch", "launcher.runs.recorder",
+             "the run id csrun_wse / csrun_cpu records the launch under (default: a new one)")
 ADVERTISE_HOST = Var("CSRUN_ADVERTISE_HOST", "host name or address", "user", "the user or site", _ROLES,
                      "the address a task's servers advertise (default: the host name)")
 PROBE_INDEX = Var("CSRUN_PROBE_INDEX", "int >= 0", "analyzer", "analyzer.probe_agent", "analyzer.probe_worker",
@@ -223,7 +225,7 @@ DEVELOPMENT = tuple(Var(name, kind, "development", "the developer", "slurm-test-
 VARIABLES: dict[str, Var] = {v.name: v for v in (
     ROLE, HET_GROUP, TASK_OFFSET, WORKER_OFFSET, NUM_WORKERS, NUM_TASKS, CPUS_PER_TASK, EXECUTION_MODE,
     STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT,
-    WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR,
+    WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR, RUN_ID,
     BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, ADVERTISE_HOST, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_PORT,
     PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT, *RANK_VARS)}
 

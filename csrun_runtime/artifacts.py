@@ -99,6 +99,8 @@ PERFORMANCE_FIELDS: dict[str, str] = {
     "input_bottleneck_threshold": "the wait share above which the run is called input-bound",
     "worker_samples_per_sec": "samples per second each input worker delivered to training "
                               "(its batches handed to training x batch_size / steady_time)",
+    "allocation_history": "every allocation of the run (one per requeue): its job, steps, the signal that "
+                          "stopped it and its workers_lost, workers_replaced, workers_given_up, workers_paused",
 }
 
 

@@ -250,8 +250,9 @@ def analyzer_command(params_path: str | None, target: float | None) -> str:
 
 
 def record_allocation(s: LoopSetup, clock: LoopClock, start: int, step: int, target: int,
-                      end_step: int | None = None) -> dict[str, Any]:
-    """This allocation's steps (``start``..``end_step``, default ``step``, of ``target``) in
+                      end_step: int | None = None, desc: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """This allocation's steps (``start``..``end_step``, default ``step``, of ``target``) and its
+    input workers (``desc``: the source's description, :data:`.preemption.WORKER_KEYS`) in
     ``performance/allocations.json`` (:mod:`.preemption`), with the stop's log line when a
     signal stopped it; returns the keys performance.json gets."""
     first = s.t_proc + clock.programming_time if clock.t_first is not None else None
@@ -264,7 +265,8 @@ def record_allocation(s: LoopSetup, clock: LoopClock, start: int, step: int, tar
     alloc = preemption.Allocation(
         job_id=os.environ.get("SLURM_JOB_ID"), requeue=preemption.allocation_index(), node=s.node,
         start_step=start, end_step=step if end_step is None else end_step, target=target, stopped_by=stopped,
-        process_start=s.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time())
+        process_start=s.t_proc, first_step_at=first, signal_at=preemption.stop_time(), ended_at=time.time(),
+        workers={k: (desc or {}).get(k) or [] for k in preemption.WORKER_KEYS})
     return preemption.record_allocation(s.model_dir, alloc, log.info)
 
 
@@ -497,7 +499,7 @@ class TrainingDriver:
                  "steps_per_execution": c.calls(s.rc.get("steps_per_execution", "auto"), steps)}
         end = None if failed is None else (self.last_saved if self.last_saved is not None else self.start)
         if self.writes:  # performance/allocations.json: rank 0's
-            extra.update(record_allocation(s, c, self.start, self.step, self.target, end_step=end))
+            extra.update(record_allocation(s, c, self.start, self.step, self.target, end_step=end, desc=desc))
         steady_time = (t_end - c.t_first_end) - c.eval_time_after_first
         rates = worker_rates(desc.get("batches_per_worker") or {}, self.batch_size, steady_time)
         rec = performance_record(
@@ -538,7 +540,7 @@ def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, st
     if not writes:
         return
     batch_size = b.batch_size or 0
-    extra = record_allocation(s, clock, start, step, target)
+    extra = record_allocation(s, clock, start, step, target, desc=desc)
     v = verdict(steps=0, steady_steps=0, steady_time=0.0, steady_calls=0, batch_size=batch_size,
                 wait_fraction=0.0, ended=ended_text())
     say_verdict(v, steps=0, start=start, end=step, batch_size=batch_size, steady_time=0.0,

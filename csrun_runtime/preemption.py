@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +61,15 @@ from csrun_common.exits import REQUEUE as REQUEUE_EXIT
 
 __all__ = ["REQUEUE_EXIT", "STOP_SIGNALS_ENV", "REQUEUE_COUNT_ENV", "install", "install_from_env", "set_label",
            "stop_requested", "stop_signal", "stop_time", "exit_code", "Allocation", "record_allocation",
-           "run_allocations", "wait_workers_left", "reset", "install_interrupts", "deferred", "Interrupted",
+           "run_allocations", "allocation_history",
+           "WORKER_KEYS", "wait_workers_left", "reset", "install_interrupts", "deferred", "Interrupted",
            "INTERRUPT_SIGNALS", "requeue_requested", "waiting_for_input", "adopt_stop", "stop_signum"]
 
 #: Under ``<model_dir>/performance/``: the allocations of every run in this model_dir.
 ALLOCATIONS_FILE = "allocations.json"
+#: The keys of a source's ``describe()`` each allocation keeps (:attr:`Allocation.workers`), so
+#: that the run's history of lost, replaced, given-up and paused input workers outlives a requeue.
+WORKER_KEYS = ("workers_lost", "workers_replaced", "workers_given_up", "workers_paused")
 
 
 #: Signals that stop a run cleanly in every task ``run()`` starts (:func:`install_interrupts`).
@@ -284,6 +288,8 @@ class Allocation:
         process_start, first_step_at, signal_at, ended_at: wall-clock times (``time.time()``
             seconds): the chief's process start, its first training step (``None`` when it
             stopped before one), the stop signal, the end of the allocation's training.
+        workers: this allocation's ``workers_lost``, ``workers_replaced``, ``workers_given_up``
+            and ``workers_paused`` (:data:`WORKER_KEYS`, as its source described them).
     """
 
     job_id: str | None
@@ -297,6 +303,7 @@ class Allocation:
     first_step_at: float | None
     signal_at: float | None
     ended_at: float
+    workers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -348,7 +355,17 @@ def record_allocation(model_dir: str | os.PathLike[str], alloc: Allocation,
         log(f"the run took {len(chain)} allocation(s) so far; steps in each: {', '.join(map(str, steps))}")
     return {"allocations": len(chain), "allocation": len(chain), "steps_per_allocation": steps,
             "global_steps_per_allocation": [[int(r["start_step"]), int(r["end_step"])] for r in chain],
-            "stopped_by": alloc.stopped_by}
+            "stopped_by": alloc.stopped_by, "allocation_history": allocation_history(chain)}
+
+
+def allocation_history(chain: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every allocation of the run (:func:`run_allocations`) with its steps, what stopped it and
+    its input workers (:data:`WORKER_KEYS`; ``[]`` for an allocation recorded before they were
+    kept): performance.json's ``allocation_history``."""
+    return [{"allocation": i + 1, "job_id": r.get("job_id"), "requeue": r.get("requeue"),
+             "start_step": r.get("start_step"), "end_step": r.get("end_step"), "stopped_by": r.get("stopped_by"),
+             **{k: list((r.get("workers") or {}).get(k) or []) for k in WORKER_KEYS}}
+            for i, r in enumerate(chain)]
 
 
 def wait_workers_left(reports: Callable[[], Mapping[int, Any]], num_input_workers: int, timeout: float = 10.0) -> bool:

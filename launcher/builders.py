@@ -18,6 +18,7 @@ from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.env import LOG_DIR, SHARD_PLAN, TaskEnv
 from csrun_common.roles import RENDEZVOUS_ENV
 
+from .attempts import SCRIPT_ATTEMPT_DIR
 from .container import Container
 from .layout import CHIEF, WORKER, Component, JobLayout
 from .policy import SitePolicy
@@ -333,6 +334,7 @@ class WseRequest:
             worker_job=worker_job,
             rendezvous_env=RENDEZVOUS_ENV,
             log_dir_env=LOG_DIR,
+            attempt_dir=SCRIPT_ATTEMPT_DIR % (LOG_DIR.name, self.job_name),
             output_options=OUTPUT_OPTIONS,
             output_filter=self.output_filter(),
             status_line=STATUS_LINE,

@@ -11,6 +11,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from . import batchcheck, preflight, rankfit, slurm
 from .builders import EXECUTION_MODES, CpuRequest, WseRequest, expand_python_word
 from .config import SiteConfig, format_config, load_config
 from .container import site_container
-from .flags import CommonFlags, CpuFlags, WseFlags, cpu_options, wse_options
+from .flags import CPU_OPTIONS, WSE_OPTIONS, CommonFlags, CpuFlags, WseFlags, cpu_options, wse_options
 from .layout import JobLayout, plan
 from .policy import SitePolicy
 from .requeue import REQUEUE_COUNT_ENV, REQUEUE_EXIT, RequeueSpec
@@ -41,6 +42,7 @@ from .resolve import (
     site_policy,
     task_env,
 )
+from .runs.recorder import Recorder, flag_argv
 from .version import version_option
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -198,7 +200,8 @@ def csrun_wse(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
         return _check("csrun_wse", req, flags.use_sbatch, not flags.no_path_checks)
     _presubmit("csrun_wse", req, flags)
     _batch_check("csrun_wse", req, flags, cfg)
-    return _launch(req, flags.use_sbatch, flags.dry_run)
+    recording = _Recording(cfg.state_dir, [*flag_argv(WSE_OPTIONS, flags), *command])
+    return _launch(req, flags.use_sbatch, flags.dry_run, recording)
 
 
 def _batch_check(prog: str, req: WseRequest, flags: WseFlags, cfg: SiteConfig) -> None:
@@ -347,7 +350,24 @@ def _check(prog: str, req: WseRequest | CpuRequest, use_sbatch: bool, path_check
     return code
 
 
-def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> int:
+@dataclass(frozen=True)
+class _Recording:
+    """Where a launch is recorded (the site key ``runs.state_dir``) and its command line (the
+    options given, :func:`launcher.runs.recorder.flag_argv`, and the command as typed)."""
+
+    state_dir: str
+    argv: list[str]
+
+    def start(self, req: WseRequest | CpuRequest, use_sbatch: bool) -> Recorder | None:
+        """The run's record (:mod:`launcher.runs.recorder`), its id said on stderr."""
+        kind = "csrun_wse" if isinstance(req, WseRequest) else "csrun_cpu"
+        rec = Recorder.start(self.state_dir, kind, self.argv, req, use_sbatch)
+        if rec is not None:
+            click.echo(f"{kind}: run {rec.rec.run_id} (csrun status {rec.rec.run_id})", err=True)
+        return rec
+
+
+def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool, recording: _Recording | None = None) -> int:
     env = dict(os.environ)
     if use_sbatch:
         script = req.materialize_sbatch()
@@ -355,30 +375,49 @@ def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool) -> in
             click.echo(script, nl=False)
             return 0
         job_id = slurm.submit_batch(script, env=env)
+        rec = recording.start(req, True) if recording else None
+        if rec is not None:
+            rec.submitted(job_id)
         click.echo(job_id)
         return 0
     _emit_launch(req.srun_line(), dry_run)
     if dry_run:
         return 0
+    rec = recording.start(req, False) if recording else None
+    status = 1
+    try:
+        status = _run_srun(req, env, rec)
+    finally:
+        if rec is not None:
+            rec.exited(status)
+    return status
+
+
+def _run_srun(req: WseRequest | CpuRequest, env: dict[str, str], rec: Recorder | None) -> int:
     if isinstance(req, WseRequest):
         env.update(dict(req.job_env()))
         if req.requeue is not None:
-            return _run_with_requeues(req, req.requeue, env)
-        return _run_wse(req, env)
+            return _run_with_requeues(req, req.requeue, env, rec)
+        return _run_wse(req, env, rec)
     return slurm.run_foreground(req.materialize_srun(), env=env)
 
 
-def _run_wse(req: WseRequest, env: dict[str, str]) -> int:
+def _run_wse(req: WseRequest, env: dict[str, str], rec: Recorder | None = None, attempt: int = 1) -> int:
     """One srun launch of csrun_wse: the chief's job, with the input workers' own job beside it
     under ``--survive-node-loss``. The tasks' output passes through :mod:`launcher.tasklog`
-    (docs/ERRORS.md)."""
-    workers = req.materialize_worker_srun()
-    if workers is None:
-        return slurm.run_foreground(req.materialize_srun(), env=env, output=req.task_output())
-    return slurm.run_with_worker_job(req.materialize_srun(), workers, env=env, output=req.task_output())
+    (docs/ERRORS.md); with a record, each task's lines also go to ``attempt``'s directory
+    (:class:`launcher.slurm.TaskLogFile`)."""
+    log = slurm.task_log(attempt, rec.on_job) if rec is not None else slurm.task_log()
+    try:
+        workers = req.materialize_worker_srun()
+        if workers is None:
+            return slurm.run_foreground(req.materialize_srun(), env=env, output=req.task_output(), log=log)
+        return slurm.run_with_worker_job(req.materialize_srun(), workers, env=env, output=req.task_output(), log=log)
+    finally:
+        log.close()
 
 
-def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) -> int:
+def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str], rec: Recorder | None = None) -> int:
     """The srun path of ``--requeue``: an interactive job cannot be requeued (scontrol(1)
     ``requeue`` takes batch jobs), so csrun_wse launches the same srun again while the
     chief exits with :data:`REQUEUE_EXIT` (checkpoint saved) and the budget allows; the
@@ -388,7 +427,7 @@ def _run_with_requeues(req: WseRequest, spec: RequeueSpec, env: dict[str, str]) 
         run_env = {**env, REQUEUE_COUNT_ENV: str(attempt)}
         if req.worker_job:  # each launch of the two jobs has a rendezvous of its own
             run_env[RENDEZVOUS_ENV] = f"{req.rendezvous_key}.r{attempt}"
-        rc = _run_wse(req, run_env)
+        rc = _run_wse(req, run_env, rec, attempt + 1)
         if rc != REQUEUE_EXIT:
             return rc
         if attempt >= spec.max_requeues:
@@ -447,7 +486,8 @@ def csrun_cpu(command: tuple[str, ...], **kw: Any) -> int:  # kw: click's values
     if flags.check:
         return _check("csrun_cpu", req, flags.use_sbatch, not flags.no_path_checks)
     _presubmit("csrun_cpu", req, flags)
-    return _launch(req, flags.use_sbatch, flags.dry_run)
+    recording = _Recording(cfg.state_dir, [*flag_argv(CPU_OPTIONS, flags), *command])
+    return _launch(req, flags.use_sbatch, flags.dry_run, recording)
 
 
 def _cpu_node_cpus(flags: CpuFlags, cfg: SiteConfig, view: ClusterView) -> int:

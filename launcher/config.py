@@ -106,6 +106,8 @@ class SiteConfig:
                            "from the job id (29500 + SLURM_JOB_ID % 2000)", zero_allowed=True)
     python_executable: str = key("python", "executable", "",
                                  "interpreter of python-ws/python-pt; \"\" = the one running csrun")
+    state_dir: str = key("runs", "state_dir", "",
+                         "the run index of csrun list/status (\"\" = $XDG_STATE_HOME/csrun, else ~/.local/state/csrun)")
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, Any, str]]:

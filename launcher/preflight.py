@@ -267,6 +267,25 @@ def command_checks(command: Sequence[str], cwd: Path, in_container: bool, *, def
     return checks
 
 
+def model_dir_of(command: Sequence[str], cwd: Path) -> Path | None:
+    """The model_dir a training command writes, as :func:`command_checks` finds it
+    (``--model_dir``/``-o``, else ``runconfig.model_dir`` of ``--params`` or of the default
+    ``configs/params.yaml`` beside the script, else ``./model_dir``), absolute; ``None`` for a
+    command that runs no Python script."""
+    script, args = script_of(command)
+    if script is None:
+        return None
+    model_opt = _option_value(args, "--model_dir", "-o")
+    if model_opt is not None:
+        return (cwd / model_opt[1]).resolve()
+    params_opt = _option_value(args, "--params", "-p")
+    params_path = cwd / params_opt[1] if params_opt else (cwd / script).parent / "configs" / "params.yaml"
+    params, _why = load_params(params_path) if params_path.is_file() else (None, "")
+    rc = (params or {}).get("runconfig")
+    value = rc.get("model_dir") if isinstance(rc, dict) else None
+    return (cwd / str(value or "model_dir")).resolve()
+
+
 def shard_plan_checks(plan_path: str, cwd: Path) -> list[Check]:
     """Every file of every worker of the shard plan at ``plan_path`` exists (one check; a
     plan that does not load is reported as such: the CLI checked it before)."""

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from .attempts import AttemptLog, het_nodes
 
 __all__ = ["TaskGroup", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
            "is_error_start", "is_supervisor_notice", "last_words", "summarise"]
@@ -394,6 +397,17 @@ class TaskOutput:
             return Failure(self._node_offset[node] + rel[0], node, status, raw, rel[0])
         return Failure(None, node, status, raw, rel[0] if rel else None)
 
+    def exit_codes(self) -> dict[int, int]:
+        """The exit code of each task srun reported exited with one (``Exited with exit code 75``),
+        by global task id: the chief's own status when the batch script's status line is missing
+        (``scontrol requeue`` ends the script before it writes it)."""
+        out: dict[int, int] = {}
+        for f in self.failures:
+            task, code = self._resolve(f), f.exit_code()
+            if task is not None and code is not None:
+                out.setdefault(task, code)
+        return out
+
     def _resolve(self, f: Failure) -> int | None:
         """``f``'s global task id: known from its node, else from the layout alone: the one
         group with a task of that number, or among several the one task whose output was seen
@@ -537,10 +551,12 @@ def decode_groups(text: str) -> tuple[TaskGroup, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m launcher.tasklog --groups G --ok 0,75 --log PATH``: the sbatch path's filter.
-    Reads srun's merged output (``--label --verbose``) on stdin, then :data:`STATUS_LINE`; writes
-    every line to ``PATH`` and what csrun_wse would show to stdout (the job's output file).
-    Ignores SIGINT/SIGTERM (a cancelled job's last lines still arrive), exits 0."""
+    """``python -m launcher.tasklog --groups G --ok 0,75 --log PATH [--attempt-dir DIR]``: the sbatch
+    path's filter. Reads srun's merged output (``--label --verbose``) on stdin, then
+    :data:`STATUS_LINE`; writes every line to ``PATH``, each task's to its file in ``DIR`` with the
+    attempt's markers (:class:`launcher.attempts.AttemptLog`), and what csrun_wse would show to
+    stdout (the job's output file). Ignores SIGINT/SIGTERM (a cancelled job's last lines still
+    arrive), exits 0."""
     import argparse
     import io
     import os
@@ -551,6 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--groups", default="")
     ap.add_argument("--ok", default="0")
     ap.add_argument("--log", required=True)
+    ap.add_argument("--attempt-dir", default="")
     args = ap.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
@@ -558,6 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(os.path.dirname(args.log) or ".", exist_ok=True)
     status: int | None = None
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    attempt = _attempt_log(args.attempt_dir, os.environ)
     with open(args.log, "a", encoding="utf-8", errors="replace") as log:
         for raw in iter(stdin.readline, ""):
             line = raw.rstrip("\r\n")
@@ -566,11 +584,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             log.write(line + "\n")
             log.flush()
+            if attempt is not None:
+                attempt.line(*parse_label(line))
             for _, text in out.line("err", line):
                 print(text, flush=True)
+    if attempt is not None:
+        attempt.end(status, out.nodes, out.exit_codes())
     for _, text in out.finish(status if status is not None else 0, args.log, interrupted=status is None):
         print(text, flush=True)
     return 0
+
+
+def _attempt_log(directory: str, env: Mapping[str, str]) -> AttemptLog | None:
+    """The attempt's writer (:class:`launcher.attempts.AttemptLog`, started) or ``None`` without
+    ``--attempt-dir`` or when its directory cannot be made (the filter still filters)."""
+    if not directory:
+        return None
+    log = AttemptLog(Path(directory))
+    try:
+        log.start(env.get("SLURM_JOB_ID", ""), int(env.get("SLURM_RESTART_COUNT") or 0) + 1, het_nodes(env))
+    except OSError:
+        return None
+    return log
 
 
 if __name__ == "__main__":

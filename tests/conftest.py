@@ -9,11 +9,13 @@ unchanged on either (csrun and Slurm's commands run on the host in both).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,11 @@ from csrun_common.env import BATCH_CHECK_SECS
 # hundreds of csrun_wse launches, in-process (CliRunner) or not: each would load TensorFlow or
 # torch on this host first. The tests of the check set CSRUN_BATCH_CHECK_SECS in their own env.
 os.environ[BATCH_CHECK_SECS] = "0"
+# Every launch records its run (launcher/runs, docs/RUNS.md) under $XDG_STATE_HOME/csrun: the
+# suite's go to a directory of its own, never the real home's.
+_STATE_HOME = tempfile.mkdtemp(prefix="csrun-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = REPO / "slurm-test-cluster" / "cluster"

@@ -178,7 +178,6 @@ FILE_SKIP = ("tests", ".venv", "slurm-test-cluster/run", "build")
 #: over its limit (or no longer exists) fails test_the_oversize_list_names_only_files_still_over.
 OVERSIZE_BEING_SPLIT = {
     "csrun_runtime/dataplane/transport.py": "the protocol, the sender, the receiver (issue 45's refactor commit)",
-    "launcher/slurm.py": "queries, the foreground srun, task logs, submitit, --test-only, sacctmgr: a package",
     "bench/bench_ingest.py": "four benchmarks, five child roles and a library for two others",
     "analyzer/probe_driver.py": "the planner, the I/O sessions, the driver (probe_plan / probe_session)",
     "analyzer/analyze.py": "the lead splits it once the work in it has landed",

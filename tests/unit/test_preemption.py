@@ -81,6 +81,23 @@ def test_a_failed_allocation_that_kept_no_step_says_so(tmp_path):
                        "after it)"
 
 
+def test_every_allocations_workers_are_kept(tmp_path):
+    """Issue 42: each allocation's lost, replaced and paused input workers survive the requeues
+    (performance.json's top-level ``workers_*`` are the last allocation's alone)."""
+    lost = [{"index": 2, "node": "node3", "reason": "its process died"}]
+    first = alloc(0, 120, "SIGUSR2")
+    first.workers = {"workers_lost": lost, "workers_replaced": [{"index": 2, "attempt": 1}], "workers_paused": [3]}
+    preemption.record_allocation(tmp_path, first)
+    preemption.record_allocation(tmp_path, alloc(120, 250, "SIGTERM", 1))
+    third = preemption.record_allocation(tmp_path, alloc(250, 300, None, 2))
+    history = third["allocation_history"]
+    assert [(h["allocation"], h["requeue"], h["start_step"], h["end_step"]) for h in history] == [
+        (1, 0, 0, 120), (2, 1, 120, 250), (3, 2, 250, 300)]
+    assert history[0]["workers_lost"] == lost and history[0]["workers_paused"] == [3]
+    assert history[0]["workers_replaced"][0]["index"] == 2 and history[0]["workers_given_up"] == []
+    assert history[1]["workers_lost"] == [] and history[2]["stopped_by"] is None
+
+
 def test_a_gap_starts_a_new_run():
     recs = [{"start_step": 0, "end_step": 100, "stopped_by": "SIGUSR2"},
             {"start_step": 80, "end_step": 200, "stopped_by": None}]  # resumed from an older checkpoint

@@ -337,13 +337,13 @@ def test_parse_ping(text, state):
 
 
 def test_ping_of_an_unreachable_controller_is_fast(tmp_path, monkeypatch):
-    if not slurm.shutil.which("scontrol"):
+    if not slurm.command.shutil.which("scontrol"):
         pytest.skip("no Slurm client here")
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nSlurmctldHost=h(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
                     "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
     t0 = time.monotonic()
-    state, _ = slurm.ping(env={"SLURM_CONF": str(conf), "PATH": slurm.os.environ["PATH"]})
+    state, _ = slurm.ping(env={"SLURM_CONF": str(conf), "PATH": slurm.command.os.environ["PATH"]})
     assert time.monotonic() - t0 < 1.5 and state in ("down", "unknown", "timeout")
 
 

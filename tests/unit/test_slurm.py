@@ -1,4 +1,4 @@
-"""Unit tests of launcher/slurm.py, the one module that runs Slurm commands, on CANNED
+"""Unit tests of launcher/slurm/, the one package that runs Slurm commands, on CANNED
 output of sinfo, squeue, sacct and sbatch (``subprocess.run`` patched, as torchx's Slurm
 scheduler tests do): parsing, timeouts, errors and their one-line messages. No cluster."""
 from __future__ import annotations
@@ -44,11 +44,11 @@ def canned(monkeypatch):
     """Patch ``subprocess.run`` and the PATH lookup; returns a function that installs the
     answers and gives the :class:`Canned` recorder."""
     monkeypatch.delenv("SLURM_CONF", raising=False)
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(slurm.command.shutil, "which", lambda name: f"/usr/bin/{name}")
 
     def install(**answers: list[tuple[int, str, str]]) -> Canned:
         c = Canned({k: list(v) for k, v in answers.items()})
-        monkeypatch.setattr(slurm.subprocess, "run", c)
+        monkeypatch.setattr(slurm.command.subprocess, "run", c)
         return c
 
     return install
@@ -105,7 +105,7 @@ def test_timeout_is_one_line(canned, monkeypatch):
     def hang(argv, **kwargs):
         raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
 
-    monkeypatch.setattr(slurm.subprocess, "run", hang)
+    monkeypatch.setattr(slurm.command.subprocess, "run", hang)
     with pytest.raises(SlurmUnavailable, match=r"^sinfo did not answer in 5 s: is slurmctld running and reachable\?$"):
         slurm.list_nodes()
 
@@ -116,7 +116,7 @@ def test_missing_client_and_missing_conf_run_nothing(canned, monkeypatch, tmp_pa
     with pytest.raises(SlurmUnavailable, match=r"SLURM_CONF=.*nope\.conf: no such file"):
         slurm.list_nodes()
     monkeypatch.delenv("SLURM_CONF")
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(slurm.command.shutil, "which", lambda name: None)
     with pytest.raises(SlurmUnavailable, match="sinfo: not found on PATH; is the Slurm client installed"):
         slurm.list_nodes()
     assert c.calls == []
@@ -134,7 +134,7 @@ def test_node_hosts(canned):
 def test_version(canned, monkeypatch):
     canned(sinfo=[(0, "slurm-wlm 22.05.8\n", "")])
     assert slurm.version() == "slurm-wlm 22.05.8"
-    monkeypatch.setattr(slurm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(slurm.command.shutil, "which", lambda name: None)
     assert slurm.version() is None
 
 
@@ -290,7 +290,7 @@ SCONTROL_ACCOUNTING = "AccountingStorageType   = accounting_storage/slurmdbd\nCl
 
 @pytest.fixture()
 def no_cache(monkeypatch):
-    monkeypatch.setattr(slurm, "_ACCOUNTING", {})
+    monkeypatch.setattr(slurm.queries, "_ACCOUNTING", {})
 
 
 @pytest.mark.parametrize("returned, squeue, active", [
@@ -319,10 +319,10 @@ def test_job_active_with_accounting_trusts_submitits_state(canned, no_cache, tmp
 def test_accounting_enabled(canned, no_cache):
     canned(scontrol=[(0, SCONTROL_NO_ACCOUNTING, "")])
     assert slurm.accounting_enabled() is False
-    slurm._ACCOUNTING.clear()
+    slurm.queries._ACCOUNTING.clear()
     canned(scontrol=[(0, SCONTROL_ACCOUNTING, "")])
     assert slurm.accounting_enabled() is True
-    slurm._ACCOUNTING.clear()
+    slurm.queries._ACCOUNTING.clear()
     canned(scontrol=[(1, "", "slurm_load_ctl_conf error: Unable to contact slurm controller")])
     assert slurm.accounting_enabled() is False
 

@@ -23,7 +23,7 @@ def canned(monkeypatch, answers):
         rc, out, err = ans
         return subprocess.CompletedProcess(argv, rc, out, err)
 
-    monkeypatch.setattr(slurm, "_run", fake)
+    monkeypatch.setattr(slurm.command, "run", fake)
     return asked
 
 
