@@ -22,7 +22,7 @@ if [ $# -eq 0 ]; then
     ruff check . || rc=$?
     mypy || rc=$?
 fi
-python -m pytest -ra "$@" || rc=$?
+python -m pytest -ra --durations=30 "$@" || rc=$?
 
 if [ "$compose" = 1 ]; then
     echo "test: the compose test cluster (podman)"
