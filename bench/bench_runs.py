@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # bench/ is on sys.path: these modules run as scripts from it
+import clusters  # bench/ is on sys.path: these modules run as scripts from it
+import common
 
 from launcher.runs.record import RunRecord, RunStore, state_dir
 from tests.fixtures.slurm_call_counter import SlurmCallCounter
@@ -87,7 +88,7 @@ def run(quick: bool = False) -> dict:
     rounds = 5 if quick else 30
     with tempfile.TemporaryDirectory(prefix="bench_runs-") as tmp:
         work = Path(tmp)
-        base = {**common.slurm_env(), "XDG_STATE_HOME": str(work / "state")}
+        base = {**clusters.slurm_env(), "XDG_STATE_HOME": str(work / "state")}
         counter = SlurmCallCounter(work / "counter", base)
         env = counter.env(base)
         run_id, job = _start_run(env, work)

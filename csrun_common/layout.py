@@ -223,7 +223,17 @@ class LayoutSpec:
         runs the input pipeline in-process. With several trainer ranks: ``(N - chief_nodes)·T``,
         plus one per rank with ``chief_input_cpus``."""
         tasks = sum(shape.workers for shape in self.node_shapes(1))
-        return tasks + (self.world_size if self.chief_input_cpus else 0)
+        return tasks + self.chief_input_workers
+
+    @property
+    def chief_input_workers(self) -> int:
+        """Input workers that run in the trainer ranks' own tasks: one per rank with
+        ``--chief-input-cpus``, else 0."""
+        return self.world_size if self.chief_input_cpus else 0
+
+    def without_chief_input(self) -> LayoutSpec:
+        """This layout with no input worker in the trainer ranks' tasks."""
+        return replace(self, chief_input_cpus=0)
 
     def chief_task_cpus(self, node_cpus: int) -> int | None:
         """CPUs of the chief's task: the whole node's ``node_cpus`` with single-task nodes,

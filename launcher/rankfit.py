@@ -122,13 +122,13 @@ def _splits(spec: LayoutSpec) -> list[tuple[int, int]]:
 SHORTFALL_WEIGHT, SHAPE_WEIGHT = 1.5, 0.1
 
 
-def _distance(spec: LayoutSpec, asked: int, n: int, t: int, cpus: int, c: int, world: int, inputs: int) -> float:
-    """How far the layout ``n × t × cpus`` of ``c`` chief nodes (with ``inputs``: the ranks' own
-    input workers) is from ``spec``, whose input workers have ``asked`` CPUs: the relative change
-    of the input workers' CPUs (:data:`SHORTFALL_WEIGHT` when fewer), plus :data:`SHAPE_WEIGHT` ×
-    the relative changes of the node count, tasks and CPUs."""
+def _distance(spec: LayoutSpec, asked: int, n: int, t: int, cpus: int, c: int, world: int) -> float:
+    """How far the layout ``n × t × cpus`` of ``c`` chief nodes (and ``world`` ranks, with their own
+    input workers when ``spec``'s have them) is from ``spec``, whose input workers have ``asked``
+    CPUs: the relative change of the input workers' CPUs (:data:`SHORTFALL_WEIGHT` when fewer),
+    plus :data:`SHAPE_WEIGHT` × the relative changes of the node count, tasks and CPUs."""
     asked_c = spec.cpus_per_task or 1
-    got = ((n - c) * t + (world if inputs else 0)) * cpus
+    got = ((n - c) * t + (world if spec.chief_input_workers else 0)) * cpus
     change = (got - asked) / max(1, asked)
     shape = abs(n - spec.nodes) / spec.nodes + abs(t - spec.tasks_per_node) / spec.tasks_per_node \
         + abs(cpus - asked_c) / asked_c
@@ -136,22 +136,22 @@ def _distance(spec: LayoutSpec, asked: int, n: int, t: int, cpus: int, c: int, w
 
 
 def _nearest(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int, c: int,
-             r: int, inputs: int) -> LayoutSpec | None:
-    """The layout of ``c`` chief nodes × ``r`` ranks (and ``inputs`` chief's input CPUs) nearest to
+             r: int) -> LayoutSpec | None:
+    """The layout of ``c`` chief nodes × ``r`` ranks (the chief's input CPUs as ``spec``'s) nearest to
     ``spec`` (:func:`_distance`, then fewer nodes) that :func:`layout_error` takes, of at most
     twice the asked nodes; the worker-count rule is applied first by arithmetic."""
     world, asked = c * r, spec.num_input_workers * (spec.cpus_per_task or 1)
     cands = []
     for n in range(c, min(len(nodes), 2 * spec.nodes + c) + 1):
         for t in range(1, node_cpus + 1):
-            if ((n - c) * t + (world if inputs else 0)) % world or (n - c) * t + inputs == 0:
+            in_chief = world if spec.chief_input_workers else 0
+            if ((n - c) * t + in_chief) % world or (n - c) * t + in_chief == 0:
                 continue
             for cpus in range(1, node_cpus // t + 1):
-                cands.append((_distance(spec, asked, n, t, cpus, c, world, inputs), n, t, cpus))
+                cands.append((_distance(spec, asked, n, t, cpus, c, world), n, t, cpus))
     refused: dict[int, str | None] = {}  # node count -> the partition's refusal (it reads no more)
     for _, n, t, cpus in sorted(cands):
-        cand = replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c,
-                       chief_tasks_per_node=r, chief_input_cpus=inputs)
+        cand = replace(spec, nodes=n, tasks_per_node=t, cpus_per_task=cpus, chief_nodes=c, chief_tasks_per_node=r)
         if n not in refused:
             refused[n] = partition_error(cand, gres, gres_node, nodes)
         if refused[n] is None and rules_error(cand, gres, node_cpus) is None:
@@ -168,8 +168,8 @@ def fitting_layout(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[
     for c, r in _splits(spec):
         if _gres_error(replace(spec, chief_nodes=c, chief_tasks_per_node=r), gres, nodes):
             continue
-        for inputs in dict.fromkeys((spec.chief_input_cpus, 0)):
-            fit = _nearest(spec, gres, gres_node, nodes, node_cpus, c, r, inputs)
+        for inputs in dict.fromkeys((spec, spec.without_chief_input())):
+            fit = _nearest(inputs, gres, gres_node, nodes, node_cpus, c, r)
             if fit is not None:
                 return fit
     return None

@@ -22,13 +22,22 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .attempts import AttemptLog, het_nodes
+from .errorblock import (
+    PROGRESS,
+    clip,
+    find_copy,
+    first_error,
+    is_error_start,
+    last_words,
+    stream_error,
+)
 
-__all__ = ["TaskGroup", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
+__all__ = ["TaskGroup", "TaskMap", "TaskOutput", "Failure", "parse_label", "parse_ranges", "first_error",
            "is_error_start", "is_supervisor_notice", "last_words", "summarise"]
 
 #: srun's ``--label`` prefix: the task id, right-aligned to the width of the largest (``" 3: "``).
@@ -42,51 +51,19 @@ _STEPD_NOTICE = re.compile(r"^slurmstepd(-\S+)?: error: \*\*\* .*\*\*\*$")
 #: slurmstepd's notice glued to the end of a task's unfinished line (the task was killed mid-write).
 _GLUED_NOTICE = re.compile(r"^(.+?)(slurmstepd(-\S+)?: error: \*\*\* .*\*\*\*)$")
 
-#: The first line of an error a task prints: a Python traceback, the interpreter refusing a
-#: script or module, argparse's usage + ``error:``, an ``ERROR``/``CRITICAL`` log record
-#: (``logging``'s default format and csrun's ``ERROR:csrun:``), an absl/TensorFlow C++ log
-#: line of severity F (fatal; its E lines are mostly start-up noise such as a failed
-#: ``cuInit`` on a CPU node, and a real failure follows them), a bare ``...Error: message``
-#: line, a fatal signal.
-_ERROR_START = re.compile(
-    r"^(Traceback \(most recent call last\):"
-    r"|\S+: can't open file "
-    r"|\S+: (No module named |Error while finding module)"
-    r"|usage: "
-    r"|(\S+: )?error: "
-    r"|(ERROR|CRITICAL|FATAL)[:\s]"
-    r"|F\d{4} \d"
-    r"|[\w.]*(Error|Exception): "
-    r"|Fatal Python error"
-    r"|Segmentation fault)")
-#: A line that starts a new log record: it ends an error block that is not a traceback.
-_RECORD = re.compile(r"^((DEBUG|INFO|WARNING|ERROR|CRITICAL)[:\s]|[IWEF]\d{4} \d|Traceback \(most)")
-#: A log record of a level below ERROR: when the chief prints one after an error, it went on
-#: working, and its held lines are shown.
-_PROGRESS = re.compile(r"^((DEBUG|INFO|WARNING)[:\s]|[IW]\d{4} \d)")
 #: A warning log record of Python's ``logging`` (default format, and csrun's ``WARNING:csrun:``).
 _WARNING = re.compile(r"^WARNING[:\s]")
 #: A notice of an input worker's supervisor (csrun_runtime/supervise.py): a worker process died
 #: and is started again, or a worker lost with its node starts again on another node.
 _SUPERVISOR_NOTICE = re.compile(r"^csrun: .*( died of .*; | lost with node .* starts again on )")
-_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 #: Lines a task's error may have: each task's lines are kept from its first error on (the rest
 #: is in the log), at most this many.
 KEPT_LINES = 400
 #: Lines of the chief held after an error-looking line, at most: past them it went on working.
 HOLD_LINES = 200
-#: Lines of an error shown at most: the first :data:`HEAD` and the last :data:`TAIL`.
-HEAD, TAIL = 8, 30
 #: Each task's last lines kept whatever they say: a task that failed without an error-looking
 #: line (``sys.exit("message")``) is shown with its last words (:func:`last_words`).
 LAST_LINES = 20
-#: Last words shown at most.
-LAST_WORDS = 3
-
-
-def is_error_start(text: str) -> bool:
-    """Whether one line of a task (label removed) starts an error (see :data:`_ERROR_START`)."""
-    return bool(_ERROR_START.match(text))
 
 
 def is_supervisor_notice(text: str) -> bool:
@@ -112,118 +89,6 @@ def parse_ranges(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         ids += range(int(lo), int(hi or lo) + 1)
     return ids
-
-
-def _block_end(lines: Sequence[str], start: int) -> int:
-    """Index after the error block starting at ``lines[start]``: a traceback runs through its
-    indented frames, chained tracebacks and the exception's (possibly several) lines, up to the
-    next log record; argparse's usage through its ``error:`` line; any other error through its
-    indented continuation lines."""
-    first = lines[start]
-    i = start + 1
-    if first.startswith("usage: "):
-        while i < len(lines) and not re.match(r"^\S+: error: ", lines[i]):
-            i += 1
-        return min(i + 1, len(lines))
-    if first.startswith("Traceback (most recent call last):"):
-        while i < len(lines):
-            text = lines[i]
-            if text.startswith(_CHAINED) or text.startswith("Traceback (most"):
-                i += 1
-                continue
-            if _RECORD.match(text) or (not text.strip() and not _chain_follows(lines, i)):
-                break
-            i += 1
-        return i
-    while i < len(lines) and lines[i].startswith((" ", "\t")):
-        i += 1
-    if i < len(lines) and lines[i].startswith("Traceback (most recent call last):") and _RECORD.match(first):
-        return _block_end(lines, i)  # logging's exception(): the record, then its traceback
-    return i
-
-
-def _chain_follows(lines: Sequence[str], i: int) -> bool:
-    """Whether the blank line ``lines[i]`` sits inside a chain of tracebacks."""
-    rest = [t for t in lines[i + 1:i + 3] if t.strip()]
-    return bool(rest) and rest[0].startswith((*_CHAINED, "Traceback (most"))
-
-
-def first_error(lines: Sequence[str]) -> tuple[int, int] | None:
-    """``(start, end)`` of the first error block in one task's lines (label removed), or
-    ``None`` when none looks like an error."""
-    for i, text in enumerate(lines):
-        if is_error_start(text):
-            return i, _block_end(lines, i)
-    return None
-
-
-def _error_of(lines: Sequence[str]) -> list[str]:
-    """The lines of the first error block of ``lines`` (:func:`first_error`), or ``[]``."""
-    span = first_error(lines)
-    return list(lines[span[0]:span[1]]) if span else []
-
-
-def _stream_error(entries: Sequence[tuple[str, str]]) -> list[str]:
-    """The first error block of one task's ``(stream, text)`` lines, read on the stream its first
-    error-looking line came on: srun relays a task's stdout and stderr on two pipes, so a line the
-    task wrote to the other one before its error can arrive inside it."""
-    stream = next((s for s, t in entries if is_error_start(t)), None)
-    return _error_of([t for s, t in entries if s == stream]) if stream else []
-
-
-def last_words(lines: Sequence[str]) -> list[str]:
-    """The last lines of a task that printed no error-looking line (label removed): after its
-    last log record, at most :data:`LAST_WORDS`, trailing blank lines dropped; ``[]`` when it
-    ended on a log record or printed nothing (``sys.exit("run.py failed at import: ...")``
-    → that line)."""
-    rest = list(lines)
-    while rest and not rest[-1].strip():
-        rest.pop()
-    out: list[str] = []
-    for text in reversed(rest):
-        if _PROGRESS.match(text) or len(out) >= LAST_WORDS:
-            break
-        out.insert(0, text)
-    return out
-
-
-#: The label a trainer rank other than 0 puts on its log lines (csrun_runtime.task.log_prefix).
-_RANK_LABEL = re.compile(r"\[rank \d+ [^\]\s]*\] ")
-#: Lines of another stream (or another record) that may sit between two lines of a copy of an
-#: error block: :func:`_find_copy` still recognises it.
-COPY_GAP = 8
-
-
-def _unranked(text: str) -> str:
-    return _RANK_LABEL.sub("", text, count=1)
-
-
-def _find_copy(lines: Sequence[str], block: Sequence[str]) -> list[int] | None:
-    """The indices in ``lines`` of a copy of ``block``: its lines in order, each within
-    :data:`COPY_GAP` lines of the previous one (a line of the task's other stream may arrive
-    between them), a trainer rank's label aside (several ranks failing with the same error print
-    it once each); ``None`` when there is none or ``block`` is empty."""
-    if not block:
-        return None
-    lines, block = [_unranked(t) for t in lines], [_unranked(t) for t in block]
-    for start in (i for i, t in enumerate(lines) if t == block[0]):
-        found, at = [start], start
-        for want in block[1:]:
-            nxt = next((j for j in range(at + 1, min(len(lines), at + 2 + COPY_GAP)) if lines[j] == want), None)
-            if nxt is None:
-                break
-            found.append(nxt)
-            at = nxt
-        if len(found) == len(block):
-            return found
-    return None
-
-
-def _clip(block: Sequence[str]) -> list[str]:
-    if len(block) <= HEAD + TAIL + 1:
-        return list(block)
-    return [*block[:HEAD], f"... ({len(block) - HEAD - TAIL} lines: the whole error is in the log)",
-            *block[-TAIL:]]
 
 
 @dataclass(frozen=True)
@@ -264,6 +129,74 @@ class Failure:
 
 
 @dataclass
+class TaskMap:
+    """Which task is where, as srun numbers them: ``--label`` ids are job-wide, srun's own lines
+    count from 0 in each het group (``groups``, the launch's het components in order); ``nodes``
+    maps each task id to its node once srun named it."""
+
+    groups: Sequence[TaskGroup] = ()
+    nodes: dict[int, str] = field(default_factory=dict)
+    step_jobs: list[int] = field(default_factory=list)
+    _launches: list[tuple[int, str, str]] = field(default_factory=list)
+    _node_offset: dict[str, int] = field(default_factory=dict)
+
+    def launch(self, job: int, node: str, ranges: str) -> None:
+        """srun's ``launching StepId=J.S on host NODE, N tasks: R``: the node of every task so far
+        (het component k is the k-th smallest job id J, its tasks R count from 0)."""
+        self._launches.append((job, node, ranges))
+        order = sorted({j for j, _, _ in self._launches} | set(self.step_jobs))
+        for job, node, ranges in self._launches:
+            k = order.index(job)
+            offset = self.groups[k].first_task if k < len(self.groups) else 0
+            self._node_offset[node] = offset
+            try:
+                for t in parse_ranges(ranges):
+                    self.nodes[offset + t] = node
+            except ValueError:
+                continue
+
+    def failure(self, node: str, ranges: str, status: str, raw: str) -> Failure:
+        """The first task of ``ranges`` on ``node``. srun's error lines count tasks from 0 in
+        each het group while ``--label`` numbers them job-wide: the global id is the group's
+        first task (the layout's offset, :class:`TaskGroup`) plus that number, the group being
+        the one whose launch ran on ``node``; ``None`` while the node is not known (see
+        :meth:`resolve`)."""
+        try:
+            rel = parse_ranges(ranges)
+        except ValueError:
+            rel = []
+        if rel and node in self._node_offset:
+            return Failure(self._node_offset[node] + rel[0], node, status, raw, rel[0])
+        return Failure(None, node, status, raw, rel[0] if rel else None)
+
+    def resolve(self, f: Failure, talked: Collection[int] = ()) -> int | None:
+        """``f``'s global task id: known from its node, else from the layout alone: the one
+        group with a task of that number, or among several the one task whose output was seen
+        on ``f``'s node or, failing that, the one of ``talked`` (the tasks that printed anything)."""
+        if f.task is not None or f.rel is None:
+            return f.task
+        cands = [g.first_task + f.rel for g in self.groups if f.rel < g.ntasks] or [f.rel]
+        if len(cands) == 1:
+            return cands[0]
+        on_node = [t for t in cands if self.nodes.get(t) == f.node]
+        pick = on_node or [t for t in cands if t in talked]
+        return pick[0] if len(pick) == 1 else None
+
+    def group_of(self, task: int) -> TaskGroup | None:
+        for g in self.groups:
+            if g.first_task <= task < g.first_task + g.ntasks:
+                return g
+        return None
+
+    def describe(self, task: int) -> str:
+        """``task 2 (het group 1, worker) on node2``."""
+        g = self.group_of(task)
+        who = f"het group {g.het_group}, {g.role_of(task)}" if g else ""
+        node = self.nodes.get(task)
+        return f"task {task}" + (f" ({who})" if who else "") + (f" on {node}" if node else "")
+
+
+@dataclass
 class TaskOutput:
     """What csrun_wse shows of its srun's output, line by line (see the module docstring).
 
@@ -285,17 +218,16 @@ class TaskOutput:
     finished: bool = False
     held: list[tuple[str, str]] = field(default_factory=list)
     holding: bool = False
-    nodes: dict[int, str] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)
-    _step_jobs: list[int] = field(default_factory=list)
-    _launches: list[tuple[int, str, str]] = field(default_factory=list)
-    _node_offset: dict[str, int] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)
     #: Each task's last :data:`LAST_LINES` lines.
     tails: dict[int, deque[str]] = field(default_factory=dict)
     #: The chief's last lines shown on the terminal (an error it printed too is not repeated).
     _shown: deque[str] = field(default_factory=lambda: deque(maxlen=HOLD_LINES))
+
+    def __post_init__(self) -> None:
+        self.tasks = TaskMap(self.groups)
 
     # ------------------------------------------------------------------ feeding
     def line(self, stream: str, raw: str) -> list[tuple[str, str]]:
@@ -319,7 +251,7 @@ class TaskOutput:
             kept.append((stream, text))
         if task != 0:
             return self._other_task_line(stream, task, text)
-        if self.holding and (_PROGRESS.match(text) or len(self.held) >= HOLD_LINES):  # it went on
+        if self.holding and (PROGRESS.match(text) or len(self.held) >= HOLD_LINES):  # it went on
             shown, self.held, self.holding = [*self.held, (stream, text)], [], False
             self._shown.extend(t for _, t in shown)
             return shown
@@ -335,32 +267,31 @@ class TaskOutput:
         """A line of a task other than the chief: shown when it is a supervisor's notice (a
         worker replaced: :func:`is_supervisor_notice`, every one) or a ``WARNING`` log record
         no task has shown yet (numbers aside: six input workers' one warning is shown once),
-        prefixed with the task (:meth:`describe`)."""
+        prefixed with the task (:meth:`TaskMap.describe`)."""
         if is_supervisor_notice(text):
-            return [(stream, f"{self.describe(task)}: {text}")]
+            return [(stream, f"{self.tasks.describe(task)}: {text}")]
         if not _WARNING.match(text):
             return []
         key = re.sub(r"\d+", "#", text)
         if key in self._warned:
             return []
         self._warned.add(key)
-        return [(stream, f"{self.describe(task)}: {text}")]
+        return [(stream, f"{self.tasks.describe(task)}: {text}")]
 
     def _srun_line(self, stream: str, raw: str) -> list[tuple[str, str]]:
         m = _JOBID.match(raw)
         if m:
-            self._step_jobs.append(int(m.group(1)))
+            self.tasks.step_jobs.append(int(m.group(1)))
             self.job_id = self.job_id or m.group(1)
             return []
         m = _LAUNCH.match(raw)
         if m:
             self.started = True
-            self._launches.append((int(m.group(1)), m.group(2), m.group(3)))
-            self._map_nodes()
+            self.tasks.launch(int(m.group(1)), m.group(2), m.group(3))
             return []
         m = _FAILED.match(raw)
         if m:
-            self.failures.append(self._failure(m.group(1), m.group(2), m.group(3), raw))
+            self.failures.append(self.tasks.failure(m.group(1), m.group(2), m.group(3), raw))
             return []
         if _STEPD_NOTICE.match(raw) and " DUE TO " in raw:  # time limit, preemption, node failure
             self.notices.append(raw)
@@ -369,72 +300,16 @@ class TaskOutput:
             return [(stream, raw)]
         return []
 
-    def _map_nodes(self) -> None:
-        """Node of every task from the ``launching StepId=J.S on host NODE, N tasks: R`` lines:
-        het component k is the k-th smallest job id J, its tasks R count from 0."""
-        order = sorted({j for j, _, _ in self._launches} | set(self._step_jobs))
-        for job, node, ranges in self._launches:
-            k = order.index(job)
-            offset = self.groups[k].first_task if k < len(self.groups) else 0
-            self._node_offset[node] = offset
-            try:
-                for t in parse_ranges(ranges):
-                    self.nodes[offset + t] = node
-            except ValueError:
-                continue
-
-    def _failure(self, node: str, ranges: str, status: str, raw: str) -> Failure:
-        """The first task of ``ranges`` on ``node``. srun's error lines count tasks from 0 in
-        each het group while ``--label`` numbers them job-wide: the global id is the group's
-        first task (the layout's offset, :class:`TaskGroup`) plus that number, the group being
-        the one whose launch ran on ``node``; ``None`` while the node is not known (see
-        :meth:`_resolve`)."""
-        try:
-            rel = parse_ranges(ranges)
-        except ValueError:
-            rel = []
-        if rel and node in self._node_offset:
-            return Failure(self._node_offset[node] + rel[0], node, status, raw, rel[0])
-        return Failure(None, node, status, raw, rel[0] if rel else None)
-
     def exit_codes(self) -> dict[int, int]:
         """The exit code of each task srun reported exited with one (``Exited with exit code 75``),
         by global task id: the chief's own status when the batch script's status line is missing
         (``scontrol requeue`` ends the script before it writes it)."""
         out: dict[int, int] = {}
         for f in self.failures:
-            task, code = self._resolve(f), f.exit_code()
+            task, code = self.tasks.resolve(f, self.tails), f.exit_code()
             if task is not None and code is not None:
                 out.setdefault(task, code)
         return out
-
-    def _resolve(self, f: Failure) -> int | None:
-        """``f``'s global task id: known from its node, else from the layout alone: the one
-        group with a task of that number, or among several the one task whose output was seen
-        on ``f``'s node or, failing that, the one that printed anything."""
-        if f.task is not None or f.rel is None:
-            return f.task
-        cands = [g.first_task + f.rel for g in self.groups if f.rel < g.ntasks] or [f.rel]
-        if len(cands) == 1:
-            return cands[0]
-        on_node = [t for t in cands if self.nodes.get(t) == f.node]
-        talked = [t for t in cands if t in self.tails]
-        pick = on_node or talked
-        return pick[0] if len(pick) == 1 else None
-
-    def _group_of(self, task: int) -> TaskGroup | None:
-        for g in self.groups:
-            if g.first_task <= task < g.first_task + g.ntasks:
-                return g
-        return None
-
-    # ------------------------------------------------------------------ the end
-    def describe(self, task: int) -> str:
-        """``task 2 (het group 1, worker) on node2``."""
-        g = self._group_of(task)
-        who = f"het group {g.het_group}, {g.role_of(task)}" if g else ""
-        node = self.nodes.get(task)
-        return f"task {task}" + (f" ({who})" if who else "") + (f" on {node}" if node else "")
 
     def failing_task(self) -> int | None:
         """The task that failed first: the first srun reported failed (its status not an
@@ -442,7 +317,7 @@ class TaskOutput:
         error, else ``None``."""
         f = self._first_failure()
         if f is not None:
-            return self._resolve(f)
+            return self.tasks.resolve(f, self.tails)
         return next(iter(self.lines), None)
 
     def _first_failure(self) -> Failure | None:
@@ -450,7 +325,7 @@ class TaskOutput:
         reported task that exited with an exit code of its own (not in ``ok_statuses``), else the
         first one ended by a signal (``--kill-on-bad-exit`` ends the others with SIGTERM, and srun
         may report them before the task that caused it); only tasks whose id is known."""
-        known = [f for f in self.failures if self._resolve(f) is not None]
+        known = [f for f in self.failures if self.tasks.resolve(f, self.tails) is not None]
         exited = [f for f in known if f.exit_code() not in (None, *self.ok_statuses)]
         signalled = [f for f in known if f.exit_code() is None]
         first = exited or signalled
@@ -479,13 +354,13 @@ class TaskOutput:
             return out
         self.finished = True
         task = self.failing_task()
-        block = _stream_error(self.lines.get(task, [])) if task is not None else []
-        if task not in (None, 0) and _find_copy([t for _, t in self.lines.get(0, [])], block) is not None:
+        block = stream_error(self.lines.get(task, [])) if task is not None else []
+        if task not in (None, 0) and find_copy([t for _, t in self.lines.get(0, [])], block) is not None:
             task = 0  # the chief printed the same error: its copy is the one shown
         above = False
         if task == 0:  # its first error not shown yet (one it went on after is above already)
-            block = _stream_error(self.held)
-            above = not block and bool(_stream_error(self.lines.get(0, [])))
+            block = stream_error(self.held)
+            above = not block and bool(stream_error(self.lines.get(0, [])))
         words: list[str] = []
         if task is not None and not block and not above:  # no error-looking line: its last words
             words = last_words(self.tails.get(task, ()))
@@ -500,7 +375,7 @@ class TaskOutput:
         """The chief's held lines, without the copy of ``block`` the failing task's header will
         show (the same error printed by the chief too, or the chief's own first error)."""
         held = list(self.held)
-        found = set(_find_copy([t for _, t in held], block) or ())
+        found = set(find_copy([t for _, t in held], block) or ())
         return [h for i, h in enumerate(held) if i not in found]
 
     def _failure_lines(self, task: int | None, block: Sequence[str], above: bool,
@@ -510,12 +385,12 @@ class TaskOutput:
         if task is None:
             first = self.failures[0].line if self.failures else "srun: the job step failed"
             return [("err", f"csrun_wse: the job failed: {first}"), *(("err", n) for n in self.notices[:1])]
-        reported = next((f for f in self.failures if self._resolve(f) == task), None)
+        reported = next((f for f in self.failures if self.tasks.resolve(f, self.tails) == task), None)
         status = f": {reported.status}" if reported else ""
         said = ", its last output:" if last else ", with this error:"
         tail = said if block else " (its error is above)" if above else ""
-        out = [("err", f"csrun_wse: {self.describe(task)} failed first{status}{tail}")]
-        out += [("err", f"  {t}") for t in _clip(block)]
+        out = [("err", f"csrun_wse: {self.tasks.describe(task)} failed first{status}{tail}")]
+        out += [("err", f"  {t}") for t in clip(block)]
         if not block and not above and reported:
             out.append(("err", f"  {reported.line} (no error output)"))
         out += [("err", n) for n in self.notices[:1]]
@@ -589,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _, text in out.line("err", line):
                 print(text, flush=True)
     if attempt is not None:
-        attempt.end(status, out.nodes, out.exit_codes())
+        attempt.end(status, out.tasks.nodes, out.exit_codes())
     for _, text in out.finish(status if status is not None else 0, args.log, interrupted=status is None):
         print(text, flush=True)
     return 0

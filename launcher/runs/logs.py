@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO
 
 from csrun_common.errors import CsrunError
+from csrun_common.layout import LayoutSpec
 
 from ..attempts import SRUN_LOG, Attempt, task_file
 from .record import RunRecord
@@ -46,9 +47,9 @@ class LogLine:
 def tasks_of(rec: RunRecord) -> list[tuple[int, str, int]]:
     """``(task, role, index within the role)`` of every task of the run's het groups: the chief's
     group's other tasks are input workers (:meth:`launcher.tasklog.TaskGroup.role_of`); input
-    workers count from 1 when the chief runs worker 0 itself (the layout's ``chief_input_cpus``)."""
+    workers count from 1 when the chief runs worker 0 itself (``--chief-input-cpus``)."""
     out: list[tuple[int, str, int]] = []
-    seen: dict[str, int] = {"worker": 1 if rec.layout.get("chief_input_cpus") else 0}
+    seen: dict[str, int] = {"worker": 1 if rec.layout and LayoutSpec.from_record(rec.layout).chief_input_workers else 0}
     for g in rec.groups:
         role, first = str(g.get("role", "task")), int(g.get("first_task", 0))
         for t in range(first, first + int(g.get("ntasks", 0))):

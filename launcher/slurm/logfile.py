@@ -64,7 +64,7 @@ class TaskLogFile:
         tasks' nodes and exit codes ``output`` saw), when it has one."""
         with self._lock:
             if self._attempt_log is not None:
-                self._attempt_log.end(status, output.nodes, output.exit_codes())
+                self._attempt_log.end(status, output.tasks.nodes, output.exit_codes())
 
     def shown_path(self) -> str:
         """The log's path as shown to the user (relative to the working directory when under it)."""
