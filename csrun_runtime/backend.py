@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from csrun_common.roles import Role
 
 from .coverage import Coverage
+from .facts import BackendFacts
 from .input_backend import InputBackend
 from .loop import StepBackend
 from .params import Resolved
@@ -39,7 +40,7 @@ from .rankgroup import RankGroup
 
 __all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RankGroup", "RunnerModule",
            "ChiefModule",
-           "RemoteModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
+           "RemoteModule", "FactsModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
            "TrainingModule", "InputBackendModule", "MODULES", "INSTANCES"]
 
 
@@ -113,6 +114,12 @@ class Evaluates(Protocol):
 
 
 # --------------------------------------------------------------------------- the entry modules
+class FactsModule(Protocol):
+    """``facts``: what the backend declares about itself (:func:`csrun_runtime.registry.facts`)."""
+
+    FACTS: BackendFacts
+
+
 class RunnerModule(Protocol):
     """``runner``: what a run.py calls (its user functions first, as the framework's Model Zoo
     passes them)."""
@@ -204,7 +211,7 @@ class InputBackendModule(Protocol):
 #: entry module -> the Protocol it implements (``probe`` and ``drain``, the analyzer's node-side
 #: probe and ``verify``'s drain: :mod:`csrun_runtime.probing`'s ``ProbeBackend`` and ``DrainBackend``).
 MODULES: dict[str, type | None] = {
-    "runner": RunnerModule, "chief": ChiefModule, "remote": RemoteModule, "worker": WorkerModule,
+    "facts": FactsModule, "runner": RunnerModule, "chief": ChiefModule, "remote": RemoteModule, "worker": WorkerModule,
     "contract": ContractModule, "coverage": CoverageModule, "evaluation": EvaluationModule,
     "training": TrainingModule, "input_backend": InputBackendModule, "probe": ProbeBackend, "drain": DrainBackend,
 }

@@ -2,7 +2,7 @@
 (docs/PYTORCH.md), with its training batches from its own DataLoader (no input workers:
 ``python run.py``, or a job without any) or from the input workers over the data plane
 (:class:`.remote.RemoteSource`: one zmq ROUTER whose endpoint is published in the rendezvous
-directory as ``dataplane.json``; lost and replaced workers, adoptions under ``csrun_wse
+directory as ``endpoints.json``; lost and replaced workers, adoptions under ``csrun_wse
 --survive-node-loss``; under ``csrun_wse --autoscale`` the training loop's
 :class:`csrun_runtime.autoscale.Autoscaler` opens and pauses the workers' streams,
 docs/AUTOSCALE.md).
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from csrun_common import exits
+from csrun_common.modes import TRAIN_MODES
 from csrun_common.roles import Role
 
 from .. import preemption
@@ -50,20 +51,18 @@ from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
 from .ranks import TorchRanks, collective_failure, rank_device
-from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
+from .remote import InputStalled, RemoteSource, WorkerFailed, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
 from .training import TorchStepBackend
 
-__all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
+__all__ = ["Chief", "InputStalled", "WorkerFailed", "epochs"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: validate_only's file-coverage check reads each of its three DataLoaders for at most this long
 #: (seconds); the analyzer's check process allows a whole pass of 60 s.
 VALIDATE_COVERAGE_SECS = 10.0
-#: The modes every trainer rank runs (the others run on rank 0 alone).
-TRAIN_MODES = ("train", "train_and_eval")
 
 
 class _LocalSource:

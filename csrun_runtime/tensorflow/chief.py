@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
+from csrun_common.modes import TRAIN_MODES
 from csrun_common.roles import Role
 
 from .. import chief_input, preemption
 from ..artifacts import write_params_yaml
-from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..params import ParamsError, Resolved, load_shard_plan
 from ..rankgroup import RankLost, leave
 from ..rendezvous import Heartbeat, Rendezvous
 from . import chief_model, chief_modes

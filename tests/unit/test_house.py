@@ -179,7 +179,7 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
         "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks",
-        "rankgroup", "handoff", "dataplane.bulk")
+        "rankgroup", "handoff", "dataplane.bulk", "facts")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():
@@ -336,6 +336,69 @@ def test_both_backend_folders_hold_the_entry_modules(backend):
 
     folder = REPO / backend.replace(".", "/")
     assert sorted(m for m in ENTRY_MODULES if not (folder / f"{m}.py").exists()) == []
+
+
+# -- the frameworks' names and facts (issue 40, item 2)
+#: The modules outside the backend folders that may write a framework's name as a string, and why.
+FRAMEWORK_NAME_ALLOWED = {
+    "csrun_runtime/registry.py": "the one module naming both backends",
+    "launcher/builders.py": "CSRUN_EXECUTION_MODE's value for python-pt (docs/CONTRACT.md): the launcher cannot "
+                            "import the runtime's facts",
+}
+
+
+def _framework_names(paths: list[Path]) -> list[str]:
+    """``path:line 'name'`` of every string literal that is exactly a framework's name
+    (``"tensorflow"``, ``"pytorch"``), docstrings apart (prose), in ``paths``."""
+    names = {"tensorflow", "pytorch"}
+    found = []
+    for p in paths:
+        tree = ast.parse(p.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{p.relative_to(REPO)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+    return found
+
+
+def test_no_framework_name_outside_the_registry_and_the_backend_folders():
+    """The core, the launcher and the analyzer read a backend's name, launcher word and wording
+    from its facts (:func:`csrun_runtime.registry.facts`), never write ``"tensorflow"`` or ``"pytorch"``."""
+    paths = [p for p in _modules().values() if not _folder_of(".".join(p.relative_to(REPO).with_suffix("").parts))
+             and str(p.relative_to(REPO)) not in FRAMEWORK_NAME_ALLOWED]
+    assert len(paths) > 60  # the core, csrun_common, the launcher and the analyzer were read
+    assert _framework_names(paths) == []
+
+
+def test_the_framework_name_rule_skips_docstrings_only(tmp_path, monkeypatch):
+    f = tmp_path / "m.py"
+    f.write_text('"""Runs "tensorflow"."""\nX = "pytorch"\nY = f"{X}: pytorch"\ndef g():\n    """pytorch"""\n'
+                 '    return {"tensorflow": 1}\n')
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert _framework_names([f]) == ["m.py:2 'pytorch'", "m.py:6 'tensorflow'"]
+
+
+def test_train_modes_is_declared_once():
+    """``TRAIN_MODES`` is assigned in one module, :mod:`csrun_common.modes` (the launcher and the
+    runtime import it from there)."""
+    found = [f"{p.relative_to(REPO)}:{n.lineno}" for p in _sources() for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Assign | ast.AnnAssign)
+             and any(isinstance(t, ast.Name) and t.id == "TRAIN_MODES"
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    assert [f.split(":")[0] for f in found] == ["csrun_common/modes.py"], found
+
+
+def test_each_backend_declares_its_facts():
+    from csrun_runtime import registry
+    from csrun_runtime.facts import BackendFacts
+    from csrun_runtime.params import RUNCONFIG_KEYS
+
+    got = {fw: registry.facts(fw) for fw in registry.FRAMEWORKS}
+    assert all(isinstance(f, BackendFacts) and f.name == fw for fw, f in got.items())
+    assert len({f.launcher for f in got.values()}) == len(got)
+    assert all(registry.framework_of_launcher(f.launcher) == fw for fw, f in got.items())
+    assert all(set(f.runconfig) <= set(RUNCONFIG_KEYS) for f in got.values())
 
 
 # -- the Protocols: each backend's entry modules against csrun_runtime.backend
