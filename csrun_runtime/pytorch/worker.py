@@ -10,7 +10,7 @@ and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that str
 ``done.json``; else wait for the chief's ``endpoints.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
 chief names it and exits 2; so is an exception the user's Dataset, sampler or collate function
-raises while it streams, with its type, message and frames: :mod:`.usererror`), register, and
+raises while it streams, with its type, message and frames: :mod:`csrun_runtime.usererror`), register, and
 send pass after pass (``sampler.set_epoch``) in bundles of
 about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.bundles.MAX_BUNDLE`
 batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.bundles.AUTOSCALE_MAX_BUNDLE`), as the
@@ -37,6 +37,7 @@ from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..sharding import make_data_dir_view, plan_files
+from ..usererror import UserCodeError, guarded
 from .contract import (
     ContractError,
     batch_size_of,
@@ -48,7 +49,6 @@ from .contract import (
     torch_seed,
 )
 from .streamers import StreamerFacts, set_facts
-from .usererror import UserCodeError, guarded
 
 __all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]
 
@@ -214,7 +214,7 @@ class InputWorker:
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
         # what the user's Dataset, sampler or collate function raises: named with its frames
-        # (usererror.describe), registered for the chief to show once and exit 2
+        # (csrun_runtime.usererror.describe), registered for the chief to show once and exit 2
         batches = guarded(epochs(loader), "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
         try:
             send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent)
