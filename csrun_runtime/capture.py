@@ -43,7 +43,8 @@ class CapturedRun:
         eval_input_fn: the eval input function or ``None`` (then ``input_fn(params, mode="eval")``);
             PyTorch: ``eval_data_fn``.
         params: resolved params dict (command-line overrides applied, runconfig defaults filled;
-            PyTorch: ``default_params_fn`` applied as :func:`csrun_runtime.pytorch.runner.main` does).
+            PyTorch: ``default_params_fn`` applied as a PyTorch task does,
+            :meth:`csrun_runtime.pytorch.runner.Hooks.resolve`).
         mode: ``params["runconfig"]["mode"]``.
         warnings: params warnings (unknown/ignored keys).
         params_path: the params YAML read, or ``None``.

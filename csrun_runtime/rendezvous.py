@@ -12,7 +12,8 @@ watch each other's heartbeats and agree that the job is done.
 - A worker lost with its node under ``--survive-node-loss``: the chief writes
   ``workers/<i>.orphan.json``; one supervisor of the input workers' job claims it
   (``workers/<i>.adopt-<attempt>``) and starts the replacement (:mod:`csrun_runtime.supervise`).
-- End: the chief writes ``done.json`` (``{"status": "ok"|"failed", ...}``); workers write
+- End: the chief writes ``done.json`` (``{"status": "ok"|"failed"|"stopped", ...}``,
+  :mod:`csrun_runtime.lifecycle`); workers write
   ``workers/<i>.report.json`` (files, elements produced) and exit 0.
 
 Two jobs or two steps never share a directory (job and step ids name it). Pure Python.

@@ -301,8 +301,3 @@ def epochs(loader: Any) -> Iterator[Any]:
             raise ContractError("train_input: the DataLoader yielded no batch (a dataset smaller than one "
                                 "batch with drop_last, or an empty shard)")
         epoch += 1
-
-
-#: The exception the contract's checks raise (:class:`csrun_runtime.backend.ContractModule`).
-VIOLATION = ContractError
-__all__ += ["VIOLATION"]

@@ -44,7 +44,7 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
-__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "POLL_SECS",
+__all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "POLL_SECS",
            "READ_AHEAD_BATCHES", "autoscale_spec"]
 
 log = logging.getLogger("csrun.runtime")
@@ -212,7 +212,3 @@ class RemoteSource(StreamMerge):
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
                                "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values()),
                                "bulk": bulk}}
-
-
-#: The chief's sources of its input workers' batches (:class:`csrun_runtime.backend.RemoteModule`).
-SOURCES: tuple[type, ...] = (RemoteSource,)

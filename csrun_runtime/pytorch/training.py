@@ -20,7 +20,7 @@ from . import checkpoint
 from .contract import batch_size_of, to_torch
 from .events import EventWriter
 
-__all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
+__all__ = ["TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -189,7 +189,3 @@ class TorchStepBackend:
         """``framework``, ``device`` and the chief's ``info()`` keys (the device feed's are in
         the source's ``describe()``: ``device_feed``)."""
         return {"framework": "pytorch", "device": str(self.device), **self._info()}
-
-
-#: This backend's :class:`csrun_runtime.loop.StepBackend` (:class:`csrun_runtime.backend.TrainingModule`).
-STEP_BACKEND = TorchStepBackend

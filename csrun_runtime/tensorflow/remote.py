@@ -1,5 +1,5 @@
 """The TensorFlow chief's sources of the input workers' batches (the backend entry module
-``remote``, :class:`csrun_runtime.backend.RemoteModule`): :data:`SOURCES`, the tf.data service
+``remote``), by transport (``runconfig.transport``): the tf.data service
 merge (:class:`csrun_runtime.tensorflow.service.ServiceSource`, the default) and the data plane's
 (:class:`DataplaneSource`, ``runconfig.transport: dataplane``), both with the stream interface the
 core's autoscaler and training loop drive (:class:`csrun_runtime.backend.StreamSource`).
@@ -37,7 +37,7 @@ from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receive
 from .deviceprefetch import to_device
 from .service import Chunk, ChunkedSource, Pending, ServiceSource
 
-__all__ = ["SOURCES", "DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
+__all__ = ["DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
            "TRANSPORT", "STREAM_ERROR"]
 
 log = logging.getLogger("csrun.runtime")
@@ -201,8 +201,3 @@ def chief_source(rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping]
     import tensorflow as tf
 
     return DataplaneSource(rdv, receiver, registry, streams=streams, convert=tf.convert_to_tensor)
-
-
-#: The chief's sources of its input workers' batches, by transport (``runconfig.transport``):
-#: tf.data service (the default) and the data plane.
-SOURCES: tuple[type, ...] = (ServiceSource, DataplaneSource)
