@@ -41,7 +41,7 @@ from csrun_common import exits
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import by_name, click_options
 from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
-from csrun_runtime.registry import LAUNCHERS
+from csrun_runtime.registry import launchers
 from launcher import slurm
 from launcher.config import FLAG_NOTES, KEY_FLAGS, SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
@@ -80,7 +80,7 @@ def split_command(words: Sequence[str], cwd: str) -> Command:
         py_word, script, rest = None, first, words[1:]
     else:
         base = os.path.basename(first)
-        if not (base.startswith("python") or base in LAUNCHERS.values()):
+        if not (base.startswith("python") or base in launchers().values()):
             raise CsrunError(f"COMMAND {first!r}: expected `python run.py ...` (a Python run.py)")
         if len(words) < 2 or not words[1].endswith(".py"):
             raise CsrunError(f"COMMAND {' '.join(words[:2])!r}: expected a run.py after {first}")

@@ -84,6 +84,7 @@ from csrun_runtime.probing import (
     InvalidPoint,
     ProbeBackend,
     Stepper,
+    facts,
     host_busy_seconds,
 )
 
@@ -267,7 +268,7 @@ def _counter_for(entry: ProbedPipeline, cmd: dict[str, Any], index: int,
         built = entry.backend.build(0, 1, int(cmd["cpus_per_task"]), dataloader_workers=cmd.get("dataloader_workers"),
                                     prefetch_factor=cmd.get("prefetch_factor"))
     except InputBuildError as e:
-        raise (InvalidPoint if entry.probe.FACTS.dataloader_workers else ContractViolation)(str(e)) from None
+        raise (InvalidPoint if facts(entry.framework).dataloader_workers else ContractViolation)(str(e)) from None
     return Counter(built), None, 2
 
 

@@ -26,7 +26,8 @@ from typing import Any
 from csrun_common import atomic
 from csrun_common.layout import LayoutSpec, flag
 from csrun_runtime.probing import DEFAULT_FRAMEWORK, facts
-from csrun_runtime.registry import LAUNCHERS
+from csrun_runtime.registry import facts as backend_facts
+from csrun_runtime.registry import launchers
 from launcher.config import KEY_FLAGS
 
 REPORT_JSON, REPORT_TXT, PROBES_CSV, PLOT_PNG = "report.json", "report.txt", "probes.csv", "throughput.png"
@@ -37,14 +38,14 @@ _MODE_FLAGS = ("--validate_only", "--compile_only")
 def train_command(command: Sequence[str], framework: str = DEFAULT_FRAMEWORK) -> list[str]:
     """The user's command as a training command for csrun_wse: the first word (``python``,
     a python path, a launcher word) becomes ``framework``'s launcher word
-    (:data:`csrun_runtime.registry.LAUNCHERS`: ``python-ws``, ``python-pt`` for
+    (:func:`csrun_runtime.registry.launchers`: ``python-ws``, ``python-pt`` for
     ``framework="pytorch"``); ``--mode X`` / ``--mode=X`` becomes
     ``--mode train`` and ``--validate_only`` / ``--compile_only`` are dropped (``--mode
     train`` is added when no mode was given)."""
     words = list(command)
     if not words:
         return words
-    launcher = LAUNCHERS[framework]
+    launcher = backend_facts(framework).launcher
     out = [launcher] if _is_python(words[0]) else [words[0]]
     rest = words[1:]
     i, has_mode = 0, False
@@ -70,7 +71,7 @@ def train_command(command: Sequence[str], framework: str = DEFAULT_FRAMEWORK) ->
 
 def _is_python(word: str) -> bool:
     base = os.path.basename(word)
-    return base.startswith("python") or base in LAUNCHERS.values()
+    return base.startswith("python") or base in launchers().values()
 
 
 def csrun_wse_command(rec: dict[str, Any], command: Sequence[str], mount_dirs: str | None = None,

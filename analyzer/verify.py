@@ -97,14 +97,14 @@ def predicted_for(rep: dict[str, Any], spec: LayoutSpec) -> dict[str, Any]:
 def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] | LayoutSpec, seconds: float,
                   warmup: float, mount_dirs: str | None) -> list[str]:
     """The ``csrun_wse ... python-ws -m analyzer.verify_task --framework tensorflow ...`` argv
-    (the report's framework's launcher word, :data:`csrun_runtime.registry.LAUNCHERS`; where its
+    (the report's framework's launcher word, :func:`csrun_runtime.registry.launchers`; where its
     probes swept DataLoader workers, ``--dataloader-workers K``) for ``layout`` (a
     :class:`~csrun_common.layout.LayoutSpec`, or its record ``{"nodes", "tasks_per_node",
     "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``, the last two optional); its
     flags: :meth:`~csrun_common.layout.LayoutSpec.to_flags`."""
     # the registry and the backend's facts (not its framework) only when verify runs
     from csrun_runtime.probing import facts, framework_of_report
-    from csrun_runtime.registry import LAUNCHERS
+    from csrun_runtime.registry import facts as backend_facts
 
     argv = [console_script("csrun_wse"), *LayoutSpec.from_record(layout).to_flags()]
     md = mount_dirs or rep.get("mount_dirs")
@@ -112,7 +112,7 @@ def drain_command(rep: dict[str, Any], out_dir: Path, layout: Mapping[str, Any] 
         argv += [KEY_FLAGS["mount_dirs"].flag, md]
     user = _strip_model_dir(rep.get("argv") or [])
     fw = framework_of_report(rep.get("framework"), False)
-    argv += [LAUNCHERS[fw], "-m", "analyzer.verify_task", "--framework", fw]
+    argv += [backend_facts(fw).launcher, "-m", "analyzer.verify_task", "--framework", fw]
     if facts(fw).dataloader_workers:  # the DataLoader count the report gives for the layout's C
         cpus = LayoutSpec.from_record(layout).record()["cpus_per_task"]
         argv += _dataloader_flag(rep, int(cpus))

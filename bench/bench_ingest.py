@@ -163,11 +163,11 @@ def child_worker(spec: dict) -> None:
     rdv = rendezvous.Rendezvous(spec["rdv_dir"], spec["key"])
     i = spec["index"]
     deadline = time.monotonic() + 300
-    while (disp := rdv.dispatchers()) is None:
+    while (disp := rdv.endpoints()) is None:
         if time.monotonic() > deadline:
-            raise TimeoutError("no dispatchers.json")
+            raise TimeoutError("no endpoints.json")
         time.sleep(0.1)
-    address = disp["dispatchers"][i]
+    address = disp["endpoints"][i]
     keep = [service.start_worker_server(address, "localhost")]
     bundles, counters = {}, []
     for size, nbytes in SIZES.items():
@@ -547,7 +547,7 @@ def child_chief(spec: dict) -> None:
     servers, ports = service.start_dispatchers(k)
     addresses = [f"localhost:{p}" for p in ports]
     t0 = time.monotonic()
-    rdv.publish_dispatchers(addresses, {"bench": "ingest"})
+    rdv.publish_endpoints(addresses, {"bench": "ingest"})
     regs: dict[int, dict] = {}
     while len(regs) < k:
         regs = {i: r for i in range(k) if (r := rdv.worker(i)) and r.get("status") == "ok"}

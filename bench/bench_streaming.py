@@ -138,7 +138,7 @@ def child_chief(spec: dict) -> None:
     else:
         servers, ports = service.start_dispatchers(k)
         addresses = [f"localhost:{p}" for p in ports]
-        rdv.publish_dispatchers(addresses, {"chief_host": socket.gethostname(), "bench": True})
+        rdv.publish_endpoints(addresses, {"chief_host": socket.gethostname(), "bench": True})
     res: dict[str, Any] = {}
     try:
         t0 = time.monotonic()
@@ -273,7 +273,7 @@ def measure_service(pipeline: str, k: int, warmup_s: float, measure_s: float, wo
     with _Procs(wd) as procs:
         out = procs.start("--chief", {**base, "out": str(wd / "chief.json")}, "chief")
         t_end = time.monotonic() + 60
-        while not (wd / "model_dir" / ".csrun" / f"{base['job_id']}.0" / "dispatchers.json").exists():
+        while not (wd / "model_dir" / ".csrun" / f"{base['job_id']}.0" / "endpoints.json").exists():
             if procs.procs[0].poll() is not None or time.monotonic() > t_end:
                 raise RuntimeError(f"the chief did not publish its dispatchers: {_log_tail(wd, 'chief')}")
             time.sleep(0.2)

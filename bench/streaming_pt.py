@@ -5,7 +5,7 @@ in-process, side by side with the TensorFlow figures of :mod:`bench_streaming` (
 
 *Delivered*: the chief process does what the PyTorch chief's training input does
 (:class:`csrun_runtime.pytorch.remote.RemoteSource`: one zmq receiver published as
-``dataplane.json`` in the rendezvous directory; batches handed one at a time, first come,
+``endpoints.json`` in the rendezvous directory; batches handed one at a time, first come,
 first served, as numpy nests) and counts samples over a fixed window after a warm-up; each
 input worker is the example's own ``run.py`` started with the environment an srun task of
 ``csrun_wse python-pt`` gets (``CSRUN_ROLE=worker``, ``SLURM_PROCID=i``, one CPU), so it runs

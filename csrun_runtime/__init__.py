@@ -28,9 +28,9 @@ def __getattr__(name: str) -> Any:
     which ``csrun_runtime.pytorch`` (a subpackage, so this file runs first) must not do.
     ``from csrun_runtime import run`` imports it at once, as before."""
     if name == "run":
-        from .registry import entry
+        from .registry import DEFAULT_FRAMEWORK, entry
 
-        return entry("tensorflow", "runner").run
+        return entry(DEFAULT_FRAMEWORK, "runner").run
     if name in ("load_entry", "CapturedRun"):
         from . import capture
 

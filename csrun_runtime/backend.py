@@ -1,54 +1,117 @@
-"""What a framework backend offers the core: the Protocols its entry modules implement, declared once.
+"""What a framework backend offers the core: the Protocols the core calls, declared once.
 
 A backend is a folder, :mod:`csrun_runtime.tensorflow` or :mod:`csrun_runtime.pytorch`, holding
-the entry modules :data:`csrun_runtime.registry.ENTRY_MODULES` under the same names;
-:func:`csrun_runtime.registry.entry` hands them out by framework name. :data:`MODULES` maps each
-entry module to the Protocol it implements (``tests/unit/test_house.py`` checks every backend
-against it: each member present, each function's or class's signature callable as the Protocol
-declares it, each class's instances with the methods of the Protocol it returns). The core
-drives what a backend makes through the small Protocols below: the training loop a
-:class:`StepBackend` (declared in :mod:`csrun_runtime.loop`), the autoscaler and the elastic
-watch a :class:`StreamSource`, the analyzer's pipeline probes an :class:`InputBackend`
-(:mod:`csrun_runtime.input_backend`); a run.py calls ``run``. With several trainer ranks
-(docs/MULTI-RANK.md) the backend's chief also makes a :class:`RankGroup` (declared in
-:mod:`csrun_runtime.rankgroup`: ``rank``, ``world_size``, ``agree(code)`` a MAX over the
-ranks, ``gather(obj)``, ``digest()`` of its weights; collectives time out with ``RankLost``)
-and hands it to the loop wrapped in :class:`csrun_runtime.rankgroup.LoopRanks`
-(``LoopSetup.ranks``): the core then agrees on every stop, lets rank 0 alone write, and
-gathers the ranks' figures into performance.json and the verdict
-(:class:`csrun_runtime.pytorch.ranks.TorchRanks` is PyTorch's).
+the entry modules :data:`csrun_runtime.registry.ENTRY_MODULES` under the same names. The core
+reaches a backend two ways, and only the Protocols it calls are declared here:
 
-A module Protocol's member in capitals (``STEP_BACKEND``, ``INPUT_BACKEND``, ``SOURCES``,
-``VIOLATION``) names the backend's class for a role whose class names differ between
-frameworks (``TFStepBackend``, ``TorchStepBackend``). Importing this module imports neither
-framework.
+- through :func:`csrun_runtime.registry.entry`: the modules in :data:`MODULES` (``facts``,
+  ``runner``, ``input_backend``, the analyzer's ``probe`` and ``verify``'s ``drain``);
+  ``tests/unit/test_house.py`` checks every backend's against them by signature, and the
+  classes they hand out against :data:`INSTANCES`;
+- through what a backend hands it: the task's lifecycle (:mod:`csrun_runtime.lifecycle`) calls a
+  runner's :class:`Hooks` (the shape of Ray Train's ``Backend``) and the :class:`ChiefTask` and
+  input-worker :class:`Task` they make; the training loop a :class:`StepBackend` (declared in
+  :mod:`csrun_runtime.loop`); the autoscaler and the elastic watch a :class:`StreamSource`; with
+  several trainer ranks the loop a :class:`RankGroup` (declared in :mod:`csrun_runtime.rankgroup`).
+
+Importing this module imports neither framework.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from csrun_common.roles import Role
 
-from .coverage import Coverage
+from .facts import BackendFacts
 from .input_backend import InputBackend
 from .loop import StepBackend
 from .params import Resolved
 from .probing import ChiefDrain, DrainBackend, ProbeBackend
 from .rankgroup import RankGroup
+from .rendezvous import Rendezvous
 
-__all__ = ["Task", "StreamSource", "Evaluates", "StepBackend", "InputBackend", "RankGroup", "RunnerModule",
-           "ChiefModule",
-           "RemoteModule", "WorkerModule", "ContractModule", "CoverageModule", "EvaluationModule",
-           "TrainingModule", "InputBackendModule", "MODULES", "INSTANCES"]
+__all__ = ["Task", "Failure", "ChiefTask", "Hooks", "StreamSource", "StepBackend", "InputBackend", "RankGroup",
+           "FactsModule", "RunnerModule", "InputBackendModule", "MODULES", "INSTANCES"]
 
 
 class Task(Protocol):
-    """A task's whole life: the chief or an input worker."""
+    """A task's whole life (an input worker's)."""
 
     def run(self) -> int:
         """Run until done; returns the task's exit code (0 done, 1 a runtime failure, 2 a
-        contract violation or bad params, 75/130/143 stopped by a signal)."""
+        contract violation or bad params)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a chief's exception means (:meth:`Hooks.failure`, :func:`csrun_runtime.lifecycle.failure`):
+    the exit ``code`` and the ``lines`` logged (each one line, at ``level``; ``traceback``: with
+    the exception's); ``reason`` is ``done.json``'s (default: the lines, joined)."""
+
+    code: int
+    lines: tuple[str, ...]
+    level: int = logging.ERROR
+    traceback: bool = False
+    reason: str = ""
+
+
+class ChiefTask(Protocol):
+    """What a backend's chief offers the lifecycle (:meth:`Hooks.chief` makes it)."""
+
+    @property
+    def ranks(self) -> RankGroup | None:
+        """Its :class:`RankGroup` once several trainer ranks joined (``None`` before, and with one rank)."""
+        ...
+
+    def run_mode(self) -> int:
+        """Run ``runconfig.mode``; returns the exit code (0, or a stop's 75/130/143). Raises what
+        :meth:`Hooks.failure` and the lifecycle's ladder map to exit codes."""
+        ...
+
+    def close(self) -> None:
+        """After ``done.json``: release the training source, the chief's own input worker
+        (``CSRUN_CHIEF_INPUT_CPUS``), temporary files; also after :meth:`run_mode` raised."""
+        ...
+
+    def missing_reports(self) -> int:
+        """Input workers that will write no report: the chief's own, asked for and never started."""
+        ...
+
+
+class Hooks(Protocol):
+    """What a backend supplies to the task's life (:mod:`csrun_runtime.lifecycle`); a runner's
+    ``Hooks(<the run.py's functions>)`` holds the functions a run.py passed to ``run()``."""
+
+    facts: BackendFacts
+
+    def functions(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]:
+        """``(training input function, model_fn, eval input function)`` for a capture record."""
+        ...
+
+    def resolve(self, argv: Sequence[str], run_py: str | None, /) -> Resolved:
+        """The run's params from its command line. Raises :class:`csrun_runtime.params.ParamsError`."""
+        ...
+
+    def warnings(self, env: Mapping[str, str], /) -> list[str]:
+        """Warnings the chief logs after the params' own (csrun_wse features this backend ignores)."""
+        ...
+
+    def worker(self, role: Role, resolved: Resolved, /) -> Task:
+        """The input-worker task ``role`` (its input built with the run.py's data function)."""
+        ...
+
+    def chief(self, role: Role, resolved: Resolved, rdv: Rendezvous | None, t_proc: float, /) -> ChiefTask:
+        """The chief ``role`` (``rdv``: the job step's rendezvous, with input workers; ``t_proc``:
+        the process's start, ``time.time()`` seconds)."""
+        ...
+
+    def failure(self, error: BaseException, ranks: RankGroup | None, /) -> Failure | None:
+        """The exit code and lines of one of this backend's exceptions (a contract violation: 2),
+        ``None`` for another: the lifecycle's ladder decides (:func:`csrun_runtime.lifecycle.failure`)."""
         ...
 
 
@@ -104,90 +167,31 @@ class StreamSource(Protocol):
         ...
 
 
-class Evaluates(Protocol):
-    """A backend's evaluator (``evaluation.Evaluator``)."""
+# --------------------------------------------------------------------------- what registry.entry reaches
+class FactsModule(Protocol):
+    """``facts``: what the backend declares about itself (:func:`csrun_runtime.registry.facts`)."""
 
-    def evaluate(self, model: Any, step: int) -> dict[str, float]:
-        """Evaluate ``model`` at global step ``step``; returns the metrics by name."""
-        ...
+    FACTS: BackendFacts
 
 
-# --------------------------------------------------------------------------- the entry modules
 class RunnerModule(Protocol):
     """``runner``: what a run.py calls (its user functions first, as the framework's Model Zoo
-    passes them)."""
+    passes them; ``from csrun_runtime import run`` is the default backend's), and the lifecycle's
+    hooks over those functions."""
 
     def run(self, *fns: Callable[..., Any], argv: Sequence[str] | None = None, exit: bool = True) -> int | None:
-        """Run the task this process is (chief or input worker) and leave with its exit code
-        (``exit=False``: return it); in capture mode record the functions and return."""
+        """Run the task this process is (:func:`csrun_runtime.lifecycle.run`) and leave with its
+        exit code (``exit=False``: return it); in capture mode record the functions and return."""
         ...
 
-    def main(self, *fns: Callable[..., Any], argv: Sequence[str] | None = None,
-             env: Mapping[str, str] | None = None) -> int:
-        """Resolve the role (from ``env``) and params (from ``argv``), run the task; returns
-        its exit code."""
-        ...
-
-
-class ChiefModule(Protocol):
-    """``chief``: the chief task (its modes: train, eval, validate_only, compile_only)."""
-
-    def Chief(self, role: Role, resolved: Resolved, /, *fns_and_start: Any) -> Task:  # noqa: N802 - a class
-        """``Chief(role, resolved, <the run.py's three functions>, t_proc)``: ``t_proc`` the
-        process's start (``time.time()`` seconds)."""
-        ...
-
-
-class RemoteModule(Protocol):
-    """``remote``: the chief's sources of its input workers' batches, one class per transport,
-    each a :class:`StreamSource`."""
-
-    SOURCES: tuple[type, ...]
-
-
-class WorkerModule(Protocol):
-    """``worker``: the input-worker task."""
-
-    def InputWorker(self, role: Role, resolved: Resolved, data_fn: Callable[..., Any], /) -> Task:  # noqa: N802
-        """Input worker ``role.worker_index`` building its training input with ``data_fn``."""
-        ...
-
-
-class ContractModule(Protocol):
-    """``contract``: the run.py contract's checks; ``VIOLATION`` is the exception they raise
-    (the run refuses to start: exit 2, the violations named)."""
-
-    VIOLATION: type[Exception]
-
-
-class CoverageModule(Protocol):
-    """``coverage``: contract rule 7 for this framework's training input."""
-
-    def check_files(self, data_fn: Callable[..., Any], params: Mapping[str, Any], /) -> Coverage:
-        """Build the training input as input workers 0 and 1 of 2 and judge the files they read
-        (:class:`csrun_runtime.coverage.Coverage`). Raises what ``data_fn`` raises."""
-        ...
-
-
-class EvaluationModule(Protocol):
-    """``evaluation``: the chief's evaluation on ``eval_input``."""
-
-    def Evaluator(self, *args: Any) -> Evaluates:  # noqa: N802 - a class
-        """The backend's evaluator (its constructor takes what the backend's chief holds)."""
-        ...
-
-
-class TrainingModule(Protocol):
-    """``training``: the training loop's step backend, driven by
-    :class:`csrun_runtime.loop.TrainingDriver`."""
-
-    def STEP_BACKEND(self, *args: Any, **kwargs: Any) -> StepBackend:  # noqa: N802 - a class
-        """The backend's :class:`csrun_runtime.loop.StepBackend` class."""
+    def Hooks(self, *fns: Callable[..., Any]) -> Hooks:  # noqa: N802 - a class
+        """The backend's :class:`Hooks` over the run.py's functions."""
         ...
 
 
 class InputBackendModule(Protocol):
-    """``input_backend``: worker ``i`` of ``W``'s training input built for the analyzer's probes."""
+    """``input_backend``: worker ``i`` of ``W``'s training input built for the analyzer's probes
+    and the launcher's one-batch check (:mod:`csrun_runtime.first_batch`)."""
 
     def INPUT_BACKEND(self, data_fn: Callable[..., Any], params: dict[str, Any], /) -> InputBackend:  # noqa: N802
         """The backend's :class:`csrun_runtime.input_backend.InputBackend` class, made from the
@@ -196,21 +200,18 @@ class InputBackendModule(Protocol):
 
     def describe_error(self, error: BaseException, what: str, /) -> str:
         """The lines an input worker shows for ``error``, raised by the user's input code while
-        building or iterating the input: ``"{what} raised {Type}: {message} (in {function})"``
-        then the last frames in the user's code, indented (``csrun_runtime.first_batch``)."""
+        building or iterating the input (:func:`csrun_runtime.usererror.describe`, or the
+        backend's contract message as it is)."""
         ...
 
 
-#: entry module -> the Protocol it implements (``probe`` and ``drain``, the analyzer's node-side
-#: probe and ``verify``'s drain: :mod:`csrun_runtime.probing`'s ``ProbeBackend`` and ``DrainBackend``).
-MODULES: dict[str, type | None] = {
-    "runner": RunnerModule, "chief": ChiefModule, "remote": RemoteModule, "worker": WorkerModule,
-    "contract": ContractModule, "coverage": CoverageModule, "evaluation": EvaluationModule,
-    "training": TrainingModule, "input_backend": InputBackendModule, "probe": ProbeBackend, "drain": DrainBackend,
+#: entry module -> the Protocol it implements, for the modules the core and the analyzer reach
+#: through :func:`csrun_runtime.registry.entry` (``probe`` and ``drain``: :mod:`csrun_runtime.probing`'s).
+MODULES: dict[str, type] = {
+    "facts": FactsModule, "runner": RunnerModule, "input_backend": InputBackendModule, "probe": ProbeBackend,
+    "drain": DrainBackend,
 }
 #: what the classes a module Protocol names must implement: (module, member) -> instance Protocol.
 INSTANCES: dict[tuple[str, str], type] = {
-    ("remote", "SOURCES"): StreamSource, ("chief", "Chief"): Task, ("worker", "InputWorker"): Task,
-    ("evaluation", "Evaluator"): Evaluates, ("training", "STEP_BACKEND"): StepBackend,
-    ("input_backend", "INPUT_BACKEND"): InputBackend, ("drain", "ChiefDrain"): ChiefDrain,
+    ("runner", "Hooks"): Hooks, ("input_backend", "INPUT_BACKEND"): InputBackend, ("drain", "ChiefDrain"): ChiefDrain,
 }

@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from .params import ParamsError, Resolved, resolve_params, worker_params
+from .registry import DEFAULT_FRAMEWORK, FRAMEWORKS
 
-__all__ = ["CapturedRun", "CaptureError", "load_entry", "active", "record", "FRAMEWORKS"]
-
-#: The runtimes a run.py may call: ``csrun_runtime.run`` and ``csrun_runtime.pytorch.run``.
-FRAMEWORKS = ("tensorflow", "pytorch")
+__all__ = ["CapturedRun", "CaptureError", "load_entry", "active", "record"]
 
 
 class CaptureError(RuntimeError):
@@ -45,7 +43,8 @@ class CapturedRun:
         eval_input_fn: the eval input function or ``None`` (then ``input_fn(params, mode="eval")``);
             PyTorch: ``eval_data_fn``.
         params: resolved params dict (command-line overrides applied, runconfig defaults filled;
-            PyTorch: ``default_params_fn`` applied as :func:`csrun_runtime.pytorch.runner.main` does).
+            PyTorch: ``default_params_fn`` applied as a PyTorch task does,
+            :meth:`csrun_runtime.pytorch.runner.Hooks.resolve`).
         mode: ``params["runconfig"]["mode"]``.
         warnings: params warnings (unknown/ignored keys).
         params_path: the params YAML read, or ``None``.
@@ -60,8 +59,8 @@ class CapturedRun:
     mode: str
     warnings: list[str] = field(default_factory=list)
     params_path: str | None = None
-    #: ``"tensorflow"`` (``csrun_runtime.run``) or ``"pytorch"`` (``csrun_runtime.pytorch.run``).
-    framework: str = "tensorflow"
+    #: the backend whose ``run`` it called (:data:`csrun_runtime.registry.FRAMEWORKS`).
+    framework: str = DEFAULT_FRAMEWORK
 
     def worker_params(self, worker_index: int = 0, num_input_workers: int = 1,
                       plan: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -87,7 +86,7 @@ def active() -> bool:
 
 
 def record(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
-           eval_input_fn: Callable[..., Any] | None = None, *, framework: str = "tensorflow",
+           eval_input_fn: Callable[..., Any] | None = None, *, framework: str = DEFAULT_FRAMEWORK,
            resolved: Resolved | None = None) -> CapturedRun:
     """Called by ``run()`` in capture mode: resolve params (unless the runtime passes its
     ``resolved`` params, as the PyTorch runner does after ``default_params_fn``) and store
@@ -95,7 +94,7 @@ def record(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
 
     Raises:
         csrun_runtime.params.ParamsError: invalid command line or params.
-        ValueError: ``framework`` not one of :data:`FRAMEWORKS`.
+        ValueError: ``framework`` not one of :data:`csrun_runtime.registry.FRAMEWORKS`.
     """
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework {framework!r}: one of {', '.join(FRAMEWORKS)}")

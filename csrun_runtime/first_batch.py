@@ -26,13 +26,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["EXIT_OK", "EXIT_USER_ERROR", "EXIT_NOT_CHECKED", "TRAIN_MODES", "WHAT", "pull_one_batch", "main"]
+from csrun_common.modes import TRAIN_MODES
+
+__all__ = ["EXIT_OK", "EXIT_USER_ERROR", "EXIT_NOT_CHECKED", "pull_one_batch", "main"]
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_NOT_CHECKED = 0, 2, 3
-#: The modes whose input workers stream the training input (the one pulled).
-TRAIN_MODES = ("train", "train_and_eval")
-#: How the report's first line names the input, as the framework's input workers name it.
-WHAT = {"tensorflow": "train_input: input_fn", "pytorch": "train_input: the DataLoader"}
 
 
 def _one_line(text: str) -> str:
@@ -50,7 +48,7 @@ def pull_one_batch(run_py: str, argv: Sequence[str], num_input_workers: int = 1,
     from .capture import CaptureError, load_entry
     from .input_backend import InputBuildError
     from .params import ParamsError
-    from .registry import entry
+    from .registry import entry, facts
 
     try:
         cap = load_entry(run_py, list(argv))
@@ -58,7 +56,7 @@ def pull_one_batch(run_py: str, argv: Sequence[str], num_input_workers: int = 1,
         return EXIT_NOT_CHECKED, f"run.py not loaded here: {_one_line(str(e))}"
     if cap.mode not in TRAIN_MODES:
         return EXIT_OK, f"mode {cap.mode}: no training input to pull"
-    what = WHAT.get(cap.framework, "train_input")
+    what = facts(cap.framework).input_what  # as the framework's input workers name it
     try:
         module = entry(cap.framework, "input_backend")
     except ImportError as e:

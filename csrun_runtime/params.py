@@ -42,11 +42,14 @@ from typing import Any
 import yaml
 
 from csrun_common import shardplan_schema as schema
+from csrun_common.modes import MODES, TRAIN_MODES
 
+from . import registry
+from .facts import Key, auto_or_int, int_min
 from .sharding import file_list_seed
 
 __all__ = [
-    "MODES", "TRAIN_MODES", "SECTIONS", "RUNCONFIG_KEYS", "IGNORED_MODELZOO_KEYS", "ParamsError",
+    "MODES", "SECTIONS", "RUNCONFIG_KEYS", "IGNORED_MODELZOO_KEYS", "ParamsError",
     "build_arg_parser", "parse_args", "load_yaml", "resolve_params", "validate_params",
     "training_target", "worker_params", "load_shard_plan", "Resolved",
 ]
@@ -59,10 +62,6 @@ __all__ = [
 #: for a step that needs more input.
 DEVICE_PREFETCH = 2
 
-#: Values of ``--mode`` / ``runconfig.mode``.
-MODES = ("train", "eval", "train_and_eval", "validate_only", "compile_only")
-#: Modes that stream training input from the input workers.
-TRAIN_MODES = ("train", "train_and_eval")
 #: Top-level sections of the params YAML ("Cerebras Model Zoo YAML parameters").
 SECTIONS = ("train_input", "eval_input", "model", "optimizer", "runconfig")
 
@@ -81,15 +80,6 @@ def _opt(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return None if v is None else check(v)
     inner.__doc__ = (check.__doc__ or "") + " or null"
     return inner
-
-
-def _int_min(minimum: int) -> Callable[[Any], int]:
-    def check(v):
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f"must be an integer >= {minimum}")
-        return v
-    check.__doc__ = f"integer >= {minimum}"
-    return check
 
 
 def _pos_float(v):
@@ -127,45 +117,6 @@ def _mode(v):
     return v
 
 
-def _jit(v):
-    """auto, true or false"""
-    if v in ("auto", True, False):
-        return v
-    raise ValueError("must be auto, true or false")
-
-
-def _auto_or_int(v):
-    """auto or an integer >= 1"""
-    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-        return v
-    raise ValueError("must be auto or an integer >= 1")
-
-
-def _transport(v):
-    """service or dataplane"""
-    if v in ("service", "dataplane"):
-        return v
-    raise ValueError("must be service (tf.data service) or dataplane (csrun's zmq data plane, docs/DATAPLANE.md)")
-
-
-#: ``runconfig.ddp``'s keys: PyTorch ``DistributedDataParallel``'s own keyword arguments, passed to
-#: it as they are (:meth:`csrun_runtime.pytorch.ranks.TorchRanks.wrap`; torch's defaults otherwise).
-DDP_KEYS = ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "broadcast_buffers")
-
-
-def _ddp(v):
-    """a mapping of find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers to true/false"""
-    if not isinstance(v, Mapping):
-        raise ValueError(f"must be a mapping of {', '.join(DDP_KEYS)} to true or false")
-    for key, value in v.items():
-        if key not in DDP_KEYS:
-            raise ValueError(f"has {key!r}, not a DistributedDataParallel option csrun passes "
-                             f"({', '.join(DDP_KEYS)})")
-        if not isinstance(value, bool):
-            raise ValueError(f"{key} must be true or false")
-    return dict(v)
-
-
 def _logging(v):
     """DEBUG, INFO, WARNING or ERROR"""
     if isinstance(v, str) and v.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -173,83 +124,66 @@ def _logging(v):
     raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
 
 
-@dataclass(frozen=True)
-class _Key:
-    check: Callable[[Any], Any]
-    default: Any
-    doc: str
-
-
-#: runconfig keys the runtime honours: name -> (checker, default, meaning). Seed 004 for the
+#: runconfig keys every backend honours: name -> (checker, default, meaning). Seed 004 for the
 #: Model Zoo ones; the last group are csrun extensions.
-RUNCONFIG_KEYS: dict[str, _Key] = {
-    "mode": _Key(_mode, "train", "what to run (also --mode)"),
-    "max_steps": _Key(_opt(_int_min(1)), None,
-                      "train until the global step reaches this (also --max_steps)"),
-    "num_steps": _Key(_opt(_int_min(1)), None,
-                      "train this many steps in this run, capped by max_steps (also --num_steps)"),
-    "checkpoint_steps": _Key(_int_min(0), 0,
-                             "save model-ckpt-<step> every N steps (0: only at the end)"),
-    "log_steps": _Key(_int_min(1), 100,
-                      "log 'global_step = N, loss = X' and write summaries every N steps"),
-    "model_dir": _Key(_str, "./model_dir", "where artifacts go (also --model_dir)"),
-    "seed": _Key(_opt(_int_any), None,
-                 "random seed of model init; base of the per-worker shuffle seeds"),
-    "save_initial_checkpoint": _Key(_bool, False, "save a checkpoint before the first step"),
-    "autoload_last_checkpoint": _Key(_bool, True, "restore the newest checkpoint in model_dir"),
-    "checkpoint_path": _Key(_opt(_str), None,
-                            "restore this checkpoint (file prefix or directory) first"),
-    "eval_steps": _Key(_opt(_int_min(1)), None,
-                       "batches per evaluation (null: the whole, finite, eval dataset)"),
-    "eval_frequency": _Key(_opt(_int_min(1)), None,
-                           "train_and_eval: evaluate every N steps (and at the end)"),
-    "keep_checkpoint_max": _Key(_int_min(1), 5, "checkpoints kept in model_dir"),
-    "logging": _Key(_logging, "INFO", "log level of the runtime's messages"),
-    "cs_ip": _Key(_opt(_str), None, "accepted and recorded; there is no system to talk to"),
-    "validate_only": _Key(_bool, False, "same as mode: validate_only"),
-    "compile_only": _Key(_bool, False, "same as mode: compile_only"),
+_CORE_KEYS: dict[str, Key] = {
+    "mode": Key(_mode, "train", "what to run (also --mode)"),
+    "max_steps": Key(_opt(int_min(1)), None,
+                     "train until the global step reaches this (also --max_steps)"),
+    "num_steps": Key(_opt(int_min(1)), None,
+                     "train this many steps in this run, capped by max_steps (also --num_steps)"),
+    "checkpoint_steps": Key(int_min(0), 0,
+                            "save model-ckpt-<step> every N steps (0: only at the end)"),
+    "log_steps": Key(int_min(1), 100,
+                     "log 'global_step = N, loss = X' and write summaries every N steps"),
+    "model_dir": Key(_str, "./model_dir", "where artifacts go (also --model_dir)"),
+    "seed": Key(_opt(_int_any), None,
+                "random seed of model init; base of the per-worker shuffle seeds"),
+    "save_initial_checkpoint": Key(_bool, False, "save a checkpoint before the first step"),
+    "autoload_last_checkpoint": Key(_bool, True, "restore the newest checkpoint in model_dir"),
+    "checkpoint_path": Key(_opt(_str), None,
+                           "restore this checkpoint (file prefix or directory) first"),
+    "eval_steps": Key(_opt(int_min(1)), None,
+                      "batches per evaluation (null: the whole, finite, eval dataset)"),
+    "eval_frequency": Key(_opt(int_min(1)), None,
+                          "train_and_eval: evaluate every N steps (and at the end)"),
+    "keep_checkpoint_max": Key(int_min(1), 5, "checkpoints kept in model_dir"),
+    "logging": Key(_logging, "INFO", "log level of the runtime's messages"),
+    "cs_ip": Key(_opt(_str), None, "accepted and recorded; there is no system to talk to"),
+    "validate_only": Key(_bool, False, "same as mode: validate_only"),
+    "compile_only": Key(_bool, False, "same as mode: compile_only"),
     # csrun extensions
-    "jit_compile": _Key(_jit, "auto",
-                        "XLA for the train step: auto (try, fall back with a message), true, false"),
-    "input_timeout_secs": _Key(_pos_float, 30.0,
-                               "chief watchdog: fail when no batch arrives for this long"),
-    "worker_start_timeout_secs": _Key(_pos_float, 300.0,
-                                      "wait this long for the rendezvous of chief and workers"),
-    "compile_only_steps": _Key(_int_min(1), 20, "compile_only: timed steps after the compile"),
-    "strict": _Key(_bool, False,
-                   "input workers' files that overlap or leave files unread are an error, not a "
-                   "warning (also --strict)"),
-    "input_bundle": _Key(_auto_or_int, "auto",
-                         "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
-    "steps_per_execution": _Key(_auto_or_int, "auto",
-                                "most training steps per call (auto: every batch of a received element)"),
-    "input_read_ahead_batches": _Key(_int_min(0), 32,
-                                     "PyTorch: batches an input worker reads at most ahead of what the chief "
-                                     "took (0: bounded by the data plane's 4 MiB byte window only)"),
-    "device_prefetch": _Key(_int_min(1), DEVICE_PREFETCH,
-                            "both frameworks: what the chief stages on its GPU ahead of the step; PyTorch: "
-                            "batches on its device or in flight to it (docs/PYTORCH.md \"The device feed\"); "
-                            "TensorFlow, when it sees a GPU: received elements, by prefetch_to_device "
-                            "(in-process pipeline) or a copying thread (input workers' streams), off with "
-                            "several trainer ranks and for the streams under --autoscale, a no-op on CPU "
-                            "(csrun_runtime/README.md \"Prefetch to the device\")"),
-    "dataplane_bulk": _Key(_bool, False,
-                           "data plane: input workers send their batches' bytes on a TCP connection of "
-                           "their own, read straight into the chief's buffers (pinned ones on a CUDA "
-                           "PyTorch chief: one host copy instead of two), control staying on zmq "
-                           "(docs/DATAPLANE.md \"The bulk channel\")"),
-    "ddp": _Key(_ddp, {},
-                "PyTorch, several trainer ranks: DistributedDataParallel's keyword arguments, by DDP's names "
-                "(find_unused_parameters, gradient_as_bucket_view, static_graph, broadcast_buffers; torch's "
-                "defaults for those not given; docs/PYTORCH.md \"Several trainer ranks\")"),
-    "sync_batchnorm": _Key(_bool, False,
-                           "several trainer ranks: BatchNorm statistics over every rank's batch (Model Zoo's key): "
-                           "PyTorch converts BatchNorm to SyncBatchNorm (CUDA ranks only), TensorFlow sets "
-                           "BatchNormalization's synchronized=True (docs/MULTI-RANK.md \"Weights and statistics\")"),
-    "transport": _Key(_transport, "service",
-                      "how input workers' batches reach the chief: service (tf.data service) or "
-                      "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
+    "input_timeout_secs": Key(_pos_float, 30.0,
+                              "chief watchdog: fail when no batch arrives for this long"),
+    "worker_start_timeout_secs": Key(_pos_float, 300.0,
+                                     "wait this long for the rendezvous of chief and workers"),
+    "compile_only_steps": Key(int_min(1), 20, "compile_only: timed steps after the compile"),
+    "strict": Key(_bool, False,
+                  "input workers' files that overlap or leave files unread are an error, not a "
+                  "warning (also --strict)"),
+    "steps_per_execution": Key(auto_or_int, "auto",
+                               "most training steps per call (auto: every batch of a received element)"),
+    "device_prefetch": Key(int_min(1), DEVICE_PREFETCH,
+                           "both frameworks: what the chief stages on its GPU ahead of the step; PyTorch: "
+                           "batches on its device or in flight to it (docs/PYTORCH.md \"The device feed\"); "
+                           "TensorFlow, when it sees a GPU: received elements, by prefetch_to_device "
+                           "(in-process pipeline) or a copying thread (input workers' streams), off with "
+                           "several trainer ranks and for the streams under --autoscale, a no-op on CPU "
+                           "(csrun_runtime/README.md \"Prefetch to the device\")"),
+    "dataplane_bulk": Key(_bool, False,
+                          "data plane: input workers send their batches' bytes on a TCP connection of "
+                          "their own, read straight into the chief's buffers (pinned ones on a CUDA "
+                          "PyTorch chief: one host copy instead of two), control staying on zmq "
+                          "(docs/DATAPLANE.md \"The bulk channel\")"),
+    "sync_batchnorm": Key(_bool, False,
+                          "several trainer ranks: BatchNorm statistics over every rank's batch (Model Zoo's key): "
+                          "PyTorch converts BatchNorm to SyncBatchNorm (CUDA ranks only), TensorFlow sets "
+                          "BatchNormalization's synchronized=True (docs/MULTI-RANK.md \"Weights and statistics\")"),
 }
+#: runconfig keys the runtime honours: every backend's (:data:`_CORE_KEYS`), then each backend's own
+#: (:attr:`csrun_runtime.facts.BackendFacts.runconfig`), accepted whatever the run's framework.
+RUNCONFIG_KEYS: dict[str, Key] = {**_CORE_KEYS, **{k: v for fw in registry.FRAMEWORKS
+                                                   for k, v in registry.facts(fw).runconfig.items()}}
 
 #: Model Zoo / TF Estimator runconfig keys that are accepted but not implemented (warned about).
 IGNORED_MODELZOO_KEYS = frozenset({

@@ -27,7 +27,7 @@ landing during a checkpoint save is therefore acted on after the save (and
 ``tf.train.CheckpointManager`` writes the ``checkpoint`` file naming the newest checkpoint only
 after its data and index files are complete, so a SIGKILL mid-save leaves the previous one
 the newest). Outside such a block (importing, validating, waiting for workers) the handler
-raises :class:`Interrupted`, which :func:`csrun_runtime.tensorflow.runner.main` turns into one log
+raises :class:`Interrupted`, which :mod:`csrun_runtime.lifecycle` turns into one log
 line and that exit status: no Python traceback either way.
 
 The job is then requeued (by csrun's batch script, by Slurm itself on preemption or

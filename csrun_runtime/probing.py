@@ -9,21 +9,20 @@ the counters a probe process iterates (:class:`Counter`, :class:`IdleCounter`, t
 :class:`Stepper` protocol), the probe's two errors (:class:`ContractViolation`,
 :class:`InvalidPoint`), CPU accounting (:func:`host_busy_seconds`, :func:`process_tree`) and the
 facts the analyzer's login side reads about a framework without importing it
-(:class:`ProbeFacts`, :func:`facts`).
+(:class:`csrun_runtime.facts.ProbeFacts`, :func:`facts`).
 
-No TensorFlow or torch import here, at any level; importing a backend's ``probe`` module for
-its :data:`ProbeFacts` imports neither either (they import their framework inside functions).
+No TensorFlow or torch import here, at any level.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
 
 from . import registry
+from .facts import ProbeFacts
 from .input_backend import BuiltInput, InputBackend
 
 __all__ = ["ProbeFacts", "facts", "framework_of_report", "DEFAULT_FRAMEWORK", "Stepper", "Counter",
@@ -31,42 +30,14 @@ __all__ = ["ProbeFacts", "facts", "framework_of_report", "DEFAULT_FRAMEWORK", "S
            "ProbeBackend", "DrainSource", "ChiefDrain", "DrainBackend"]
 
 #: the framework of a record that names none (the reports and probe hellos of earlier releases).
-DEFAULT_FRAMEWORK: str = registry.FRAMEWORKS[0]
-
-
-@dataclass(frozen=True)
-class ProbeFacts:
-    """What the analyzer plans, predicts and writes differently for one framework; each
-    backend's ``probe`` module holds one as ``FACTS``.
-
-    Attributes:
-        title: the framework's name in report notes (``"PyTorch"``).
-        ingest_probe: the chief's ingest has a hop of its own to probe on cached elements
-            (kind ``"ingest"``: tf.data service) and a prior from the element size when none ran.
-        dataloader_workers: the input is a DataLoader whose worker-process count the probes sweep
-            (``dataloader_workers`` in each probe row), the report recommends and ``verify``
-            sets (``--dataloader-workers``); a point of the sweep it cannot be built at is
-            ``invalid`` (skipped), where another framework's build error is a contract violation.
-        via: how the input workers' batches reach the chief (``"over csrun's data plane"``).
-        input_note: appended to the report's "Input function:" line (``""`` for none).
-        coverage_built: what the file-coverage check built (``"input_fn built as workers 0 and
-            1 of 2"``).
-    """
-
-    title: str
-    ingest_probe: bool
-    dataloader_workers: bool
-    via: str
-    input_note: str
-    coverage_built: str
+DEFAULT_FRAMEWORK: str = registry.DEFAULT_FRAMEWORK
 
 
 def facts(framework: str | None) -> ProbeFacts:
-    """The :class:`ProbeFacts` of ``framework`` (``None`` or ``""``: :data:`DEFAULT_FRAMEWORK`),
-    from its backend's ``probe`` module (imported, not its framework).
+    """The :class:`csrun_runtime.facts.ProbeFacts` of ``framework`` (``None`` or ``""``:
+    :data:`DEFAULT_FRAMEWORK`), from its backend's facts (imported, not its framework).
     Raises :class:`csrun_runtime.registry.UnknownFramework` for another name."""
-    facts_: ProbeFacts = registry.entry(framework or DEFAULT_FRAMEWORK, "probe").FACTS
-    return facts_
+    return registry.facts(framework or DEFAULT_FRAMEWORK).probe
 
 
 def framework_of_report(framework: str | None, dataloader_rows: bool) -> str:
@@ -163,7 +134,7 @@ class ProbeBackend(Protocol):
     """The interface of a backend's ``probe`` module (``registry.entry(fw, "probe")``), which
     :mod:`analyzer.probe_worker` drives.
 
-    ``FACTS``: its :class:`ProbeFacts`. ``prepare()`` imports the framework (the probe process's
+    ``prepare()`` imports the framework (the probe process's
     load time counts it). ``backend(captured)`` is the captured run.py's
     :class:`csrun_runtime.input_backend.InputBackend`, raising :class:`ContractViolation`.
     ``role(entry, cmd, index, workdir)`` is process ``index``'s part in an ``ingest`` or
@@ -172,8 +143,6 @@ class ProbeBackend(Protocol):
     ``ValueError`` for a kind the framework has not, :class:`InvalidPoint`, ``TimeoutError``.
     ``file_coverage(captured)`` is the file-coverage check's result (``Coverage.to_dict()``).
     """
-
-    FACTS: ProbeFacts
 
     def prepare(self) -> None: ...
 

@@ -12,32 +12,52 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-__all__ = ["FRAMEWORKS", "ENTRY_MODULES", "LAUNCHERS", "UnknownFramework", "entry", "framework_of_launcher"]
+if TYPE_CHECKING:
+    from .facts import BackendFacts
+
+__all__ = ["FRAMEWORKS", "DEFAULT_FRAMEWORK", "ENTRY_MODULES", "UnknownFramework", "entry", "facts", "launchers",
+           "framework_of_launcher"]
 
 #: the backends, by the name a run.py's capture record and the analyzer's reports use.
 FRAMEWORKS: tuple[str, ...] = ("tensorflow", "pytorch")
-#: ``csrun_wse``'s launcher word for each framework (``csrun_wse python-ws run.py`` runs TensorFlow).
-LAUNCHERS: dict[str, str] = {"tensorflow": "python-ws", "pytorch": "python-pt"}
+#: the backend of ``from csrun_runtime import run``, and of a record that names none (the reports
+#: and probe hellos of earlier releases).
+DEFAULT_FRAMEWORK: str = FRAMEWORKS[0]
 #: the modules every backend folder holds under the same names (checked by tests/unit/test_house.py):
-#: the task's entry (``runner``), the chief, the chief's source of the input workers' batches
-#: (``remote``), the input worker, the input contract and its file-coverage check, evaluation, the
-#: training loop's step backend (``training``), the analyzer's probe and ``verify``'s drain.
-ENTRY_MODULES: tuple[str, ...] = ("runner", "chief", "remote", "worker", "contract", "coverage", "evaluation",
-                                  "training", "input_backend", "probe", "drain")
+#: its facts (``facts``: name, launcher word, runconfig keys, read without the framework), the task's
+#: entry (``runner``: the lifecycle's hooks), the chief, the chief's source of the input workers'
+#: batches (``remote``), the input worker, the input contract and its file-coverage check,
+#: evaluation, the training loop's step backend (``training``), the analyzer's probe and
+#: ``verify``'s drain.
+ENTRY_MODULES: tuple[str, ...] = ("facts", "runner", "chief", "remote", "worker", "contract", "coverage",
+                                  "evaluation", "training", "input_backend", "probe", "drain")
 
 
 class UnknownFramework(ValueError):
     """A framework name that is not one of :data:`FRAMEWORKS`."""
 
 
+def facts(framework: str) -> BackendFacts:
+    """The backend ``framework``'s :class:`csrun_runtime.facts.BackendFacts` (its ``facts``
+    module: the framework itself is not imported). Raises :class:`UnknownFramework`."""
+    got: BackendFacts = entry(framework, "facts").FACTS
+    return got
+
+
+def launchers() -> dict[str, str]:
+    """``csrun_wse``'s launcher word of each framework (``python-ws`` runs TensorFlow), by framework."""
+    return {fw: facts(fw).launcher for fw in FRAMEWORKS}
+
+
 def framework_of_launcher(launcher: str) -> str:
     """The framework a ``csrun_wse`` launcher word runs (``python-ws`` -> ``tensorflow``).
     Raises :class:`UnknownFramework` for another word."""
-    for fw, word in LAUNCHERS.items():
+    for fw, word in launchers().items():
         if word == launcher:
             return fw
-    raise UnknownFramework(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS.values())}")
+    raise UnknownFramework(f"launcher {launcher!r}: expected one of {', '.join(launchers().values())}")
 
 
 def entry(framework: str, module: str) -> ModuleType:

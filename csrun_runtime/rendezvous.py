@@ -2,15 +2,18 @@
 on the shared file system, through which the chief and its input workers find each other,
 watch each other's heartbeats and agree that the job is done.
 
-- The chief publishes its tf.data service dispatchers in ``dispatchers.json``; input worker
-  ``i`` registers in ``workers/<i>.json`` once its dataset is registered with dispatcher ``i``.
+- The chief publishes where each input worker sends or is read from in ``endpoints.json`` (one
+  call for every backend: tf.data service dispatchers, a data-plane receiver); input worker ``i``
+  registers in ``workers/<i>.json`` once it is ready (its dataset registered with its dispatcher,
+  or its stream opened).
 - Heartbeats: every task touches ``<name>.alive`` every :data:`HEARTBEAT_SECS`; the chief names
   workers whose heartbeat is older than :data:`STALE_SECS` as stopped; a worker leaves (exit 1)
   when the chief's heartbeat is older than :data:`CHIEF_LOST_SECS`.
 - A worker lost with its node under ``--survive-node-loss``: the chief writes
   ``workers/<i>.orphan.json``; one supervisor of the input workers' job claims it
   (``workers/<i>.adopt-<attempt>``) and starts the replacement (:mod:`csrun_runtime.supervise`).
-- End: the chief writes ``done.json`` (``{"status": "ok"|"failed", ...}``); workers write
+- End: the chief writes ``done.json`` (``{"status": "ok"|"failed"|"stopped", ...}``,
+  :mod:`csrun_runtime.lifecycle`); workers write
   ``workers/<i>.report.json`` (files, elements produced) and exit 0.
 
 Two jobs or two steps never share a directory (job and step ids name it). Pure Python.
@@ -21,13 +24,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from csrun_common.atomic import read_json, write_json
 
-__all__ = ["Rendezvous", "Heartbeat", "HEARTBEAT_SECS", "STALE_SECS", "CHIEF_LOST_SECS"]
+__all__ = ["Rendezvous", "Heartbeat", "HEARTBEAT_SECS", "STALE_SECS", "CHIEF_LOST_SECS", "ENDPOINTS"]
 
 #: seconds between heartbeat touches (and between the chief's looks at them).
 HEARTBEAT_SECS = 1.0
@@ -41,12 +44,14 @@ CHIEF_LOST_SECS = 90.0
 #: The status (in its report) of an input worker that left because a later attempt of its
 #: index registered.
 SUPERSEDED = "superseded"
+#: The chief's published endpoints, under the rendezvous directory.
+ENDPOINTS = "endpoints.json"
 
 
 class Rendezvous:
     """Files of one job step under ``<model_dir>/.csrun/<job>.<step>/`` (shared file system).
 
-    Files: ``dispatchers.json`` (chief), ``chief.alive``, ``workers/<i>.json`` (registration),
+    Files: ``endpoints.json`` (chief), ``chief.alive``, ``workers/<i>.json`` (registration),
     ``workers/<i>.alive``, ``workers/<i>.report.json``, ``done.json``, ``chief.json`` (the
     chief's summary: batches received per worker).
     """
@@ -65,14 +70,15 @@ class Rendezvous:
                 shutil.rmtree(self.dir, ignore_errors=True)
         self.workers_dir.mkdir(parents=True, exist_ok=True)
 
-    def publish_dispatchers(self, addresses: list[str], info: Mapping[str, Any]) -> None:
-        """Chief: write ``dispatchers.json`` (``addresses[i]`` serves worker ``i``)."""
-        write_json(self.dir / "dispatchers.json",
-                   {"dispatchers": list(addresses), "created": time.time(), **dict(info)})
+    def publish_endpoints(self, addresses: Sequence[str], info: Mapping[str, Any]) -> None:
+        """Chief: write :data:`ENDPOINTS`: ``endpoints[i]`` is where input worker ``i`` is read
+        from or sends to (a tf.data service dispatcher's ``host:port``, a data-plane receiver's
+        ``tcp://host:port``), with ``info`` (``num_workers``, ``transport``, the chief's node ...)."""
+        write_json(self.dir / ENDPOINTS, {"endpoints": list(addresses), "created": time.time(), **dict(info)})
 
-    def dispatchers(self) -> dict[str, Any] | None:
-        """The published dispatchers record, or ``None`` while absent."""
-        return read_json(self.dir / "dispatchers.json")
+    def endpoints(self) -> dict[str, Any] | None:
+        """The published endpoints record (:meth:`publish_endpoints`), or ``None`` while absent."""
+        return read_json(self.dir / ENDPOINTS)
 
     def register_worker(self, index: int, info: Mapping[str, Any]) -> None:
         """Worker: write ``workers/<index>.json``."""

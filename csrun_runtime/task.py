@@ -1,5 +1,5 @@
-"""A task's start and end, the same for every framework's runner (:mod:`csrun_runtime.tensorflow.runner`,
-:mod:`csrun_runtime.pytorch.runner`) and the analyzer's drain tasks (``analyzer/verify_task.py``,
+"""A task's start and end, the same for every framework's task (:mod:`csrun_runtime.lifecycle`)
+and the analyzer's drain tasks (``analyzer/verify_task.py``,
 ``csrun_runtime/pytorch/drain.py``): the process's start time, the role and its log prefix, the
 ``LEVEL:csrun:<prefix><message>`` log lines on stderr, and a flushed ``os._exit``.
 

@@ -25,13 +25,12 @@ from pathlib import Path
 
 from csrun_common.env import BATCH_CHECK_SECS
 from csrun_common.errors import CsrunError
+from csrun_common.modes import TRAIN_MODES
 
 from .preflight import script_of
 
-__all__ = ["BatchCheck", "Outcome", "TRAIN_MODES", "HINT", "bound", "plan", "run", "note"]
+__all__ = ["BatchCheck", "Outcome", "HINT", "bound", "plan", "run", "note"]
 
-#: ``--mode`` values whose input workers stream the training input (``csrun_runtime.first_batch``'s).
-TRAIN_MODES = ("train", "train_and_eval")
 #: The last line of a refusal.
 HINT = "  (one batch pulled on this host before queueing: nothing submitted; --no-batch-check skips this check)"
 #: csrun_runtime.first_batch's statuses: a batch came; the user's input code raised.

@@ -2,7 +2,7 @@
 (docs/PYTORCH.md), with its training batches from its own DataLoader (no input workers:
 ``python run.py``, or a job without any) or from the input workers over the data plane
 (:class:`.remote.RemoteSource`: one zmq ROUTER whose endpoint is published in the rendezvous
-directory as ``dataplane.json``; lost and replaced workers, adoptions under ``csrun_wse
+directory as ``endpoints.json``; lost and replaced workers, adoptions under ``csrun_wse
 --survive-node-loss``; under ``csrun_wse --autoscale`` the training loop's
 :class:`csrun_runtime.autoscale.Autoscaler` opens and pauses the workers' streams,
 docs/AUTOSCALE.md).
@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from csrun_common import exits
 from csrun_common.roles import Role
 
-from .. import preemption, workernames
+from .. import preemption
 from ..artifacts import write_params_yaml
 from ..loop import LoopSetup, TrainingDriver
-from ..params import ParamsError, Resolved, load_shard_plan, training_target
-from ..rankgroup import LoopRanks, RankLost, leave
-from ..rendezvous import Heartbeat, Rendezvous
+from ..params import Resolved, load_shard_plan, training_target
+from ..rankgroup import LoopRanks
+from ..rendezvous import Rendezvous
 from . import checkpoint
 from .contract import (
     ContractError,
@@ -49,21 +47,19 @@ from .contract import (
 from .devicefeed import DEVICE_PREFETCH, DeviceFeed
 from .evaluation import Evaluator
 from .own_input import OwnInput
-from .ranks import TorchRanks, collective_failure, rank_device
-from .remote import DATAPLANE_FILE, InputStalled, RemoteSource, WorkerFailed, autoscale_spec
+from .ranks import TorchRanks, rank_device
+from .remote import RemoteSource, autoscale_spec
 from .report import compile_report, validate_report
 from .streamers import StreamerFacts, set_facts
 from .training import TorchStepBackend
 
-__all__ = ["Chief", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "epochs"]
+__all__ = ["Chief"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: validate_only's file-coverage check reads each of its three DataLoaders for at most this long
 #: (seconds); the analyzer's check process allows a whole pass of 60 s.
 VALIDATE_COVERAGE_SECS = 10.0
-#: The modes every trainer rank runs (the others run on rank 0 alone).
-TRAIN_MODES = ("train", "train_and_eval")
 
 
 class _LocalSource:
@@ -88,14 +84,14 @@ class _LocalSource:
 
 
 class Chief:
-    """The chief (or the single process) of a PyTorch run; :meth:`run` returns the exit code.
-
-    Exit codes: 0 success; 1 runtime failure (input stalled, an exception); 2 a contract
-    violation (the chief's own or an input worker's) or unusable params/shard plan.
-    """
+    """The chief (or the single process) of a PyTorch run: :meth:`run_mode` runs the mode; its
+    life around it (the rendezvous, exit codes, the job's end) is :mod:`csrun_runtime.lifecycle`'s,
+    through :class:`.runner.Hooks` (exit codes: 0 success; 1 runtime failure; 2 a contract
+    violation, the chief's own or an input worker's, or unusable params/shard plan)."""
 
     def __init__(self, role: Role, resolved: Resolved, model_fn: Callable[..., Any],
-                 train_data_fn: Callable[..., Any], eval_data_fn: Callable[..., Any] | None, t_proc: float):
+                 train_data_fn: Callable[..., Any], eval_data_fn: Callable[..., Any] | None, t_proc: float,
+                 rdv: Rendezvous | None = None):
         self.role, self.resolved = role, resolved
         self.model_fn, self.train_data_fn, self.eval_data_fn = model_fn, train_data_fn, eval_data_fn
         self.params = resolved.params
@@ -104,76 +100,32 @@ class Chief:
         self.model_dir = Path(resolved.model_dir)
         self.t_proc = t_proc
         self.num_input_workers = 0 if role.single_process else role.num_input_workers
-        self.rdv: Rendezvous | None = None
-        self.heartbeat: Heartbeat | None = None
+        self.rdv = rdv  # the job step's rendezvous (with input workers), the lifecycle's
         self.ranks: TorchRanks | None = None  # several trainer ranks: joined at the start of training
         self.device = rank_device(role)
         self.evaluator = Evaluator(eval_data_fn, self.params, self.model_dir, self.device, self._forward_loss)
         self._source: Any = None  # the training batch source, closed at the end of run()
         self.own_input = OwnInput(role, os.environ)  # the chief's input CPUs: input worker 0 in this task
 
-    # ------------------------------------------------------------------ life
-    def run(self) -> int:
-        """Run the mode; write ``done.json`` for the input workers; returns the exit code."""
-        self.model_dir.mkdir(parents=True, exist_ok=True)
-        if not self.role.single_process and self.role.rendezvous_key:
-            self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
-            self.rdv.reset()
-            self.heartbeat = Heartbeat(self.rdv, "chief").start()
-        status, code, returned = "failed", 1, False
-        try:
-            idle = self.role.world_size > 1 and not self.role.is_rank_zero and self.mode not in TRAIN_MODES
-            code = (self._rank_idle if idle else {
-                "train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
-                "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode])()
-            status, returned = ("ok" if code == 0 else "failed"), True
-        except (ContractError, ParamsError, checkpoint.CheckpointError) as e:
-            log.error("%s", e)
-            code = 2
-        except WorkerFailed as e:
-            for v in e.violations:
-                log.error("%s: %s", workernames.name(e.index), v)
-            code = 2
-        except InputStalled as e:
-            log.error("input stalled: %s", e)
-        except RankLost as e:  # a rank died, hangs or never joined: one line, exit 1
-            log.error("%s", e)
-        except preemption.Interrupted as e:  # outside the training loop: nothing more to save
-            log.info("stopped by %s outside the training loop: no step trained since, nothing more saved", e.signal)
-            code = e.code
-        except KeyboardInterrupt:
-            log.info("stopped by SIGINT")
-            code = exits.INTERRUPTED
-        except RuntimeError as e:  # several ranks: a peer died in DDP's all-reduce -> one line, exit 1
-            lost = collective_failure(self.ranks, e)
-            if lost is None:
-                raise
-            log.error("%s", lost)
-        finally:
-            if self.rdv is not None:
-                self.rdv.mark_done(status, reason="" if status == "ok" else f"exit {code}")
-            if self._source is not None:
-                self._source.close()
-            if self.rdv is not None:
-                self._wait_workers_left()
-                self.own_input.stop()
-                if self.heartbeat is not None:
-                    self.heartbeat.stop()
-        return leave(self.ranks, code, returned)
+    # ------------------------------------------------------------------ the lifecycle's (csrun_runtime.lifecycle)
+    def run_mode(self) -> int:
+        """Run ``runconfig.mode``; returns 0 or a stop's exit code. Raises ``ParamsError``,
+        :class:`.contract.ContractError`, :class:`.checkpoint.CheckpointError`,
+        :class:`.remote.WorkerFailed` and runtime failures: the lifecycle maps them to exit codes
+        (:meth:`.runner.Hooks.failure`)."""
+        return {"train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
+                "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode]()
 
-    def _rank_idle(self) -> int:
-        """A mode other than training on a trainer rank other than 0: rank 0 alone runs it."""
-        log.info("mode %s runs on trainer rank 0 only; rank %d has nothing to do", self.mode, self.role.rank)
-        return 0
+    def close(self) -> None:
+        """Once the job is marked done (so that the input workers read the chief's status first):
+        the training source, then input worker 0 in this task (it leaves after its report)."""
+        if self._source is not None:
+            self._source.close()
+        self.own_input.stop()
 
-    def _wait_workers_left(self, timeout: float = 10.0) -> None:
-        """After ``done.json``: wait (up to ``timeout`` s) for every worker's report, so that the
-        chief's exit is the job step's last."""
-        assert self.rdv is not None
-        deadline = time.monotonic() + timeout
-        expected = self.num_input_workers - self.own_input.missing()
-        while len(self.rdv.reports()) < expected and time.monotonic() < deadline:
-            time.sleep(0.1)
+    def missing_reports(self) -> int:
+        """:meth:`.own_input.OwnInput.missing`: input worker 0 asked for and never started."""
+        return self.own_input.missing()
 
     # ------------------------------------------------------------------ pieces
     def _train_loader(self) -> Any:
@@ -265,7 +217,7 @@ class Chief:
         # under --autoscale: its autoscaler drives the source from the loop's thread)
         source = DeviceFeed(source, self.device, depth=int(self.rc.get("device_prefetch") or DEVICE_PREFETCH),
                             threaded=None if autoscale is None else False)
-        self._source = source  # closed after done.json (run()), so the workers read the chief's status
+        self._source = source  # closed once the job is marked done (close()): the workers read the chief's status
         self._loop(model, opt, source, start, evaluating, autoscale)
         return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0
 

@@ -61,12 +61,12 @@ def call_data_fn(fn: Callable[[dict[str, Any]], Any], params: dict[str, Any], se
     Raises:
         ContractError: ``fn`` raised (its type and message named, e.g. torch's own
             ``prefetch_factor`` error at ``num_workers: 0``, then the last frames in the user's
-            code on indented lines: :func:`.usererror.describe`) or broke rule 1/2.
+            code on indented lines: :func:`csrun_runtime.usererror.describe`) or broke rule 1/2.
     """
     try:
         loader = fn(params)
     except Exception as e:  # noqa: BLE001 - any error of the user's data function is reported
-        from .usererror import describe
+        from ..usererror import describe
 
         raise ContractError(describe(e, f"{section}: the data function")) from e
     check_loader(loader, section)
@@ -301,8 +301,3 @@ def epochs(loader: Any) -> Iterator[Any]:
             raise ContractError("train_input: the DataLoader yielded no batch (a dataset smaller than one "
                                 "batch with drop_last, or an empty shard)")
         epoch += 1
-
-
-#: The exception the contract's checks raise (:class:`csrun_runtime.backend.ContractModule`).
-VIOLATION = ContractError
-__all__ += ["VIOLATION"]

@@ -222,8 +222,3 @@ def validate_lines(train_data_fn: Callable[..., Any], params: Mapping[str, Any],
         raise ContractError("train_input: " + "; ".join(cov.problems))
     return ([f"input workers' files (the DataLoader built as streamers 0 and 1 of 2): {_line(cov)}"
              + (f" ({cov.note})" if cov.note else "")] + [f"warning: train_input: {p}" for p in cov.problems])
-
-
-#: Rule 7's check of this backend (:class:`csrun_runtime.backend.CoverageModule`).
-check_files = check_dataloader_files
-__all__ += ["check_files"]

@@ -19,7 +19,9 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError
+from ..usererror import describe
 from .contract import ContractError, batch_size_of, epochs
+from .facts import FACTS
 from .worker import build_loader
 
 __all__ = ["INPUT_BACKEND", "TorchInputBackend", "describe_error", "pin_children", "samples_and_bytes"]
@@ -67,7 +69,7 @@ class TorchInputBackend:
     resolved params (``default_params_fn`` applied; :class:`csrun_runtime.capture.CapturedRun`'s).
     """
 
-    framework = "pytorch"
+    framework = FACTS.name
 
     def __init__(self, train_data_fn: Callable[..., Any], params: dict[str, Any]):
         self.fn, self.params = train_data_fn, params
@@ -137,11 +139,10 @@ def describe_error(error: BaseException, what: str) -> str:
     """The lines an input worker shows for ``error``, raised while building or iterating the
     DataLoader: a :class:`.contract.ContractError`'s own message, else ``"{what} raised
     {Type}: {message} (in {function})"`` and the last frames in the user's code
-    (:func:`.usererror.describe`; a DataLoader worker process's error read from its message)."""
+    (:func:`csrun_runtime.usererror.describe`; a DataLoader worker process's error read from its
+    message)."""
     if isinstance(error, ContractError):
         return str(error)
-    from .usererror import describe
-
     return describe(error, what)
 
 

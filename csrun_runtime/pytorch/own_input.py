@@ -5,7 +5,7 @@ The framework-neutral pieces are :mod:`csrun_runtime.chief_input`'s, as on the T
 :func:`~csrun_runtime.chief_input.place` splits the task's CPUs (and pins the chief's threads
 when the split is disjoint) and :class:`~csrun_runtime.chief_input.ChiefInputWorker` starts the
 chief's own command again under ``python -m csrun_runtime.supervise`` with
-``CSRUN_ROLE=chief-input``: there :mod:`csrun_runtime.pytorch.runner` resolves input worker 0
+``CSRUN_ROLE=chief-input``: there the task's lifecycle (:mod:`csrun_runtime.lifecycle`) resolves input worker 0
 of ``CSRUN_NUM_WORKERS`` and runs :class:`csrun_runtime.pytorch.worker.InputWorker`, which
 builds its DataLoader as streamer 0 of W and streams it over the data plane like any other.
 This module only says when: placed before the model is built, started once the data-plane

@@ -6,7 +6,7 @@ no tf.data service hop). One process of a served probe (:func:`plane_role`):
 
 * process 0 is the chief: the PyTorch chief's own :class:`.remote.RemoteSource` (one
   :class:`csrun_runtime.dataplane.Receiver`, on its bulk channel when the user's params say
-  ``runconfig.dataplane_bulk``; its endpoint published as ``dataplane.json`` in a
+  ``runconfig.dataplane_bulk``; its endpoint published as ``endpoints.json`` in a
   rendezvous directory under the probe's work directory) hands it one batch at a time, as it
   hands them to the training loop; :class:`PlaneCounter` counts them, so the probe window gives
   the delivered samples/s and the chief's CPU-seconds per sample;
@@ -18,8 +18,8 @@ no tf.data service hop). One process of a served probe (:func:`plane_role`):
   (:class:`PlaneSender`); its process (DataLoader workers included) measures its own CPU, so
   what the workers spend with sending is known apart from the chief's.
 
-torch is imported inside the functions (importing this module for :data:`FACTS` imports
-neither it nor numpy); never TensorFlow.
+torch is imported inside the functions; never TensorFlow. The analyzer's login side reads this
+backend's :class:`csrun_runtime.facts.ProbeFacts` from :mod:`.facts`.
 """
 from __future__ import annotations
 
@@ -29,21 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from csrun_common.atomic import read_json
 from csrun_common.roles import Role
 
 from ..input_backend import BuiltInput, InputBackend, InputBuildError
-from ..probing import InvalidPoint, ProbeFacts, Stepper
+from ..probing import InvalidPoint, Stepper
 from ..rendezvous import Rendezvous
 
-__all__ = ["FACTS", "prepare", "backend", "role", "file_coverage", "PlaneCounter", "PlaneSender", "plane_role"]
+__all__ = ["prepare", "backend", "role", "file_coverage", "PlaneCounter", "PlaneSender", "plane_role"]
 
 POLL_S = 0.05
-
-FACTS = ProbeFacts(title="PyTorch", ingest_probe=False, dataloader_workers=True,
-                   via="over csrun's data plane", input_note=" (PyTorch: train_data_fn's DataLoader)",
-                   coverage_built="the DataLoader built as streamers 0 and 1 of 2")
-
 
 def prepare() -> None:
     """Import torch (the probe process's load time counts it); never TensorFlow."""
@@ -189,7 +183,7 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
         TimeoutError: the chief did not publish its endpoint within ``barrier_timeout_s``.
         csrun_runtime.input_backend.InputBuildError: the DataLoader cannot be built at the command's point.
     """
-    from .remote import DATAPLANE_FILE, RemoteSource
+    from .remote import RemoteSource
 
     T, C = int(cmd["tasks"]), int(cmd["cpus_per_task"])
     if T < 2:
@@ -206,10 +200,10 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
               "dataplane_bulk": bool(user_rc.get("dataplane_bulk", False))}
         return PlaneCounter(RemoteSource(rdv, chief, rc, adopt=False))
     deadline = time.monotonic() + timeout
-    while (rec := read_json(rdv.dir / DATAPLANE_FILE)) is None:
+    while (rec := rdv.endpoints()) is None:
         if time.monotonic() > deadline:
             raise TimeoutError("the served probe's chief did not publish its data-plane endpoint")
         time.sleep(POLL_S)
     built = entry.backend.build(0, 1, C, dataloader_workers=cmd.get("dataloader_workers"),
                                 prefetch_factor=cmd.get("prefetch_factor"))
-    return PlaneSender(built, str(rec["endpoint"]), index - 1)
+    return PlaneSender(built, str(rec["endpoints"][index - 1]), index - 1)

@@ -120,7 +120,7 @@ class TorchRanks:
     Attributes: ``rank``, ``world_size``, ``local_rank``; ``backend`` (``"nccl"``/``"gloo"``);
     ``device`` (``cuda:LOCAL_RANK`` or ``cpu``); ``timeout`` (seconds); ``module``: the
     unwrapped model whose weights :meth:`digest` hashes (set by :meth:`wrap`); ``options``:
-    ``runconfig.ddp`` (DDP's keyword arguments: :data:`csrun_runtime.params.DDP_KEYS`);
+    ``runconfig.ddp`` (DDP's keyword arguments: :data:`csrun_runtime.pytorch.facts.DDP_KEYS`);
     ``sync_batchnorm``: ``runconfig.sync_batchnorm``."""
 
     def __init__(self, role: Role, backend: str, device: Any, timeout: float,

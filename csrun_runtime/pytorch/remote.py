@@ -1,6 +1,6 @@
 """The PyTorch chief's training batches from its input workers over the data plane
 (:mod:`csrun_runtime.dataplane`: one zmq ROUTER whose endpoint is published in the rendezvous
-directory as ``dataplane.json``), and the watch over those workers (docs/RESILIENCE.md).
+directory as ``endpoints.json``), and the watch over those workers (docs/RESILIENCE.md).
 
 :class:`RemoteSource` hands the training loop one batch at a time, first come, first served,
 and once every :data:`POLL_SECS` seconds looks at the rendezvous:
@@ -22,7 +22,7 @@ The merge itself (the receiver, the slots and what the autoscaler drives: ``add_
 framework-neutral core's :class:`csrun_runtime.streams.StreamMerge`, which the TensorFlow
 chief's :class:`csrun_runtime.tensorflow.remote.DataplaneSource` shares: :class:`RemoteSource` is
 its PyTorch adapter (single batches, the start timeout, the registrations' ``status: failed``,
-``dataplane.json``). A paused worker's replacement starts paused (the receiver keeps the
+``endpoints.json``). A paused worker's replacement starts paused (the receiver keeps the
 pause); one of a slot never opened is left unread (:meth:`RemoteSource.reopen` returns
 ``"not streaming"``).
 
@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from csrun_common.atomic import write_json
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
@@ -45,7 +44,7 @@ from ..params import ParamsError
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
-__all__ = ["SOURCES", "RemoteSource", "InputStalled", "WorkerFailed", "DATAPLANE_FILE", "POLL_SECS",
+__all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "POLL_SECS",
            "READ_AHEAD_BATCHES", "autoscale_spec"]
 
 log = logging.getLogger("csrun.runtime")
@@ -53,9 +52,6 @@ log = logging.getLogger("csrun.runtime")
 #: Default of ``runconfig.input_read_ahead_batches``: batches an input worker reads at most ahead
 #: of what the chief took from it (the receiver's ``window_batches``; docs/DATAPLANE.md).
 READ_AHEAD_BATCHES = 32
-
-#: The chief's data-plane endpoint in the rendezvous directory (``{"endpoint", "num_workers"}``).
-DATAPLANE_FILE = "dataplane.json"
 
 
 class WorkerFailed(RuntimeError):
@@ -87,7 +83,7 @@ class RemoteSource(StreamMerge):
     the PyTorch adapter over :class:`csrun_runtime.streams.StreamMerge`.
 
     Args:
-        rdv: the job step's rendezvous (``dataplane.json`` is written there at once).
+        rdv: the job step's rendezvous (the endpoint is published there at once).
         role: the chief's role (``num_input_workers``; ``host``: the address workers reach it by).
         rc: ``runconfig`` (``input_timeout_secs``, ``worker_start_timeout_secs``: seconds;
             ``input_read_ahead_batches``: the receiver's batch window, default
@@ -109,7 +105,7 @@ class RemoteSource(StreamMerge):
         ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
         receiver, endpoint = start_receiver(role.host, window_batches=ahead or None,
                                             bulk=bool(rc.get("dataplane_bulk", False)))
-        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
+        rdv.publish_endpoints([endpoint] * w, {"num_workers": w})
         log.info("data plane: receiving from %d input worker(s) at %s%s", w, endpoint,
                  "" if receiver.bulk_port is None
                  else f", bulk channel on port {receiver.bulk_port} (runconfig.dataplane_bulk)")
@@ -216,7 +212,3 @@ class RemoteSource(StreamMerge):
                                "bundles_per_worker": {str(i): c["bundles"] for i, c in counts.items()},
                                "errors": self.r.errors(), "stale_messages": sum(c["stale"] for c in counts.values()),
                                "bulk": bulk}}
-
-
-#: The chief's sources of its input workers' batches (:class:`csrun_runtime.backend.RemoteModule`).
-SOURCES: tuple[type, ...] = (RemoteSource,)

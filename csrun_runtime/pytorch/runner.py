@@ -1,30 +1,28 @@
-"""``run()`` for PyTorch: resolve the task's role (:func:`csrun_common.roles.resolve_role`, the
-same ``CSRUN_*`` variables as TensorFlow's runtime) and params (:mod:`csrun_runtime.params`),
-then run the chief (:mod:`.chief`: also the single process of ``python run.py``) or an input
-worker (:mod:`.worker`). Imports neither TensorFlow nor anything that does.
+"""``run()`` for PyTorch, and :class:`Hooks`, what this backend supplies to the task's life
+(:mod:`csrun_runtime.lifecycle`: the role from the same ``CSRUN_*`` variables as TensorFlow's, stop
+signals, the chief's rendezvous, exit codes): its params (``default_params_fn`` applied), its
+input worker (:mod:`.worker`), its chief (:mod:`.chief`: also the single process of ``python
+run.py``) and the meaning of its exceptions. Imports neither TensorFlow nor anything that does.
 """
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csrun_common import exits
-from csrun_common.roles import RoleError
+from csrun_common.roles import Role
 
-from .. import capture, preemption
+from .. import lifecycle, workernames
+from ..backend import Failure, Task
 from ..params import Resolved, resolve_params
-from ..task import begin, flush_exit, process_start_time, resolve_logged
+from ..rankgroup import RankGroup
+from ..rendezvous import Rendezvous
+from .facts import FACTS
 
-__all__ = ["run", "main", "resolve"]
+if TYPE_CHECKING:
+    from .chief import Chief
 
-log = logging.getLogger("csrun.runtime")
-
-# csrun_wse --requeue: catch its signals now, when run.py imports this package, before torch and
-# the data modules load (seconds), as the TensorFlow runtime does (csrun_runtime/preemption.py).
-preemption.install_from_env()
+__all__ = ["run", "Hooks", "resolve"]
 
 
 def _merge_defaults(defaults: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -85,15 +83,8 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
     75 stopped by one of ``csrun_wse --requeue``'s signals (after saving a checkpoint when it was
     training; :mod:`csrun_runtime.preemption`).
     """
-    if capture.active():
-        args = list(sys.argv[1:] if argv is None else argv)
-        resolved = resolve(args, sys.argv[0] if sys.argv and sys.argv[0] else None, default_params_fn)
-        capture.record(train_data_fn, model_fn, eval_data_fn, framework="pytorch", resolved=resolved)
-        return 0
-    code = main(model_fn, train_data_fn, eval_data_fn, default_params_fn, argv=argv)
-    if exit:
-        flush_exit(code)
-    return code
+    code = lifecycle.run(Hooks(model_fn, train_data_fn, eval_data_fn, default_params_fn), argv, exit)
+    return 0 if code is None else code  # capture mode: 0
 
 
 def resolve(argv: Sequence[str], run_py: str | None,
@@ -113,43 +104,54 @@ def resolve(argv: Sequence[str], run_py: str | None,
     return resolved
 
 
-def main(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
-         eval_data_fn: Callable[..., Any] | None = None,
-         default_params_fn: Callable[[dict[str, Any]], Any] | None = None, *,
-         argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """Resolve role and params, then run the task; returns the exit code (see :func:`run`)."""
-    t_proc = process_start_time()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    run_py = sys.argv[0] if sys.argv and sys.argv[0] else None
-    try:
-        role, prefix = begin(env)
-    except RoleError as e:
-        log.error("environment: %s", e)
-        return 2
-    # csrun_wse --requeue's signals, Ctrl-C and SIGTERM: recorded, a checkpoint at the step reached
-    # (csrun_runtime.preemption, the TensorFlow runtime's; framework-neutral)
-    preemption.install_from_env(env)
-    preemption.set_label(prefix, role.is_chief)
-    preemption.install_interrupts()
-    resolved = resolve_logged(lambda: resolve(argv, run_py, default_params_fn), prefix, role.is_chief,
-                              not_wired(os.environ if env is None else env))
-    if resolved is None:
-        return 2
-    try:
-        if role.kind == "worker":
-            from .worker import InputWorker
+class Hooks:
+    """The PyTorch backend's :class:`csrun_runtime.backend.Hooks` over a run.py's functions (see
+    :func:`run`)."""
 
-            with preemption.deferred():  # a signal is only recorded: the worker streams until done.json
-                return InputWorker(role, resolved, train_data_fn).run()
+    facts = FACTS
+
+    def __init__(self, model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
+                 eval_data_fn: Callable[..., Any] | None = None,
+                 default_params_fn: Callable[[dict[str, Any]], Any] | None = None):
+        self.model_fn, self.train_data_fn, self.eval_data_fn = model_fn, train_data_fn, eval_data_fn
+        self.default_params_fn = default_params_fn
+
+    def functions(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]:
+        """``(train_data_fn, model_fn, eval_data_fn)``: the capture record's input, model and eval functions."""
+        return self.train_data_fn, self.model_fn, self.eval_data_fn
+
+    def resolve(self, argv: Sequence[str], run_py: str | None) -> Resolved:
+        """:func:`resolve` with ``default_params_fn``. Raises ``ParamsError``."""
+        return resolve(argv, run_py, self.default_params_fn)
+
+    def warnings(self, env: Mapping[str, str]) -> list[str]:
+        """:func:`not_wired`."""
+        return not_wired(env)
+
+    def worker(self, role: Role, resolved: Resolved) -> Task:
+        """Input worker ``role`` streaming ``train_data_fn``'s DataLoader (:class:`.worker.InputWorker`)."""
+        from .worker import InputWorker
+
+        return InputWorker(role, resolved, self.train_data_fn)
+
+    def chief(self, role: Role, resolved: Resolved, rdv: Rendezvous | None, t_proc: float) -> Chief:
+        """The chief (:class:`.chief.Chief`) with the job step's rendezvous ``rdv``."""
         from .chief import Chief
 
-        return Chief(role, resolved, model_fn, train_data_fn, eval_data_fn, t_proc).run()
-    except preemption.Interrupted as e:
-        log.info("stopped by %s", e.signal)
-        return e.code if role.is_chief else 0
-    except KeyboardInterrupt:
-        log.info("stopped by SIGINT")
-        return exits.INTERRUPTED if role.is_chief else 0
-    except Exception:  # noqa: BLE001 - a runtime failure: logged with its traceback, exit 1
-        log.exception("%s failed", "the chief" if role.is_chief else "input worker")
-        return 1
+        return Chief(role, resolved, self.model_fn, self.train_data_fn, self.eval_data_fn, t_proc, rdv=rdv)
+
+    def failure(self, error: BaseException, ranks: RankGroup | None) -> Failure | None:
+        """A contract violation (:class:`.contract.ContractError`, an unusable checkpoint, an input
+        worker's violations, each a line) 2; a trainer rank that died in DDP's all-reduce 1, in
+        one line (:func:`.ranks.collective_failure`)."""
+        from .checkpoint import CheckpointError
+        from .contract import ContractError
+        from .ranks import TorchRanks, collective_failure
+        from .remote import WorkerFailed
+
+        if isinstance(error, ContractError | CheckpointError):
+            return Failure(exits.USAGE, (str(error),))
+        if isinstance(error, WorkerFailed):
+            return Failure(exits.USAGE, tuple(f"{workernames.name(error.index)}: {v}" for v in error.violations))
+        lost = collective_failure(ranks, error) if isinstance(ranks, TorchRanks) else None
+        return None if lost is None else Failure(exits.FAILED, (str(lost),))

@@ -21,7 +21,7 @@ from .contract import ContractError, batch_size_of, to_torch
 from .events import EventWriter
 from .ranks import ddp_misuse
 
-__all__ = ["STEP_BACKEND", "TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
+__all__ = ["TorchStepBackend", "OneBatch", "LossTracker", "DeviceLoss"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -198,7 +198,3 @@ class TorchStepBackend:
         """``framework``, ``device`` and the chief's ``info()`` keys (the device feed's are in
         the source's ``describe()``: ``device_feed``)."""
         return {"framework": "pytorch", "device": str(self.device), **self._info()}
-
-
-#: This backend's :class:`csrun_runtime.loop.StepBackend` (:class:`csrun_runtime.backend.TrainingModule`).
-STEP_BACKEND = TorchStepBackend

@@ -7,10 +7,10 @@ killed worker with ``CSRUN_WORKER_ATTEMPT`` one higher; under ``csrun_wse --surv
 a supervisor of another node's task adopts a worker lost with its node: ``CSRUN_WORKER_INDEX``
 gives the lost index, read by :func:`csrun_common.roles.resolve_role`, so the same files, seed
 and stream, and ``CSRUN_WORKER_ATTEMPT`` the ordered attempt); in modes that stream nothing, wait for
-``done.json``; else wait for the chief's ``dataplane.json``, build the DataLoader (contract
+``done.json``; else wait for the chief's ``endpoints.json``, build the DataLoader (contract
 checked; a violation is registered as ``status: failed`` in ``workers/<i>.json`` so that the
 chief names it and exits 2; so is an exception the user's Dataset, sampler or collate function
-raises while it streams, with its type, message and frames: :mod:`.usererror`), register, and
+raises while it streams, with its type, message and frames: :mod:`csrun_runtime.usererror`), register, and
 send pass after pass (``sampler.set_epoch``) in bundles of
 about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most :data:`csrun_runtime.bundles.MAX_BUNDLE`
 batches (under ``csrun_wse --autoscale`` :data:`csrun_runtime.bundles.AUTOSCALE_MAX_BUNDLE`), as the
@@ -29,14 +29,16 @@ from typing import Any
 import numpy as np
 
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
+from csrun_common.modes import TRAIN_MODES
 from csrun_common.roles import Role
 
 from .. import workernames
 from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
-from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..params import ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..sharding import make_data_dir_view, plan_files
+from ..usererror import UserCodeError, guarded
 from .contract import (
     ContractError,
     batch_size_of,
@@ -47,9 +49,7 @@ from .contract import (
     to_numpy,
     torch_seed,
 )
-from .remote import DATAPLANE_FILE
 from .streamers import StreamerFacts, set_facts
-from .usererror import UserCodeError, guarded
 
 __all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]
 
@@ -158,12 +158,9 @@ class InputWorker:
 
     def _wait_endpoint(self) -> str:
         while True:
-            rec = self.rdv.dir / DATAPLANE_FILE
-            from csrun_common.atomic import read_json
-
-            d = read_json(rec)
+            d = self.rdv.endpoints()
             if d is not None:
-                return str(d["endpoint"])
+                return str(d["endpoints"][self.index])
             self._check()
             time.sleep(0.25)
 
@@ -218,7 +215,7 @@ class InputWorker:
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
         # what the user's Dataset, sampler or collate function raises: named with its frames
-        # (usererror.describe), registered for the chief to show once and exit 2
+        # (csrun_runtime.usererror.describe), registered for the chief to show once and exit 2
         batches = guarded(epochs(loader), "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
         try:
             send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent)

@@ -5,7 +5,9 @@ rendezvous and trains on the merge of their streams (:class:`csrun_runtime.tenso
 without, it iterates the pipeline itself. Evaluation always runs on the chief, in-process, so
 held-out data is read exactly once. Modes and artifacts: csrun_runtime/README.md.
 
-The chief orchestrates; the parts are apart: the input side in
+Its life around the mode (the rendezvous, exit codes, the job's end) is the core's
+(:mod:`csrun_runtime.lifecycle`, through :class:`csrun_runtime.tensorflow.runner.Hooks`): the chief
+runs the mode (:meth:`Chief.run_mode`). It orchestrates; the parts are apart: the input side in
 :mod:`csrun_runtime.tensorflow.chief_streams`, evaluation in :mod:`csrun_runtime.tensorflow.evaluation`, the modes
 that train nothing in :mod:`csrun_runtime.tensorflow.chief_modes`, the training loop in
 :mod:`csrun_runtime.tensorflow.training`.
@@ -23,19 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
+from csrun_common.modes import TRAIN_MODES
 from csrun_common.roles import Role
 
 from .. import chief_input, preemption
 from ..artifacts import write_params_yaml
-from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
-from ..rankgroup import RankLost, leave
-from ..rendezvous import Heartbeat, Rendezvous
+from ..params import ParamsError, Resolved, load_shard_plan
+from ..rendezvous import Rendezvous
 from . import chief_model, chief_modes
 from .chief_streams import ChiefStreams
 from .contract import Refused, check_model
 from .evaluation import Evaluator
-from .ranks import RANKS_NO_XLA, RankSetupError, TFRanks
-from .service import InputStalled
+from .ranks import RANKS_NO_XLA, TFRanks
 from .steps import TrainSteps
 from .training import LoopContext, training_loop
 
@@ -52,15 +53,16 @@ class Chief:
     """The chief task (also single-process mode): validates, compiles or trains on the
     merged stream of the input workers (or the in-process pipeline when there are none).
 
-    ``run()`` returns the exit code (0 ok, 1 failure, 2 refused: contract or params).
-    :mod:`analyzer.verify_task` reuses it for the rendezvous (:meth:`wait_workers`) without
+    :meth:`run_mode` returns the exit code; what it raises is mapped by the lifecycle (module
+    docstring). :mod:`analyzer.verify_task` reuses it for the rendezvous (:meth:`wait_workers`) without
     training. The input side is :attr:`streams` (:class:`csrun_runtime.tensorflow.chief_streams.ChiefStreams`),
     evaluation :attr:`evaluator` (:class:`csrun_runtime.tensorflow.evaluation.Evaluator`); the chief's
     attributes and methods of the same names delegate to them.
     """
 
     def __init__(self, role: Role, resolved: Resolved, input_fn: Callable[..., Any],
-                 model_fn: Callable[..., Any], eval_input_fn: Callable[..., Any] | None, t_proc: float):
+                 model_fn: Callable[..., Any], eval_input_fn: Callable[..., Any] | None, t_proc: float,
+                 rdv: Rendezvous | None = None):
         self.role, self.resolved = role, resolved
         self.params = resolved.params
         self.rc = self.params["runconfig"]
@@ -73,6 +75,7 @@ class Chief:
         self.ranks: TFRanks | None = None  # several trainer ranks (training modes): their strategy
         self._build: Callable[[], Any] = lambda: None  # the model's build (_build_model), for rank 0's eval copy
         self.streams = ChiefStreams(role, self.params, self.mode, input_fn)
+        self.streams.rdv = rdv
         self.evaluator = Evaluator(input_fn, eval_input_fn, self.params, self.model_dir)
         #: what performance.json reports of the input path: ``input_bundle`` (setting, batch
         #: bytes, batches per element by worker), ``workers_registered_secs`` (the streams' dict)
@@ -127,52 +130,26 @@ class Chief:
     def _check_train_input(self) -> tuple[Any, Any, int]:
         return self.streams.check_train_input()
 
-    # ------------------------------------------------------------------ top level
-    def run(self) -> int:
-        self.model_dir.mkdir(parents=True, exist_ok=True)
-        if self.num_input_workers > 0:
-            assert self.role.rendezvous_key is not None  # resolve_role requires SLURM_JOB_ID
-            self.rdv = Rendezvous(self.model_dir, self.role.rendezvous_key)
-            self.rdv.reset()
-            Heartbeat(self.rdv, "chief").start()
-        code, reason, returned = 1, "", False
-        try:
-            code = self._run_mode()
-            returned = True
-        except ParamsError as e:
-            for p in e.problems:
-                log.error("%s", p)
-            code, reason = 2, str(e)
-        except Refused as e:
-            for p in e.problems:
-                log.error("%s", p)
-            code, reason = 2, str(e)
-        except Exception as e:  # noqa: BLE001
-            if isinstance(e, (InputStalled, RankSetupError, RankLost)):  # one line says it
-                log.error("%s", e)
-            else:
-                log.exception("run failed: %s", e)
-            code, reason = 1, f"{type(e).__name__}: {e}"
-        except preemption.Interrupted as e:  # SIGINT/SIGTERM before training (preemption.py)
-            log.info("stopped by %s outside the training loop: no step trained since, nothing more saved",
-                     e.signal)
-            code, reason = e.code, f"stopped by {e.signal}"
-        finally:
-            if self.rdv is not None:
-                stopped = code == preemption.REQUEUE_EXIT or preemption.stop_requested()
-                status = "ok" if code == 0 else "stopped" if stopped else "failed"
-                self.rdv.mark_done(status, reason[:2000])
-                if code != 0:  # exit after the workers: the step's status is then ours, not a
-                    # killed worker's 143 (srun --kill-on-bad-exit ends them when we fail first);
-                    # a worker still importing TensorFlow needs more than the stop's 10 s
-                    preemption.wait_workers_left(self.rdv.reports, self.num_input_workers, 10.0 if stopped else 30.0)
-            self.streams.close()  # the chief's input worker (after done.json), the shard-plan views
-        return leave(self.ranks, code, returned)
+    # ------------------------------------------------------------------ the lifecycle's (csrun_runtime.lifecycle)
+    def close(self) -> None:
+        """Once the job is marked done: the chief's own input worker (it leaves after its report) and the
+        shard-plan views (:meth:`csrun_runtime.tensorflow.chief_streams.ChiefStreams.close`)."""
+        self.streams.close()
 
-    def _run_mode(self) -> int:
-        if self.role.world_size > 1 and self.mode not in TRAIN_MODES and not self.role.is_rank_zero:
-            log.info("mode %s runs on trainer rank 0 alone; rank %d has nothing to do", self.mode, self.role.rank)
-            return 0
+    def missing_reports(self) -> int:
+        """1 when ``CSRUN_CHIEF_INPUT_CPUS`` asked for input worker 0 in this task and it never
+        started (a mode that streams nothing), else 0: it will write no report."""
+        try:
+            asked = chief_input.requested(os.environ)
+        except ValueError:
+            asked = 0
+        return 1 if asked and self.chief_input is None else 0
+
+    def run_mode(self) -> int:
+        """Run ``runconfig.mode`` (validate_only, compile_only, train, eval, train_and_eval);
+        returns 0 or a stop's exit code (:func:`csrun_runtime.preemption.exit_code`). Raises
+        ``ParamsError``, :class:`.contract.Refused` and runtime failures: the lifecycle's ladder
+        maps them to exit codes."""
         if self.role.world_size > 1 and self.mode in TRAIN_MODES:  # before any TF op: it enables the collectives
             self.ranks = TFRanks(self.role, self.rc)
         if self.num_input_workers:

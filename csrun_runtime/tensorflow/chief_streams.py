@@ -235,7 +235,7 @@ class ChiefStreams:
             return addresses
         self._servers, ports = start_dispatchers(self.num_input_workers)
         addresses = [f"{self.role.host}:{p}" for p in ports]
-        self.rendezvous.publish_dispatchers(addresses, {
+        self.rendezvous.publish_endpoints(addresses, {
             "num_workers": self.num_input_workers, "mode": self.mode,
             "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}})
         log.info("tf.data service: %d dispatcher(s) on %s, one per input worker",

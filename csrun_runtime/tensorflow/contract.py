@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functio
     import tensorflow as tf
 
 __all__ = [
-    "VIOLATION", "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
+    "MSG_SINGLE_PARAM", "MSG_NOT_DATASET", "MSG_STRUCTURE", "MSG_BATCH", "MSG_REPEAT",
     "MSG_SHARED_SEED", "Report", "check_signature", "call_input_fn", "check_dataset",
     "shuffle_seeds", "check_shuffle_seeds", "check_workers", "check_model", "synthetic_batch",
     "validate", "build_eval_input", "check_input_files", "Refused",
@@ -543,7 +543,3 @@ def validate(input_fn: Callable[..., Any], model_fn: Callable[..., Any], params:
         mrep, _ = check_model(model_fn, params, spec)
         rep.extend(mrep)
     return rep
-
-
-#: The exception the contract's checks raise (:class:`csrun_runtime.backend.ContractModule`).
-VIOLATION = Refused

@@ -12,7 +12,7 @@ from typing import Any
 from ..coverage import Coverage, coverage_of_files, plan_coverage
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
 
-__all__ = ["check_files", "check_file_coverage"]
+__all__ = ["check_file_coverage"]
 
 
 def _built(input_fn: Callable[..., Any], params: Mapping[str, Any], index: int, num: int,
@@ -63,7 +63,3 @@ def check_file_coverage(input_fn: Callable[..., Any], params: Mapping[str, Any],
         return cov
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-#: Rule 7's check of this backend (:class:`csrun_runtime.backend.CoverageModule`).
-check_files = check_file_coverage

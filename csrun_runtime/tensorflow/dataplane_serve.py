@@ -2,7 +2,7 @@
 dataplane``; docs/DATAPLANE.md "The TensorFlow path").
 
 The input worker (:class:`csrun_runtime.tensorflow.worker.InputWorker`) gets here once the chief's
-``dispatchers.json`` says ``transport: dataplane`` (its ``dispatchers[i]``: the chief's
+``endpoints.json`` says ``transport: dataplane`` (its ``endpoints[i]``: the chief's
 receiver, ``tcp://host:port``). :func:`serve` builds, checks and plans the dataset's
 bundling with the service path's own method (:meth:`InputWorker.build_and_plan`: the
 contract, :func:`csrun_runtime.tensorflow.service.plan_bundle`; then

@@ -151,7 +151,7 @@ class ChiefDrain:
         servers, ports = service.start_dispatchers(role.num_input_workers)
         _KEEP.append(servers)
         addresses = [f"{role.host}:{p}" for p in ports]
-        rdv.publish_dispatchers(addresses, {
+        rdv.publish_endpoints(addresses, {
             "num_workers": role.num_input_workers, "mode": "train (drain)",
             "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
         chief.start_chief_input()

@@ -4,14 +4,12 @@ harness in :mod:`csrun_runtime.input_backend` holds the Protocol and :class:`Bui
 TensorFlow is imported inside the functions."""
 from __future__ import annotations
 
-import re
-import sysconfig
-import traceback
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from ..input_backend import BuiltInput, InputBuildError, samples_in
+from ..usererror import describe
+from .facts import FACTS
 
 __all__ = ["INPUT_BACKEND", "TFInputBackend", "describe_error", "tf_passes", "tf_samples_and_bytes"]
 
@@ -23,7 +21,7 @@ class TFInputBackend:
     (:class:`csrun_runtime.capture.CapturedRun`'s, not per-worker: the worker's are derived).
     """
 
-    framework = "tensorflow"
+    framework = FACTS.name
 
     def __init__(self, input_fn: Callable[..., Any], params: dict[str, Any]):
         self.input_fn, self.params = input_fn, params
@@ -78,46 +76,12 @@ def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
     return samples_in(flat), nbytes
 
 
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
-_HEAD = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*")
-_NOT_USER = (*(str(Path(__file__).resolve().parents[2] / p) for p in ("csrun_runtime", "csrun_common", "launcher",
-                                                                       "analyzer")),
-             *{p for k in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(k))})
-#: Frames of the user's code shown at most (the last ones: nearest the raise).
-FRAMES = 3
-
-
-def _user(filename: str) -> bool:
-    return bool(filename) and not filename.startswith("<") and not filename.startswith(_NOT_USER) \
-        and "__autograph_generated_file" not in filename
-
-
 def describe_error(error: BaseException, what: str) -> str:
     """The lines an input worker shows for ``error``, raised by ``input_fn`` or by a function of
-    its pipeline (a ``map`` function: TensorFlow reports one traced by AutoGraph, or run by
-    ``tf.py_function``, with the user's traceback as text in its message): ``"{what} raised
-    {Type}: {message} (in {function})"`` then the last :data:`FRAMES` frames in the user's code
-    (file, line, function, and the code line), indented by two spaces."""
-    lines = str(error).splitlines()
-    frames, last = [], -1
-    for i, ln in enumerate(lines):
-        m = _FRAME.match(ln)
-        if m:
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
-            frames.append((m.group(1), int(m.group(2)), m.group(3), code))
-            last = i
-    head = next((ln.strip() for ln in lines[last + 2:] if _HEAD.match(ln.strip())), "") if frames else ""
-    if not head:
-        first = next((ln.strip() for ln in lines if ln.strip()), "")
-        head = f"{type(error).__name__}: {first}" if first else type(error).__name__
-    outer = [(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
-             for f in traceback.extract_tb(error.__traceback__)]
-    frames = outer + frames  # the message's frames (a map function's) are the innermost
-    mine = [f for f in frames if _user(f[0])][-FRAMES:]
-    out = [f"{what} raised {head}" + (f" (in {mine[-1][2]})" if mine else "")]
-    for file, line, name, code in mine:
-        out += [f'  File "{file}", line {line}, in {name}'] + ([f"    {code}"] if code else [])
-    return "\n".join(out)
+    its pipeline (a ``map`` function traced by AutoGraph, or run by ``tf.py_function``, whose
+    traceback TensorFlow prints in its message): :func:`csrun_runtime.usererror.describe`, with
+    AutoGraph's generated files not the user's."""
+    return describe(error, what, generated=FACTS.generated_files)
 
 
 #: This backend's :class:`csrun_runtime.input_backend.InputBackend` (:class:`csrun_runtime.backend.InputBackendModule`).

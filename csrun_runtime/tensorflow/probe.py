@@ -13,8 +13,8 @@ driven by :mod:`analyzer.probe_worker`): the input backend
   workers serving the cached elements (``ingest``) or the real pipeline (``served``: each
   measures the pipeline alone first, ``local_cpu_seconds_per_sample``).
 
-TensorFlow is imported inside the functions: importing this module for :data:`FACTS` (the
-analyzer's login side) does not import it.
+TensorFlow is imported inside the functions. The analyzer's login side reads this backend's
+:class:`csrun_runtime.facts.ProbeFacts` from :mod:`.facts`.
 """
 from __future__ import annotations
 
@@ -31,18 +31,13 @@ from csrun_common.atomic import write_json
 
 from .. import rendezvous
 from ..input_backend import BuiltInput, InputBuildError
-from ..probing import ContractViolation, Counter, IdleCounter, ProbeFacts, Stepper
+from ..probing import ContractViolation, Counter, IdleCounter, Stepper
 from .input_backend import TFInputBackend, tf_passes, tf_samples_and_bytes
 
-__all__ = ["FACTS", "prepare", "backend", "role", "file_coverage", "build_dataset", "tf_counter",
+__all__ = ["prepare", "backend", "role", "file_coverage", "build_dataset", "tf_counter",
            "SourceCounter", "ingest_role", "ingest_counter", "local_cost"]
 
 POLL_S = 0.05
-
-FACTS = ProbeFacts(title="TensorFlow", ingest_probe=True, dataloader_workers=False,
-                   via="through the tf.data service", input_note="",
-                   coverage_built="input_fn built as workers 0 and 1 of 2")
-
 
 def prepare() -> None:
     """Import TensorFlow (the probe process's load time counts it)."""

@@ -1,5 +1,5 @@
 """The TensorFlow chief's sources of the input workers' batches (the backend entry module
-``remote``, :class:`csrun_runtime.backend.RemoteModule`): :data:`SOURCES`, the tf.data service
+``remote``), by transport (``runconfig.transport``): the tf.data service
 merge (:class:`csrun_runtime.tensorflow.service.ServiceSource`, the default) and the data plane's
 (:class:`DataplaneSource`, ``runconfig.transport: dataplane``), both with the stream interface the
 core's autoscaler and training loop drive (:class:`csrun_runtime.backend.StreamSource`).
@@ -7,8 +7,8 @@ core's autoscaler and training loop drive (:class:`csrun_runtime.backend.StreamS
 The data plane is the alternative to tf.data service on the TensorFlow path (docs/DATAPLANE.md
 "The TensorFlow path"): the chief binds one
 :class:`csrun_runtime.dataplane.Receiver` (a zmq ROUTER, one endpoint for every input worker:
-:func:`start_receiver`) and publishes it in ``dispatchers.json`` (``transport: dataplane``,
-``dispatchers[i]`` the endpoint for worker ``i``); each input worker sends its bundles to it
+:func:`start_receiver`) and publishes it in ``endpoints.json`` (``transport: dataplane``,
+``endpoints[i]`` the endpoint for worker ``i``); each input worker sends its bundles to it
 (:mod:`csrun_runtime.tensorflow.dataplane_serve`). The merge of those streams is the framework-neutral
 core's :class:`csrun_runtime.streams.StreamMerge` (per-worker counts, credit windows,
 pause/resume/add_stream/reopen for the autoscaler and the elastic watch, stall detection
@@ -37,12 +37,12 @@ from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receive
 from .deviceprefetch import to_device
 from .service import Chunk, ChunkedSource, Pending, ServiceSource
 
-__all__ = ["SOURCES", "DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
+__all__ = ["DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
            "TRANSPORT", "STREAM_ERROR"]
 
 log = logging.getLogger("csrun.runtime")
 
-#: ``runconfig.transport`` value (and ``dispatchers.json`` ``transport``) of this path.
+#: ``runconfig.transport`` value (and ``endpoints.json`` ``transport``) of this path.
 TRANSPORT = "dataplane"
 
 
@@ -182,13 +182,13 @@ def _bulk_note(receiver: Any) -> str:
 def start_for_chief(rdv: Rendezvous, host: str, num_input_workers: int,
                     info: Mapping[str, Any], bulk: bool = False) -> tuple[Any, list[str]]:
     """The chief with ``runconfig.transport: dataplane``: bind the receiver
-    (:func:`start_receiver`) and publish it in ``dispatchers.json`` for every input worker
-    (``transport: dataplane``, ``dispatchers[i]`` the endpoint, ``info`` added). Returns
+    (:func:`start_receiver`) and publish it in ``endpoints.json`` for every input worker
+    (``transport: dataplane``, ``endpoints[i]`` the endpoint, ``info`` added). Returns
     ``(receiver, addresses)``: keep the receiver for :func:`chief_source`. ``bulk``:
     ``runconfig.dataplane_bulk`` (the bulk channel, :mod:`csrun_runtime.dataplane.bulk`)."""
     receiver, endpoint = start_receiver(host, bulk=bulk)
     addresses = [endpoint] * num_input_workers
-    rdv.publish_dispatchers(addresses, {**dict(info), "transport": TRANSPORT})
+    rdv.publish_endpoints(addresses, {**dict(info), "transport": TRANSPORT})
     log.info("data plane: one receiver at %s for %d input worker(s) (runconfig.transport = dataplane)%s",
              endpoint, num_input_workers, _bulk_note(receiver))
     return receiver, addresses
@@ -201,8 +201,3 @@ def chief_source(rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping]
     import tensorflow as tf
 
     return DataplaneSource(rdv, receiver, registry, streams=streams, convert=tf.convert_to_tensor)
-
-
-#: The chief's sources of its input workers' batches, by transport (``runconfig.transport``):
-#: tf.data service (the default) and the data plane.
-SOURCES: tuple[type, ...] = (ServiceSource, DataplaneSource)

@@ -1,40 +1,82 @@
-"""``run()``: what a run.py calls. Resolves the task's role from the environment
-(:mod:`csrun_common.roles`) and the command line and params, then runs the chief
-(:mod:`csrun_runtime.tensorflow.chief`) or the input-worker task (:mod:`csrun_runtime.tensorflow.worker`).
+"""``run()``: what a run.py calls, and :class:`Hooks`, what the TensorFlow backend supplies to the
+task's life (:mod:`csrun_runtime.lifecycle`: role, stop signals, params, the chief's rendezvous,
+exit codes, the job's end): its params, its input worker (:mod:`.worker`), its chief
+(:mod:`.chief`) and the meaning of its exceptions.
 
 Importing this module does not import TensorFlow: a run.py imports the runtime first, so the
 quiet-logging default below is in the environment before TensorFlow starts.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from csrun_common.roles import RoleError
+from csrun_common import exits
+from csrun_common.roles import Role
 
-from .. import capture, preemption
-from ..params import resolve_params
-from ..task import begin, flush_exit, process_start_time, resolve_logged, setup_logging
+from .. import lifecycle
+from ..backend import Failure
+from ..params import Resolved, resolve_params
+from ..rankgroup import RankGroup
+from ..rendezvous import Rendezvous
 from . import quiet
 from .chief import Chief
-from .worker import run_worker
+from .contract import Refused
+from .facts import FACTS
+from .ranks import RankSetupError
+from .worker import InputWorker
 
-__all__ = ["run", "main", "setup_logging"]
-
-log = logging.getLogger("csrun.runtime")
+__all__ = ["run", "Hooks"]
 
 # Silence the C++ INFO lines of TensorFlow and the tf.data service servers (ARCHITECTURE.md),
 # keeping its warnings and errors, when run.py imports csrun_runtime before TensorFlow; an
 # explicit setting is kept (csrun_wse exports one to every task before Python starts).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-# csrun_wse --requeue: catch the stop signals now, before TensorFlow loads (preemption.py).
-preemption.install_from_env()
 # In a launched task, TensorFlow now, without the start-up lines no log level hides (quiet.py).
 if quiet.wanted(os.environ, sys.argv[0] if sys.argv else ""):
     quiet.import_tensorflow()
+
+
+class Hooks:
+    """The TensorFlow backend's :class:`csrun_runtime.backend.Hooks` over a run.py's functions
+    (see :func:`run`)."""
+
+    facts = FACTS
+
+    def __init__(self, input_fn: Callable[..., Any], model_fn: Callable[..., Any],
+                 eval_input_fn: Callable[..., Any] | None = None):
+        self.input_fn, self.model_fn, self.eval_input_fn = input_fn, model_fn, eval_input_fn
+
+    def functions(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None]:
+        """``(input_fn, model_fn, eval_input_fn)``."""
+        return self.input_fn, self.model_fn, self.eval_input_fn
+
+    def resolve(self, argv: Sequence[str], run_py: str | None) -> Resolved:
+        """:func:`csrun_runtime.params.resolve_params`. Raises its ``ParamsError``."""
+        return resolve_params(list(argv), run_py=run_py)
+
+    def warnings(self, env: Mapping[str, str]) -> list[str]:
+        """None: every csrun_wse feature is wired for TensorFlow."""
+        return []
+
+    def worker(self, role: Role, resolved: Resolved) -> InputWorker:
+        """Input worker ``role`` serving ``input_fn`` (:class:`.worker.InputWorker`)."""
+        return InputWorker(role, resolved, self.input_fn)
+
+    def chief(self, role: Role, resolved: Resolved, rdv: Rendezvous | None, t_proc: float) -> Chief:
+        """The chief (:class:`.chief.Chief`) with the job step's rendezvous ``rdv``."""
+        return Chief(role, resolved, self.input_fn, self.model_fn, self.eval_input_fn, t_proc, rdv=rdv)
+
+    def failure(self, error: BaseException, ranks: RankGroup | None) -> Failure | None:
+        """A contract violation (:class:`.contract.Refused`: every violation a line) 2; several
+        trainer ranks that could not be set up (:class:`.ranks.RankSetupError`) 1, in one line."""
+        if isinstance(error, Refused):
+            return Failure(exits.USAGE, tuple(error.problems), reason=str(error))
+        if isinstance(error, RankSetupError):
+            return Failure(exits.FAILED, (str(error),))
+        return None
 
 
 def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
@@ -58,57 +100,12 @@ def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         ``None`` in capture mode (:func:`csrun_runtime.capture.load_entry`: the functions and
         the resolved params are recorded, nothing runs); the exit code with ``exit=False``.
 
-    Exit codes: 0 success; 1 runtime failure (input stalled, a worker's pipeline failed, no
-    rendezvous, an exception); 2 invalid command line/params/environment or contract violation.
+    Exit codes (:mod:`csrun_runtime.lifecycle`): 0 success; 1 runtime failure (input stalled, a
+    worker's pipeline failed, no rendezvous, an exception); 2 invalid command line/params/environment
+    or contract violation; 130 / 143 stopped by SIGINT / SIGTERM, 75 by ``csrun_wse --requeue``'s signal.
 
     The task's role comes from the environment (:func:`csrun_common.roles.resolve_role`):
     the chief trains (hosting the tf.data service dispatchers when there are input workers);
     an input worker serves ``input_fn`` through a tf.data service worker until the chief is done.
     """
-    if capture.active():
-        capture.record(input_fn, model_fn, eval_input_fn)
-        return None
-    code = main(input_fn, model_fn, eval_input_fn, argv=argv)
-    if exit:
-        flush_exit(code)
-    return code
-
-
-def main(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
-         eval_input_fn: Callable[..., Any] | None = None,
-         argv: Sequence[str] | None = None,
-         env: Mapping[str, str] | None = None) -> int:
-    """Resolve role and params, then run the task; returns the exit code (see :func:`run`)."""
-    t_proc = process_start_time()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    run_py = sys.argv[0] if sys.argv and sys.argv[0] else None
-    try:
-        role, prefix = begin(env)
-    except RoleError as e:
-        log.error("environment: %s", e)
-        return 2
-    preemption.set_label(prefix, role.is_chief)
-    preemption.install_interrupts()  # Ctrl-C / SIGTERM: a clean stop, no traceback (preemption.py)
-    try:
-        return _main(role, input_fn, model_fn, eval_input_fn, argv, run_py, prefix, t_proc)
-    except preemption.Interrupted as e:  # outside training and serving: stop where it is
-        log.info("stopped by %s %s", e.signal, "outside the training loop: no step trained since, nothing more saved"
-                 if role.is_chief else "before serving")
-        return e.code if role.is_chief else 0
-
-
-def _main(role: Any, input_fn: Callable[..., Any], model_fn: Callable[..., Any],
-          eval_input_fn: Callable[..., Any] | None, argv: list[str], run_py: str | None, prefix: str,
-          t_proc: float) -> int:
-    resolved = resolve_logged(lambda: resolve_params(argv, run_py=run_py), prefix, role.is_chief)
-    if resolved is None:
-        return 2
-    if role.kind == "worker":
-        try:  # a signal is only recorded: the worker serves until the chief's done.json
-            with preemption.deferred():
-                return run_worker(role, resolved, input_fn)
-        except Exception:  # noqa: BLE001
-            log.exception("input worker failed")
-            return 1
-    return Chief(role, resolved, input_fn, model_fn, eval_input_fn, t_proc).run()
+    return lifecycle.run(Hooks(input_fn, model_fn, eval_input_fn), argv, exit)

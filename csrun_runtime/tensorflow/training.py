@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..rendezvous import Rendezvous
     from .ranks import TFRanks
 
-__all__ = ["STEP_BACKEND", "training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
+__all__ = ["training_loop", "TFStepBackend", "LoopContext", "write_scalar"]
 
 
 def write_scalar(tag: str, value: float, step: int) -> None:
@@ -179,7 +179,3 @@ def training_loop(chief: LoopContext, model: Any, step_var: Any, mgr: Any, sourc
         addresses=chief.addresses, registry=chief.registry,
         ranks=LoopRanks(chief.ranks, chief.node) if chief.ranks is not None else None)
     return TrainingDriver(setup, TFStepBackend(chief, model, step_var, mgr, source, batch_size))
-
-
-#: This backend's :class:`csrun_runtime.loop.StepBackend` (:class:`csrun_runtime.backend.TrainingModule`).
-STEP_BACKEND = TFStepBackend

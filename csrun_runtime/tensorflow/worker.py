@@ -1,7 +1,7 @@
 """The input-worker task: serve the user's ``input_fn`` to the chief through tf.data service.
 
 Input worker ``i`` (its index from :mod:`csrun_common.roles`) waits for the chief's
-``dispatchers.json`` in the rendezvous (:mod:`csrun_runtime.rendezvous`), starts a
+``endpoints.json`` in the rendezvous (:mod:`csrun_runtime.rendezvous`), starts a
 ``WorkerServer`` (port 0, ``worker_address="<host>:%port%"``) attached to dispatcher ``i``,
 builds *its own* dataset with ``input_fn(params_i)`` as input worker ``i`` of the job
 (:func:`csrun_runtime.tensorflow.pipeline.build_worker_input`: its shuffle seed, ``TF_CONFIG`` and global
@@ -28,12 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from csrun_common.autoscale import ENV as AUTOSCALE_ENV
+from csrun_common.modes import TRAIN_MODES
 from csrun_common.roles import Role
 
 from .. import workernames
 from ..bundles import AUTOSCALE_MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
-from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..params import ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
 from ..sharding import TF_CONFIG_VAR
 from .contract import check_dataset
@@ -115,7 +116,7 @@ class InputWorker:
                 return 1
             self.left_unserved(done.get("status"))
             return 0
-        if (self.rdv.dispatchers() or {}).get("transport") == "dataplane":  # runconfig.transport
+        if (self.rdv.endpoints() or {}).get("transport") == "dataplane":  # runconfig.transport
             from .dataplane_serve import serve  # the chief's receiver instead of a dispatcher
 
             return serve(self, address)
@@ -178,22 +179,22 @@ class InputWorker:
         return True
 
     def _wait_for_dispatcher(self) -> str | None:
-        """Poll for ``dispatchers.json``; returns dispatcher ``index``'s address, or ``None``
+        """Poll for ``endpoints.json``; returns dispatcher ``index``'s address, or ``None``
         when the chief is already done or never published (logged)."""
         disp = None
         while disp is None:
             if self.rdv.done() is not None:
                 log.info("chief already done; leaving")
                 return None
-            disp = self.rdv.dispatchers()
+            disp = self.rdv.endpoints()
             if disp is None:
                 if time.monotonic() - self.t0 > self.start_timeout:
-                    log.error("no dispatchers.json in %s after %.0f s (is the chief running?)",
+                    log.error("no endpoints.json in %s after %.0f s (is the chief running?)",
                               self.rdv.dir, self.start_timeout)
                     return None
                 time.sleep(0.25)
         self.heartbeat.start()
-        addresses = disp["dispatchers"]
+        addresses = disp["endpoints"]
         if len(addresses) != self.role.num_input_workers:
             log.error("the chief published %d dispatchers for %d workers", len(addresses),
                       self.role.num_input_workers)

@@ -77,7 +77,7 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path, tran
     reports = {int(p.name.split(".")[0]): json.loads(p.read_text())
                for p in (rdv / "workers").glob("*.report.json")}
     assert sorted(reports) == [0, 1, 2, 3]
-    chief_node = json.loads((rdv / "dispatchers.json").read_text())["chief"]["node"]
+    chief_node = json.loads((rdv / "endpoints.json").read_text())["chief"]["node"]
     assert reports[0]["component"] == "chief-input" and reports[0]["node"] == chief_node
     assert killed["component"] == "chief-input" and killed["node"] == chief_node
     # the killed worker 0 replaced in the chief's task: same index and node, a new process

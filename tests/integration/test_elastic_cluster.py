@@ -104,7 +104,7 @@ def test_killed_chief_ends_the_job_at_once(cli_env, paced):
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cli_env, cwd=paced["root"])
     try:
         helpers.wait_for(lambda: "global_step = 100," in log.read_text(), 300, "training to start")
-        (disp,) = md.glob(".csrun/*/dispatchers.json")
+        (disp,) = md.glob(".csrun/*/endpoints.json")
         chief = json.loads(disp.read_text())["chief"]
         os.kill(chief["pid"], signal.SIGKILL)
         t_kill = time.monotonic()

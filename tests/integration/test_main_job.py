@@ -140,14 +140,14 @@ def test_input_workers_and_chief_talk_across_hosts_with_their_own_ips(trained, c
     assert trained["proc"].returncode == 0, trained["proc"].stderr[-3000:]
     env = compose_cluster["env"]
     # the training job's rendezvous, and the eval job's when it ran already: every one shows it
-    rdvs = [d for d in (trained["model_dir"] / ".csrun").iterdir() if (d / "dispatchers.json").exists()]
+    rdvs = [d for d in (trained["model_dir"] / ".csrun").iterdir() if (d / "endpoints.json").exists()]
     assert rdvs
     for rdv in rdvs:
         _check_cross_host(rdv, env)
 
 
 def _check_cross_host(rdv: Path, env: dict) -> None:
-    chief = json.loads((rdv / "dispatchers.json").read_text())["chief"]
+    chief = json.loads((rdv / "endpoints.json").read_text())["chief"]
     workers = [json.loads(p.read_text()) for p in (rdv / "workers").glob("*.json") if p.stem.isdigit()]
     assert len(workers) == 6 and all(w["status"] == "ok" for w in workers)
 

@@ -72,7 +72,7 @@ def test_a_lost_node_does_not_end_the_run(slurm_cluster, cli_env, tmp_path, path
         (other,) = [json.loads(p.read_text())["node"] for p in md.glob(".csrun/*/workers/0.json")]
         lost_node = reg["node"]
         assert other != lost_node
-        (disp,) = md.glob(".csrun/*/dispatchers.json")
+        (disp,) = md.glob(".csrun/*/endpoints.json")
         chief_node = json.loads(disp.read_text())["chief"]["node"]
         rows = [line.split() for line in _squeue(cli_env, "--format=%i %j %N").splitlines()]
         (workers_job,) = [i for i, name, nodes in rows if name.startswith("csrun_wse") and nodes != chief_node]

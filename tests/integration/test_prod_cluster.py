@@ -175,6 +175,8 @@ def test_srun_path_requeue_launches_again(cli_env, paced, transport):
     allocs = check_run(model_dir, stdout + stderr, max_steps)
     assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1
     assert allocs[0]["job_id"] != allocs[1]["job_id"]
+    statuses = sorted(json.loads(p.read_text())["status"] for p in model_dir.glob(".csrun/*/done.json"))
+    assert statuses == ["ok", "stopped"], statuses  # each launch's done.json (a PyTorch chief's too)
     if transport == "dataplane":  # both launches fed by the data plane, no tf.data service
         assert stderr.count("data plane: one receiver at tcp://") == 2 and "tf.data service:" not in stderr
         perf = json.loads((model_dir / "performance" / "performance.json").read_text())

@@ -198,6 +198,9 @@ def test_pytorch_requeue_on_the_srun_path_resumes_without_losing_a_step(digits, 
     assert allocs[1]["end_step"] == max_steps
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["allocations"] == 2 and perf["global_step_end"] == max_steps
+    # each launch's done.json, as the input workers read it: the first chief stopped (as TensorFlow's)
+    statuses = sorted(json.loads(p.read_text())["status"] for p in md.glob(".csrun/*/done.json"))
+    assert statuses == ["ok", "stopped"], statuses
 
 
 def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):

@@ -38,7 +38,7 @@ def _params(obj: object) -> list[str]:
 @pytest.mark.parametrize("framework", registry.FRAMEWORKS)
 def test_each_backend_implements_the_probe_and_drain_interfaces(framework):
     probe = registry.entry(framework, "probe")
-    assert isinstance(probe.FACTS, probing.ProbeFacts)
+    assert isinstance(registry.facts(framework).probe, probing.ProbeFacts)
     for name, params in _members(probing.ProbeBackend).items():
         assert _params(getattr(probe, name)) == params, (framework, "probe", name)
     drain = registry.entry(framework, "drain")

@@ -4,8 +4,12 @@ counted), no module importing another's private name, TensorFlow and torch impor
 their own backend folder, the backend folders never importing each other and holding the same
 entry modules, each implementing the core's Protocols (:mod:`csrun_runtime.backend`), no
 function over 60 lines and no class over 250 lines outside tests, benchmarks and examples, no
-source file over 600 lines outside the tests and bench/ (700 in bench/; issue 40). Read from the
-files with ``ast``, except the Protocol check (imports the backends' modules, which
+source file over 600 lines outside the tests and bench/ (700 in bench/); and those of issue 40:
+the task's lifecycle only in the core (no rendezvous, heartbeat, exit-code ladder or ``done.json``
+in a backend's chief or runner), a Protocol for each module the core reaches through the
+registry and no other, no framework name written outside the registry and the backend folders,
+``TRAIN_MODES`` declared once. Read
+from the files with ``ast``, except the Protocol check (imports the backends' modules, which
 import neither framework) and the import-time checks (``python -X importtime``)."""
 from __future__ import annotations
 
@@ -234,7 +238,7 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
         "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks",
-        "rankgroup", "handoff", "dataplane.bulk", "workernames")
+        "rankgroup", "handoff", "dataplane.bulk", "workernames", "facts", "usererror", "lifecycle")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():
@@ -529,6 +533,69 @@ def test_both_backend_folders_hold_the_entry_modules(backend):
     assert sorted(m for m in ENTRY_MODULES if not (folder / f"{m}.py").exists()) == []
 
 
+# -- the frameworks' names and facts (issue 40, item 2)
+#: The modules outside the backend folders that may write a framework's name as a string, and why.
+FRAMEWORK_NAME_ALLOWED = {
+    "csrun_runtime/registry.py": "the one module naming both backends",
+    "launcher/builders.py": "CSRUN_EXECUTION_MODE's value for python-pt (docs/CONTRACT.md): the launcher cannot "
+                            "import the runtime's facts",
+}
+
+
+def _framework_names(paths: list[Path]) -> list[str]:
+    """``path:line 'name'`` of every string literal that is exactly a framework's name
+    (``"tensorflow"``, ``"pytorch"``), docstrings apart (prose), in ``paths``."""
+    names = {"tensorflow", "pytorch"}
+    found = []
+    for p in paths:
+        tree = ast.parse(p.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{p.relative_to(REPO)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and n.value in names and id(n) not in docs]
+    return found
+
+
+def test_no_framework_name_outside_the_registry_and_the_backend_folders():
+    """The core, the launcher and the analyzer read a backend's name, launcher word and wording
+    from its facts (:func:`csrun_runtime.registry.facts`), never write ``"tensorflow"`` or ``"pytorch"``."""
+    paths = [p for p in _modules().values() if not _folder_of(".".join(p.relative_to(REPO).with_suffix("").parts))
+             and str(p.relative_to(REPO)) not in FRAMEWORK_NAME_ALLOWED]
+    assert len(paths) > 60  # the core, csrun_common, the launcher and the analyzer were read
+    assert _framework_names(paths) == []
+
+
+def test_the_framework_name_rule_skips_docstrings_only(tmp_path, monkeypatch):
+    f = tmp_path / "m.py"
+    f.write_text('"""Runs "tensorflow"."""\nX = "pytorch"\nY = f"{X}: pytorch"\ndef g():\n    """pytorch"""\n'
+                 '    return {"tensorflow": 1}\n')
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert _framework_names([f]) == ["m.py:2 'pytorch'", "m.py:6 'tensorflow'"]
+
+
+def test_train_modes_is_declared_once():
+    """``TRAIN_MODES`` is assigned in one module, :mod:`csrun_common.modes` (the launcher and the
+    runtime import it from there)."""
+    found = [f"{p.relative_to(REPO)}:{n.lineno}" for p in _sources() for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Assign | ast.AnnAssign)
+             and any(isinstance(t, ast.Name) and t.id == "TRAIN_MODES"
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+    assert [f.split(":")[0] for f in found] == ["csrun_common/modes.py"], found
+
+
+def test_each_backend_declares_its_facts():
+    from csrun_runtime import registry
+    from csrun_runtime.facts import BackendFacts
+    from csrun_runtime.params import RUNCONFIG_KEYS
+
+    got = {fw: registry.facts(fw) for fw in registry.FRAMEWORKS}
+    assert all(isinstance(f, BackendFacts) and f.name == fw for fw, f in got.items())
+    assert len({f.launcher for f in got.values()}) == len(got)
+    assert all(registry.framework_of_launcher(f.launcher) == fw for fw, f in got.items())
+    assert all(set(f.runconfig) <= set(RUNCONFIG_KEYS) for f in got.values())
+
+
 # -- the Protocols: each backend's entry modules against csrun_runtime.backend
 def _params(sig: inspect.Signature, drop_self: bool) -> list[inspect.Parameter]:
     ps = list(sig.parameters.values())
@@ -625,11 +692,100 @@ def test_each_backend_implements_the_cores_protocols(framework, module):
     assert _protocol_problems(framework, module) == []
 
 
-def test_every_entry_module_has_its_protocol_entry():
+def _reached_through_the_registry() -> dict[str, list[str]]:
+    """Entry module -> where csrun's packages call ``entry(<framework>, "<module>")`` (the
+    registry's own ``facts()`` among them)."""
+    out: dict[str, list[str]] = {}
+    for p in _modules().values():
+        for n in ast.walk(ast.parse(p.read_text())):
+            func = getattr(n, "func", None)
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if (isinstance(n, ast.Call) and name == "entry" and len(n.args) == 2
+                    and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)):
+                out.setdefault(n.args[1].value, []).append(f"{p.relative_to(REPO)}:{n.lineno}")
+    return out
+
+
+def test_a_protocol_for_each_module_the_core_reaches_through_the_registry_and_no_other():
+    """``backend.MODULES`` declares the Protocol of every entry module that csrun's packages reach
+    through ``registry.entry`` (issue 40: a Protocol only where the core calls it)."""
     from csrun_runtime import backend
     from csrun_runtime.registry import ENTRY_MODULES
 
-    assert set(backend.MODULES) == set(ENTRY_MODULES)
+    reached = _reached_through_the_registry()
+    assert {"facts", "runner", "probe"} <= set(reached)  # the calls were read
+    assert set(backend.MODULES) == set(reached), reached
+    assert set(backend.MODULES) <= set(ENTRY_MODULES)
+
+
+#: The classes each backend hands the core, by the Protocol the core drives them through
+#: (``backend``'s, the loop's ``StepBackend``): ``module.Class``. Named here, not by aliases in
+#: the backends (issue 40).
+DRIVEN = {
+    "tensorflow": {"chief.Chief": "ChiefTask", "worker.InputWorker": "Task", "training.TFStepBackend": "StepBackend",
+                   "remote.ServiceSource": "StreamSource", "remote.DataplaneSource": "StreamSource"},
+    "pytorch": {"chief.Chief": "ChiefTask", "worker.InputWorker": "Task", "training.TorchStepBackend": "StepBackend",
+                "remote.RemoteSource": "StreamSource"},
+}
+
+
+@pytest.mark.parametrize("framework", sorted(DRIVEN))
+def test_the_classes_the_core_drives_implement_its_protocols(framework):
+    from csrun_runtime import backend, registry
+
+    assert set(DRIVEN) == set(registry.FRAMEWORKS)
+    why = []
+    for where, proto in DRIVEN[framework].items():
+        module, cls = where.split(".")
+        why += [f"{framework}.{where}: {w}" for w in _implements(getattr(registry.entry(framework, module), cls),
+                                                                 getattr(backend, proto))]
+    assert why == []
+
+
+#: What a backend's chief and runner may not do: the task's life is the core's (csrun_runtime.lifecycle).
+LIFECYCLE_WORDS = ("done.json", "mark_done", "Heartbeat", "wait_workers_left", "install_interrupts",
+                   "install_from_env", "set_label", "flush_exit", "resolve_logged", "RoleError", "Interrupted",
+                   "KeyboardInterrupt", "capture.record")
+#: ... nor call these (the rendezvous made and reset, the ranks' last agreement, the role).
+LIFECYCLE_CALLS = ("Rendezvous", "leave", "begin", "reset")
+
+
+def _lifecycle_code(path: Path) -> list[str]:
+    """Where ``path`` holds the task's lifecycle: a word of :data:`LIFECYCLE_WORDS` (in code or
+    text), a call of :data:`LIFECYCLE_CALLS`, an ``except`` that maps a stop or an error of the
+    core to an exit code (``Interrupted``, ``ParamsError``, ``InputStalled``, ``RankLost``)."""
+    import re
+
+    text = path.read_text()
+    found = [f"{path.name}: {w}" for w in LIFECYCLE_WORDS if re.search(rf"(?<!\w){re.escape(w)}(?!\w)", text)]
+    for n in ast.walk(ast.parse(text)):
+        func = getattr(n, "func", None)
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if isinstance(n, ast.Call) and name in LIFECYCLE_CALLS:
+            found.append(f"{path.name}:{n.lineno} calls {name}")
+        if isinstance(n, ast.ExceptHandler) and n.type is not None:
+            caught = {getattr(t, "id", getattr(t, "attr", "")) for t in
+                      (n.type.elts if isinstance(n.type, ast.Tuple) else [n.type])}
+            found += [f"{path.name}:{n.lineno} catches {c}" for c in
+                      sorted(caught & {"Interrupted", "ParamsError", "InputStalled", "RankLost"})]
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_chief_and_runner_of_a_backend_hold_no_lifecycle(backend):
+    """The rendezvous, the heartbeat, the exit-code ladder and ``done.json`` are the core's
+    (:mod:`csrun_runtime.lifecycle`); a backend's ``chief`` and ``runner`` supply hooks."""
+    folder = REPO / backend.replace(".", "/")
+    assert [w for m in ("chief", "runner") for w in _lifecycle_code(folder / f"{m}.py")] == []
+
+
+def test_the_lifecycle_rule_sees_each_kind(tmp_path):
+    f = tmp_path / "chief.py"
+    f.write_text("from x import Rendezvous, Interrupted\n\n\ndef run(d, k):\n    rdv = Rendezvous(d, k)\n"
+                 "    rdv.reset()\n    try:\n        pass\n    except (Interrupted, ValueError):\n"
+                 "        rdv.mark_done('stopped')\n")
+    assert _lifecycle_code(f) == ["chief.py: mark_done", "chief.py: Interrupted", "chief.py:5 calls Rendezvous",
+                                  "chief.py:6 calls reset", "chief.py:9 catches Interrupted"]
 
 
 def test_the_protocol_check_finds_a_mismatch():

@@ -3,7 +3,7 @@ and the DataLoader's worker-process count is ``dataloader_workers``; the identif
 appears in csrun's packages only where it is someone else's name:
 
 - as a string key (``"num_workers"`` of the shard plan, drain.json, performance.json,
-  dataplane.json, and the Model Zoo YAML's ``train_input.num_workers``): not an identifier,
+  endpoints.json, and the Model Zoo YAML's ``train_input.num_workers``): not an identifier,
   so the ``ast`` walk below never sees it;
 - as the keyword of torch's ``DataLoader(..., num_workers=...)`` call;
 - as torch's own ``DataLoader.num_workers`` attribute, read where listed in :data:`ALLOWED`.

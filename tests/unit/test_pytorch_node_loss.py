@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 from csrun_common.roles import Role  # noqa: E402
 from csrun_runtime.elastic import WorkerWatch  # noqa: E402
-from csrun_runtime.pytorch.remote import DATAPLANE_FILE, RemoteSource, WorkerFailed  # noqa: E402
+from csrun_runtime.pytorch.remote import RemoteSource, WorkerFailed  # noqa: E402
 from csrun_runtime.rendezvous import Rendezvous  # noqa: E402
 from tests.fixtures.runtime.helpers import task_env, worker_reports  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_a_silent_worker_is_lost_ordered_a_new_home_and_read_again(tmp_path, mon
     recorded with its own node."""
     rdv, src = _source(tmp_path, adopt=True)
     try:
-        assert json.loads((rdv.dir / DATAPLANE_FILE).read_text())["num_workers"] == 2
+        assert rdv.endpoints()["num_workers"] == 2
         for i, node in ((0, "node2"), (1, "node3")):
             rdv.register_worker(i, {"index": i, "attempt": 0, "node": node, "pid": 100 + i, "status": "ok"})
             rdv.touch(f"workers/{i}")

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from csrun_runtime.dataplane import Sender  # noqa: E402
 from csrun_runtime.pytorch.probe import plane_role  # noqa: E402
-from csrun_runtime.pytorch.remote import DATAPLANE_FILE  # noqa: E402
+from csrun_runtime.rendezvous import ENDPOINTS  # noqa: E402
 
 
 @pytest.mark.parametrize("bulk", [True, False, None])
@@ -25,7 +25,7 @@ def test_the_probes_chief_follows_the_users_dataplane_bulk(tmp_path, bulk):
     try:
         assert (counter.source.source.r.bulk_port is not None) is bool(bulk)
         assert counter.built.info["dataplane_bulk"] is bool(bulk)
-        assert list(tmp_path.rglob(DATAPLANE_FILE))  # published for the input workers
+        assert list(tmp_path.rglob(ENDPOINTS))  # published for the input workers
         endpoint = counter.source.source.endpoint.replace("localhost", "127.0.0.1")
 
         def send():

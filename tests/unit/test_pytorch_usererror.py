@@ -1,4 +1,4 @@
-"""csrun_runtime.pytorch.usererror (issue 33 item 9): an exception of the user's Dataset, collate
+"""csrun_runtime.usererror with PyTorch (issue 33 item 9): an exception of the user's Dataset, collate
 or data function, named with its type, message and the last frames in the user's code (none of
 torch's or csrun's), also when a DataLoader worker process raised it; real torch DataLoaders."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from csrun_runtime.pytorch.contract import ContractError, call_data_fn, epochs  # noqa: E402
-from csrun_runtime.pytorch.usererror import UserCodeError, describe, guarded, is_user_file  # noqa: E402
+from csrun_runtime.usererror import UserCodeError, describe, guarded, is_user_file  # noqa: E402
 
 HERE = __file__
 
