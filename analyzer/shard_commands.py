@@ -44,6 +44,9 @@ SHARD_PLAN_NOTES = {"nodes": "none; with it the plan is for csrun_wse's input wo
                     "tasks_per_node": "1", **{s.name: "0" for s in LAYOUT_FLAGS if s.type is int and s.default == 0}}
 
 
+#: The layout keys a shard plan records even when 0 (the others only when set).
+_ALWAYS_RECORDED = ("nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes")
+
 def _bad(message: str) -> CsrunError:
     return CsrunError(message)
 
@@ -123,10 +126,7 @@ def resolve_layout(workers: int | None, given: Mapping[str, Any],
     if lay.workers < 1:
         raise _bad(f"{lay.names[0]} {spec.nodes} {lay.names[1]} {spec.tasks_per_node}: the layout has no input "
                    "worker (the chief runs input_fn in-process); no shard plan is needed")
-    layout = {"source": lay.source, "nodes": spec.nodes, "tasks_per_node": spec.tasks_per_node,
-              "single_task_nodes": spec.single_task_nodes, "cpus_per_task": spec.cpus_per_task,
-              **({"chief_input_cpus": spec.chief_input_cpus} if spec.chief_input_cpus else {}),
-              **({"cyclic": True} if spec.cyclic else {}),
+    layout = {"source": lay.source, **{k: v for k, v in spec.record().items() if v or k in _ALWAYS_RECORDED},
               "input_workers": lay.workers, "rule": "input workers = every task but the chief (docs/CONTRACT.md)"}
     return lay.workers, layout, spec.tasks_per_node, report
 
@@ -170,7 +170,7 @@ def _layout_from_report(report_dir: str) -> tuple[_Layout, dict[str, Any]]:
     n, t, s = spec.nodes, spec.tasks_per_node, spec.single_task_nodes
     stated = rec.get("input_workers")
     if isinstance(stated, int) and not isinstance(stated, bool) and stated != w:
-        own = " + the chief's own input worker" if spec.chief_input_cpus else ""
+        own = " + the chief's own input worker" if spec.chief_input_workers else ""
         world = (f", chief_nodes {spec.chief_nodes} × chief_tasks_per_node {spec.chief_tasks_per_node} ranks"
                  if spec.world_size > 1 else "")
         raise _bad(f"--from-report {file}: recommendation.input_workers {stated} disagrees with "

@@ -74,7 +74,7 @@ class ChiefTask(Protocol):
 
     def close(self) -> None:
         """After ``done.json``: release the training source, the chief's own input worker
-        (``CSRUN_CHIEF_INPUT_CPUS``), temporary files; also after :meth:`run_mode` raised."""
+        (:mod:`csrun_runtime.chief_input`), temporary files; also after :meth:`run_mode` raised."""
         ...
 
     def missing_reports(self) -> int:

@@ -137,7 +137,7 @@ class Chief:
         self.streams.close()
 
     def missing_reports(self) -> int:
-        """1 when ``CSRUN_CHIEF_INPUT_CPUS`` asked for input worker 0 in this task and it never
+        """1 when :mod:`csrun_runtime.chief_input` asked for input worker 0 in this task and it never
         started (a mode that streams nothing), else 0: it will write no report."""
         try:
             asked = chief_input.requested(os.environ)

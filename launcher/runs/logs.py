@@ -47,9 +47,13 @@ class LogLine:
 def tasks_of(rec: RunRecord) -> list[tuple[int, str, int]]:
     """``(task, role, index within the role)`` of every task of the run's het groups: the chief's
     group's other tasks are input workers (:meth:`launcher.tasklog.TaskGroup.role_of`); input
-    workers count from 1 when the chief runs worker 0 itself (``--chief-input-cpus``)."""
+    workers count from 1 when the chief runs worker 0 itself (the chief's own input worker)."""
     out: list[tuple[int, str, int]] = []
-    seen: dict[str, int] = {"worker": 1 if rec.layout and LayoutSpec.from_record(rec.layout).chief_input_workers else 0}
+    try:
+        own = LayoutSpec.from_record(rec.layout).chief_input_workers if rec.layout else 0
+    except (KeyError, TypeError, ValueError):  # a csrun_cpu run's, or an older record's
+        own = 0
+    seen: dict[str, int] = {"worker": 1 if own else 0}
     for g in rec.groups:
         role, first = str(g.get("role", "task")), int(g.get("first_task", 0))
         for t in range(first, first + int(g.get("ntasks", 0))):

@@ -19,7 +19,8 @@ def test_roles_of_the_tasks(store, tmp_path):
     assert logs.tasks_of(rec) == [(0, "chief", 0), (1, "worker", 0), (2, "worker", 1), (3, "worker", 2),
                                   (4, "worker", 3), (5, "worker", 4)]
     assert logs.select(rec, "worker", 3) == [(4, "worker", 3)] and logs.select(rec, None, 4) == [(4, "worker", 3)]
-    rec.layout = {"chief_input_cpus": 1}  # worker 0 runs inside the chief's task
+    rec.layout = {"nodes": 3, "tasks_per_node": 2, "cpus_per_task": 1, "single_task_nodes": 0,
+                  "chief_input_cpus": 1}  # worker 0 runs inside the chief's task
     assert logs.tasks_of(rec)[1] == (1, "worker", 1)
 
 
