@@ -23,7 +23,7 @@ from .container import Container
 from .layout import CHIEF, WORKER, Component, JobLayout
 from .policy import SitePolicy
 from .requeue import REQUEUE_EXIT, RequeueSpec
-from .tasklog import STATUS_LINE, TaskGroup, TaskOutput, encode_groups
+from .tasklog import EXIT_STATUS_FILE, STATUS_LINE, TaskGroup, TaskOutput, encode_groups
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -334,7 +334,7 @@ class WseRequest:
             worker_job=worker_job,
             rendezvous_env=RENDEZVOUS_ENV,
             log_dir_env=LOG_DIR,
-            attempt_dir=SCRIPT_ATTEMPT_DIR % (LOG_DIR.name, self.job_name),
+            attempt_dir=SCRIPT_ATTEMPT_DIR % (LOG_DIR.name, self.job_name), exit_status_file=EXIT_STATUS_FILE,
             output_options=OUTPUT_OPTIONS,
             output_filter=self.output_filter(),
             status_line=STATUS_LINE,

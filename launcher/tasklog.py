@@ -20,11 +20,14 @@ reads stdin and writes the log itself.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from csrun_common import atomic
 
 from .attempts import AttemptLog, het_nodes
 from .errorblock import (
@@ -409,6 +412,9 @@ def summarise(lines: Iterable[str], groups: Sequence[TaskGroup], status: int, lo
 # --------------------------------------------------------------------------- the batch script's filter
 #: The line the batch script writes after srun's output, with srun's exit status (never shown).
 STATUS_LINE = "csrun_wse-srun-exit-status: "
+#: The file in the attempt's directory where the filter leaves the job's exit status as csrun_wse
+#: decides it (the first failing task's own, whatever order srun reported the tasks in).
+EXIT_STATUS_FILE = "exit-status"
 
 
 def encode_groups(groups: Sequence[TaskGroup]) -> str:
@@ -429,9 +435,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launcher.tasklog --groups G --ok 0,75 --log PATH [--attempt-dir DIR]``: the sbatch
     path's filter. Reads srun's merged output (``--label --verbose``) on stdin, then
     :data:`STATUS_LINE`; writes every line to ``PATH``, each task's to its file in ``DIR`` with the
-    attempt's markers (:class:`launcher.attempts.AttemptLog`), and what csrun_wse would show to
-    stdout (the job's output file). Ignores SIGINT/SIGTERM (a cancelled job's last lines still
-    arrive), exits 0."""
+    attempt's markers (:class:`launcher.attempts.AttemptLog`), what csrun_wse would show to stdout
+    (the job's output file), and the job's exit status as csrun_wse decides it
+    (:meth:`TaskOutput.exit_status`) to ``DIR/``:data:`EXIT_STATUS_FILE` for the batch script to
+    exit with. Ignores SIGINT/SIGTERM (a cancelled job's last lines still arrive), exits 0."""
     import argparse
     import io
     import os
@@ -465,8 +472,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(text, flush=True)
     if attempt is not None:
         attempt.end(status, out.tasks.nodes, out.exit_codes())
-    for _, text in out.finish(status if status is not None else 0, args.log, interrupted=status is None):
+    decided = out.exit_status(status) if status is not None else 0
+    for _, text in out.finish(decided, args.log, interrupted=status is None):
         print(text, flush=True)
+    if status is not None and args.attempt_dir:
+        with contextlib.suppress(OSError):  # the script then exits with srun's own status
+            atomic.write_text(Path(args.attempt_dir) / EXIT_STATUS_FILE, f"{decided}\n")
     return 0
 
 

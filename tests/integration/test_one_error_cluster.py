@@ -149,10 +149,13 @@ def test_the_sbatch_output_file_shows_the_error_once(cli_env, tmp_path, job):
         time.sleep(0.5)
     out = (tmp_path / f"csrun_wse-{job_id}.out").read_text()
     assert out.count(MARKER) == 1, out
+    # the batch job ends with the status the output file names: the first failing task's own, not srun's 143
+    job = subprocess.run(["scontrol", "show", "job", job_id], env=cli_env, capture_output=True, text=True).stdout
+    assert re.search(r"\bExitCode=(\d+):", job).group(1) == "1", job
     assert "srun: error:" not in out and "slurmstepd" not in out, out
     assert re.search(r"csrun_wse: task \d \(het group \d, (chief|worker)\) on node\d failed first", out), out
     last = out.strip().splitlines()[-1]
-    assert re.fullmatch(rf"csrun_wse: exit status (1|143); every task's output and srun's messages: "
+    assert re.fullmatch(rf"csrun_wse: exit status 1; every task's output and srun's messages: "
                         rf"csrun_logs/csrun_wse-{job_id}\.log", last), out
     log = (tmp_path / "csrun_logs" / f"csrun_wse-{job_id}.log").read_text()
     assert log.count(MARKER) >= 2 and "srun: error:" in log, log[-3000:]
