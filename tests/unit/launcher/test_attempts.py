@@ -66,6 +66,20 @@ def test_output_cut_short_has_no_status_but_the_chiefs_exit_code(tmp_path, monke
     assert end["status"] is None and end["exit_codes"] == {"0": 75}
 
 
+def test_the_filter_leaves_the_status_csrun_wse_decides_for_the_script(tmp_path, monkeypatch, capsys):
+    """srun reported a task it ended (143) before the one that failed (exit 1): the job's status is
+    1 in the output file and in ``exit-status``, which the batch script exits with."""
+    attempt = tmp_path / "a"
+    out = (b"srun: launching StepId=10.0 on host node1, 2 tasks: [0-1]\n0: run.py failed at import: x\n"
+           b"srun: error: node1: task 1: Terminated\nsrun: error: node1: task 0: Exited with exit code 1\n"
+           + tasklog.STATUS_LINE.encode() + b"143\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(out)))
+    tasklog.main(["--groups", "0:chief:0:2", "--log", str(tmp_path / "l.log"), "--attempt-dir", str(attempt)])
+    assert (attempt / tasklog.EXIT_STATUS_FILE).read_text() == "1\n"
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("csrun_wse: exit status 1; ")
+    assert json.loads((attempt / "end.json").read_text())["status"] == 143  # srun's own, as recorded
+
+
 def test_attempts_read_in_order_and_the_script_names_the_same_directory(tmp_path):
     root = job_dir(tmp_path, "csrun_wse", "9")
     for k in (10, 2, 1):
