@@ -24,11 +24,9 @@ def _split_top(text: str) -> list[str]:
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """The node names of a Slurm hostlist expression (a name, a comma list, bracket ranges:
-    ``"node[1-3,5],gpu01"`` -> ``["node1", "node2", "node3", "node5", "gpu01"]``; zero padding
-    kept: ``"gpu[08-10]"`` -> ``gpu08, gpu09, gpu10``), as scontrol(1) ``show hostnames`` prints
-    them, without asking Slurm. ``""``: none. Raises ``ValueError`` for an unbalanced bracket
-    or a range that is not ``a-b`` with ``a <= b``."""
+    """Node names of a Slurm hostlist (``"node[1-3,5],gpu01"``; padding kept: ``"gpu[08-10]"`` ->
+    ``gpu08, gpu09, gpu10``) as scontrol(1) ``show hostnames`` prints them; ``""``: none. Raises
+    ``ValueError`` for an unbalanced bracket or a range not ``a-b`` with ``a <= b``."""
     out: list[str] = []
     for part in filter(None, (p.strip() for p in _split_top(text))):
         out += _expand_one(part)

@@ -80,8 +80,7 @@ _ALWAYS = ("nodes", "tasks_per_node", "cpus_per_task")
 
 
 def flag(name: str) -> str:
-    """The flag text of the layout field ``name`` (``flag("tasks_per_node")`` is
-    ``"--tasks-per-node"``), for messages. Raises ``KeyError`` for an unknown field."""
+    """Flag text of layout field ``name`` (``"--tasks-per-node"``); ``KeyError`` for an unknown one."""
     return FLAGS[name]
 
 
@@ -217,18 +216,14 @@ class LayoutSpec:
 
     @property
     def num_input_workers(self) -> int:
-        """Input workers of the job (``CSRUN_NUM_WORKERS``): every task but the chief —
-        ``N·T − 1`` without single-task nodes, ``S − 1 + (N − S)·T`` with them — plus input
-        worker 0 in the chief's task with ``chief_input_cpus`` (docs/CONTRACT.md). 0: the chief
-        runs the input pipeline in-process. With several trainer ranks: ``(N - chief_nodes)·T``,
-        plus one per rank with ``chief_input_cpus``."""
+        """Input workers of the job (``CSRUN_NUM_WORKERS``, counts in docs/CONTRACT.md): every task but the
+        trainer ranks, plus one per rank with ``chief_input_cpus``; 0: the chief reads its input."""
         tasks = sum(shape.workers for shape in self.node_shapes(1))
         return tasks + self.chief_input_workers
 
     @property
     def chief_input_workers(self) -> int:
-        """Input workers that run in the trainer ranks' own tasks: one per rank with
-        ``--chief-input-cpus``, else 0."""
+        """Input workers in the trainer ranks' own tasks: one per rank with ``--chief-input-cpus``, else 0."""
         return self.world_size if self.chief_input_cpus else 0
 
     def without_chief_input(self) -> LayoutSpec:

@@ -29,18 +29,15 @@ BASE_PORT, PORT_SPAN = 29500, 2000
 
 
 def worker_rank(index: int, world_size: int) -> tuple[int, int]:
-    """``(rank, slot)`` of input worker ``index`` (job-wide, ``0 <= index < W``) in a job of
-    ``world_size`` trainer ranks: rank ``index % world_size``, slot ``index // world_size``
-    among that rank's workers. Raises ``ValueError`` for a negative index or a world size
-    below 1."""
+    """``(index % world_size, index // world_size)``: the rank and slot among its workers of
+    job-wide input worker ``index``. Raises ``ValueError`` for ``index < 0`` or ``world_size < 1``."""
     if index < 0 or world_size < 1:
         raise ValueError(f"input worker {index} of a world of {world_size}: not a worker of a rank")
     return index % world_size, index // world_size
 
 
 def rank_key(key: str, rank: int, world_size: int) -> str:
-    """The rendezvous key of ``rank``'s input (its own directory): ``key`` unchanged with one
-    rank, else ``"<key>.rank<r>"``."""
+    """Rendezvous key of ``rank``'s input: ``key`` with one rank, else ``"<key>.rank<r>"``."""
     return key if world_size <= 1 else f"{key}.rank{rank}"
 
 

@@ -128,8 +128,7 @@ class Role:
 
     @property
     def is_rank_zero(self) -> bool:
-        """True for the chief that writes the job's artifacts (rank 0; the only chief of a
-        job of one rank)."""
+        """True for the chief that writes the job's artifacts (rank 0)."""
         return self.is_chief and self.rank == 0
 
     @property

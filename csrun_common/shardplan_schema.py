@@ -61,14 +61,12 @@ __all__ = [
 def input_worker_count(nodes: int, tasks_per_node: int, single_task_nodes: int = 0,
                        chief_input: bool = False) -> int:
     """Input workers of a ``csrun_wse`` job of ``N`` nodes, ``T`` tasks per node and ``S``
-    single-task nodes (``docs/CONTRACT.md``): every task but the chief, plus one with
-    ``chief_input`` (input worker 0 in the chief's task) -- the layout's own count and rules,
-    :attr:`csrun_common.layout.LayoutSpec.num_input_workers` and
-    :meth:`~csrun_common.layout.LayoutSpec.check`.
+    single-task nodes, plus one in the chief's task with ``chief_input`` (docs/CONTRACT.md), by
+    :attr:`csrun_common.layout.LayoutSpec.num_input_workers`.
 
-    Returns a count of tasks (may be 0: the chief then runs the input pipeline
-    in-process and needs no plan). Raises ``ValueError`` naming the flag for a value that is
-    not an integer, N < 1, T < 1, S < 0 or S >= N (when S > 0).
+    Returns a count of tasks (0: the chief reads its input in-process, no plan). Raises
+    ``ValueError`` naming the flag for a value that is not an integer, N < 1, T < 1, S < 0 or
+    S >= N (when S > 0).
     """
     values = {"nodes": nodes, "tasks_per_node": tasks_per_node, "single_task_nodes": single_task_nodes}
     for name, value in values.items():
@@ -93,15 +91,11 @@ def _fail(source: str, field: str, problem: str, value: Any) -> ValueError:
 
 
 def validate_plan(plan: Any, source: str = "<plan>") -> dict:
-    """Check that ``plan`` (a decoded JSON value) is a well-formed shard plan.
+    """Check that ``plan`` (a decoded JSON value) is a well-formed shard plan; returns it (a dict).
 
-    Returns ``plan`` itself (a dict) when valid. Raises ``ValueError`` with one line
-    ``shard plan SOURCE: FIELD: PROBLEM, got VALUE`` naming the first bad field
-    (e.g. ``workers[3].seed``). Cost: O(total file entries) time and memory (the
-    disjointness check of ``shard`` mode keeps a set of the paths).
-
-    The steps: the header (:func:`_check_header`), each worker's entry
-    (:func:`_check_worker`), and the files across workers (:class:`_FilesCheck`).
+    Raises ``ValueError``, one line ``shard plan SOURCE: FIELD: PROBLEM, got VALUE`` naming the
+    first bad field (``workers[3].seed``). Cost: O(file entries) time and memory (``shard``
+    mode's disjointness check keeps a set of the paths).
     """
     workers = _check_header(plan, source)
     seen_seeds: dict[int, int] = {}

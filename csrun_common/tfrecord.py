@@ -91,8 +91,7 @@ _crc_impl, CRC32C_IMPLEMENTATION = _pick_crc32c()
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli) of ``data`` as an unsigned 32-bit int (check value of
-    ``b"123456789"`` is ``0xE3069283``)."""
+    """CRC-32C (Castagnoli) of ``data``, unsigned 32-bit (``b"123456789"`` -> ``0xE3069283``)."""
     return _crc_impl(bytes(data))
 
 

@@ -67,22 +67,16 @@ def _template(name: str):
 
 
 def expand_python_word(command: Sequence[str], python: str) -> tuple[list[str], str | None]:
-    """``python-ws run.py ...`` → ``[python, "run.py", ...]`` and the execution mode.
-
-    Returns the command unchanged and ``None`` when its first word is not
-    ``python-ws``/``python-pt``.
-    """
+    """``python-ws run.py ...`` → ``[python, "run.py", ...]`` and the execution mode; the command
+    unchanged and ``None`` when its first word is not ``python-ws``/``python-pt``."""
     if command and command[0] in EXECUTION_MODES:
         return [python, *command[1:]], EXECUTION_MODES[command[0]]
     return list(command), None
 
 
 def protect_argv(command: Sequence[str], python: str) -> list[str]:
-    """Make ``command`` safe to place on an srun line.
-
-    srun splits its argv at every lone ``:`` (het separator); a command holding one is
-    run through :mod:`launcher.argv_exec`, which execs the exact argv from JSON.
-    """
+    """``command`` safe on an srun line: one holding a lone ``:`` (srun's het separator) runs
+    through :mod:`launcher.argv_exec`, which execs the exact argv from JSON."""
     if ":" in command:
         return [python, "-m", "launcher.argv_exec", json.dumps(list(command))]
     return list(command)
@@ -99,17 +93,14 @@ SRUN_REPEATS_CPUS_FROM = (22, 5)
 
 
 def srun_needs_cpus_per_task(slurm_version: tuple[int, int] | None) -> bool:
-    """Whether a step inside a batch job must repeat ``--cpus-per-task=``: on Slurm ≥ 22.05
-    (:data:`SRUN_REPEATS_CPUS_FROM`), and when the version is unknown (harmless before)."""
+    """Whether a batch job's srun step repeats ``--cpus-per-task=``: Slurm ≥ 22.05, or unknown."""
     return slurm_version is None or tuple(slurm_version) >= SRUN_REPEATS_CPUS_FROM
 
 
 def _step_resources(allocation_options: list[str], slurm_version: tuple[int, int] | None = None) -> list[str]:
-    """Options of an allocation that an srun step inside it repeats: the task shape and
-    GRES, and ``--cpus-per-task=`` where srun does not inherit it
-    (:func:`srun_needs_cpus_per_task`). Job-level options (name, policies, exclusive,
-    exclude, signal) are not repeated.
-    """
+    """Options of an allocation that an srun step inside it repeats: the task shape, GRES and
+    ``--cpus-per-task=`` where srun does not inherit it; not the job-level ones (name, policies,
+    exclusive, exclude, signal)."""
     keep = ["--nodes=", "--ntasks=", "--ntasks-per-node=", "--gres="]
     if srun_needs_cpus_per_task(slurm_version):
         keep.append("--cpus-per-task=")
@@ -166,8 +157,7 @@ class WseRequest:
     master_port: int = 0
 
     def chief_components(self) -> tuple[Component, ...]:
-        """The components of the chief's job: all of them, or all but the ``worker`` component
-        with ``worker_job``."""
+        """The chief's job's components: all, or all but the ``worker`` one with ``worker_job``."""
         return tuple(c for c in self.layout.components if not (self.worker_job and c.role == WORKER))
 
     def worker_job_component(self) -> Component | None:
@@ -175,10 +165,8 @@ class WseRequest:
         return self.layout.worker_component if self.worker_job else None
 
     def task_command(self) -> list[str]:
-        """The argv each task executes (container-wrapped, ``:``-safe), through
-        :data:`SUPERVISE`: the chief's task execs the command, an input worker's task keeps
-        a replacement running after the worker's process is killed (docs/RESILIENCE.md
-        "Lost input workers")."""
+        """Each task's argv (container-wrapped, ``:``-safe) through :data:`SUPERVISE`, which restarts a
+        killed input worker (docs/RESILIENCE.md "Lost input workers")."""
         return self.container.wrap([self.python, "-m", SUPERVISE,
                                     *protect_argv(self.command, self.python)])
 

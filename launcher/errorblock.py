@@ -93,9 +93,8 @@ def error_of(lines: Sequence[str]) -> list[str]:
 
 
 def stream_error(entries: Sequence[tuple[str, str]]) -> list[str]:
-    """The first error block of one task's ``(stream, text)`` lines, read on the stream its first
-    error-looking line came on: srun relays a task's stdout and stderr on two pipes, so a line the
-    task wrote to the other one before its error can arrive inside it."""
+    """The first error block of one task's ``(stream, text)`` lines, read on the stream of its first
+    error-looking line only (docs/DESIGN.md, launcher/errorblock.py)."""
     stream = next((s for s, t in entries if is_error_start(t)), None)
     return error_of([t for s, t in entries if s == stream]) if stream else []
 

@@ -109,16 +109,14 @@ class JobLayout:
 
     @property
     def num_input_workers(self) -> int:
-        """Input workers in the whole job: all tasks but the trainers (the chief, or every
-        trainer rank), plus the chief's own input worker with ``chief_input_cpus`` (one per
-        rank with several; :attr:`LayoutSpec.num_input_workers`)."""
+        """Input workers in the whole job: all tasks but the trainer ranks, plus one per rank with
+        ``chief_input_cpus`` (:attr:`LayoutSpec.num_input_workers`)."""
         own = self.world_size if self.chief_input_cpus else 0
         return sum(c.num_input_workers for c in self.components) + own
 
     @property
     def worker_component(self) -> Component | None:
-        """The ``worker`` component (the input-worker nodes), or ``None`` when the layout has
-        none (a chief alone, or single-task nodes only)."""
+        """The ``worker`` component (the input-worker nodes), or ``None`` when the layout has none."""
         return next((c for c in self.components if c.role == WORKER), None)
 
 
@@ -132,9 +130,8 @@ def plan_layout(
     node_cpus: int = 1,
     chief_input_cpus: int = 0,
 ) -> JobLayout:
-    """:func:`plan` of the :class:`~csrun_common.layout.LayoutSpec` of ``N = total_nodes``,
-    ``T``, ``C``, ``S``, ``cyclic`` and ``chief_input_cpus`` (the layout flags' values, ``T``
-    and ``C`` resolved by :func:`resolve_counts`). Raises :class:`CsrunError` as :func:`plan`."""
+    """:func:`plan` of the layout flags' values (``T``, ``C`` resolved by :func:`resolve_counts`) as a
+    :class:`~csrun_common.layout.LayoutSpec`. Raises :class:`CsrunError` as :func:`plan`."""
     spec = LayoutSpec(total_nodes, tasks_per_node, cpus_per_task, single_task_nodes, chief_input_cpus, cyclic)
     return plan(spec, gres, node_cpus)
 

@@ -216,6 +216,5 @@ MANAGED_OPTIONS.update({option: k.flag for k in POLICY_KEYS if k.spec for option
 
 
 def merge_extra_args(config_args: Sequence[str], flag_args: Sequence[str]) -> tuple[str, ...]:
-    """``slurm.extra_args`` followed by every ``--slurm-arg`` (duplicates kept once, first
-    place)."""
+    """``slurm.extra_args`` then every ``--slurm-arg``, a duplicate kept once at its first place."""
     return tuple(dict.fromkeys([*config_args, *flag_args]))

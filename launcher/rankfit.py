@@ -105,8 +105,7 @@ def partition_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence
 
 
 def layout_error(spec: LayoutSpec, gres: str, gres_node: str, nodes: Sequence[Node], node_cpus: int) -> str | None:
-    """Why the partition (``nodes`` of ``node_cpus`` CPUs) refuses ``spec``, in csrun_wse's one
-    line, or ``None`` when it takes it: :func:`rules_error`, then :func:`partition_error`."""
+    """Why the partition refuses ``spec`` (one line), or ``None``: :func:`rules_error`, :func:`partition_error`."""
     return rules_error(spec, gres, node_cpus) or partition_error(spec, gres, gres_node, nodes)
 
 

@@ -115,8 +115,7 @@ class RequeueSpec:
 
     def check_time_limit(self, time_seconds: int | None, time_flag: str = "--time",
                          flag: str = "--requeue-signal") -> None:
-        """Refuse a lead time not shorter than the time limit (the warning would come at
-        the start of every allocation and no step would ever be trained).
+        """Refuse a lead time not shorter than the time limit (``time_seconds``, seconds).
 
         Raises :class:`CsrunError` naming both values."""
         if time_seconds is not None and self.lead >= time_seconds:
@@ -129,12 +128,9 @@ class RequeueSpec:
         return f"{self.signal}@{self.lead}"
 
     def sbatch_option(self) -> str:
-        """``--signal=USR2@90`` (sbatch(1)/srun(1) ``--signal``: all job steps are signalled,
-        not the batch shell)."""
+        """``--signal=USR2@90``: sbatch(1)/srun(1) ``--signal`` signals all job steps, not the batch shell."""
         return f"--signal={self.spec}"
 
     def stop_signals(self) -> str:
-        """The value of :data:`STOP_SIGNALS_ENV`: the warning signal and SIGTERM (what
-        preemption, ``scontrol requeue`` and the time limit send), ``:``-separated (it travels
-        in srun's ``--export=``, whose commas separate variables)."""
+        """The value of :data:`STOP_SIGNALS_ENV`: the warning signal and SIGTERM, ``:``-separated."""
         return ":".join(dict.fromkeys([self.signal, "TERM"]))

@@ -70,10 +70,7 @@ LAST_LINES = 20
 
 
 def is_supervisor_notice(text: str) -> bool:
-    """Whether one line of a task (label removed) is its supervisor's notice that an input worker
-    was started again (``csrun: ... died of SIGKILL ...; starting it again``, ``csrun: input
-    worker 1, lost with node node3, starts again on node2``): shown on the terminal, as the
-    chief's lines are, since they say what happened to the job."""
+    """Whether a task's line (label removed) is its supervisor's notice that an input worker restarts."""
     return bool(_SUPERVISOR_NOTICE.match(text))
 
 

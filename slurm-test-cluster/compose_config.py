@@ -58,8 +58,7 @@ class Cluster:
 
     @property
     def munge_socket(self) -> Path:
-        """munged's socket, at a path outside every shared directory: on the host the host's
-        munged, in each container that container's own (its /run is private)."""
+        """munged's socket, outside every shared directory (each container's /run is private)."""
         return Path("/run/csrun-munge") / self.project / "munge.socket"
 
     @property

@@ -49,8 +49,7 @@ class Engine:
 
     def run(self, args: list[str], *, timeout: float = 600, check: bool = False,
             stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-        """``<engine> args``; output appended to the log. Raises :class:`ClusterError` when
-        ``check`` and the command fails (with its last output line)."""
+        """``<engine> args``, output appended to the log; :class:`ClusterError` if ``check`` and it fails."""
         return self._run([self.name, *args], timeout=timeout, check=check, stdin=stdin)
 
     def compose(self, project: str, file: Path, args: list[str],

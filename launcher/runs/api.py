@@ -71,8 +71,7 @@ class Run:
         return self.status().state
 
     def wait(self, timeout: float | None = None) -> str:
-        """Wait until the run is terminal or ``timeout`` seconds passed (asking Slurm every 2 s,
-        backing off to 30 s: :func:`launcher.runs.poll.wait_all`); returns the state then."""
+        """The run's state once terminal or after ``timeout`` s (:func:`launcher.runs.poll.wait_all`)."""
         return poll.wait_all(self.store, [self.record()], timeout)[self.run_id].state
 
     def logs(self, role: str | None = None, task: int | None = None, attempt: int | None = None,

@@ -33,8 +33,7 @@ PRECEDENCE = (FAILED, TIMEOUT, CANCELLED, SUCCEEDED)
 
 
 def from_slurm(word: str) -> str:
-    """One Slurm state word (``CANCELLED by 0`` too) as a run state; a word not in
-    :data:`SLURM_STATES` is a state of a job Slurm still holds: RUNNING."""
+    """A Slurm state word (``CANCELLED by 0`` too) as a run state; one not in :data:`SLURM_STATES`: RUNNING."""
     return SLURM_STATES.get(word.split()[0] if word else "", RUNNING)
 
 

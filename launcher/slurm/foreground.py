@@ -89,11 +89,8 @@ def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict:
 
 
 def exit_status(returncode: int, received: Sequence[int]) -> int:
-    """The exit status of csrun after its srun child ended: ``128 + N`` for the first of
-    SIGINT/SIGTERM the user sent csrun (130 for Ctrl-C, 143 for SIGTERM, as a shell reports
-    a command killed by that signal), whatever srun's tasks died of (a cancelled step's
-    tasks get SIGKILL: 137); else srun's status, ``128 + N`` when srun itself died of
-    signal N."""
+    """csrun's exit status after srun ended: ``128 + N`` for the first SIGINT/SIGTERM ``N`` the user
+    sent csrun (130, 143); else srun's status, ``128 + N`` when srun died of signal ``N``."""
     if received:
         return 128 + int(received[0])
     return 128 - returncode if returncode < 0 else returncode

@@ -156,20 +156,14 @@ def _sacct_state(job_id: str, env: Mapping[str, str] | None) -> str | None:
 
 
 def queued_jobs(env: Mapping[str, str] | None = None) -> int:
-    """Jobs in the Slurm queue now (any user, pending or running), from ``squeue``.
-
-    Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
-    """
+    """Jobs in ``squeue`` now (any user); raises :class:`SlurmUnavailable` without slurmctld."""
     return len(queued_job_ids(env))
 
 
 def queued_job_ids(env: Mapping[str, str] | None = None, running_only: bool = False) -> set[str]:
-    """Ids of the jobs in the Slurm queue now (any user; only ``RUNNING`` ones with
-    ``running_only``), from ``squeue``. A heterogeneous job is listed once per het component
-    (``123+0``, ``123+1``).
-
-    Raises :class:`SlurmUnavailable` when slurmctld cannot be reached.
-    """
+    """Ids of the jobs in ``squeue`` now (any user; ``RUNNING`` only with ``running_only``), a het
+    job once per component (``123+0``, ``123+1``). Raises :class:`SlurmUnavailable` when
+    slurmctld cannot be reached."""
     argv = ["squeue", "--noheader", "--format=%i"] + (["--states=RUNNING"] if running_only else [])
     out = command.query(argv, env)
     return {ln.strip() for ln in out.splitlines() if ln.strip()}

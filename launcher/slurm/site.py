@@ -75,8 +75,7 @@ def parse_slurm_version(text: str) -> tuple[int, int, int] | None:
 
 
 def slurm_release(env: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
-    """The Slurm client's release from ``sinfo --version`` (no controller needed), or
-    ``None`` when no Slurm client is installed or it does not answer."""
+    """The Slurm client's release from ``sinfo --version``, or ``None`` when no client answers."""
     return parse_slurm_version(version(env) or "")
 
 
@@ -95,14 +94,12 @@ def _sacctmgr_names(entity: str, env: Mapping[str, str] | None) -> list[str] | N
 
 
 def accounts(env: Mapping[str, str] | None = None) -> list[str] | None:
-    """Accounts Slurm's accounting knows (``sacctmgr show account``); ``None`` without
-    accounting (see :func:`_sacctmgr_names`)."""
+    """Accounts in Slurm's accounting (``sacctmgr show account``); ``None`` without accounting."""
     return _sacctmgr_names("account", env)
 
 
 def qos_names(env: Mapping[str, str] | None = None) -> list[str] | None:
-    """QOS names Slurm's accounting knows (``sacctmgr show qos``); ``None`` without
-    accounting."""
+    """QOS names in Slurm's accounting (``sacctmgr show qos``); ``None`` without accounting."""
     return _sacctmgr_names("qos", env)
 
 
