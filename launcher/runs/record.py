@@ -2,7 +2,7 @@
 ``--dry-run``) and kept up to date by the launcher and by ``csrun status``.
 
 It lives in two places, the same text in both (:mod:`csrun_common.atomic` writes, under a lock):
-with the run, ``<model_dir>/.csrun/runs/<run id>.json`` when the run has a model_dir, and in the
+with the run, ``<model_dir>/.csrun-runs/<run id>.json`` when the run has a model_dir, and in the
 index, ``<state dir>/runs/<run id>.json``, so that any directory and any process finds it. The
 state directory is ``runs.state_dir`` of the site config, else ``$XDG_STATE_HOME/csrun``, else
 ``~/.local/state/csrun`` (the XDG Base Directory Specification's state home). docs/RUNS.md.
@@ -27,6 +27,9 @@ from csrun_common.errors import CsrunError
 #: Letters of a run id's random part: no 0/o, 1/l/i, so that it reads back as typed.
 ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 RECORD_VERSION = 1
+#: The folder of a run's record beside its model_dir's other files (``.csrun/`` holds the job steps'
+#: rendezvous folders, one per step, and nothing else).
+RUNS_BESIDE = ".csrun-runs"
 
 
 def state_dir(configured: str = "", env: Any = None) -> Path:
@@ -118,7 +121,7 @@ class RunStore:
     @staticmethod
     def model_dir_path(model_dir: str, run_id: str) -> Path:
         """The copy of ``run_id``'s record beside its model_dir."""
-        return Path(model_dir) / ".csrun" / "runs" / f"{run_id}.json"
+        return Path(model_dir) / RUNS_BESIDE / f"{run_id}.json"
 
     def new_id(self, kind: str) -> str:
         """A fresh run id (:func:`new_run_id`) not in the index."""
@@ -185,7 +188,7 @@ class RunStore:
         ref = str(ref).strip()
         if ref and "/" not in ref and self.index_path(ref).exists():
             return self.load(ref)
-        if ref and (Path(ref) / ".csrun" / "runs").is_dir():
+        if ref and (Path(ref) / RUNS_BESIDE).is_dir():
             return self._newest_in(Path(ref))
         records = self.all()
         job, where = ref.split("+")[0], str(Path(ref).resolve()) if ref else ""
@@ -200,7 +203,7 @@ class RunStore:
     def _newest_in(self, model_dir: Path) -> RunRecord:
         """The newest run recorded beside ``model_dir`` (the index's copy when it has one)."""
         recs = []
-        for p in (model_dir / ".csrun" / "runs").glob("*.json"):
+        for p in (model_dir / RUNS_BESIDE).glob("*.json"):
             data = read_json(p)
             if isinstance(data, dict):
                 recs.append(RunRecord.from_json(data))

@@ -183,7 +183,7 @@ def test_an_sbatch_run_listed_followed_described_and_attached(env, tmp_path):
     other = subprocess.run([sys.executable, "-c", code, str(md)], env=clean, cwd="/", capture_output=True, timeout=60)
     attached, state = pickle.loads(other.stdout)
     assert state == "SUCCEEDED" and attached.run_id == run_id
-    assert (md / ".csrun" / "runs" / f"{run_id}.json").exists()  # the copy beside the model_dir
+    assert (md / ".csrun-runs" / f"{run_id}.json").exists()  # the copy beside the model_dir
     assert pickle.loads(pickle.dumps(attached)).state() == "SUCCEEDED"  # here, as in the other process
 
 

@@ -69,7 +69,7 @@ def test_an_unknown_run_names_the_closest(store, tmp_path):
     assert str(e.value).startswith("RUN 'wse-1128-k3m8': no such run id, job id or model_dir (closest: wse-1128-k3m9")
     assert "\n" not in str(e.value) and e.value.exit_code == 2
     with pytest.raises(CsrunError, match=r"no run recorded in this model_dir"):
-        (tmp_path / "empty" / ".csrun" / "runs").mkdir(parents=True)
+        (tmp_path / "empty" / ".csrun-runs").mkdir(parents=True)
         store.find(str(tmp_path / "empty"))
 
 
