@@ -6,7 +6,7 @@ One process of a probe. It loads the user's run.py in capture mode
 * ``"mode": "once"`` — runs the one probe in ``spec["probe"]``, writes its result JSON and
   leaves, or
 * ``"mode": "serve"`` — stays up and runs every probe command the driver
-  (:mod:`analyzer.probe_driver`) drops into ``<workdir>/cmd/`` (so TensorFlow's ~4 s import and
+  (:mod:`analyzer.probe_session`) drops into ``<workdir>/cmd/`` (so TensorFlow's ~4 s import and
   the run.py load are paid once per process, not once per probe), until an ``exit``
   command, a deadline or the loss of its parent.
 

@@ -39,7 +39,7 @@ from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from launcher.config import KEY_FLAGS
 from launcher.slurm import stop_process_group
 
-from .analyze import console_script
+from .user_command import console_script
 
 #: ``verify``'s ``[default: ...]`` of the layout flags: the recommendation's.
 VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task",
