@@ -228,11 +228,9 @@ def _report_base(a: Analysis) -> dict[str, Any]:
 
 
 def world_target(per_rank: float | None, source: str, world_size: int) -> dict[str, Any]:
-    """``report.json``'s ``target``: ``{"samples_per_sec", "source"}``; ``per_rank`` is what one
-    accelerator consumes (samples/s, from ``--target-samples-per-sec`` or :func:`find_target`;
-    ``None``: no target). With several trainer ranks the target is the world's:
-    ``samples_per_sec = per_rank × world_size``, plus ``"per_rank_samples_per_sec"`` and
-    ``"world_size"``."""
+    """``report.json``'s ``target``: ``{"samples_per_sec", "source"}`` from one accelerator's
+    ``per_rank`` samples/s (``None``: no target); with several trainer ranks the world's
+    (× ``world_size``), plus ``"per_rank_samples_per_sec"`` and ``"world_size"``."""
     if world_size == 1:
         return {"samples_per_sec": per_rank, "source": source}
     return {"samples_per_sec": per_rank * world_size if per_rank else None, "source": source,

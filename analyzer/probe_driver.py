@@ -67,13 +67,8 @@ def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Ta
                on_row: Callable[[dict], None] = lambda r: None, progress: bool = True,
                want_ingest: bool = True,
                fit_fn: Callable[[list[dict], int], RateModel] | None = None) -> ProbeRun:
-    """Probe the input_fn adaptively within ``budget_s`` seconds (the load of run.py included).
-
-    ``on_row(row)`` is called after every probe (the caller saves partial results).
-    ``fit_fn(rows, n)`` returns the current fit (:class:`RateModel`) or raises; the planner
-    (:func:`next_probe`) ranks unmeasured layouts by it. Raises :class:`ProbeLoadError`
-    when run.py / the input_fn cannot be loaded.
-    """
+    """Probe the input_fn within ``budget_s`` seconds (run.py's load included); ``on_row(row)``
+    after each probe; ``fit_fn(rows, n)``: the current fit, or raises. Raises :class:`ProbeLoadError`."""
     return _Driver(_Spec(run_py, list(argv), cwd, Path(workdir), target), budget_s, on_row, progress,
                    want_ingest, fit_fn).run()
 

@@ -85,9 +85,8 @@ class ProbeSession:
     excluded), in the site's container, with a time limit a few minutes past the session's
     deadline; it is stopped with submitit's ``Job.cancel`` (``scancel``). With ``--local``
     the agent is a local process, stopped with :func:`launcher.slurm.stop_process_group`.
-    Either way the probes themselves are command files the workers pick up: the planner
-    chooses each probe from the results of the ones before, while the workers (TensorFlow
-    and run.py loaded once) keep running, and submitit has no channel into a running job.
+    Either way each probe is a command file the workers pick up (why: docs/DESIGN.md "The
+    analyzer's probes").
 
     ``run_py``/``argv``/``cwd``: the user's command (argv after run.py). ``workdir``: a
     fresh directory (inside the analyzer's output directory) for the spec, command,
@@ -112,14 +111,10 @@ class ProbeSession:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, load_timeout_s: float, tick: Callable[[], None] = lambda: None) -> list[dict]:
-        """Start the agent; wait until every worker has loaded run.py (or failed).
-
-        Returns the workers' hello records (``host``, ``node``, ``cpu_count``,
-        ``allowed_cpus``, ``load_s``). Raises :class:`ProbeLoadError` with the first load
-        error (the runtime's contract message when run.py or input_fn breaks it), sbatch's
-        message when it refuses the probe job, or when the workers do not come up within
-        ``load_timeout_s`` seconds (the probe job's queue state said when it never ran).
-        """
+        """Start the agent; wait until every worker has loaded run.py. Returns the workers' hellos
+        (``host``, ``node``, ``cpu_count``, ``allowed_cpus``, ``load_s``). Raises
+        :class:`ProbeLoadError`: the first load error, sbatch's refusal, or no hellos within
+        ``load_timeout_s`` seconds (with the job's queue state when it never ran)."""
         spec_path = self._write_spec()
         if self.target.local:
             self._start_local(spec_path)
@@ -263,8 +258,7 @@ class ProbeSession:
 
 
     def _send_placeholder(self, seq: int) -> None:
-        """A command ``seq`` every node process skips (tasks 0), so later commands keep
-        their numbers."""
+        """Command ``seq`` as one every node process skips (tasks 0): later numbers stay in step."""
         write_json(self.workdir / "cmd" / f"{seq}.json", {"seq": seq, "kind": PROBE_KIND, "tasks": 0})
 
     def _send(self, cmd: dict) -> int:

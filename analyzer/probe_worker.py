@@ -155,12 +155,8 @@ class Marker:
 
 
 def backend_for(entry: Any) -> InputBackend:
-    """The input backend of a captured run.py (:class:`csrun_runtime.capture.CapturedRun`: its
-    ``framework``, ``input_fn`` and ``params``), from its backend's ``probe`` module
-    (``registry.entry(framework, "probe").backend``; the framework's side imported only then).
-    Raises :class:`csrun_runtime.registry.UnknownFramework` (a ``ValueError``) for another
-    framework, :class:`csrun_runtime.probing.ContractViolation` for an input function that
-    breaks the contract."""
+    """The input backend of a captured run.py, from its framework's ``probe`` module. Raises
+    ``registry.UnknownFramework`` (a ``ValueError``) or :class:`probing.ContractViolation`."""
     backend: InputBackend = registry.entry(getattr(entry, "framework", DEFAULT_FRAMEWORK), "probe").backend(entry)
     return backend
 

@@ -147,23 +147,15 @@ def rank_layouts(node_cpus: int, available_nodes: int, chief_nodes: int,
 def recommend(model: NodeModel, available_nodes: int, target: float | None = None,
               ingest: dict | None = None, topology: dict | None = None,
               tolerance: float = 0.05, *, chief_nodes: int = 1, chief_tasks_per_node: int = 1) -> dict[str, Any]:
-    """Choose the layout (rules in the module docstring), the chief's input CPUs included.
+    """Choose the layout (rules: the module docstring), the chief's input CPUs included.
 
-    ``target``: samples/s the accelerator consumes (``None``: best for the available nodes);
-    with several trainer ranks (``chief_nodes`` × ``chief_tasks_per_node`` > 1) the world's
-    (every rank's together), and the layouts are :func:`rank_layouts`'.
-    Returns the chosen :func:`predict_layout` dict plus ``"target"``, ``"meets_target"``
-    (``None`` without a target), ``"input_starved"`` (``True`` when the prediction is
-    below the target, ``"at risk"`` when only the interval's low end is, ``False``, or
-    ``None`` without a target), ``"reason"`` (a sentence) and ``"alternatives"`` (the five
-    next layouts by the same order).
-    Raises ``ValueError`` when ``available_nodes < 1``, or, with several trainer ranks, when
-    no layout of at most ``available_nodes`` nodes fits the world (the message names the flags).
-
-    The steps: the candidates' predictions (:func:`_candidates`), the choice with a target
-    (:func:`_choose_for_target`) or without (:func:`_choose_best`), and the result
-    (:func:`_recommendation`).
-    """
+    ``target``: samples/s the accelerator consumes, the world's with several trainer ranks
+    (``None``: best for the available nodes). Returns the chosen :func:`predict_layout` dict
+    plus ``"target"``, ``"meets_target"``, ``"input_starved"`` (``True``, ``"at risk"`` when
+    only the interval's low end misses it, ``False``; both ``None`` without a target),
+    ``"reason"`` (a sentence), ``"best_available_samples_per_sec"`` and ``"alternatives"`` (the
+    next five). Raises ``ValueError`` when ``available_nodes < 1`` or no layout fits the world
+    of trainer ranks (the message names the flags)."""
     if available_nodes < 1:
         raise ValueError(f"available nodes {available_nodes}: must be at least 1")
     if chief_nodes * chief_tasks_per_node > 1:

@@ -105,9 +105,7 @@ def _json_rate(path: Path) -> float | None:
 
 
 def console_script(name: str) -> str:
-    """Path of the console script ``name`` (``csrun_cpu``, ``csrun_wse``,
-    ``cs_input_analyzer``) beside the interpreter running this code, else the one on PATH,
-    else ``name`` itself."""
+    """The console script ``name`` beside this interpreter, else on PATH, else ``name``."""
     here = Path(sys.executable).parent / name
     return str(here) if here.exists() else (shutil.which(name) or name)
 
