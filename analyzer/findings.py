@@ -21,7 +21,7 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
                  topology: dict[str, Any] | None) -> dict[str, Any]:
     """The report dict from the probe rows: model, bottleneck, ingest, recommendation, the
     rate-vs-nodes curve of the chosen tasks × CPUs (and chief input CPUs), and the csrun_wse
-    command. Pure given its inputs (used by :func:`analyze` and by tests on recorded tables)."""
+    command. Pure given its inputs (used by :func:`analyzer.analyze.analyze` and by tests on recorded tables)."""
     # pandas and numpy (the model) are imported here, not at the CLI's start-up.
     import pandas as pd
 

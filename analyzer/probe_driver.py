@@ -67,8 +67,8 @@ def run_probes(run_py: str, argv: list[str], cwd: str, workdir: Path, target: Ta
                on_row: Callable[[dict], None] = lambda r: None, progress: bool = True,
                want_ingest: bool = True,
                fit_fn: Callable[[list[dict], int], RateModel] | None = None) -> ProbeRun:
-    """Probe the input_fn within ``budget_s`` seconds (run.py's load included); ``on_row(row)``
-    after each probe; ``fit_fn(rows, n)``: the current fit, or raises. Raises :class:`ProbeLoadError`."""
+    """Probe the input_fn within ``budget_s`` seconds (run.py's load included), ``on_row(row)`` after
+    each probe, ``fit_fn(rows, n)`` the current fit; raises :class:`analyzer.probe_session.ProbeLoadError`."""
     return _Driver(_Spec(run_py, list(argv), cwd, Path(workdir), target), budget_s, on_row, progress,
                    want_ingest, fit_fn).run()
 
