@@ -1,247 +1,54 @@
 """``cs_input_analyzer [options] python run.py --params P --mode validate_only|compile_only``.
 
-The main command: runs the user's command first (through ``csrun_cpu``; with ``--local``
-directly), then probes the same run.py's ``input_fn`` with the same params
-(:mod:`analyzer.probe_driver`), fits the node model (:mod:`analyzer.model`), chooses a layout
-(:mod:`analyzer.recommend`) and writes the report (:mod:`analyzer.report`) into the output
-directory (default ``<model_dir>/input_analysis/``) — nothing else of the user's is written.
+The main command: runs the user's command first (:mod:`analyzer.user_command`: through
+``csrun_cpu``; with ``--local`` directly), then probes the same run.py's ``input_fn`` with the
+same params (:mod:`analyzer.probe_driver`), builds the report from the probe rows
+(:mod:`analyzer.findings`: the node model, the layout chosen) and writes it
+(:mod:`analyzer.report`) into the output directory (default ``<model_dir>/input_analysis/``) —
+nothing else of the user's is written.
 
 The target rate (samples/s the accelerator consumes) is ``--target-samples-per-sec``, else
-the estimate of ``<model_dir>/compile_report.json`` / ``compile_report.txt`` (compile_only),
-else ``est_samples_per_sec`` of a previous run's ``<model_dir>/performance/performance.json``,
-else none ("best for the available nodes").
+:func:`analyzer.user_command.find_target`'s, else none ("best for the available nodes").
 
 The steps of :func:`analyze`, in order: :func:`_prepare` (the command, its params, Slurm's
 facts, the output directory), :func:`run_user_command`, :func:`_probe_target`,
-:func:`_report_base`, :func:`_probe` (:func:`analyzer.probe_driver.run_probes`),
-:func:`build_report`, :func:`_finish`. A new check of the user's input (e.g. of its data
-files) is one more step that adds its findings to the report base's ``notes``.
+:func:`_report_base`, :func:`_check_files`, :func:`_probe`
+(:func:`analyzer.probe_driver.run_probes`), :func:`analyzer.findings.build_report`,
+:func:`_finish`. A new check of the user's input is one more step that adds its findings to
+the report base's ``notes``.
 
-This module is imported by the CLI at start-up: it imports neither TensorFlow nor pandas
-nor matplotlib at module level.
+Imported by the CLI at start-up: no TensorFlow, pandas or matplotlib at module level.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
-import re
 import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from csrun_common import exits
 from csrun_common.errors import CsrunError
 from csrun_common.flagspec import by_name, click_options
 from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
-from csrun_runtime.registry import launchers
-from launcher import slurm
 from launcher.config import FLAG_NOTES, KEY_FLAGS, SiteConfig, load_config
 from launcher.container import site_container, split_mount_dirs
-from launcher.resolve import gres_nodes
 
 from . import file_coverage
 from . import report as rp
-from .probe_driver import ProbeLoadError, ProbeRun, Target, disturbed, run_probes
+from .findings import build_report
+from .probe_driver import ProbeRun, run_probes
+from .probe_session import ProbeLoadError, Target
+from .slurm_facts import ClusterInfo, cluster_info, topology
+from .user_command import Command, find_target, run_user_command, split_command
 
 if TYPE_CHECKING:
     from .model import NodeModel
 
 DEFAULT_BUDGET_S = 120.0
-
-
-@dataclass
-class Command:
-    """The user's command split: ``python`` word, ``run_py`` (absolute), ``argv`` after it."""
-
-    words: list[str]
-    python_word: str | None
-    run_py: str
-    argv: list[str] = field(default_factory=list)
-
-
-def split_command(words: Sequence[str], cwd: str) -> Command:
-    """``python run.py ARGS`` / ``python-ws run.py ARGS`` / ``run.py ARGS`` → :class:`Command`.
-
-    Raises :class:`CsrunError` (exit 2) when no ``*.py`` script follows the interpreter.
-    """
-    words = list(words)
-    if not words:
-        raise CsrunError("COMMAND: missing (expected `python run.py --params ... --mode validate_only`)")
-    first = words[0]
-    if first.endswith(".py"):
-        py_word, script, rest = None, first, words[1:]
-    else:
-        base = os.path.basename(first)
-        if not (base.startswith("python") or base in launchers().values()):
-            raise CsrunError(f"COMMAND {first!r}: expected `python run.py ...` (a Python run.py)")
-        if len(words) < 2 or not words[1].endswith(".py"):
-            raise CsrunError(f"COMMAND {' '.join(words[:2])!r}: expected a run.py after {first}")
-        py_word, script, rest = first, words[1], words[2:]
-    path = Path(script) if os.path.isabs(script) else Path(cwd) / script
-    if not path.is_file():
-        raise CsrunError(f"COMMAND: {script}: no such file")
-    return Command(words=words, python_word=py_word, run_py=str(path.resolve()), argv=list(rest))
-
-
-def find_target(model_dir: str) -> tuple[float | None, str]:
-    """The accelerator's consumption rate (samples/s) and where it came from.
-
-    Looks, in order, at ``compile_report.json`` (``est_samples_per_sec``), ``compile_report.txt``
-    (a number followed by ``samples/s`` or ``samples per second``) and
-    ``performance/performance.json`` (``est_samples_per_sec``) in ``model_dir``. Returns
-    ``(None, reason)`` when none has one.
-    """
-    md = Path(model_dir)
-    for name in ("compile_report.json",):
-        v = _json_rate(md / name)
-        if v:
-            return v, f"estimate in {md / name}"
-    txt = md / "compile_report.txt"
-    if txt.is_file():
-        m = re.search(r"([0-9][0-9,]*\.?[0-9]*)\s*(?:samples/s(?:ec)?|samples per sec)",
-                      txt.read_text(errors="replace"), re.IGNORECASE)
-        if m:
-            try:
-                return float(m.group(1).replace(",", "")), f"estimate in {txt}"
-            except ValueError:
-                pass
-    perf = md / "performance" / "performance.json"
-    v = _json_rate(perf)
-    if v:
-        return v, f"est_samples_per_sec of a previous run ({perf})"
-    return None, "no --target-samples-per-sec, compile report or previous run"
-
-
-def _json_rate(path: Path) -> float | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    for key in ("est_samples_per_sec", "estimated_samples_per_sec", "samples_per_sec_estimate"):
-        v = data.get(key)
-        if isinstance(v, (int, float)) and v > 0:
-            return float(v)
-    for sub in data.values():
-        if isinstance(sub, dict):
-            v = sub.get("est_samples_per_sec")
-            if isinstance(v, (int, float)) and v > 0:
-                return float(v)
-    return None
-
-
-def console_script(name: str) -> str:
-    """Path of the console script ``name`` (``csrun_cpu``, ``csrun_wse``,
-    ``cs_input_analyzer``) beside the interpreter running this code, else the one on PATH,
-    else ``name`` itself."""
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
-
-
-def run_user_command(cmd: Command, local: bool, mount_dirs: str | None, cwd: str, log: Path,
-                     python: str, timeout_s: float = 1800) -> int:
-    """Run the user's command first (``csrun_cpu [--mount-dirs] CMD`` or, locally, CMD with
-    ``python`` for the interpreter word). Output goes to ``log`` and, on failure, its tail
-    to stderr. Returns the exit status."""
-    if local:
-        argv = [python, cmd.run_py, *cmd.argv]
-    else:
-        mount = [KEY_FLAGS["mount_dirs"].flag, mount_dirs] if mount_dirs else []
-        argv = [console_script("csrun_cpu"), *mount, *cmd.words]
-    shown = argv[:1] + [os.path.basename(argv[1])] + argv[2:] if local else argv
-    click.echo(f"cs_input_analyzer: running {' '.join(shown)}", err=True)
-    with open(log, "wb") as f:
-        try:
-            proc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = exits.TIMEOUT
-        except OSError as exc:
-            raise CsrunError(f"cannot run {argv[0]}: {exc.strerror}", 2) from None
-    if rc != 0:
-        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        click.echo("\n".join(tail), err=True)
-    return rc
-
-
-class ClusterInfo(TypedDict):
-    """Slurm facts for probing and the layout model (``report.json``'s ``cluster``):
-    ``nodes`` (names, the chief's GRES node first), ``node_cpus`` (CPUs of one CPU node),
-    ``node_hosts`` (the host of each node, in the order of ``nodes``) and ``host_cores``
-    (per host: the CPUs its nodes declare together; :func:`_topology` replaces it by the
-    probe's measured host CPUs where nodes share a host)."""
-
-    nodes: list[str]
-    node_cpus: int
-    node_hosts: list[str]
-    host_cores: dict[str, int]
-
-
-def cluster_info(partition: str, exclude: str) -> ClusterInfo:
-    """The :class:`ClusterInfo` of ``partition`` ("" : Slurm's default partitions), with
-    ``exclude`` (the site's ``gres.node``: a name, a comma list or a Slurm hostlist) first, from
-    :func:`launcher.slurm.list_nodes` and :func:`launcher.slurm.node_hosts`.
-
-    Raises :class:`CsrunError` (exit 2) when Slurm cannot be reached, suggesting ``--local``,
-    or when ``exclude`` does not parse.
-    """
-    gres = gres_nodes(exclude)
-    try:
-        nodes = slurm.list_nodes(partition)
-        n = slurm.cpu_node_cpus(nodes, exclude=gres)
-    except CsrunError as exc:
-        raise CsrunError(f"cannot use Slurm ({exc}); run with --local to probe this machine instead") from None
-    try:
-        hosts = slurm.node_hosts(partition)
-    except CsrunError:
-        hosts = {}  # every node its own host
-    names = list(dict.fromkeys(x.name for x in nodes))
-    order = [x for x in names if x in gres] + [x for x in names if x not in gres]
-    node_hosts = [hosts.get(x, x) for x in order]
-    cpus = {x.name: x.cpus for x in nodes}
-    host_cores: dict[str, int] = {}
-    for name, h in zip(order, node_hosts, strict=True):
-        host_cores[h] = host_cores.get(h, 0) + cpus.get(name, n)
-    return {"nodes": order, "node_cpus": n, "node_hosts": node_hosts, "host_cores": host_cores}
-
-
-def _topology(info: ClusterInfo | None, hellos: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Host sharing for :func:`analyzer.recommend.predict_layout`: the hosts that carry
-    several nodes declaring more CPUs together than the host has (``cpu_count`` seen by the
-    probe processes on that host; the Slurm test cluster unpinned); nodes pinned to their
-    own CPUs of one host (``cluster up --pin``) are independent. ``None`` when none is
-    shared."""
-    if not info:
-        return None
-    counts: dict[str, int] = {}
-    for h in info["node_hosts"]:
-        counts[h] = counts.get(h, 0) + 1
-    seen: dict[str, int] = {}
-    for hello in hellos:
-        if hello.get("host") and hello.get("cpu_count"):
-            seen[hello["host"]] = int(hello["cpu_count"])
-    cores = {}
-    for h, c in counts.items():
-        declared = info["host_cores"][h]
-        if c > 1 and h in seen and declared > seen[h]:
-            cores[h] = seen[h]
-        elif c > 1 and h not in seen:
-            cores[h] = declared  # not probed: what the nodes declare together
-    shared = {h for h, c in cores.items() if c < info["host_cores"][h]}
-    if not shared:
-        return None
-    return {"nodes": info["nodes"], "node_hosts": info["node_hosts"],
-            "host_cores": {h: cores[h] for h in shared}, "shared_hosts": sorted(shared)}
 
 
 @dataclass
@@ -307,7 +114,7 @@ def analyze(opts: Options) -> int:
     if run is None:
         return 1
     _record_run(a.base, run)
-    return _finish(a.out, build_report(a.base, run.rows, _topology(a.info, run.hellos)))
+    return _finish(a.out, build_report(a.base, run.rows, topology(a.info, run.hellos)))
 
 
 def _prepare(opts: Options) -> Analysis:
@@ -421,11 +228,9 @@ def _report_base(a: Analysis) -> dict[str, Any]:
 
 
 def world_target(per_rank: float | None, source: str, world_size: int) -> dict[str, Any]:
-    """``report.json``'s ``target``: ``{"samples_per_sec", "source"}``; ``per_rank`` is what one
-    accelerator consumes (samples/s, from ``--target-samples-per-sec`` or :func:`find_target`;
-    ``None``: no target). With several trainer ranks the target is the world's:
-    ``samples_per_sec = per_rank × world_size``, plus ``"per_rank_samples_per_sec"`` and
-    ``"world_size"``."""
+    """``report.json``'s ``target``: ``{"samples_per_sec", "source"}`` from one accelerator's
+    ``per_rank`` samples/s (``None``: no target); with several trainer ranks the world's
+    (× ``world_size``), plus ``"per_rank_samples_per_sec"`` and ``"world_size"``."""
     if world_size == 1:
         return {"samples_per_sec": per_rank, "source": source}
     return {"samples_per_sec": per_rank * world_size if per_rank else None, "source": source,
@@ -498,167 +303,6 @@ def _fit_rows(rows: list[dict[str, Any]], n: int) -> NodeModel:
 def _save_partial(out: Path, base: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     rp.write_probes_csv(out, rows)
     rp.write_json(out, {**base, "partial": True, "probes": rows})
-
-
-def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
-                 topology: dict[str, Any] | None) -> dict[str, Any]:
-    """The report dict from the probe rows: model, bottleneck, ingest, recommendation, the
-    rate-vs-nodes curve of the chosen tasks × CPUs (and chief input CPUs), and the csrun_wse
-    command. Pure given its inputs (used by :func:`analyze` and by tests on recorded tables)."""
-    # pandas and numpy (the model) are imported here, not at the CLI's start-up.
-    import pandas as pd
-
-    # the backend's facts (not its framework) once the analysis runs
-    from csrun_runtime.probing import facts, framework_of_report
-
-    # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
-    from . import dataloader_plan as dlp
-    from .model import ModelError, classify, fit, ingest_limits
-
-    rep = dict(base)
-    rep["probes"] = rows
-    rep["topology"] = topology
-    # probes only ever measured while other processes were busy: they lead report.txt
-    rep["disturbed"] = disturbed(rows)
-    sweep = any(dlp.has_dataloader_workers(r) for r in rows)
-    fw = framework_of_report(base.get("framework"), sweep)
-    fw_facts = facts(fw)
-    sweep = sweep or fw_facts.dataloader_workers
-    # a DataLoader's: the per-task rate at C CPUs is the best measured over its num_workers
-    df = pd.DataFrame(dlp.at_best(rows) if sweep else rows)
-    try:
-        model = fit(df, base.get("node_cpus"))
-    except ModelError as exc:
-        rep["error"] = f"{exc}" + (f" (last error: {rows[-1].get('error')})" if rows else "")
-        return rep
-    # no ingest hop of its own (PyTorch: its served probes measure the data plane): no prior
-    ingest = ingest_limits(df, prior=fw_facts.ingest_probe and not sweep)
-    rep["model"] = model.to_dict()
-    rep["ingest"] = ingest
-    rep["bottleneck"] = classify(df, model)
-    rec = _recommend(rep, model, ingest, topology)
-    if rec is None:
-        return rep
-    if sweep:
-        _dataloader_parts(rep, rows, rec, fw)
-    rep["csrun_wse_command"] = rp.csrun_wse_command(rec, base.get("command") or [], base.get("mount_dirs"),
-                                                    framework=fw)
-    if notes := _layout_notes(topology, ingest):
-        rep["notes"] = list(rep.get("notes") or []) + notes
-    return rep
-
-
-def _recommend(rep: dict[str, Any], model: NodeModel, ingest: dict[str, Any],
-               topology: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The recommendation for the report ``rep`` (its target, available nodes and ``world``:
-    :func:`analyzer.recommend.recommend`) and the rate-vs-nodes curve of its tasks × CPUs
-    (``nodes_curve``: every node count whose layout the world takes), both set in ``rep``.
-    ``None``, the reason in ``rep["error"]``, when no layout fits the world."""
-    from . import recommend as rc
-
-    world = rep.get("world") or {}
-    ranks = {"chief_nodes": int(world.get("chief_nodes") or 1),
-             "chief_tasks_per_node": int(world.get("chief_tasks_per_node") or 1)}
-    available = int(rep.get("available_nodes") or 1)
-    tgt = (rep.get("target") or {}).get("samples_per_sec")
-    try:
-        rec = rc.recommend(model, available, tgt, ingest, topology, **ranks)
-    except ValueError as exc:
-        rep["error"] = str(exc)
-        return None
-    rep["recommendation"] = rec
-    curve = []
-    spec = LayoutSpec.from_record(rec)  # the recommendation's tasks, CPUs, chief input and ranks
-    for n in range(1, available + 1):
-        try:
-            curve.append(rc.predict_layout(model, spec.with_(nodes=n), ingest, topology))
-        except ValueError:  # a node count the world does not take (W not a multiple of it)
-            continue
-    rep["nodes_curve"] = curve
-    return rec
-
-
-def _layout_notes(topology: dict[str, Any] | None, ingest: dict[str, Any]) -> list[str]:
-    """The report's notes on what bounds every layout's prediction: hosts the nodes share, an
-    ingest probe that left CPUs idle (a fixed cap), a served probe that did not run."""
-    notes: list[str] = []
-    if topology:
-        notes += [
-            f"nodes {', '.join(topology.get('nodes') or [])} share host(s) "
-            f"{', '.join(topology['shared_hosts'])} with {', '.join(str(v) for v in topology['host_cores'].values())} "
-            f"CPU(s): predictions cap the whole job by those cores"]
-    if ingest.get("samples_per_sec") and not ingest.get("cpu_bound"):
-        notes += [
-            "the chief's ingest probe left CPUs idle: its rate caps every layout with input workers "
-            "(a latency or GIL limit of the chief's stream)"]
-    if ingest.get("worker_hop_cpu_seconds_per_sample") is None and ingest.get("cpu_seconds_per_sample"):
-        notes += [
-            "no served probe ran: what serving costs the input workers is unknown (taken as 0) and the "
-            "chief's share is the whole hop" + ("" if ingest.get("samples_per_sec") else
-                                              " (a prior from the element size)")
-            + "; give a larger --time-budget to measure it"]
-    return notes
-
-
-def _dataloader_parts(rep: dict[str, Any], rows: list[dict[str, Any]], rec: dict[str, Any], framework: str) -> None:
-    """The parts of a report whose probes swept a DataLoader's worker count (PyTorch):
-    ``framework``, the DataLoader ``num_workers`` of the recommendation and of each alternative
-    (:func:`analyzer.dataloader_plan.workers_for`), the best count measured at each CPUs per
-    task (``dataloader_workers``), and the notes saying what the served probes measured of the
-    chief's ingest (or that none ran) and how to set ``num_workers``."""
-    from csrun_runtime.probing import facts
-
-    from . import dataloader_plan as dlp
-
-    rep["framework"] = framework
-    rep["dataloader_workers"] = {str(c): k for c, k in dlp.best_workers(rows).items()}
-    rec["dataloader"] = dlp.workers_for(rows, int(rec["cpus_per_task"]))
-    rec["dataloader_workers"] = rec["dataloader"].get("num_workers")
-    for alt in rec.get("alternatives") or []:
-        alt["dataloader_workers"] = dlp.workers_for(rows, int(alt["cpus_per_task"])).get("num_workers")
-    invalid = sorted({int(r["dataloader_workers"]) for r in rows
-                      if dlp.has_dataloader_workers(r) and r.get("status") == dlp.INVALID})
-    notes = list(rep.get("notes") or [])
-    f = facts(framework)
-    notes.append(_served_ingest_note(rep.get("ingest") or {}, rows, f.title, f.via))
-    if invalid:
-        notes.append(f"DataLoader num_workers {', '.join(map(str, invalid))}: the data function could not build "
-                     f"its DataLoader there (skipped; see the probes' errors)")
-    rep["notes"] = notes
-
-
-def _served_ingest_note(ingest: dict[str, Any], rows: list[dict[str, Any]], title: str, via: str) -> str:
-    """The note on the chief's ingest ``via`` the framework's transport (``title``: its name,
-    e.g. ``PyTorch``; ``via``: ``"over csrun's data plane"``): what the ``served`` probes
-    measured and how the prediction uses it, or that none ran (the prediction then has no
-    chief-ingest term)."""
-    served = [r for r in rows if r.get("kind") == "served" and r.get("status") == "ok"]
-    k_c = ingest.get("chief_cpu_seconds_per_sample")
-    if not served or k_c is None:
-        return (f"{title}: no served probe ran (the time budget): the chief's ingest {via} "
-                "was not measured and the prediction leaves it out; give a larger --time-budget")
-    h = ingest.get("worker_hop_cpu_seconds_per_sample")
-    rate = ingest.get("served_samples_per_sec")
-    return (f"{title}: the chief's ingest {via} was measured by {len(served)} served "
-            f"probe(s) (an input worker streaming the DataLoader, the chief draining it one batch at a time"
-            + (f": {rate:.0f} samples/s delivered" if rate else "") + f"): the chief spends "
-            f"{k_c * 1e6:.2f} CPU-µs per sample (at most {1 / k_c if k_c > 0 else math.inf:.0f} samples/s "
-            f"per chief CPU)" + (f", sending adds {h * 1e6:.2f} CPU-µs per sample to an input worker's"
-                                 if h is not None else "")
-            + "; the prediction caps the chief by it" + _device_feed_note(served))
-
-
-def _device_feed_note(served: list[dict[str, Any]]) -> str:
-    """``"; into cuda:0 ..."`` when the served probes' chief fed a GPU (the runtime's device feed,
-    ``input.feed_device`` of its rows): the bytes/s it delivered into device memory, which the
-    samples/s above already count; ``""`` on a CPU chief."""
-    fed = [r for r in served if str(r.get("feed_device", "cpu")).startswith("cuda")
-           and r.get("chief_feed_bytes_per_sec")]
-    if not fed:
-        return ""
-    rate = max(float(r["chief_feed_bytes_per_sec"]) for r in fed)
-    return (f"; into {fed[0]['feed_device']} the device feed delivered {rate / 1e9:.2f} GB/s "
-            "(pinned ring, copy stream), the rate its samples/s were measured at")
 
 
 def _finish(out: Path, rep: dict[str, Any]) -> int:

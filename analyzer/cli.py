@@ -46,8 +46,7 @@ class AnalyzerGroup(click.Group):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              **extra: Any) -> None:
-        """Run the CLI with one-line errors and exit status 2 for bad input
-        (:func:`csrun_common.cli.one_line_main`)."""
+        """The CLI with one-line errors, exit 2 for bad input (:func:`csrun_common.cli.one_line_main`)."""
         return one_line_main(super().main, prog_name or "cs_input_analyzer", args, prog_name, **extra)
 
 

@@ -10,7 +10,7 @@ noisy point does not end a sweep); a point whose DataLoader cannot be built (``s
 ``invalid``: e.g. a processor that passes ``prefetch_factor`` at ``num_workers: 0``, which
 torch 2 rejects) is skipped. :func:`best_workers` is the fewest workers within
 :data:`TIE` of the best per-task rate at that ``C``; :func:`at_best` keeps, at each ``C``,
-only the rows at that count, so the TensorFlow planner (:func:`analyzer.probe_driver.next_probe`)
+only the rows at that count, so the TensorFlow planner (:func:`analyzer.probe_plan.next_probe`)
 and the model (:mod:`analyzer.model`) see the per-task rate at ``C`` CPUs = the best measured
 over ``num_workers``. ``prefetch_factor`` is not swept (the params' value is used).
 

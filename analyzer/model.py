@@ -429,14 +429,9 @@ def _agg_value(agg: pd.DataFrame, t: int, c: int, col: str) -> Any:
 
 
 def capped_speedup(speedup: float, added: float, what: str) -> tuple[float, str]:
-    """A speed-up as evidence: ``(min(speedup, added), clause)``.
-
-    ``added``: the factor of resources added between the two layouts compared (``n`` CPUs
-    for ``1×n`` over ``1×1``, ``n`` tasks for ``n×1`` over ``1×1``, ``T/n`` tasks for an
-    oversubscribed ``T×1`` over ``n×1``); ``what``: their name ("CPUs", "tasks"). More
-    resources cannot speed a pipeline up by more than they add: a larger measured ratio means
-    the smaller layout was slowed by other processes (or noise), and is capped at ``added``
-    with ``clause`` saying so (``""`` when not capped; NaN is returned as is)."""
+    """``(min(speedup, added), clause)``: ``added`` the factor of resources added, ``what`` their
+    name ("CPUs", "tasks"); ``clause`` says when it capped (else ``""``; NaN as is). Rule:
+    docs/ANALYZER.md "Evidence never exceeds the resources added"."""
     if not math.isfinite(speedup) or speedup <= added * (1 + 1e-9):
         return speedup, ""
     return added, (f" (capped: ×{speedup:.2f} was measured with ×{added:g} the {what}, a speed-up larger "

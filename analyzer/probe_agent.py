@@ -5,7 +5,7 @@ SPEC.json``, :mod:`analyzer.probe_worker`) on this node, each with its index in
 ``CSRUN_PROBE_INDEX`` and its log in ``<workdir>/logs/worker_<i>.log``, waits for them, and
 kills them all when it is signalled, so that no worker outlives the session.
 
-On a cluster it is the Python function that :class:`analyzer.probe_driver.ProbeSession`
+On a cluster it is the Python function that :class:`analyzer.probe_session.ProbeSession`
 submits through submitit (:func:`launcher.slurm.submit_function`: one task holding the
 node's CPUs, exclusive); ``scancel`` (submitit's ``Job.cancel``) signals it. With
 ``--local`` it runs as ``python -m analyzer.probe_agent M SPEC.json`` and is stopped with

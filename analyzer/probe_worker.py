@@ -6,7 +6,7 @@ One process of a probe. It loads the user's run.py in capture mode
 * ``"mode": "once"`` — runs the one probe in ``spec["probe"]``, writes its result JSON and
   leaves, or
 * ``"mode": "serve"`` — stays up and runs every probe command the driver
-  (:mod:`analyzer.probe_driver`) drops into ``<workdir>/cmd/`` (so TensorFlow's ~4 s import and
+  (:mod:`analyzer.probe_session`) drops into ``<workdir>/cmd/`` (so TensorFlow's ~4 s import and
   the run.py load are paid once per process, not once per probe), until an ``exit``
   command, a deadline or the loss of its parent.
 
@@ -155,12 +155,8 @@ class Marker:
 
 
 def backend_for(entry: Any) -> InputBackend:
-    """The input backend of a captured run.py (:class:`csrun_runtime.capture.CapturedRun`: its
-    ``framework``, ``input_fn`` and ``params``), from its backend's ``probe`` module
-    (``registry.entry(framework, "probe").backend``; the framework's side imported only then).
-    Raises :class:`csrun_runtime.registry.UnknownFramework` (a ``ValueError``) for another
-    framework, :class:`csrun_runtime.probing.ContractViolation` for an input function that
-    breaks the contract."""
+    """The input backend of a captured run.py, from its framework's ``probe`` module. Raises
+    ``registry.UnknownFramework`` (a ``ValueError``) or :class:`probing.ContractViolation`."""
     backend: InputBackend = registry.entry(getattr(entry, "framework", DEFAULT_FRAMEWORK), "probe").backend(entry)
     return backend
 

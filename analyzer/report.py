@@ -130,7 +130,7 @@ def _dataloader_how(rec: dict[str, Any]) -> list[str]:
 
 def warning_lines(report: dict[str, Any]) -> list[str]:
     """The lines that lead the text report when probes stayed disturbed (``report["disturbed"]``:
-    :func:`analyzer.probe_driver.disturbed`): one per probe kind and ``T×C`` with the cores
+    :func:`analyzer.probe_plan.disturbed`): one per probe kind and ``T×C`` with the cores
     other processes kept busy and whether it was measured again (the planner does so once,
     budget permitting; docs/ANALYZER.md), then a blank line. ``[]`` when none was."""
     dist = report.get("disturbed") or []

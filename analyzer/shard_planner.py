@@ -42,11 +42,7 @@ _GOLDEN = 0x9E3779B97F4A7C15         # odd: i -> base + i*_GOLDEN is injective m
 
 
 def worker_seed(base_seed: int, index: int) -> int:
-    """Shuffle seed of worker ``index``: ``(base_seed + index × 0x9E3779B97F4A7C15) mod
-    2**63``; distinct for distinct indices (the multiplier is odd, hence invertible
-    mod 2**63), non-negative and int64-safe ("each worker node must shuffle its data
-    differently": "Multiple input workers", Cerebras, "Limitations of the
-    CerebrasEstimator")."""
+    """Worker ``index``'s shuffle seed, distinct per index, in ``[0, 2**63)`` (the rule: the module docstring)."""
     return (int(base_seed) + int(index) * _GOLDEN) % schema.SEED_LIMIT
 
 

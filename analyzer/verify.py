@@ -39,7 +39,7 @@ from csrun_common.layout import LAYOUT_FLAGS, RANK_FIELDS, LayoutSpec
 from launcher.config import KEY_FLAGS
 from launcher.slurm import stop_process_group
 
-from .analyze import console_script
+from .user_command import console_script
 
 #: ``verify``'s ``[default: ...]`` of the layout flags: the recommendation's.
 VERIFY_NOTES = {s.name: "the recommendation's" + ("" if s.name in ("nodes", "tasks_per_node", "cpus_per_task",
@@ -144,15 +144,10 @@ def _strip_model_dir(argv: list[str]) -> list[str]:
 
 
 def verify_layout(rec: dict[str, Any], node_cpus: int, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The layout verify launches: the recommendation ``rec``'s, with the layout flags
-    ``given`` (:data:`csrun_common.layout.LAYOUT_FLAGS` field -> value; ``None``/``False``: not
-    given). Overriding the nodes, tasks per node or CPUs per task starts a layout without
-    single-task nodes and without the chief's input worker unless given. Returns the
-    :meth:`csrun_common.layout.LayoutSpec.record` keys
-    (``{"nodes", "tasks_per_node", "cpus_per_task", "single_task_nodes", "chief_input_cpus"}``,
-    ``"cyclic"`` when set). Raises :class:`CsrunError` naming the flag for a value below its
-    bound, more CPUs than a node's ``node_cpus`` or ``chief_input_cpus`` above the chief task's
-    CPUs (:meth:`LayoutSpec.check_node`)."""
+    """The :meth:`~csrun_common.layout.LayoutSpec.record` of the layout verify launches: ``rec``'s
+    with the layout flags ``given`` (field -> value; ``None``/``False``: not given); a given N, T
+    or C drops S and L unless they are given too. Raises :class:`CsrunError` naming the flag
+    (:meth:`~csrun_common.layout.LayoutSpec.check_node` on nodes of ``node_cpus`` CPUs)."""
     named = {k: v for k, v in (given or {}).items() if v is not None and v is not False}
     LayoutSpec.check_given(named)
     spec = LayoutSpec.from_record(rec)

@@ -25,7 +25,7 @@ import sys
 import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
-from analyzer.analyze import console_script
+from analyzer.user_command import console_script
 
 #: N=3 nodes, the chief alone on the GRES node, 2 nodes × 2 tasks × 1 CPU of input workers:
 #: three het components, five tasks.

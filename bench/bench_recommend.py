@@ -19,7 +19,7 @@ decode + crop + resize: CPU-parallel) and ``bench/pipelines/serial`` (a GIL-boun
 * *Oracle*: an exhaustive sweep of every ``T`` tasks × ``C`` CPUs per task on one CPU node
   (``T × C ≤ n``, the layouts the analyzer chooses from; full mode adds the oversubscribed
   ``T × C ≤ 2n``), each measured ``repeats`` times in rotating order with the analyzer's own
-  probe machinery (:class:`analyzer.probe_driver.ProbeSession`: ``T`` processes pinned to ``C``
+  probe machinery (:class:`analyzer.probe_session.ProbeSession`: ``T`` processes pinned to ``C``
   CPUs each, ``private_threadpool_size = C``, a common window; samples/s summed), with
   the probe timing the analyzer uses for the same budget. Its wall time is the session's
   (load included).
@@ -52,10 +52,11 @@ from typing import Any
 import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
-from analyzer.analyze import cluster_info
 from analyzer.model import NodeModel
-from analyzer.probe_driver import PROBE_KIND, ProbeSession, Target, Timing
+from analyzer.probe_plan import PROBE_KIND
+from analyzer.probe_session import ProbeSession, Target, Timing
 from analyzer.recommend import predict_layout
+from analyzer.slurm_facts import cluster_info
 from analyzer.verify import drain_command, launch_drain
 from csrun_common.layout import LayoutSpec
 from launcher.config import load_config
@@ -81,7 +82,7 @@ def run_analyzer(pipeline: str, budget_s: float, out: Path, model_dir: Path, env
 # --------------------------------------------------------------------------- the sweep
 def cluster_target() -> Target:
     """The probe target the analyzer uses on the cluster: one CPU node (not the GRES node)
-    of the configured partition, all its CPUs (:class:`analyzer.probe_driver.Target`)."""
+    of the configured partition, all its CPUs (:class:`analyzer.probe_session.Target`)."""
     cfg = load_config()
     info = cluster_info(cfg.slurm.partition, cfg.gres_node)
     return Target(local=False, partition=cfg.slurm.partition, account=cfg.slurm.account, exclude=cfg.gres_node,

@@ -23,7 +23,7 @@ import sys
 import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
-from analyzer.analyze import console_script
+from analyzer.user_command import console_script
 
 LAYOUT = ["--total-nodes", "3", "--single-task-nodes", "1", "--tasks-per-node", "2", "--cpus-per-task", "1"]
 

@@ -53,7 +53,7 @@ from pathlib import Path
 import clusters
 import common  # bench/ is on sys.path: these modules run as scripts from it
 
-from analyzer.analyze import console_script
+from analyzer.user_command import console_script
 
 HERE, REPO = common.BENCH, common.REPO
 

@@ -38,8 +38,8 @@ REPO = BENCH.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from analyzer.analyze import console_script  # noqa: E402 - after the path bootstrap
-from analyzer.probe_driver import is_nan  # noqa: E402
+from analyzer.probe_plan import is_nan  # noqa: E402 - after the path bootstrap
+from analyzer.user_command import console_script  # noqa: E402
 from csrun_common import atomic  # noqa: E402
 from launcher import slurm  # noqa: E402
 from launcher.slurm import stop_process_group  # noqa: E402

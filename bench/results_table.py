@@ -12,7 +12,7 @@ from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it; puts the repository there
 
-from analyzer.probe_driver import is_nan
+from analyzer.probe_plan import is_nan
 from csrun_common import atomic
 
 TABLE_START = "<!-- bench:table:start -->"

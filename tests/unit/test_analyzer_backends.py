@@ -113,8 +113,8 @@ def test_reading_the_facts_and_the_harnesses_imports_no_framework():
 def test_a_served_probe_on_a_gpu_names_the_device_feed_in_the_report():
     """The served probe's chief reads through the runtime's device feed: its device and the bytes/s
     it delivered there reach the probe row and, on CUDA, the report's ingest note (issue 31 item 3)."""
-    from analyzer import analyze
-    from analyzer.probe_driver import summarize
+    from analyzer import findings
+    from analyzer.probe_plan import summarize
 
     def res(index, device):
         return {"index": index, "samples_per_sec": 1000.0, "window_s": 2.0, "cpu_seconds": 1.0, "samples": 2000,
@@ -122,6 +122,6 @@ def test_a_served_probe_on_a_gpu_names_the_device_feed_in_the_report():
 
     gpu = summarize("served", 2, 1, 4, [res(0, "cuda:0"), res(1, "")], "ok", "", 0.0, 3.0, 1.0, "n", 1)
     assert gpu["feed_device"] == "cuda:0" and gpu["chief_feed_bytes_per_sec"] == 2e9
-    assert analyze._device_feed_note([gpu]).startswith("; into cuda:0 the device feed delivered 2.00 GB/s")
+    assert findings._device_feed_note([gpu]).startswith("; into cuda:0 the device feed delivered 2.00 GB/s")
     cpu = summarize("served", 2, 1, 4, [res(0, "cpu"), res(1, "")], "ok", "", 0.0, 3.0, 1.0, "n", 2)
-    assert cpu["feed_device"] == "cpu" and analyze._device_feed_note([cpu]) == ""
+    assert cpu["feed_device"] == "cpu" and findings._device_feed_note([cpu]) == ""

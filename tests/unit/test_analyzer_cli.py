@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import analyze as A
+from analyzer import user_command as U
+from csrun_common.errors import CsrunError
 
 BIN = Path(sys.executable).parent / "cs_input_analyzer"
 
@@ -67,27 +68,27 @@ def test_bad_params_one_line(tmp_path):
 
 def test_split_command(tmp_path):
     (tmp_path / "run.py").write_text("")
-    c = A.split_command(["python", "run.py", "--mode", "validate_only"], str(tmp_path))
+    c = U.split_command(["python", "run.py", "--mode", "validate_only"], str(tmp_path))
     assert c.run_py == str((tmp_path / "run.py").resolve()) and c.argv == ["--mode", "validate_only"]
-    c = A.split_command(["run.py"], str(tmp_path))
+    c = U.split_command(["run.py"], str(tmp_path))
     assert c.python_word is None
-    with pytest.raises(A.CsrunError):
-        A.split_command([], str(tmp_path))
-    with pytest.raises(A.CsrunError):
-        A.split_command(["python", "-c", "1"], str(tmp_path))
+    with pytest.raises(CsrunError):
+        U.split_command([], str(tmp_path))
+    with pytest.raises(CsrunError):
+        U.split_command(["python", "-c", "1"], str(tmp_path))
 
 
 def test_find_target(tmp_path):
-    assert A.find_target(str(tmp_path))[0] is None
+    assert U.find_target(str(tmp_path))[0] is None
     (tmp_path / "performance").mkdir()
     (tmp_path / "performance" / "performance.json").write_text(json.dumps({"est_samples_per_sec": 1234.5}))
-    v, src = A.find_target(str(tmp_path))
+    v, src = U.find_target(str(tmp_path))
     assert v == 1234.5 and "previous run" in src
     (tmp_path / "compile_report.txt").write_text("Estimated throughput: 2,500.5 samples/s\n")
-    v, src = A.find_target(str(tmp_path))
+    v, src = U.find_target(str(tmp_path))
     assert v == 2500.5 and "compile_report.txt" in src
     (tmp_path / "compile_report.json").write_text(json.dumps({"est_samples_per_sec": 999}))
-    assert A.find_target(str(tmp_path))[0] == 999.0
+    assert U.find_target(str(tmp_path))[0] == 999.0
 
 
 def test_no_slurm_suggests_local(tmp_path):

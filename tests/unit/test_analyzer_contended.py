@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 
 from analyzer import analyze as A
+from analyzer import findings as F
 from analyzer import model as M
-from analyzer import probe_driver as P
+from analyzer import probe_driver as D
+from analyzer import probe_plan as P
 from analyzer import report as RP
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
@@ -81,7 +83,7 @@ def test_disturbed_lists_only_layouts_without_a_clean_probe():
 
 # --------------------------------------------------------------------------- the report leads with the warning
 def test_report_leads_with_a_warning_naming_probes_and_load(tmp_path):
-    rep = A.build_report(base(stopped="budget"), recorded("sleep_latency_local.csv"), None)
+    rep = F.build_report(base(stopped="budget"), recorded("sleep_latency_local.csv"), None)
     A._finish(tmp_path, rep)
     text = (tmp_path / RP.REPORT_TXT).read_text()
     head = text.splitlines()[:10]
@@ -99,7 +101,7 @@ def test_report_leads_with_a_warning_naming_probes_and_load(tmp_path):
 
 
 def test_no_warning_on_a_quiet_table(tmp_path):
-    rep = A.build_report(base(), recorded("images_cluster_cpu_parallel.csv"), None)
+    rep = F.build_report(base(), recorded("images_cluster_cpu_parallel.csv"), None)
     assert rep["disturbed"] == [] and rep["bottleneck"]["disturbed"] is False
     text = RP.render_text(rep)
     assert text.startswith("cs_input_analyzer report") and "WARNING" not in text and "disturbed" not in text
@@ -109,7 +111,7 @@ def test_warning_without_a_model():
     """A report with no fit (every pipeline probe failed) still names a disturbed probe."""
     rows = [dict(row(1, 2, math.nan), status="failed", error="boom"),
             row(3, 2, 1e4, kind="ingest", contended=True, other=1.5)]
-    rep = A.build_report(base(), rows, None)
+    rep = F.build_report(base(), rows, None)
     text = RP.render_text(rep)
     assert "No recommendation" in text and text.startswith("WARNING")
     assert "ingest 3×2: other processes kept 1.50 of the 2 CPUs busy; not measured again" in text
@@ -121,7 +123,7 @@ def test_issue_case_speedup_from_more_tasks_is_capped():
     not evidence; it is shown as ×2 and called disturbed."""
     rows = [row(1, 2, 1900.0, contended=True, other=1.6, pid=0), row(2, 1, 8450.0, pid=1),
             row(1, 1, 1000.0, contended=True, other=1.7, pid=2), row(1, 1, 1000.0, contended=True, other=1.7, pid=3)]
-    rep = A.build_report(base(), rows, None)
+    rep = F.build_report(base(), rows, None)
     b = rep["bottleneck"]
     assert b["task_speedup"] == pytest.approx(2.0) and b["cpu_speedup"] == pytest.approx(1.9)
     assert b["disturbed"] is True
@@ -181,5 +183,5 @@ def test_ingest_limits_prefer_an_undisturbed_ingest_probe():
 
 def test_progress_line_says_a_probe_was_disturbed():
     r = dict(row(2, 1, 1000.0, contended=True, other=1.234), error="")
-    assert P._row_line(r).endswith("; disturbed: other processes kept 1.23 cores busy")
-    assert "disturbed" not in P._row_line(dict(row(2, 1, 1000.0), error=""))
+    assert D._row_line(r).endswith("; disturbed: other processes kept 1.23 cores busy")
+    assert "disturbed" not in D._row_line(dict(row(2, 1, 1000.0), error=""))

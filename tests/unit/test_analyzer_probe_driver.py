@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from analyzer import probe_driver as P
+from analyzer import probe_plan as P
+from analyzer.probe_session import Timing
 from analyzer.probe_worker import cpus_for
 from csrun_runtime.tensorflow.input_backend import tf_samples_and_bytes as samples_and_bytes
 
@@ -117,7 +118,7 @@ def test_served_probe_pins_workers_apart_from_the_chief():
 
 
 def test_timing_scales_with_budget():
-    small, big = P.Timing.for_budget(30), P.Timing.for_budget(120)
+    small, big = Timing.for_budget(30), Timing.for_budget(120)
     assert small.measure_s <= big.measure_s
     assert small.measure_s >= 1.5 and big.measure_s <= 10
     assert small.first_probe_timeout_s <= 60 + small.warmup_s + small.measure_s

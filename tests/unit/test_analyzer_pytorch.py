@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyzer import analyze as A
 from analyzer import dataloader_plan as D
+from analyzer import findings as F
 from analyzer import report as RP
-from analyzer.probe_driver import next_probe
+from analyzer.probe_plan import next_probe
 from csrun_common.layout import LayoutSpec
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
@@ -143,7 +143,7 @@ def _report(tmp_path: Path, table: str, command=COMMAND) -> dict:
             "node_cpus": 2, "output_dir": str(tmp_path), "probing_s": 30.0, "probed_on": {"node": "vm"},
             "local": True, "framework": "pytorch", "target": {"samples_per_sec": None, "source": "test"},
             "notes": []}
-    return A.build_report(base, rows, None)
+    return F.build_report(base, rows, None)
 
 
 def test_gil_bound_and_cpu_parallel_recordings_get_different_num_workers(tmp_path):

@@ -13,11 +13,13 @@ import pandas as pd
 import pytest
 
 from analyzer import analyze as A
+from analyzer import findings as F
 from analyzer import model as M
 from analyzer import recommend as R
 from analyzer import report as RP
 from analyzer import verify as V
 from analyzer import verify_task as D
+from analyzer.user_command import split_command
 from csrun_common.layout import LayoutSpec
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
@@ -45,7 +47,7 @@ def test_the_report_base_takes_the_world_from_the_flags(tmp_path):
     md.mkdir()
     (md / "compile_report.json").write_text(json.dumps({"est_samples_per_sec": 250.0}))
     opts = A.Options(command=["python", "run.py"], local=True, **RANKS)
-    a = A.Analysis(opts=opts, cwd=str(tmp_path), cmd=A.split_command(["python", "run.py"], str(tmp_path)),
+    a = A.Analysis(opts=opts, cwd=str(tmp_path), cmd=split_command(["python", "run.py"], str(tmp_path)),
                    model_dir=str(md), out=tmp_path / "out")
     base = A._report_base(a)
     assert base["target"]["samples_per_sec"] == 1000.0  # the compile report's 250 per rank × 4 ranks
@@ -132,7 +134,7 @@ def _rank_report(tmp_path: Path, available: int = 8, per_rank: float | None = 30
             "run_py": "/x/run.py", "argv": ["--params", "configs/params.yaml"], "available_nodes": available,
             "node_cpus": 2, "output_dir": str(tmp_path), "probing_s": 30.0, "probed_on": {"node": "node2"},
             "target": A.world_target(per_rank, "test", 4), "notes": [], "world": {**RANKS, "world_size": 4}}
-    return A.build_report(base, rows, None)
+    return F.build_report(base, rows, None)
 
 
 def test_report_gives_w_per_rank_and_in_total_and_the_flags(tmp_path):

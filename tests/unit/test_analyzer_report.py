@@ -7,7 +7,9 @@ from pathlib import Path
 import pandas as pd
 
 from analyzer import analyze as A
+from analyzer import findings as F
 from analyzer import report as RP
+from analyzer.slurm_facts import topology
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
 
@@ -34,7 +36,7 @@ def _report(tmp_path: Path, table: str, target=None, available=3, topology=None)
             "run_py": "/x/run.py", "argv": ["--params", "configs/params.yaml"], "available_nodes": available,
             "node_cpus": 2, "output_dir": str(tmp_path), "probing_s": 30.0, "probed_on": {"node": "node2"},
             "target": {"samples_per_sec": target, "source": "test"}, "notes": []}
-    return A.build_report(base, rows, topology)
+    return F.build_report(base, rows, topology)
 
 
 def test_build_and_write_report(tmp_path):
@@ -71,7 +73,7 @@ def test_serial_report_evidence(tmp_path):
 def test_report_without_successful_probe(tmp_path):
     rows = [{"probe_id": 0, "kind": "pipeline", "tasks": 1, "cpus_per_task": 2, "node_cpus": 2,
              "status": "failed", "error": "ValueError: boom", "samples_per_sec": float("nan")}]
-    rep = A.build_report({"available_nodes": 1, "node_cpus": 2, "command": ["python", "run.py"]}, rows, None)
+    rep = F.build_report({"available_nodes": 1, "node_cpus": 2, "command": ["python", "run.py"]}, rows, None)
     assert "recommendation" not in rep and "no successful probe" in rep["error"]
     assert A._finish(tmp_path, rep) == 1
     assert "No recommendation" in (tmp_path / RP.REPORT_TXT).read_text()
@@ -87,10 +89,10 @@ def test_clean_json_has_no_nan(tmp_path):
 def test_topology_pinned_nodes_are_independent():
     info = {"nodes": ["node1", "node2"], "node_cpus": 1, "node_hosts": ["vm", "vm"], "host_cores": {"vm": 2}}
     hello = [{"host": "vm", "cpu_count": 2}]
-    assert A._topology(info, hello) is None  # 1 + 1 declared CPUs on a 2-core host: pinned
+    assert topology(info, hello) is None  # 1 + 1 declared CPUs on a 2-core host: pinned
     shared = {"nodes": [f"node{i}" for i in range(1, 6)], "node_cpus": 2, "node_hosts": ["vm"] * 5,
               "host_cores": {"vm": 10}}
-    topo = A._topology(shared, hello)
+    topo = topology(shared, hello)
     assert topo["host_cores"] == {"vm": 2} and topo["shared_hosts"] == ["vm"]
-    assert A._topology({**shared, "node_hosts": [f"h{i}" for i in range(5)],
+    assert topology({**shared, "node_hosts": [f"h{i}" for i in range(5)],
                         "host_cores": {f"h{i}": 2 for i in range(5)}}, hello) is None  # one node per host

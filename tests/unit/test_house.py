@@ -183,9 +183,6 @@ FILE_SKIP = ("tests", ".venv", "slurm-test-cluster/run", "build")
 OVERSIZE_BEING_SPLIT = {
     "csrun_runtime/dataplane/transport.py": "the protocol, the sender, the receiver (issue 45's refactor commit)",
     "bench/bench_ingest.py": "four benchmarks, five child roles and a library for two others",
-    "analyzer/probe_driver.py": "the planner, the I/O sessions, the driver (probe_plan / probe_session)",
-    "analyzer/analyze.py": "the lead splits it once the work in it has landed",
-    "analyzer/recommend.py": "the lead splits it once the work in it has landed",
     "csrun_runtime/tensorflow/service.py": "the lead splits it once the work in it has landed",
 }
 
