@@ -34,19 +34,20 @@ from csrun_common.roles import Role
 from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
+from ..position import report_resumed, tag, wait_position
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..sharding import make_data_dir_view, plan_files
 from .contract import (
     ContractError,
     batch_size_of,
     call_data_fn,
-    epochs,
     process_params,
     seed_process,
     to_numpy,
     torch_seed,
 )
 from .remote import DATAPLANE_FILE
+from .resume import epochs_from
 from .streamers import StreamerFacts, set_facts
 from .usererror import UserCodeError, guarded
 
@@ -216,18 +217,31 @@ class InputWorker:
         # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
-        # what the user's Dataset, sampler or collate function raises: named with its frames
-        # (usererror.describe), registered for the chief to show once and exit 2
-        batches = guarded(epochs(loader), "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
         try:
-            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent)
+            # where its stream resumes: the chief's positions (a restored checkpoint's), or for a
+            # replacement what the chief took from its predecessor (csrun_runtime/position.py)
+            start = wait_position(self.rdv, self.index, self.attempt, self._check,
+                                  float(self.rc["worker_start_timeout_secs"]))
+            # what the user's Dataset, sampler or collate function raises: named with its frames
+            # (usererror.describe), registered for the chief to show once and exit 2
+            batches = guarded(epochs_from(loader, start, self._resumed), "train_input: the DataLoader",
+                              passes=lambda e: isinstance(e, ContractError))
+            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start)
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None
-        except (ContractError, UserCodeError) as e:
+        except (ContractError, UserCodeError, TimeoutError) as e:
             self._fail([str(e)])
         finally:
             sender.close(timeout=1.0)
+
+    def _resumed(self, info: dict[str, Any]) -> None:
+        """Where the stream resumed (:func:`.resume.epochs_from`): told to the chief, logged."""
+        report_resumed(self.rdv, self.index, self.attempt, info["batches"], info["seconds"], info["how"],
+                       info.get("pass"), info.get("batch_in_pass"))
+        self.info["resumed"] = info
+        log.info("streaming from batch %d of this worker's stream (pass %s, batch %s): %s in %.3f s",
+                 info["batches"], info.get("pass"), info.get("batch_in_pass"), info["how"], info["seconds"])
 
     def _sent(self, batch: Any) -> None:
         self.batches += 1
@@ -238,7 +252,8 @@ _END = object()
 
 
 def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
-                 check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None) -> None:
+                 check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None,
+                 first: int | None = None) -> None:
     """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
     iterator such as :func:`.chief.epochs`) with ``sender`` (a
     :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
@@ -266,7 +281,7 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
         ContractError: a batch is not a nest of tensors/arrays.
     """
-    bundler = _Bundler(sender, cap, check)
+    bundler = _Bundler(sender, cap, check, first)
     room = getattr(sender, "room", None)
     it = iter(batches)
     last_check = time.monotonic()
@@ -290,8 +305,9 @@ class _Bundler:
     into one data-plane bundle when it is full (:data:`csrun_runtime.dataplane.BUNDLE_BYTES`,
     ``cap`` batches) or flushed."""
 
-    def __init__(self, sender: Any, cap: int, check: Callable[[], None]):
+    def __init__(self, sender: Any, cap: int, check: Callable[[], None], first: int | None = None):
         self.sender, self.cap, self.check = sender, cap, check
+        self.first = first  # the stream index of the next bundle's first batch (None: untagged)
         self.pending: list[list[np.ndarray]] = []
         self.key: Any = None
         self.tree: Any = None
@@ -333,10 +349,15 @@ class _Bundler:
             return
         n = len(self.pending)
         leaves = stack(self.pending)  # one batch: views of it, no copy
+        nest = unflatten(self.tree, leaves)
+        if self.first is not None:
+            nest = tag(nest, self.first, n)
         while True:  # send_bundle sends nothing when it times out: retry the same bundle
             try:
-                self.sender.send_bundle(unflatten(self.tree, leaves), n, timeout=POLL_SECS)
+                self.sender.send_bundle(nest, n, timeout=POLL_SECS)
                 break
             except TimeoutError:
                 self.check()
         self.pending, self.nbytes = [], 0
+        if self.first is not None:
+            self.first += n

@@ -1,0 +1,145 @@
+"""An input worker's DataLoader from a position of its stream (docs/RESILIENCE.md "The input
+position"): batch ``n`` of the stream, counted from the start of pass 0 (:mod:`csrun_runtime.position`).
+
+- **Map-style** data (any sampler: ``DistributedSampler``, a Model Zoo ``ShardedSampler``,
+  ``RandomSampler``; DataLoader worker processes or none): pass ``p = n // len(loader)``, batch
+  ``k = n % len(loader)``. The passes before ``p`` are replayed at the sampler only
+  (``set_epoch``, the sampler iterated, the DataLoader's seed drawn as each pass's iterator
+  draws it: a sampler drawing from torch's RNG gets the same draws), and pass ``p`` starts with
+  its first ``k`` batches of indices skipped inside the DataLoader's own iteration (the batch
+  sampler wrapped for that pass), so no sample is loaded. torch's DataLoader has no
+  ``state_dict`` (pytorch#166732); why not torchdata's ``StatefulDataLoader``: docs/DESIGN.md.
+- **An IterableDataset**: its batches are read and discarded (the cost is said).
+
+torch is imported inside the functions.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .contract import ContractError
+
+__all__ = ["epochs_from", "SAMPLER", "BY_READING", "FROM_START"]
+
+#: How a map-style stream is fast-forwarded (the chief's resume line says it).
+SAMPLER = "skipped at the sampler, no sample read"
+#: A stream at its beginning.
+FROM_START = "from its beginning"
+#: How any other stream is (with the reason).
+BY_READING = "read and discarded {n} batch(es): {why}"
+
+
+class _Skip:
+    """A (batch) sampler whose next iteration starts ``k`` items in, and later ones at the start
+    (a DataLoader iterator with persistent worker processes keeps the sampler it was made with);
+    ``seconds`` records how long those ``k`` took. Lazy: the skip happens at the first item
+    asked for, as the DataLoader's iterator asks (after it drew its seed), so the sampler's own
+    draws come in the same order."""
+
+    def __init__(self, sampler: Any, k: int):
+        self.sampler, self.k, self.seconds = sampler, int(k), 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        k, self.k = self.k, 0
+        t = time.monotonic()
+        it = iter(self.sampler)
+        for _ in itertools.islice(it, k):
+            pass
+        self.seconds += time.monotonic() - t
+        yield from it
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.k)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+
+def _index_attr(loader: Any) -> str:
+    """The DataLoader attribute its iterator draws indices from (torch's ``_index_sampler``)."""
+    return "batch_sampler" if loader.batch_sampler is not None else "sampler"
+
+
+def _set_epoch(loader: Any, epoch: int) -> None:
+    for s in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if s is not None and callable(getattr(s, "set_epoch", None)):
+            s.set_epoch(epoch)
+
+
+def _draws_seed(loader: Any, first: bool) -> bool:
+    """Whether a pass's iteration of ``loader`` draws the DataLoader's base seed (every pass,
+    but only the first with persistent worker processes)."""
+    return first or not (loader.persistent_workers and loader.num_workers > 0)
+
+
+def _replay(loader: Any, passes: int) -> None:
+    """What ``passes`` whole passes of ``loader`` draw and advance, without a sample loaded:
+    the base seed, ``set_epoch`` and the index sampler iterated to its end."""
+    import torch
+
+    for e in range(passes):
+        _set_epoch(loader, e)
+        if _draws_seed(loader, e == 0):
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        for _ in getattr(loader, _index_attr(loader)):
+            pass
+
+
+def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None] = lambda info: None
+                ) -> Iterator[Any]:
+    """``loader``'s batches pass after pass for ever (as :func:`.contract.epochs`) from batch
+    ``start`` of that endless stream. Once the first batch is at hand, ``on_resumed(info)`` gets
+    ``{"batches", "pass", "batch_in_pass", "seconds", "how"}`` (``pass`` None without passes).
+
+    Raises:
+        ContractError: a pass yielded no batch.
+    """
+    from torch.utils.data import IterableDataset
+
+    if isinstance(loader.dataset, IterableDataset):
+        yield from _by_reading(loader, start, on_resumed, "an IterableDataset without state_dict")
+        return
+    t0 = time.monotonic()
+    per_pass = len(loader)
+    if per_pass <= 0:
+        raise ContractError("train_input: the DataLoader yields no batch (a dataset smaller than one batch with "
+                            "drop_last, or an empty shard)")
+    p, k = divmod(int(start), per_pass)
+    _replay(loader, p)
+    replayed = time.monotonic() - t0
+    epoch, told = p, False
+    while True:
+        _set_epoch(loader, epoch)
+        attr, skip = _index_attr(loader), None
+        original = getattr(loader, attr)
+        if epoch == p and k:
+            skip = _Skip(original, k)
+            object.__setattr__(loader, attr, skip)  # DataLoader refuses a new sampler once made
+        try:
+            for batch in loader:
+                if not told:
+                    told = True
+                    on_resumed({"batches": int(start), "pass": p, "batch_in_pass": k,
+                                "how": SAMPLER if start else FROM_START,
+                                "seconds": replayed + (skip.seconds if skip is not None else 0.0)})
+                yield batch
+        finally:
+            if skip is not None:
+                object.__setattr__(loader, attr, original)
+        epoch += 1
+
+
+def _by_reading(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None], why: str) -> Iterator[Any]:
+    """:func:`.contract.epochs` with its first ``start`` batches read and discarded."""
+    from .contract import epochs
+
+    t0 = time.monotonic()
+    it = epochs(loader)
+    for _ in itertools.islice(it, int(start)):
+        pass
+    on_resumed({"batches": int(start), "pass": None, "batch_in_pass": None, "seconds": time.monotonic() - t0,
+                "how": BY_READING.format(n=f"{int(start):,}", why=why) if start else FROM_START})
+    yield from it
