@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "exactly_once"
 
 Batch = tuple[int, ...]
+#: One line of a trained log: the step and the batch's ids (quoted by tf.print).
+_LINE = re.compile(r'^(\d+) "?(\d+(?:,\d+)*)"?$')
 #: What the chiefs log when they save a checkpoint (PyTorch's, TensorFlow's).
 SAVED = "INFO:csrun:saved |Saving checkpoint at global step "
 
@@ -30,9 +33,9 @@ def trained(trained_dir: Path) -> dict[int, dict[int, Batch]]:
         rank = int(f.name.split(".")[1])
         steps = out.setdefault(rank, {})
         for line in f.read_text().splitlines():
-            step, _, ids = line.partition(" ")
-            if ids:
-                steps[int(step)] = tuple(int(i) for i in ids.split(","))
+            m = _LINE.match(line)  # a line a SIGKILL cut (and the next run's first, on it) is not one
+            if m:
+                steps[int(m.group(1))] = tuple(int(i) for i in m.group(2).split(","))
     return out
 
 
@@ -83,6 +86,25 @@ def pt_streams(params: dict, workers: Iterable[int], num_streams: int, n: int) -
     for g in workers:
         loader, _, _ = build_loader(fn, p, g, num_streams, g)
         out[g] = first((tuple(int(i) for i in b["id"].reshape(-1)) for b in epochs(loader)), n)
+    return out
+
+
+def tf_streams(params: dict, workers: Iterable[int], num_streams: int, n: int,
+               files_listed: bool) -> dict[int, list[Batch]]:
+    """The first ``n`` batches' ids of TensorFlow input workers ``workers`` (job-wide, of
+    ``num_streams``), built as the worker builds them (tests/fixtures/exactly_once/tf_run.py's
+    input function as streamer ``g``: its seeds and TF_CONFIG). ``files_listed``: the worker
+    listed its pipeline's files before iterating it in-process (the data plane's worker does:
+    listing advances the seeded file shuffle of the dataset object it iterates afterwards)."""
+    from csrun_runtime.tensorflow.pipeline import build_worker_input, pipeline_files
+
+    fn: Callable = _module("exactly_once_tf_run", FIXTURES / "tf_run.py").train_input_fn
+    out = {}
+    for g in workers:
+        ds = build_worker_input(fn, params, g, num_streams).dataset
+        if files_listed:
+            pipeline_files(ds)
+        out[g] = first((tuple(int(i) for i in f["id"]) for f, _ in ds.as_numpy_iterator()), n)
     return out
 
 
