@@ -217,15 +217,16 @@ class InputWorker:
         # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
+        stream = None
         try:
             # where its stream resumes: the chief's positions (a restored checkpoint's), or for a
             # replacement what the chief took from its predecessor (csrun_runtime/position.py)
             start = wait_position(self.rdv, self.index, self.attempt, self._check,
                                   float(self.rc["worker_start_timeout_secs"]))
+            stream = epochs_from(loader, start, self._resumed)
             # what the user's Dataset, sampler or collate function raises: named with its frames
             # (usererror.describe), registered for the chief to show once and exit 2
-            batches = guarded(epochs_from(loader, start, self._resumed), "train_input: the DataLoader",
-                              passes=lambda e: isinstance(e, ContractError))
+            batches = guarded(stream, "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
             send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start)
         except ReceiverGone:
             self._check()
@@ -234,6 +235,8 @@ class InputWorker:
             self._fail([str(e)])
         finally:
             sender.close(timeout=1.0)
+            if stream is not None:  # the DataLoader's worker processes end now, before the report: the
+                stream.close()      # chief's exit follows the reports, and srun ends a task still running
 
     def _resumed(self, info: dict[str, Any]) -> None:
         """Where the stream resumed (:func:`.resume.epochs_from`): told to the chief, logged."""

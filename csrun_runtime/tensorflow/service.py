@@ -32,7 +32,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -242,16 +242,20 @@ def bundle_dataset(ds: Any, bundle: int) -> Any:
 
 
 def register_stream(address: str, ds: Any, plan: BundlePlan, counter: list[int],
-                    dataset_id: str = DATASET_ID, compression: str | None = None) -> Any:
+                    dataset_id: str = DATASET_ID, compression: str | None = None,
+                    positioned: Callable[[Any, int], Any] | None = None) -> Any:
     """Register an input worker's training dataset with its dispatcher (``host:port``), the
-    way the runtime's input workers do: bundled by ``plan``, each element counted in
-    ``counter[0]`` (:func:`count_elements`; service elements, i.e. bundles), no compression
-    (measured: compression costs the chief CPU and gained nothing on loopback). Returns the
-    registered dataset. The WorkerServer serving it must already be attached to the
-    dispatcher (or be started later)."""
+    way the runtime's input workers do: bundled by ``plan`` (with ``positioned``:
+    ``positioned(ds, bundle)`` makes the bundles, from the stream's position:
+    :func:`csrun_runtime.tensorflow.resume.positioned`), each element counted in ``counter[0]``
+    (:func:`count_elements`; service elements, i.e. bundles), no compression (measured:
+    compression costs the chief CPU and gained nothing on loopback). Returns the registered
+    dataset. The WorkerServer serving it must already be attached to the dispatcher (or be
+    started later)."""
     import tensorflow as tf
 
-    served = count_elements(bundle_dataset(ds, plan.bundle), counter)
+    bundles = bundle_dataset(ds, plan.bundle) if positioned is None else positioned(ds, plan.bundle)
+    served = count_elements(bundles, counter)
     tf.data.experimental.service.register_dataset(service=f"grpc://{address}", dataset=served,
                                                   compression=compression, dataset_id=dataset_id)
     return served
@@ -694,11 +698,11 @@ def count_elements(ds: tf.data.Dataset, counter: list[int]) -> tf.data.Dataset:
         counter[0] += 1
         return np.int64(counter[0])
 
-    def fn(features, labels):
+    def fn(*element):  # (features, labels), or one nest (a positioned stream's bundle)
         n = tf.py_function(tick, [], tf.int64)
         with tf.control_dependencies([n]):
-            features = tf.nest.map_structure(tf.identity, features)
-        return features, labels
+            head = tf.nest.map_structure(tf.identity, element[0])
+        return (head, *element[1:]) if len(element) > 1 else head
 
     return ds.map(fn)
 

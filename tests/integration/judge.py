@@ -152,14 +152,15 @@ def _worker_pid(md: Path, index: int) -> int | None:
 
 
 def run_with_faults(argv: list[str], env: dict, cwd: Path, log: Path, md: Path, trained_dir: Path, *,
-                    kill_worker_at: int, worker: int = 1) -> list[int]:
+                    kill_worker_at: int, worker: int = 1, speed_up: Callable[[], None] = lambda: None) -> list[int]:
     """Run ``csrun_wse --requeue ...`` (``argv``) with the three faults of issue 41, in one run: at
     global step ``kill_worker_at`` input worker ``worker`` is SIGKILLed (its task replaces it); once
-    the replacement streams and a step more was logged, the job gets ``--requeue``'s signal (USR2:
+    the replacement resumed its stream and a step more was logged, the job gets ``--requeue``'s signal (USR2:
     the chief saves and exits 75, csrun_wse launches again); once the second allocation saved a
     periodic checkpoint and logged a step more, its chief is SIGKILLed (csrun_wse fails) and the
-    same command is run again (it resumes from that checkpoint). Returns each csrun_wse's exit
-    status."""
+    same command is run again (it resumes from that checkpoint). ``speed_up()`` is called before
+    the signal (e.g. to pace the later allocations' steps faster: they read the params again).
+    Returns each csrun_wse's exit status."""
     import os
     import signal
     import subprocess
@@ -170,14 +171,17 @@ def run_with_faults(argv: list[str], env: dict, cwd: Path, log: Path, md: Path, 
     try:
         _wait(f"global step {kill_worker_at}", lambda: _step_seen(log, kill_worker_at), proc, log)
         os.kill(int(_wait(f"worker {worker}'s pid", lambda: _worker_pid(md, worker), proc, log)), signal.SIGKILL)
-        at = _wait("the replacement's stream", lambda: _logged_after(log, f"input worker {worker} streams again", 0),
-                   proc, log)
+        resumed = f"input worker {worker} (replacement 1) resumed its stream at "
+        at = _wait("the replacement's resumed stream", lambda: _logged_after(log, resumed, 0), proc, log)
         _wait("a step after it", lambda: _logged_after(log, "global_step = ", at), proc, log)
+        speed_up()
         jobs = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=csrun_wse"], env=env,
                               capture_output=True, text=True).stdout.split()
         subprocess.run(["scancel", "--signal=USR2", *sorted({j.split("+")[0] for j in jobs})], env=env, check=True,
                        capture_output=True)
         at = _wait("the second allocation", lambda: _logged_after(log, "launching again (requeue 1 of", 0), proc, log)
+        at = _wait("its resume", lambda: _logged_after(log, "input resumed at the positions of checkpoint", at),
+                   proc, log)
         at = _wait("its first checkpoint", lambda: _logged_after(log, SAVED, at), proc, log)
         _wait("a step after it", lambda: _logged_after(log, "global_step = ", at), proc, log)
         os.kill(int((trained_dir / "chief.0.pid").read_text()), signal.SIGKILL)

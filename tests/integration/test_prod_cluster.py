@@ -144,44 +144,6 @@ def test_scontrol_requeue_of_a_running_job_resumes(cli_env, paced):
     assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGTERM" and allocs[0]["end_step"] >= 100
 
 
-@pytest.mark.tf
-@pytest.mark.slow
-@pytest.mark.parametrize("transport", ["service", "dataplane"])
-def test_srun_path_requeue_launches_again(cli_env, paced, transport):
-    """On the srun path (an interactive job cannot be requeued) csrun_wse itself launches the
-    same srun again after the chief stopped on the warning signal (sent here by scancel). Also
-    on csrun's data plane (``runconfig.transport: dataplane``): each launch's chief binds its
-    own receiver and that launch's input worker sends to it."""
-    # the warning signal comes ~3 s into training (~150 steps at ~45 steps/s): 500 steps leave the
-    # first launch ~7 s short of max_steps and the second ~8 s of training
-    max_steps = 500
-    model_dir = paced["root"] / f"srun_path_{transport}"
-    before = queued(cli_env)
-    params = paced["params_dataplane" if transport == "dataplane" else "params"]
-    proc = subprocess.Popen([str(BIN / "csrun_wse"), "--requeue", *SMALL, "python-ws", PACED, "--params",
-                             str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps",
-                             str(max_steps)], env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    new: set[str] = set()
-    while time.monotonic() < deadline and not (new and list(model_dir.glob("events.out.tfevents.*"))):
-        new = queued(cli_env) - before
-        time.sleep(0.5)
-    assert new, "no job started"
-    time.sleep(3)
-    subprocess.run(["scancel", "--signal=USR2", *new], env=cli_env, check=True, capture_output=True)
-    stdout, stderr = proc.communicate(timeout=400)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert stderr.count("Launching: srun ") == 2 and "launching again (requeue 1 of 3)" in stderr
-    allocs = check_run(model_dir, stdout + stderr, max_steps)
-    assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1
-    assert allocs[0]["job_id"] != allocs[1]["job_id"]
-    if transport == "dataplane":  # both launches fed by the data plane, no tf.data service
-        assert stderr.count("data plane: one receiver at tcp://") == 2 and "tf.data service:" not in stderr
-        perf = json.loads((model_dir / "performance" / "performance.json").read_text())
-        assert perf["transport"] == "dataplane" and perf["dataplane"]["0"]["bundles"] > 0
-        assert perf["dataplane"]["0"]["errors"] == 0 and perf["dataplane_errors"] == []
-
-
 def test_check_a_job_that_fits_and_ones_that_cannot(cli_env, tmp_path):
     before = queued(cli_env)
     layout = ["--total-nodes", "4", "--single-task-nodes", "1", "--tasks-per-node", "2"]

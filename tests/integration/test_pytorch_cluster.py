@@ -152,54 +152,6 @@ def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     assert "(runconfig.dataplane_bulk)" in output and all(int(v) > 0 for v in perf["batches_per_worker"].values())
 
 
-def test_pytorch_requeue_on_the_srun_path_resumes_without_losing_a_step(digits, cli_env):
-    """csrun_wse --requeue on the srun path: the warning signal (sent here by scancel) makes the
-    PyTorch chief save at the step it reached and exit 75; csrun_wse launches again and the next
-    allocation resumes from exactly that step (csrun_runtime.preemption, reused)."""
-    import yaml
-
-    params = json.loads(json.dumps(digits["yaml"]))
-    params["train_input"].update(num_workers=0, pace_ms=10)
-    for k in ("prefetch_factor", "persistent_workers"):
-        params["train_input"].pop(k)
-    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=50)
-    path = digits["root"] / "requeue.yaml"
-    path.write_text(yaml.safe_dump(params))
-    md = digits["root"] / "md_requeue"
-    max_steps = 800
-
-    def queued() -> set[str]:
-        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=cli_env, capture_output=True, text=True)
-        return set(out.stdout.split())
-
-    before = queued()
-    proc = subprocess.Popen([str(BIN / "csrun_wse"), "--requeue", "--total-nodes", "1", "--tasks-per-node", "2",
-                             "--cpus-per-task", "1", "python-pt", PACED, "--params", str(path), "--model_dir", str(md),
-                             "--mode", "train", "--max_steps", str(max_steps)], env=cli_env, cwd=digits["root"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        new: set[str] = set()
-        while time.monotonic() < deadline and not (new and list(md.glob("events.out.tfevents.*"))):
-            new = {j.split("+")[0] for j in queued() - before}
-            time.sleep(0.5)
-        assert new, "no job started"
-        time.sleep(3)
-        subprocess.run(["scancel", "--signal=USR2", *new], env=cli_env, check=True, capture_output=True)
-        stdout, stderr = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "launching again (requeue 1 of" in stderr, stderr[-3000:]
-    allocs = json.loads((md / "performance" / "allocations.json").read_text())["allocations"]
-    assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1, allocs
-    assert allocs[0]["end_step"] == allocs[1]["start_step"] > 0  # 0 steps lost
-    assert allocs[1]["end_step"] == max_steps
-    perf = json.loads((md / "performance" / "performance.json").read_text())
-    assert perf["allocations"] == 2 and perf["global_step_end"] == max_steps
-
-
 def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
     """``--chief-input-cpus 1`` with python-pt (docs/CHIEF-INPUT.md): 2 nodes × 1 task, so the
     chief, input worker 1 in the other node's task and input worker 0 a supervised process of
