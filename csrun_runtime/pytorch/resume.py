@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from .contract import ContractError
@@ -89,7 +89,7 @@ def _replay(loader: Any, passes: int) -> None:
 
 
 def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None] = lambda info: None
-                ) -> Iterator[Any]:
+                ) -> Generator[Any, None, None]:
     """``loader``'s batches pass after pass for ever (as :func:`.contract.epochs`) from batch
     ``start`` of that endless stream. Once the first batch is at hand, ``on_resumed(info)`` gets
     ``{"batches", "pass", "batch_in_pass", "seconds", "how"}`` (``pass`` None without passes).
