@@ -25,9 +25,11 @@ replacement's starting position, ``{"attempt", "batches"}``) and ``workers/<i>.r
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -42,14 +44,17 @@ from .rankgroup import job_worker
 if TYPE_CHECKING:
     from .rendezvous import Rendezvous
 
-__all__ = ["TAG", "FORMAT", "POSITIONS_FILE", "RESUME_FILE", "RESUMED_FILE", "InputPositions", "sidecar_path",
-           "write_sidecar", "read_sidecar", "prune_sidecars", "tag", "untag", "untag_bundle", "wait_position",
-           "report_resumed", "where_text"]
+__all__ = ["TAG", "STATE", "FORMAT", "POSITIONS_FILE", "RESUME_FILE", "RESUMED_FILE", "InputPositions",
+           "sidecar_path", "write_sidecar", "read_sidecar", "prune_sidecars", "tag", "untag", "untag_bundle",
+           "state_of", "wait_position", "start_state", "report_resumed", "where_text", "commit", "checkpoint"]
 
 log = logging.getLogger("csrun.runtime")
 
 #: The key of a bundle's stream indices in the nest an input worker sends (``int64[n]``).
 TAG = "csrun.stream_index"
+#: The key of the state its stream had before the bundle's first batch (a dataset's
+#: ``state_dict()`` as JSON bytes, ``uint8[n, length]``, the same in every row), when it has one.
+STATE = "csrun.stream_state"
 #: ``format`` of a checkpoint's input-position file.
 FORMAT = "csrun.input_positions/1"
 #: The chief's starting positions in the rendezvous (``{"streams": {slot: batches}, ...}``).
@@ -68,14 +73,17 @@ def sidecar_path(model_dir: str | Path, step: int) -> Path:
     return Path(model_dir) / f"model-ckpt-{int(step)}.input.json"
 
 
-def write_sidecar(model_dir: str | Path, step: int, streams: Mapping[Any, int], num_streams: int) -> Path:
+def write_sidecar(model_dir: str | Path, step: int, streams: Mapping[Any, int], num_streams: int,
+                  states: Mapping[Any, Any] | None = None) -> Path:
     """Commit the positions ``streams`` (job-wide stream index -> batches trained) of checkpoint
-    ``step`` for a job of ``num_streams`` streams; call it before the model's checkpoint is
-    written, so that a checkpoint on disk always has its positions. Atomic; returns the path."""
+    ``step`` for a job of ``num_streams`` streams, and the ``states`` known at or before them (a
+    stateful dataset's: ``{"at": index, "state": ...}`` by stream); call it before the model's
+    checkpoint is written, so that a checkpoint on disk always has its positions. Atomic;
+    returns the path."""
     path = sidecar_path(model_dir, step)
     write_json(path, {"format": FORMAT, "global_step": int(step), "num_streams": int(num_streams),
                       "streams": {str(k): int(v) for k, v in sorted(streams.items(), key=lambda kv: str(kv[0]))},
-                      "time": round(time.time(), 3)})
+                      "states": {str(k): v for k, v in (states or {}).items()}, "time": round(time.time(), 3)})
     return path
 
 
@@ -102,19 +110,32 @@ def prune_sidecars(model_dir: str | Path) -> None:
 
 
 # --------------------------------------------------------------------------- the tag
-def tag(nest: Any, first: int, n: int) -> dict[str, Any]:
+def tag(nest: Any, first: int, n: int, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The nest an input worker sends for a bundle of ``n`` batches whose first is batch
-    ``first`` of its stream: ``{TAG: int64[n], "batch": nest}``."""
-    return {TAG: np.arange(first, first + n, dtype=np.int64), "batch": nest}
+    ``first`` of its stream: ``{TAG: int64[n], "batch": nest}``, and ``STATE`` when the stream
+    has a ``state`` (JSON-able: its dataset's ``state_dict()`` before that batch)."""
+    out = {TAG: np.arange(first, first + n, dtype=np.int64), "batch": nest}
+    if state is not None:
+        row = np.frombuffer(json.dumps(state, separators=(",", ":")).encode(), dtype=np.uint8)
+        out[STATE] = np.ascontiguousarray(np.broadcast_to(row, (n, row.size)))
+    return out
 
 
 def untag(nest: Any) -> tuple[int | None, Any]:
     """``(stream index of the first batch, the batches)`` of a received nest; ``(None, nest)``
     for one without :data:`TAG`."""
-    if isinstance(nest, dict) and TAG in nest and "batch" in nest and len(nest) == 2:
+    if isinstance(nest, dict) and TAG in nest and "batch" in nest and set(nest) <= {TAG, "batch", STATE}:
         idx = np.asarray(nest[TAG]).reshape(-1)
         return (int(idx[0]) if idx.size else None), nest["batch"]
     return None, nest
+
+
+def state_of(nest: Any) -> Any:
+    """The stream state a received nest carries (:func:`tag`'s ``state``), or None."""
+    if isinstance(nest, dict) and STATE in nest and TAG in nest:
+        rows = np.asarray(nest[STATE])
+        return json.loads(rows.reshape(rows.shape[0], -1)[0].tobytes()) if rows.size else None
+    return None
 
 
 def untag_bundle(b: Any, drop: int = 0) -> Any:
@@ -141,6 +162,13 @@ class _Stream:
     trained: int = 0      # batches trained this allocation
     duplicates: int = 0   # batches dropped: already handed out
     skipped: int = 0      # batches that never came (a gap)
+    # the stream's states (a stateful dataset's) before some of its batches: (index, state)
+    states: deque[tuple[int, Any]] = field(default_factory=lambda: deque(maxlen=256))
+
+    def state_at(self, n: int) -> dict[str, Any] | None:
+        """The last state known at or before stream index ``n``: ``{"at": index, "state": ...}``."""
+        best = max((s for s in self.states if s[0] <= n), key=lambda s: s[0], default=None)
+        return None if best is None else {"at": best[0], "state": best[1]}
 
 
 @dataclass
@@ -153,10 +181,12 @@ class InputPositions:
         rank, world_size: this trainer rank and the ranks (slot -> stream :func:`stream_of`).
         num_streams: the job's streams ``W`` (all ranks).
         restored_step: the checkpoint's global step the positions come from (None: none).
+        states: the restored state of a slot's stateful dataset (``{"at", "state"}``), if any.
     """
 
     slots: int
     base: Mapping[int, int] = field(default_factory=dict)
+    states: Mapping[int, Any] = field(default_factory=dict)
     rank: int = 0
     world_size: int = 1
     num_streams: int = 0
@@ -172,6 +202,8 @@ class InputPositions:
         for i in range(self.slots):
             b = int(self.base.get(i, 0))
             self._s[i] = _Stream(base=b, next=b)
+            if self.states.get(i):
+                self._s[i].states.append((int(self.states[i]["at"]), self.states[i]["state"]))
 
     def stream_of(self, slot: int) -> int:
         """The job-wide stream index of this chief's ``slot``."""
@@ -201,8 +233,10 @@ class InputPositions:
             log.warning("input positions: %s", note)
             return cls(slots, {}, rank=rank, world_size=world_size, num_streams=num, restored_step=None, note=note)
         streams = {int(k): int(v) for k, v in (rec or {}).get("streams", {}).items()}
-        base = {s: streams.get(int(job_worker(s, rank, world_size)), 0) for s in range(slots)}
-        return cls(slots, base, rank=rank, world_size=world_size, num_streams=num, restored_step=step)
+        states = {int(k): v for k, v in (rec or {}).get("states", {}).items()}
+        g = {s: int(job_worker(s, rank, world_size)) for s in range(slots)}
+        return cls(slots, {s: streams.get(g[s], 0) for s in g}, {s: states.get(g[s]) for s in g}, rank=rank,
+                   world_size=world_size, num_streams=num, restored_step=step)
 
     # ------------------------------------------------------------------ the merge's side
     def accept(self, slot: int, first: int | None, n: int) -> int:
@@ -232,14 +266,21 @@ class InputPositions:
         with :meth:`next_index` (what it sent before and the merge took is not sent again; what
         it had in flight is dropped by the receiver and sent again). Returns that index."""
         at = self.next_index(slot)
-        write_json(rdv.workers_dir / RESUME_FILE.format(index=slot), {"attempt": int(attempt), "batches": at,
-                                                                      "time": round(time.time(), 3)})
+        write_json(rdv.workers_dir / RESUME_FILE.format(index=slot),
+                   {"attempt": int(attempt), "batches": at, "state": self._st(slot).state_at(at),
+                    "time": round(time.time(), 3)})
         return at
+
+    def snapshot(self, slot: int, first: int | None, state: Any) -> None:
+        """A received bundle of ``slot`` carried its stream's ``state`` before batch ``first``."""
+        if state is not None and first is not None:
+            self._st(slot).states.append((int(first), state))
 
     def publish(self, rdv: Rendezvous) -> None:
         """The starting position of every slot, ``positions.json``: write it before any batch
         is read (attempt 0 of every worker waits for it)."""
         write_json(rdv.dir / POSITIONS_FILE, {"streams": {str(i): s.base for i, s in sorted(self._s.items())},
+                                              "states": {str(i): s.state_at(s.base) for i, s in self._s.items()},
                                               "restored_step": self.restored_step, "time": round(time.time(), 3)})
 
     # ------------------------------------------------------------------ the loop's side
@@ -251,6 +292,11 @@ class InputPositions:
     def committed(self) -> dict[int, int]:
         """This chief's positions now, by job-wide stream index: ``base + trained``."""
         return {self.stream_of(i): s.base + s.trained for i, s in sorted(self._s.items())}
+
+    def committed_states(self) -> dict[int, Any]:
+        """The last state known at or before each committed position (stateful datasets only)."""
+        out = {self.stream_of(i): s.state_at(s.base + s.trained) for i, s in sorted(self._s.items())}
+        return {g: st for g, st in out.items() if st is not None}
 
     def started(self) -> dict[int, int]:
         """This chief's positions at the allocation's start, by job-wide stream index."""
@@ -325,6 +371,16 @@ def wait_position(rdv: Rendezvous, index: int, attempt: int, check: Callable[[],
         time.sleep(0.2)
 
 
+def start_state(rdv: Rendezvous, index: int, attempt: int) -> dict[str, Any] | None:
+    """The stream state :func:`wait_position`'s answer carried (``{"at", "state"}``: a stateful
+    dataset's, at or before the position), or None."""
+    rec = read_json(rdv.dir / POSITIONS_FILE) if attempt <= 0 else read_json(
+        rdv.workers_dir / RESUME_FILE.format(index=index))
+    if not rec:
+        return None
+    return (rec.get("states") or {}).get(str(index)) if attempt <= 0 else rec.get("state")
+
+
 def report_resumed(rdv: Rendezvous, index: int, attempt: int, batches: int, seconds: float, how: str,
                    pass_index: int | None = None, batch_in_pass: int | None = None) -> None:
     """Input worker: say where its stream resumed (``batches`` into it; ``pass_index`` /
@@ -340,12 +396,14 @@ def commit(positions: InputPositions, model_dir: str | Path, step: int, ranks: A
     rank's (``ranks``: the loop's :class:`csrun_runtime.rankgroup.LoopRanks`, whose gather every
     rank calls at the same step); written to the checkpoint's position file when ``writes`` (rank
     0), before the model's checkpoint. Returns them (job-wide stream -> batches trained)."""
-    mine = positions.committed()
+    mine, states = positions.committed(), positions.committed_states()
     if ranks is not None:
-        mine = {int(k): int(v) for part in ranks.group.gather({str(k): v for k, v in mine.items()})
-                for k, v in part.items()}
+        parts = ranks.group.gather({"streams": {str(k): v for k, v in mine.items()},
+                                    "states": {str(k): v for k, v in states.items()}})
+        mine = {int(k): int(v) for part in parts for k, v in part["streams"].items()}
+        states = {int(k): v for part in parts for k, v in part["states"].items()}
     if writes:
-        write_sidecar(model_dir, step, mine, positions.num_streams)
+        write_sidecar(model_dir, step, mine, positions.num_streams, states)
     return mine
 
 

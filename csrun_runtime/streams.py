@@ -41,7 +41,7 @@ from typing import Any
 from csrun_common.atomic import read_json
 
 from .elastic import WorkerWatch
-from .position import InputPositions, untag, untag_bundle
+from .position import InputPositions, state_of, untag, untag_bundle
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 
 __all__ = ["StreamMerge", "StreamSlots", "InputStalled", "STREAM_ERROR", "POLL_SECS", "start_receiver",
@@ -411,7 +411,9 @@ class StreamMerge:
         while True:
             b = self._admitted(deadline)
             if self.positions is not None:
-                drop = self.positions.accept(b.worker, untag(b.nest)[0], max(1, b.n))
+                first = untag(b.nest)[0]
+                self.positions.snapshot(b.worker, first, state_of(b.nest))  # a stateful dataset's
+                drop = self.positions.accept(b.worker, first, max(1, b.n))
                 if drop >= max(1, b.n):
                     continue
                 b = untag_bundle(b, drop)

@@ -9,7 +9,11 @@ position"): batch ``n`` of the stream, counted from the start of pass 0 (:mod:`c
   its first ``k`` batches of indices skipped inside the DataLoader's own iteration (the batch
   sampler wrapped for that pass), so no sample is loaded. torch's DataLoader has no
   ``state_dict`` (pytorch#166732); why not torchdata's ``StatefulDataLoader``: docs/DESIGN.md.
-- **An IterableDataset**: its batches are read and discarded (the cost is said).
+- **An IterableDataset with ``state_dict`` / ``load_state_dict``** iterated in the worker's
+  process (DataLoader ``num_workers`` 0): the worker sends its state before each bundle, the
+  chief commits the last one at or before the trained position, and a resume restores it and
+  reads the few batches from there (fewer than a bundle).
+- **Any other IterableDataset**: its batches are read and discarded (the cost is said).
 
 torch is imported inside the functions.
 """
@@ -17,12 +21,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
 
 from .contract import ContractError
 
-__all__ = ["epochs_from", "SAMPLER", "BY_READING", "FROM_START"]
+__all__ = ["epochs_from", "stateful", "SAMPLER", "BY_READING", "FROM_START"]
 
 #: How a map-style stream is fast-forwarded (the chief's resume line says it).
 SAMPLER = "skipped at the sampler, no sample read"
@@ -88,11 +92,24 @@ def _replay(loader: Any, passes: int) -> None:
             pass
 
 
-def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None] = lambda info: None
-                ) -> Generator[Any, None, None]:
+def stateful(loader: Any) -> bool:
+    """Whether ``loader``'s stream has a state csrun can take and restore: an ``IterableDataset``
+    with ``state_dict`` and ``load_state_dict``, iterated in this process (``num_workers`` 0)."""
+    from torch.utils.data import IterableDataset
+
+    ds = loader.dataset
+    return (isinstance(ds, IterableDataset) and not loader.num_workers and callable(getattr(ds, "state_dict", None))
+            and callable(getattr(ds, "load_state_dict", None)))
+
+
+def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None] = lambda info: None,
+                state: Mapping[str, Any] | None = None) -> Generator[Any, None, None]:
     """``loader``'s batches pass after pass for ever (as :func:`.contract.epochs`) from batch
-    ``start`` of that endless stream. Once the first batch is at hand, ``on_resumed(info)`` gets
-    ``{"batches", "pass", "batch_in_pass", "seconds", "how"}`` (``pass`` None without passes).
+    ``start`` of that endless stream. ``state``: ``{"at": n, "state": ...}``, the dataset's
+    ``state_dict()`` before batch ``n <= start`` of the stream (a :func:`stateful` loader's: it is
+    restored, and only the batches from ``n`` read). Once the first batch is at hand,
+    ``on_resumed(info)`` gets ``{"batches", "pass", "batch_in_pass", "seconds", "how"}``
+    (``pass`` None without passes).
 
     Raises:
         ContractError: a pass yielded no batch.
@@ -100,7 +117,16 @@ def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], 
     from torch.utils.data import IterableDataset
 
     if isinstance(loader.dataset, IterableDataset):
-        yield from _by_reading(loader, start, on_resumed, "an IterableDataset without state_dict")
+        if state is not None and stateful(loader) and int(state["at"]) <= start:
+            t0 = time.monotonic()
+            loader.dataset.load_state_dict(state["state"])  # type: ignore[attr-defined]  # stateful()
+            yield from _by_reading(loader, start, on_resumed, f"restored its state_dict at batch {int(state['at'])}",
+                                   skip=start - int(state["at"]), t0=t0)
+            return
+        why = ("an IterableDataset without state_dict" if not callable(getattr(loader.dataset, "state_dict", None))
+               else "its state lives in the DataLoader's worker processes" if loader.num_workers
+               else "an IterableDataset with no state at or before this position")
+        yield from _by_reading(loader, start, on_resumed, why)
         return
     t0 = time.monotonic()
     per_pass = len(loader)
@@ -132,14 +158,18 @@ def epochs_from(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], 
         epoch += 1
 
 
-def _by_reading(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None], why: str) -> Iterator[Any]:
-    """:func:`.contract.epochs` with its first ``start`` batches read and discarded."""
+def _by_reading(loader: Any, start: int, on_resumed: Callable[[dict[str, Any]], None], why: str,
+                skip: int | None = None, t0: float | None = None) -> Iterator[Any]:
+    """:func:`.contract.epochs` with its first ``skip`` (default ``start``) batches read and
+    discarded: batch ``start`` of the stream comes first."""
     from .contract import epochs
 
-    t0 = time.monotonic()
+    t0 = time.monotonic() if t0 is None else t0
+    skip = int(start) if skip is None else int(skip)
     it = epochs(loader)
-    for _ in itertools.islice(it, int(start)):
+    for _ in itertools.islice(it, skip):
         pass
+    how = (BY_READING.format(n=f"{skip:,}", why=why) if skip or skip != start else FROM_START)
     on_resumed({"batches": int(start), "pass": None, "batch_in_pass": None, "seconds": time.monotonic() - t0,
-                "how": BY_READING.format(n=f"{int(start):,}", why=why) if start else FROM_START})
+                "how": how})
     yield from it

@@ -34,7 +34,7 @@ from csrun_common.roles import Role
 from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
-from ..position import report_resumed, tag, wait_position
+from ..position import report_resumed, start_state, tag, wait_position
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..sharding import make_data_dir_view, plan_files
 from .contract import (
@@ -47,7 +47,7 @@ from .contract import (
     torch_seed,
 )
 from .remote import DATAPLANE_FILE
-from .resume import epochs_from
+from .resume import epochs_from, stateful
 from .streamers import StreamerFacts, set_facts
 from .usererror import UserCodeError, guarded
 
@@ -223,11 +223,12 @@ class InputWorker:
             # replacement what the chief took from its predecessor (csrun_runtime/position.py)
             start = wait_position(self.rdv, self.index, self.attempt, self._check,
                                   float(self.rc["worker_start_timeout_secs"]))
-            stream = epochs_from(loader, start, self._resumed)
+            stream = epochs_from(loader, start, self._resumed, start_state(self.rdv, self.index, self.attempt))
             # what the user's Dataset, sampler or collate function raises: named with its frames
             # (usererror.describe), registered for the chief to show once and exit 2
             batches = guarded(stream, "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
-            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start)
+            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start,
+                         state_of=loader.dataset.state_dict if stateful(loader) else None)
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None
@@ -256,7 +257,7 @@ _END = object()
 
 def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
                  check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None,
-                 first: int | None = None) -> None:
+                 first: int | None = None, state_of: Callable[[], Any] | None = None) -> None:
     """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
     iterator such as :func:`.chief.epochs`) with ``sender`` (a
     :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
@@ -280,6 +281,10 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     chief, plus those pending, fewer than the window), and bundles hold at most half the window,
     so that the worker reads the next bundle while the chief trains on the last one.
 
+    With ``first`` (the stream index of the first batch: an input worker's) each bundle carries
+    its batches' stream indices (:func:`csrun_runtime.position.tag`) and, with ``state_of``, the
+    stream's state before its first batch (``state_of()``, called before that batch is taken).
+
     Raises:
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
         ContractError: a batch is not a nest of tensors/arrays.
@@ -291,6 +296,8 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     while True:
         if room is not None:
             bundler.wait_for_room(room)
+        if state_of is not None and not bundler.pending:
+            bundler.state = state_of()  # the stream's state before the next bundle's first batch
         batch = next(it, _END)
         if batch is _END:
             break
@@ -311,6 +318,7 @@ class _Bundler:
     def __init__(self, sender: Any, cap: int, check: Callable[[], None], first: int | None = None):
         self.sender, self.cap, self.check = sender, cap, check
         self.first = first  # the stream index of the next bundle's first batch (None: untagged)
+        self.state: Any = None  # the stream's state before that batch (a stateful dataset's)
         self.pending: list[list[np.ndarray]] = []
         self.key: Any = None
         self.tree: Any = None
@@ -337,6 +345,7 @@ class _Bundler:
         k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
         if self.pending and k != self.key:
             self.flush()
+            self.state = None  # taken before the flushed bundle: not this one's
         self.key, self.tree = k, t
         self.pending.append(leaves)
         self.nbytes += sum(a.nbytes for a in leaves)
@@ -354,13 +363,13 @@ class _Bundler:
         leaves = stack(self.pending)  # one batch: views of it, no copy
         nest = unflatten(self.tree, leaves)
         if self.first is not None:
-            nest = tag(nest, self.first, n)
+            nest = tag(nest, self.first, n, self.state)
         while True:  # send_bundle sends nothing when it times out: retry the same bundle
             try:
                 self.sender.send_bundle(nest, n, timeout=POLL_SECS)
                 break
             except TimeoutError:
                 self.check()
-        self.pending, self.nbytes = [], 0
+        self.pending, self.nbytes, self.state = [], 0, None
         if self.first is not None:
             self.first += n

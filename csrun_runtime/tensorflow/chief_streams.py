@@ -152,12 +152,9 @@ class ChiefStreams:
         return ds, ds.element_spec, rep.info["train_input"]["batch_size"]
 
     def training_source(self, ds: Any, addresses: list[str], start: int = 0) -> BatchSource:
-        """Where training batches come from: the merged streams of the input workers (each
-        bundled as its worker registered it; every stream resumed at the position committed with
-        the checkpoint of global step ``start``: :mod:`csrun_runtime.position`), else the
-        in-process pipeline bundled by ``runconfig.input_bundle``; on a GPU with its elements
-        prefetched to the device (:meth:`device_prefetch`). Logs the bundling and keeps it for
-        performance.json (:attr:`ingest_info`)."""
+        """The input workers' streams (bundled as each registered, resumed at the positions of checkpoint
+        ``start``: :mod:`..position`), else the in-process pipeline bundled by ``runconfig.input_bundle``;
+        on a GPU prefetched to the device (:meth:`device_prefetch`); the bundling logged and kept."""
         setting = self.rc.get("input_bundle", "auto")
         prefetch = self.device_prefetch(streamed=bool(addresses))
         if addresses:
@@ -203,9 +200,8 @@ class ChiefStreams:
 
     def _remote_source(self, addresses: list[str], registry: dict[int, dict[str, Any]],
                        positions: InputPositions) -> ServiceSource | remote.DataplaneSource:
-        """The input workers' merged streams (tf.data service or the data plane) from
-        ``positions``; with ``--autoscale`` only the first ``autoscale.initial`` of them, the
-        rest idle."""
+        """The input workers' merged streams (tf.data service or the data plane) from ``positions``;
+        with ``--autoscale`` the first ``autoscale.initial`` of them."""
         if self.autoscale is not None:
             n = self.autoscale.initial
             log.info("autoscale (%s policy, %g s windows): reading input workers 0..%d of %d slot(s), "

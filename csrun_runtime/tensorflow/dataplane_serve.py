@@ -32,10 +32,11 @@ from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from ..bundles import map_nest
-from ..position import report_resumed, tag, wait_position
+from ..position import tag
 from ..rendezvous import SUPERSEDED, Heartbeat, Rendezvous
 from ..streams import STREAM_ERROR
 from .pipeline import WorkerInput
+from .resume import stream_hooks
 from .service import BundlePlan, limit_threads
 
 __all__ = ["serve", "Pump", "ServedWorker"]
@@ -182,18 +183,11 @@ def serve(worker: ServedWorker, endpoint: str) -> int:
                    {"error": error, "attempt": attempt, "node": worker.role.node, "pid": os.getpid(),
                     "time": time.time()})
 
-    def resumed(info: dict[str, Any]) -> None:
-        report_resumed(rdv, index, attempt, info["batches"], info["seconds"], info["how"])
-        log.info("streaming from batch %d of this worker's stream: %s in %.3f s", info["batches"], info["how"],
-                 info["seconds"])
-
     # its stream resumes where the chief says (csrun_runtime/position.py): published before the
     # chief reads, or for a replacement answered when the chief sees the registration below
-    start_timeout = float(built.params["runconfig"]["worker_start_timeout_secs"])
+    position, resumed = stream_hooks(rdv, index, attempt, float(built.params["runconfig"]["worker_start_timeout_secs"]))
     pump = Pump(limit_threads(built.dataset, worker.role.cpus_per_task), worker.bundling.bundle, endpoint, index,
-                attempt, worker.counter, record, position=lambda check: wait_position(rdv, index, attempt, check,
-                                                                                      start_timeout),
-                resumed=resumed)
+                attempt, worker.counter, record, position=position, resumed=resumed)
     worker.rdv.register_worker(worker.index, {
         **worker.me, "status": "ok", "transport": "dataplane", "dispatcher": endpoint,
         "batch_size": batch_size, "shuffle_seed": ti.get("shuffle_seed"), "data_files": ti.get("data_files"),

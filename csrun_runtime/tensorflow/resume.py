@@ -13,18 +13,38 @@ TensorFlow is imported inside the functions.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..position import TAG
+from ..position import TAG, report_resumed, wait_position
+from ..rendezvous import Rendezvous
 
-__all__ = ["positioned", "SKIPPED"]
+__all__ = ["positioned", "stream_hooks", "resume_at", "SKIPPED"]
+
+log = logging.getLogger("csrun.runtime")
 
 #: How the stream got to its position (the chief's resume line).
 SKIPPED = "read and discarded {n} batch(es) (Dataset.skip: a tf.data service iterator cannot be saved)"
+
+
+def stream_hooks(rdv: Rendezvous, index: int, attempt: int, timeout: float
+                 ) -> tuple[Callable[..., int], Callable[[dict[str, Any]], None]]:
+    """Input worker ``index``'s (``attempt``) two hooks around its stream: ``position(check=...)``,
+    where it starts (:func:`csrun_runtime.position.wait_position`, at most ``timeout`` s), and
+    ``resumed(info)``, where it got to and how (told to the chief, which logs it, and logged)."""
+
+    def position(check: Callable[[], None] = lambda: None) -> int:
+        return wait_position(rdv, index, attempt, check, timeout)
+
+    def resumed(info: dict[str, Any]) -> None:
+        report_resumed(rdv, index, attempt, info["batches"], info["seconds"], info["how"])
+        log.info("streaming from batch %d of this worker's stream: %s in %.3f s", info["batches"], info["how"],
+                 info["seconds"])
+    return position, resumed
 
 
 def positioned(ds: Any, bundle: int, read_position: Callable[[], int],
@@ -64,3 +84,10 @@ def positioned(ds: Any, bundle: int, read_position: Callable[[], int],
 
     begin = tf.data.Dataset.range(1).map(lambda _: tf.py_function(start, [], tf.int64))
     return begin.flat_map(from_position)
+
+
+def resume_at(rdv: Rendezvous, index: int, attempt: int, timeout: float) -> Callable[[Any, int], Any]:
+    """``make(ds, bundle)``: input worker ``index``'s (``attempt``) bundles of ``ds`` from its
+    stream's position (:func:`positioned` with :func:`stream_hooks`), for the tf.data service."""
+    position, resumed = stream_hooks(rdv, index, attempt, timeout)
+    return lambda ds, bundle: positioned(ds, bundle, position, resumed)

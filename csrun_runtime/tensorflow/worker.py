@@ -33,12 +33,11 @@ from csrun_common.roles import Role
 from ..bundles import AUTOSCALE_MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import TRAIN_MODES, ParamsError, Resolved, load_shard_plan
-from ..position import report_resumed, wait_position
 from ..rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
 from ..sharding import TF_CONFIG_VAR
 from .contract import check_dataset
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
-from .resume import positioned
+from .resume import resume_at
 from .service import (
     BundlePlan,
     limit_threads,
@@ -128,9 +127,8 @@ class InputWorker:
         if served is None:
             self.left_unserved(None, "failed")
             return 2
-        # its stream from the position the chief gives when an iterator is made (position.py)
         register_stream(address, limit_threads(served[1].dataset, self.role.cpus_per_task), self.bundling,
-                        self.counter, positioned=lambda ds, b: positioned(ds, b, self.position, self.resumed))
+                        self.counter, positioned=resume_at(self.rdv, self.index, self.attempt, self.start_timeout))
         server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)
@@ -296,16 +294,6 @@ class InputWorker:
                             STALE_SECS, self.index)
                 return 0, SUPERSEDED
             time.sleep(POLL_SECS)
-
-    def position(self) -> int:
-        """Where this worker's stream starts (:func:`csrun_runtime.position.wait_position`)."""
-        return wait_position(self.rdv, self.index, self.attempt, lambda: None, self.start_timeout)
-
-    def resumed(self, info: dict[str, Any]) -> None:
-        """Where the stream resumed: told to the chief (it logs it), logged."""
-        report_resumed(self.rdv, self.index, self.attempt, info["batches"], info["seconds"], info["how"])
-        log.info("streaming from batch %d of this worker's stream: %s in %.3f s", info["batches"], info["how"],
-                 info["seconds"])
 
     def superseded(self) -> dict[str, Any] | None:
         """The registration of a later attempt of this worker's index, or ``None``.

@@ -144,3 +144,23 @@ def test_the_merge_over_a_real_receiver_drops_an_old_attempts_duplicates(tmp_pat
     receiver.close()
     assert got == [0, 1, 2, 3, 4, 5] and merge.positions.describe()["duplicates_dropped"] == {"0": 2}
     assert position.wait_position(rdv, 0, 1, lambda: None, 1.0) == 4
+
+
+def test_a_stateful_streams_last_state_at_its_position_is_committed_and_handed_on(tmp_path):
+    rdv = Rendezvous(tmp_path, "7.0")
+    rdv.reset()
+    p = InputPositions(1, {0: 4}, {0: {"at": 2, "state": {"pos": 20}}})
+    p.publish(rdv)
+    assert position.start_state(rdv, 0, 0) == {"at": 2, "state": {"pos": 20}}
+    for first, pos in ((4, 40), (8, 80), (12, 120)):
+        p.snapshot(0, first, {"pos": pos})
+        p.accept(0, first, 4)
+    p.trained(0, 7)  # position 11: the state before batch 8 is the last at or before it
+    assert p.committed() == {0: 11} and p.committed_states() == {0: {"at": 8, "state": {"pos": 80}}}
+    position.commit(p, tmp_path, 30, None, True)
+    assert position.read_sidecar(tmp_path, 30)["states"] == {"0": {"at": 8, "state": {"pos": 80}}}
+    assert InputPositions.restore(tmp_path, 30, {}, slots=1).committed_states() == {0: {"at": 8, "state": {"pos": 80}}}
+    p.answer(rdv, 0, 1)  # a replacement starts at 16, the handed-out end: its state is the one before 12
+    assert position.start_state(rdv, 0, 1) == {"at": 12, "state": {"pos": 120}}
+    nest = position.tag({"x": np.zeros((2, 1))}, 5, 2, {"pos": 50})
+    assert position.state_of(nest) == {"pos": 50} and position.untag(nest)[0] == 5

@@ -88,3 +88,54 @@ def test_an_iterable_dataset_is_read_up_to_its_position_and_says_so():
     got = _ids(epochs_from(DataLoader(Stream(), batch_size=4, drop_last=True), 9, told.append), 3)
     assert got == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]  # 7 batches a pass: pass 1, batch 2
     assert told[0]["how"].startswith("read and discarded 9 batch(es): an IterableDataset")
+
+
+class Counting(IterableDataset):
+    """Ids 0, 1, 2, ... for ever; its state is the next id."""
+
+    def __init__(self):
+        self.pos = 0
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        while True:
+            self.pos += 1
+            yield torch.tensor(self.pos - 1)
+
+
+def test_a_stateful_iterable_is_restored_and_only_the_batches_after_its_state_read():
+    told = []
+    loader = DataLoader(Counting(), batch_size=2, drop_last=True)
+    got = _ids(epochs_from(loader, 10, told.append, {"at": 8, "state": {"pos": 16}}), 2)
+    assert got == [[20, 21], [22, 23]]
+    assert told[0]["how"] == "read and discarded 2 batch(es): restored its state_dict at batch 8"
+    workers = DataLoader(Counting(), batch_size=2, drop_last=True, num_workers=1)  # its state is in that process
+    told.clear()
+    assert _ids(epochs_from(workers, 3, told.append, {"at": 2, "state": {"pos": 4}}), 1) == [[6, 7]]
+    assert "its state lives in the DataLoader's worker processes" in told[0]["how"]
+
+
+def test_each_bundle_carries_the_streams_state_before_its_first_batch():
+    from csrun_runtime import position
+    from csrun_runtime.pytorch.worker import send_batches
+
+    class Sender:
+        window_batches = None
+
+        def __init__(self):
+            self.sent = []
+
+        def send_bundle(self, nest, n, timeout=None):
+            self.sent.append(nest)
+
+    ds, s = Counting(), Sender()
+    send_batches(s, itertools.islice(epochs(DataLoader(ds, batch_size=2, drop_last=True)), 7), cap=3, first=40,
+                 state_of=ds.state_dict)
+    assert [(position.untag(n)[0], position.state_of(n)) for n in s.sent] == [
+        (40, {"pos": 0}), (43, {"pos": 6}), (46, {"pos": 12})]
+    assert [b.reshape(-1).tolist() for b in (position.untag(n)[1] for n in s.sent)][2] == [12, 13]
