@@ -196,6 +196,7 @@ class InputPositions:
     _s: dict[int, _Stream] = field(default_factory=dict, repr=False)
     _reported: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _start_line: bool = False
+    job_started: dict[int, int] | None = None  # every rank's started(), once gathered (commit)
 
     def __post_init__(self) -> None:
         self.num_streams = self.num_streams or self.slots * self.world_size
@@ -329,7 +330,7 @@ class InputPositions:
         batches trained since its beginning; ``end`` given with several ranks: all of theirs),
         the checkpoint restored, each slot's dropped duplicates and missing batches, the workers'
         resume reports."""
-        return {"start": {str(k): v for k, v in self.started().items()},
+        return {"start": {str(k): v for k, v in (self.job_started or self.started()).items()},
                 "end": {str(k): v for k, v in (end if end is not None else self.committed()).items()},
                 "restored_step": self.restored_step, "note": self.note,
                 "duplicates_dropped": {str(self.stream_of(i)): s.duplicates for i, s in sorted(self._s.items())},
@@ -399,9 +400,11 @@ def commit(positions: InputPositions, model_dir: str | Path, step: int, ranks: A
     mine, states = positions.committed(), positions.committed_states()
     if ranks is not None:
         parts = ranks.group.gather({"streams": {str(k): v for k, v in mine.items()},
-                                    "states": {str(k): v for k, v in states.items()}})
+                                    "states": {str(k): v for k, v in states.items()},
+                                    "started": {str(k): v for k, v in positions.started().items()}})
         mine = {int(k): int(v) for part in parts for k, v in part["streams"].items()}
         states = {int(k): v for part in parts for k, v in part["states"].items()}
+        positions.job_started = {int(k): int(v) for part in parts for k, v in part["started"].items()}
     if writes:
         write_sidecar(model_dir, step, mine, positions.num_streams, states)
     return mine

@@ -84,8 +84,9 @@ def weights_digest(module: Any) -> str:
         return t.detach().to("cpu").contiguous() if isinstance(t, torch.Tensor) else torch.as_tensor(t)
 
     tensors = ((name, host(t)) for name, t in module.state_dict().items())
-    return digest_of((name, str(x.dtype), tuple(x.shape), x.view(torch.uint8).numpy().tobytes() if x.numel() else b"")
-                     for name, x in tensors)
+    # reshape(-1): a 0-d tensor (BatchNorm's num_batches_tracked, a step counter) has no byte view
+    return digest_of((name, str(x.dtype), tuple(x.shape),
+                      x.reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b"") for name, x in tensors)
 
 
 class TorchRanks:

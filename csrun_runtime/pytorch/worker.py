@@ -283,7 +283,8 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
 
     With ``first`` (the stream index of the first batch: an input worker's) each bundle carries
     its batches' stream indices (:func:`csrun_runtime.position.tag`) and, with ``state_of``, the
-    stream's state before its first batch (``state_of()``, called before that batch is taken).
+    stream's state before its first batch (``state_of()``, called before that batch is taken; not
+    for the first bundle: the stream may be restored as its first batch is taken).
 
     Raises:
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
@@ -293,12 +294,14 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     room = getattr(sender, "room", None)
     it = iter(batches)
     last_check = time.monotonic()
+    taken = False
     while True:
         if room is not None:
             bundler.wait_for_room(room)
-        if state_of is not None and not bundler.pending:
-            bundler.state = state_of()  # the stream's state before the next bundle's first batch
+        if state_of is not None and not bundler.pending and taken:  # (before the first batch a
+            bundler.state = state_of()  # resumed stream is not restored yet) its state before the bundle
         batch = next(it, _END)
+        taken = True
         if batch is _END:
             break
         bundler.add(batch)

@@ -134,15 +134,16 @@ def _logged_after(log: Path, text: str, after: int) -> int | None:
     return min(ends) if ends else None
 
 
-def _newest_rdv(md: Path) -> Path | None:
-    dirs = [d for d in md.glob(".csrun/*") if d.is_dir() and ".stale-" not in d.name]
+def _newest_rdv(md: Path, rank: int | None) -> Path | None:
+    dirs = [d for d in md.glob(".csrun/*" if rank is None else f".csrun/*.rank{rank}")
+            if d.is_dir() and ".stale-" not in d.name]
     return max(dirs, key=lambda d: d.stat().st_mtime) if dirs else None
 
 
-def _worker_pid(md: Path, index: int) -> int | None:
+def _worker_pid(md: Path, index: int, rank: int | None) -> int | None:
     import json
 
-    d = _newest_rdv(md)
+    d = _newest_rdv(md, rank)
     f = d / "workers" / f"{index}.json" if d else None
     try:
         reg = json.loads(f.read_text()) if f else None
@@ -152,15 +153,17 @@ def _worker_pid(md: Path, index: int) -> int | None:
 
 
 def run_with_faults(argv: list[str], env: dict, cwd: Path, log: Path, md: Path, trained_dir: Path, *,
-                    kill_worker_at: int, worker: int = 1, speed_up: Callable[[], None] = lambda: None) -> list[int]:
+                    kill_worker_at: int, worker: int = 1, rank: int | None = None,
+                    speed_up: Callable[[], None] = lambda: None) -> list[int]:
     """Run ``csrun_wse --requeue ...`` (``argv``) with the three faults of issue 41, in one run: at
-    global step ``kill_worker_at`` input worker ``worker`` is SIGKILLed (its task replaces it); once
-    the replacement resumed its stream and a step more was logged, the job gets ``--requeue``'s signal (USR2:
-    the chief saves and exits 75, csrun_wse launches again); once the second allocation saved a
-    periodic checkpoint and logged a step more, its chief is SIGKILLed (csrun_wse fails) and the
-    same command is run again (it resumes from that checkpoint). ``speed_up()`` is called before
-    the signal (e.g. to pace the later allocations' steps faster: they read the params again).
-    Returns each csrun_wse's exit status."""
+    global step ``kill_worker_at`` input worker ``worker`` (of trainer ``rank``, with several) is
+    SIGKILLed (its task replaces it); once the replacement resumed its stream and a step more was
+    logged, the job gets ``--requeue``'s signal (USR2: the chief saves and exits 75, csrun_wse
+    launches again); once the second allocation resumed, saved a periodic checkpoint and logged a
+    step more, its chief (rank 0's) is SIGKILLed (csrun_wse fails) and the same command is run
+    again (it resumes from that checkpoint). ``speed_up()`` is called before the signal (e.g. to
+    pace the later allocations' steps faster: they read the params again). Returns each
+    csrun_wse's exit status."""
     import os
     import signal
     import subprocess
@@ -170,7 +173,8 @@ def run_with_faults(argv: list[str], env: dict, cwd: Path, log: Path, md: Path, 
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     try:
         _wait(f"global step {kill_worker_at}", lambda: _step_seen(log, kill_worker_at), proc, log)
-        os.kill(int(_wait(f"worker {worker}'s pid", lambda: _worker_pid(md, worker), proc, log)), signal.SIGKILL)
+        os.kill(int(_wait(f"worker {worker}'s pid", lambda: _worker_pid(md, worker, rank), proc, log)),
+                signal.SIGKILL)
         resumed = f"input worker {worker} (replacement 1) resumed its stream at "
         at = _wait("the replacement's resumed stream", lambda: _logged_after(log, resumed, 0), proc, log)
         _wait("a step after it", lambda: _logged_after(log, "global_step = ", at), proc, log)

@@ -47,11 +47,11 @@ def _params(root: Path, **train_input) -> tuple[Path, dict]:
     return path, params
 
 
-def _check_the_record(out: str, md: Path) -> dict:
+def _check_the_record(out: str, md: Path, world: int = 1) -> dict:
     """What every test's run said and recorded: the replacement's resume line, one line for each
     restart's resume (the requeue's, from the step it stopped at, 0 steps lost; the resubmission's,
     from a periodic checkpoint), three launches, and performance.json's ``input_positions`` of the
-    last allocation. Returns performance.json."""
+    last allocation (``world`` trainer ranks: a batch each a step). Returns performance.json."""
     assert "input worker 1 (replacement 1) resumed its stream at batch " in out, out[-4000:]
     resumed = [line for line in out.splitlines() if "input resumed at the positions of checkpoint" in line]
     m = re.search(r"stopped by SIGUSR2 at global step (\d+): checkpoint model-ckpt-\1 saved", out)
@@ -62,7 +62,7 @@ def _check_the_record(out: str, md: Path) -> dict:
     restored = pos["restored_step"]
     assert len(resumed) == 2 and f"model-ckpt-{m.group(1)}:" in resumed[0], resumed
     assert f"model-ckpt-{restored}:" in resumed[1] and restored % EVERY == 0, resumed
-    assert sum(pos["start"].values()) == restored and sum(pos["end"].values()) == STEPS, pos
+    assert sum(pos["start"].values()) == world * restored and sum(pos["end"].values()) == world * STEPS, pos
     assert not any(pos["batches_missing"].values()), pos
     return perf
 
@@ -124,3 +124,30 @@ def test_tensorflow_sharded_shuffled_input_is_trained_exactly_once_through_every
     if transport == "dataplane":
         assert perf["transport"] == "dataplane" and perf["dataplane_errors"] == []
         assert all(w["errors"] == 0 for w in perf["dataplane"].values()), perf["dataplane"]
+
+
+def test_two_trainer_ranks_and_a_stateful_iterable_dataset_are_trained_exactly_once(slurm_cluster, tmp_path):
+    """2 PyTorch trainer ranks (DDP, gloo) on one node, 2 input workers each (the job's 4 on 2
+    nodes), each streaming an IterableDataset with state_dict / load_state_dict (DataLoader
+    num_workers 0): its state is restored at each resume. Rank 0's input worker 2 is killed; the
+    chief killed is rank 0's. Each rank's trained sequence is judged against its own workers'."""
+    pytest.importorskip("torch")
+    path, params = _params(tmp_path, num_workers=0, iterable=True)
+    cfg = tmp_path / "site.toml"
+    cfg.write_text('[gres]\nresource = ""\n')  # the test cluster's gpu:1 is on node1 only
+    env = dict(slurm_cluster["env"], CSRUN_CONFIG=str(cfg))
+    md, log = tmp_path / "md", tmp_path / "csrun_wse.log"
+    argv = [str(BIN / "csrun_wse"), "--requeue", "--total-nodes", "3", "--tasks-per-node", "2", "--cpus-per-task",
+            "1", "--chief-nodes", "1", "--chief-tasks-per-node", "2", "python-pt", PT_RUN, "--params", str(path),
+            "--model_dir", str(md), "--mode", "train"]
+    codes = run_with_faults(argv, env, tmp_path, log, md, tmp_path / "trained", kill_worker_at=75, worker=1,
+                            rank=0, speed_up=lambda: _write(path, params, FAST))
+    out = log.read_text()
+    assert codes[0] != 0 and codes[1] == 0, (codes, out[-4000:])
+    by_rank = trained(tmp_path / "trained")
+    streams = pt_streams(params, range(4), 4, STEPS)
+    for r in (0, 1):  # rank r is fed by input workers r and r + 2
+        given = judge(by_rank[r], {g: streams[g] for g in (r, r + 2)}, STEPS)
+        assert sum(given.values()) == STEPS and all(given.values()), (r, given)
+    _check_the_record(out, md, world=2)
+    assert "restored its state_dict at batch " in out, out[-3000:]
