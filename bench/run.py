@@ -29,6 +29,7 @@ name                  what                                                      
 ``ingest_gap``        data plane vs raw TCP, >= 256 KiB: where the gap goes        23
 ``read_ahead``        PyTorch read-ahead bound vs the byte window only              33
 ``gpu_feed``          the PyTorch chief's feed into its device vs DataLoader, H2D   31
+``resume``            an input stream resumed at 1k/100k/1M samples; tracking cost  41
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -72,6 +73,7 @@ BENCHMARKS = {
     "read_ahead": "bench_read_ahead",
     "gpu_feed": "bench_gpu_feed",
     "rank_agree": "bench_rank_agree",
+    "resume": "bench_resume",
 }
 DEFAULT_RESULTS = HERE / "results"
 

@@ -99,6 +99,10 @@ PERFORMANCE_FIELDS: dict[str, str] = {
     "input_bottleneck_threshold": "the wait share above which the run is called input-bound",
     "worker_samples_per_sec": "samples per second each input worker delivered to training "
                               "(its batches handed to training x batch_size / steady_time)",
+    "input_positions": "each input stream's position (job-wide worker index -> batches of its stream trained "
+                       "since it began) at this allocation's start and end, the checkpoint it resumed from, the "
+                       "batches its merge dropped as duplicates or found missing, and where each worker resumed "
+                       "(docs/RESILIENCE.md 'The input position')",
 }
 
 

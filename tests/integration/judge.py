@@ -109,7 +109,7 @@ def tf_streams(params: dict, workers: Iterable[int], num_streams: int, n: int,
 
 
 # --------------------------------------------------------------------------- the faults
-def _wait(what: str, ok: Callable[[], object], proc, log: Path, timeout: float = 240.0) -> object:
+def wait_for(what: str, ok: Callable[[], object], proc, log: Path, timeout: float = 240.0) -> object:
     import time
 
     deadline = time.monotonic() + timeout
@@ -126,7 +126,7 @@ def _step_seen(log: Path, step: int, after: int = 0) -> bool:
     return f"global_step = {step}," in log.read_text()[after:]
 
 
-def _logged_after(log: Path, text: str, after: int) -> int | None:
+def logged_after(log: Path, text: str, after: int) -> int | None:
     """The offset just past the first ``text`` (alternatives apart by ``|``) after offset
     ``after`` of the log, or None."""
     out = log.read_text()
@@ -172,22 +172,22 @@ def run_with_faults(argv: list[str], env: dict, cwd: Path, log: Path, md: Path, 
     with open(log, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     try:
-        _wait(f"global step {kill_worker_at}", lambda: _step_seen(log, kill_worker_at), proc, log)
-        os.kill(int(_wait(f"worker {worker}'s pid", lambda: _worker_pid(md, worker, rank), proc, log)),
+        wait_for(f"global step {kill_worker_at}", lambda: _step_seen(log, kill_worker_at), proc, log)
+        os.kill(int(wait_for(f"worker {worker}'s pid", lambda: _worker_pid(md, worker, rank), proc, log)),
                 signal.SIGKILL)
         resumed = f"input worker {worker} (replacement 1) resumed its stream at "
-        at = _wait("the replacement's resumed stream", lambda: _logged_after(log, resumed, 0), proc, log)
-        _wait("a step after it", lambda: _logged_after(log, "global_step = ", at), proc, log)
+        at = wait_for("the replacement's resumed stream", lambda: logged_after(log, resumed, 0), proc, log)
+        wait_for("a step after it", lambda: logged_after(log, "global_step = ", at), proc, log)
         speed_up()
         jobs = subprocess.run(["squeue", "--noheader", "--format=%i", "--name=csrun_wse"], env=env,
                               capture_output=True, text=True).stdout.split()
         subprocess.run(["scancel", "--signal=USR2", *sorted({j.split("+")[0] for j in jobs})], env=env, check=True,
                        capture_output=True)
-        at = _wait("the second allocation", lambda: _logged_after(log, "launching again (requeue 1 of", 0), proc, log)
-        at = _wait("its resume", lambda: _logged_after(log, "input resumed at the positions of checkpoint", at),
+        at = wait_for("the second allocation", lambda: logged_after(log, "launching again (requeue 1 of", 0), proc, log)
+        at = wait_for("its resume", lambda: logged_after(log, "input resumed at the positions of checkpoint", at),
                    proc, log)
-        at = _wait("its first checkpoint", lambda: _logged_after(log, SAVED, at), proc, log)
-        _wait("a step after it", lambda: _logged_after(log, "global_step = ", at), proc, log)
+        at = wait_for("its first checkpoint", lambda: logged_after(log, SAVED, at), proc, log)
+        wait_for("a step after it", lambda: logged_after(log, "global_step = ", at), proc, log)
         os.kill(int((trained_dir / "chief.0.pid").read_text()), signal.SIGKILL)
         codes.append(proc.wait(timeout=120))
     finally:

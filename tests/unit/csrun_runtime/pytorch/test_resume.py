@@ -80,7 +80,7 @@ def test_the_fast_forward_loads_no_sample():
     start = 3 * len(loader) + 2
     _ids(epochs_from(loader, start), 2)
     assert Ids.loaded == 2 * BATCH  # the two batches taken, nothing of the 3 passes and 2 batches skipped
-    assert loader.batch_sampler.__class__.__name__ == "BatchSampler"  # the sampler is the loader's again
+    assert type(loader.batch_sampler.sampler) is DistributedSampler  # the loader's own again
 
 
 def test_an_iterable_dataset_is_read_up_to_its_position_and_says_so():
