@@ -106,6 +106,24 @@ def _tf_ds(shuffle: bool):
     return ds.with_options(opts)
 
 
+def _restored(shuffle: bool, prefix: str) -> float:
+    """Seconds to restore an iterator from the checkpoint ``prefix`` and take its next batch."""
+    import tensorflow as tf
+
+    it = iter(_tf_ds(shuffle))
+    t0 = time.monotonic()
+    tf.train.Checkpoint(iterator=it).read(prefix).expect_partial()
+    next(it)
+    return time.monotonic() - t0
+
+
+def _skipped(shuffle: bool, n: int) -> float:
+    """Seconds to the first batch after ``Dataset.skip`` of ``n`` samples' batches."""
+    t0 = time.monotonic()
+    next(iter(_tf_ds(shuffle).skip(n // BATCH)))
+    return time.monotonic() - t0
+
+
 def tf_restore(positions, rounds: int, wd: Path) -> dict:
     import tensorflow as tf
 
@@ -120,20 +138,9 @@ def tf_restore(positions, rounds: int, wd: Path) -> dict:
             prefixes[n] = tf.train.Checkpoint(iterator=it).write(str(wd / f"{name}-{n}".replace(" ", "_")))
             sizes[n] = sum(p.stat().st_size for p in wd.glob(Path(prefixes[n]).name + "*"))
 
-        def restored(n: int) -> float:
-            it = iter(_tf_ds(shuffle))
-            t0 = time.monotonic()
-            tf.train.Checkpoint(iterator=it).read(prefixes[n]).expect_partial()
-            next(it)
-            return time.monotonic() - t0
-
-        def skipped(n: int) -> float:
-            t0 = time.monotonic()
-            next(iter(_tf_ds(shuffle).skip(n // BATCH)))
-            return time.monotonic() - t0
-
-        fns = {**{f"skip {n}": (lambda n=n: skipped(n)) for n in positions},
-               **{f"checkpoint {n}": (lambda n=n: restored(n)) for n in positions}}
+        fns = {**{f"skip {n}": (lambda n=n, sh=shuffle: _skipped(sh, n)) for n in positions},
+               **{f"checkpoint {n}": (lambda n=n, sh=shuffle, pr=prefixes[n]: _restored(sh, pr))
+                  for n in positions}}
         got = common.round_robin(fns, rounds, warmup=0)
         out[name] = {"seconds": {k: common.spread(v) for k, v in got.items()},
                      "checkpoint_bytes": {str(n): sizes[n] for n in positions}}
