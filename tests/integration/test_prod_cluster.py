@@ -8,8 +8,8 @@
 - the exit status of an interrupted launch (130 for SIGINT, 143 for SIGTERM);
 - site policies (time limit, QOS, account, a verbatim option) as Slurm records them.
 
-The training runs use tests/fixtures/paced/run.py: the digits example with its input paced
-to ~20 ms per batch, so that a run's length in seconds depends little on the host's load.
+The training runs use tests/fixtures/paced/run.py: the digits example with each training step
+paced to ~20 ms, so that a run's length in seconds depends little on the host's load.
 """
 from __future__ import annotations
 
@@ -65,17 +65,16 @@ def wait_gone(job_id: str, env, timeout: float) -> float:
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory):
-    """The digits TFRecord shards and a params file: input paced to 20 ms per batch, every
-    global step logged, no periodic checkpoint (only the stop signal's and the final one)."""
+    """The digits TFRecord shards and a params file: each training step paced to 20 ms (the
+    chief's step, not the input: every allocation resumes the input stream at its position, by
+    reading, and a paced input would make each resume re-read the run so far at the pace:
+    docs/RESILIENCE.md "The input position"), every global step logged, no periodic checkpoint
+    (only the stop signal's and the final one)."""
     root = tmp_path_factory.mktemp("paced")
     data = helpers.prepare_digits(root / "data")
-    path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=1, checkpoint_steps=0,
+    path = helpers.digits_params(root, data, model={"step_pace_ms": 20}, log_steps=1, checkpoint_steps=0,
                                  eval_frequency=None, keep_checkpoint_max=2)
-    (root / "dataplane").mkdir()
-    dataplane = helpers.digits_params(root / "dataplane", data, train_input={"pace_ms": 20}, log_steps=1,
-                                      checkpoint_steps=0, eval_frequency=None, keep_checkpoint_max=2,
-                                      transport="dataplane")
-    return {"root": root, "params": path, "params_dataplane": dataplane}
+    return {"root": root, "params": path}
 
 
 def logged_steps(text: str) -> list[int]:

@@ -2,7 +2,8 @@
 digits example trained by a chief fed by 3 input workers over the data plane, then evaluated;
 and an input worker killed during a paced run, replaced by its task (same index and seed) and
 read again, the job reaching max_steps; input worker 0 in the chief's own task
-(``--chief-input-cpus``); ``--autoscale`` growing the input workers from 1 (docs/AUTOSCALE.md). A lost node
+(``--chief-input-cpus``). ``--autoscale`` growing the input workers from 1 (docs/AUTOSCALE.md) and
+``--requeue`` on the srun path: tests/integration/test_exactly_once_cluster.py. A lost node
 (``--survive-node-loss``): tests/integration/test_pytorch_node_loss_cluster.py."""
 from __future__ import annotations
 
@@ -182,44 +183,3 @@ def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
     assert rep[1]["batches"] > 0
     assert all(r["batches"] - perf["batches_per_worker"].get(str(i), 0) <= READ_AHEAD_BATCHES for i, r in rep.items())
     assert sorted(r["torch_seed"] for r in rep.values()) == [1234, 1235]
-
-
-def test_pytorch_autoscale_grows_from_one_input_worker(digits, cli_env):
-    """``csrun_wse --autoscale --initial-workers 1`` with python-pt (docs/AUTOSCALE.md): 3
-    input-worker slots, each worker paced at 50 ms a batch (tests/fixtures/pytorch_paced), a
-    chief far faster: the chief reads slot 0 only, its windows (3 s) wait on input, and the
-    framework-neutral autoscaler adds workers (the AutoScaler estimate), which stream; the run
-    reaches max_steps with exit 0 and performance.json records the decisions."""
-    import yaml
-
-    params = json.loads(json.dumps(digits["yaml"]))
-    params["train_input"].update(num_workers=0, pace_ms=50)
-    for k in ("prefetch_factor", "persistent_workers"):
-        params["train_input"].pop(k)
-    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=100)
-    path = digits["root"] / "autoscale.yaml"
-    path.write_text(yaml.safe_dump(params))
-    md = digits["root"] / "md_autoscale"
-    max_steps = 800
-    proc = csrun_wse(LAYOUT + ["--autoscale", "--initial-workers", "1", "--autoscale-window", "3", "python-pt",
-                               PACED, "--params", str(path), "--model_dir", str(md), "--mode", "train",
-                               "--max_steps", str(max_steps)], cli_env, digits["root"], timeout=300)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    assert "autoscale (rate policy, 3 s windows): reading input workers 0..0 of 3 slot(s), between 1 and 3" in log
-    assert "autoscale: add input worker 1 on " in log and "not wired for PyTorch" not in log
-    perf = json.loads((md / "performance" / "performance.json").read_text())
-    assert perf["global_step_end"] == max_steps
-    auto = perf["autoscale"]
-    assert (auto["initial_workers"], auto["min_workers"], auto["max_workers"]) == (1, 1, 3)
-    assert auto["windows"] and auto["windows"][0]["workers"] == 1, auto["windows"]
-    adds = [e for e in auto["events"] if e["action"] == "add"]
-    assert adds and adds[0]["worker"] == 1 and adds[0]["input_wait_fraction"] > 0.1, auto["events"]
-    assert "AutoScaler estimate" in adds[0]["reason"] and adds[0]["workers"] >= 2, auto["events"]
-    last = {e["worker"]: e["action"] for e in auto["events"]}
-    assert perf["workers_paused"] == sorted(i for i, a in last.items() if a == "remove"), auto["events"]
-    per = perf["batches_per_worker"]
-    assert per["0"] > 0 and per["1"] > 0 and sum(per.values()) == max_steps, per
-    rep = reports(md)
-    assert sorted(rep) == [0, 1, 2] and all(r["chief_status"] == "ok" for r in rep.values()), rep
-    assert all(r["num_streamers"] == 3 for r in rep.values())  # slot i is streamer i of 3, as without
