@@ -30,6 +30,7 @@ name                  what                                                      
 ``read_ahead``        PyTorch read-ahead bound vs the byte window only              33
 ``gpu_feed``          the PyTorch chief's feed into its device vs DataLoader, H2D   31
 ``runs``              csrun status of a running job; csrun list over 1,000 runs     42
+``resume``            an input stream resumed at 1k/100k/1M samples; tracking cost  41
 ====================  ==========================================================  =====
 
 A benchmark that raises (or whose module is missing) records ``{"error": ...}`` and the
@@ -76,6 +77,7 @@ BENCHMARKS = {
     "rank_agree": "bench_rank_agree",
     "rank_checks": "bench_rank_checks",
     "runs": "bench_runs",
+    "resume": "bench_resume",
 }
 DEFAULT_RESULTS = HERE / "results"
 

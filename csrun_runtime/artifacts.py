@@ -101,6 +101,10 @@ PERFORMANCE_FIELDS: dict[str, str] = {
                               "(its batches handed to training x batch_size / steady_time)",
     "allocation_history": "every allocation of the run (one per requeue): its job, steps, the signal that "
                           "stopped it and its workers_lost, workers_replaced, workers_given_up, workers_paused",
+    "input_positions": "each input stream's position (job-wide worker index -> batches of its stream trained "
+                       "since it began) at this allocation's start and end, the checkpoint it resumed from, the "
+                       "batches its merge dropped as duplicates or found missing, and where each worker resumed "
+                       "(docs/RESILIENCE.md 'The input position')",
 }
 
 

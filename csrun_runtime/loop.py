@@ -44,6 +44,7 @@ from . import preemption, workernames
 from .artifacts import PERFORMANCE_FIELDS, performance_record, verdict, verdict_lines, worker_rates
 from .autoscale import Autoscaler
 from .params import training_target
+from .position import checkpoint
 from .rankgroup import LoopRanks, rank_lines
 
 if TYPE_CHECKING:
@@ -300,6 +301,8 @@ class TrainingDriver:
         self.autoscaler: Autoscaler | None = None
         self.ranks = setup.ranks
         self.writes = self.ranks is None or self.ranks.writes  # rank 0 (or the only chief) writes
+        self.positions = getattr(backend.source, "positions", None)  # the input streams' (.position)
+        self.end_positions: dict[int, int] | None = None  # the job's, at the last checkpoint
         if setup.autoscale is not None and backend.batch_size:
             self._start_autoscaler(backend.batch_size)
 
@@ -314,13 +317,11 @@ class TrainingDriver:
         return self.backend.batch_size or 0
 
     def run(self) -> None:
-        """Train to the target, save the final checkpoint, write performance.json and the
-        verdict, and evaluate at the end when evaluating. SIGINT/SIGTERM (and ``--requeue``'s
-        signals) are only recorded meanwhile (:func:`csrun_runtime.preemption.deferred`): the
-        loop stops between two calls, saves and writes all of that with ``stopped_by``. An
+        """Train to the target, save the final checkpoint, write performance.json and the verdict,
+        evaluate at the end when evaluating. Stop signals are recorded meanwhile
+        (:func:`csrun_runtime.preemption.deferred`): the loop stops between two calls and saves. An
         exception after the first step still writes performance.json and the verdict
-        (``ended: failed: ...``), then propagates; one before it closes the event file and
-        propagates."""
+        (``ended: failed: ...``), then propagates; one before it closes the event file."""
         with preemption.deferred():
             self._run()
 
@@ -332,9 +333,8 @@ class TrainingDriver:
             if s.evaluating and self.writes:
                 b.evaluate(self.start)
             return
-        if s.rc.get("save_initial_checkpoint") and self.writes:
-            b.save(self.start)
-            self.last_saved = self.start
+        if s.rc.get("save_initial_checkpoint"):
+            self._save(self.start)
         self.scalars = b.open_events() if self.writes else _no_scalars
         log.info("training from global step %d to %d%s", self.start, self.target,
                  f" (batch_size {b.batch_size})" if b.batch_size else "")
@@ -379,6 +379,8 @@ class TrainingDriver:
             self.clock.t_first = t1
             self.clock.programming_time = time.time() - self.setup.t_proc
         self.loss, losses = self.backend.train(chunk)
+        if self.positions is not None:  # trained: its stream's position moves on
+            self.positions.trained(getattr(chunk, "worker", None), chunk.steps)
         t2 = time.monotonic()
         before, self.step = self.step, self.step + chunk.steps
         first = self.clock.t_first_end is None
@@ -389,13 +391,23 @@ class TrainingDriver:
         for s in logged:
             self._log_step(s, losses[s - before - 1], last=s == logged[-1])
         if self.ckpt_steps and self.step % self.ckpt_steps == 0:
-            self.last_saved = save_checkpoint(self.backend, self.ranks, self.step)
+            self._save(self.step)
         if self.eval_freq and self.step % self.eval_freq == 0 and self.step < self.target and self.writes:
             te = time.monotonic()
             self.backend.evaluate(self.step)
             # after the first step's end even at the first step: inside the steady state's wall time
             self.clock.add_eval(time.monotonic() - te, True)
         return True
+
+    def _save(self, step: int) -> None:
+        """A checkpoint at ``step``, on every rank at the same steps (:func:`.position.checkpoint`);
+        with several ranks first their statistics made the same
+        (:meth:`csrun_runtime.rankgroup.LoopRanks.before_save`)."""
+        if self.ranks is not None:
+            self.ranks.before_save()
+        self.end_positions = checkpoint(self.positions, self.setup.model_dir, step, self.ranks, self.writes,
+                                        self.backend.save) or self.end_positions
+        self.last_saved = step
 
     def _autoscale_after(self, first: bool, wait_s: float, compute_s: float, steps: int) -> None:
         """The autoscaler's share of a chunk: made at the first one when the batch size was not
@@ -413,10 +425,8 @@ class TrainingDriver:
         return step == self.start + 1 or step % self.log_steps == 0 or step == self.target
 
     def _chunk_limit(self) -> int:
-        """Steps the next call may train: 1 for the first step, else up to
-        ``steps_per_execution`` but never past the target or the next multiple of
-        ``checkpoint_steps`` or ``eval_frequency`` (steps that need the model as it is then;
-        a logged step inside a chunk gets its loss from the call)."""
+        """Steps the next call may train: 1 for the first step, else up to ``steps_per_execution``,
+        never past the target or the next multiple of ``checkpoint_steps`` or ``eval_frequency``."""
         if self.clock.t_first is None:
             return 1
         limit = min(self.max_chunk, self.target - self.step)
@@ -431,11 +441,8 @@ class TrainingDriver:
         return self.backend.next_chunk(limit, self.timeout, "runconfig.input_timeout_secs")
 
     def _log_step(self, step: int, loss: SupportsFloat, last: bool) -> None:
-        """The log line and the ``loss`` scalar of ``step`` (the loss read here, at the logging
-        cadence: ``float()`` may raise the backend's non-finite loss error); at the ``last``
-        logged step of a chunk also the live line of the open rate window, whose
-        ``samples_per_sec`` and ``input_wait_fraction`` scalars are written when it closes
-        (:data:`WINDOW_MIN_CALLS`)."""
+        """The log line and ``loss`` scalar of ``step`` (``float()`` may raise the backend's
+        non-finite loss error); at a chunk's ``last`` logged step also the rate window's live line."""
         assert self.scalars is not None
         value = float(loss)
         log.info("global_step = %d, loss = %.6g", step, value)
@@ -453,7 +460,7 @@ class TrainingDriver:
         c.t_end = t_end
         steps = self.step - self.start
         if self.last_saved != self.step and failed is None:
-            self.last_saved = save_checkpoint(b, self.ranks, self.step)
+            self._save(self.step)
         desc = workernames.renumber(b.source.describe())  # job-wide indices with several ranks
         if self.autoscaler is not None:
             desc["autoscale"] = self.autoscaler.describe()
@@ -497,6 +504,8 @@ class TrainingDriver:
                  "num_workers": s.num_input_workers, **{k: v for k, v in desc.items() if k != "num_workers"},
                  "mode": s.mode, "eval_time": round(c.eval_time, 4), **s.ingest_info,
                  "steps_per_execution": c.calls(s.rc.get("steps_per_execution", "auto"), steps)}
+        if self.positions is not None:
+            extra["input_positions"] = self.positions.describe(self.end_positions)
         end = None if failed is None else (self.last_saved if self.last_saved is not None else self.start)
         if self.writes:  # performance/allocations.json: rank 0's
             extra.update(record_allocation(s, c, self.start, self.step, self.target, end_step=end, desc=desc))
@@ -516,17 +525,6 @@ class TrainingDriver:
                     "worker_samples_per_sec": rates, "stopped_by": preemption.stop_signal()})
         rec["fields"] = {k: d for k, d in PERFORMANCE_FIELDS.items() if k in rec}
         return rec, v, total_time
-
-
-def save_checkpoint(b: StepBackend, ranks: LoopRanks | None, step: int) -> int:
-    """The checkpoint of global ``step`` (returned): the backend's save on rank 0 (or the only
-    chief), and with several ranks first, on every rank, the statistics made the same
-    (:meth:`csrun_runtime.rankgroup.LoopRanks.before_save`)."""
-    if ranks is not None:
-        ranks.before_save()
-    if ranks is None or ranks.writes:
-        b.save(step)
-    return step
 
 
 def stopped_before_first_step(s: LoopSetup, b: StepBackend, clock: LoopClock, start: int, step: int, target: int,

@@ -42,6 +42,7 @@ from csrun_common.atomic import read_json
 
 from . import workernames
 from .elastic import WorkerWatch
+from .position import InputPositions, state_of, untag, untag_bundle
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 
 __all__ = ["StreamMerge", "StreamSlots", "InputStalled", "STREAM_ERROR", "POLL_SECS", "start_receiver",
@@ -248,6 +249,9 @@ class StreamMerge:
         adopt: the watch orders adoptions of workers lost with their node (``--survive-node-loss``);
             default ``CSRUN_WORKER_JOB=1`` in the environment.
         addresses: every slot's address for the autoscaler (the one receiver's endpoint).
+        positions: every slot's stream position (:class:`csrun_runtime.position.InputPositions`,
+            published at once): bundles are handed out in stream order, duplicates dropped, and a
+            replacement told where to start; ``None``: bundles as they come.
 
     Subclasses may override the hooks :meth:`_look` (a worker's registration at each poll),
     :meth:`_announce` (how a stopped worker is logged), :meth:`_worker_nodes` and
@@ -256,8 +260,12 @@ class StreamMerge:
     """
 
     def __init__(self, rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping], streams: int, *,
-                 slots: int | None = None, adopt: bool | None = None, addresses: Collection[str] = ()):
+                 slots: int | None = None, adopt: bool | None = None, addresses: Collection[str] = (),
+                 positions: InputPositions | None = None):
         self.rdv, self.receiver, self.w = rdv, receiver, slots
+        self.positions = positions
+        if positions is not None:
+            positions.publish(rdv)
         #: Every slot's latest registration (``workers/<i>.json``), by index (the autoscaler's).
         self.registry: dict[int, dict[str, Any]] = {i: dict(r) for i, r in registry.items()}
         self.n = int(streams)  # one past the highest slot opened
@@ -314,6 +322,8 @@ class StreamMerge:
         cleared here. Returns ``"reconnected"`` (``"not streaming"`` for a slot not opened)."""
         self.registry[i] = dict(registration)
         self.announced.discard(i)
+        if self.positions is not None:
+            self.positions.answer(self.rdv, i, int(registration.get("attempt") or 0))
         if i not in self.opened:
             return "not streaming"
         self.failed.pop(i, None)
@@ -355,6 +365,8 @@ class StreamMerge:
         self._last_poll = now
         self._check_workers()
         self.watch.poll(self)
+        if self.positions is not None:
+            self.positions.poll_resumed(self.rdv, self.indices())
         if self._fatal:
             raise InputStalled(self._fatal)
 
@@ -391,22 +403,40 @@ class StreamMerge:
     # ------------------------------------------------------------------ bundles
     def next_bundle(self, wait: float) -> Any:
         """The next bundle of an opened slot (held ones first, then first come, first served):
-        a :class:`csrun_runtime.dataplane.Bundle`; one of a slot not opened yet is held. Polls
-        the workers when due (:meth:`poll`, whose errors it raises). Raises ``TimeoutError``
-        (the receiver's message, naming each worker's last bundle) after ``wait`` seconds."""
-        b = self.slots.held()
-        if b is None:
-            if self._fatal:
-                raise InputStalled(self._fatal)
-            self.poll()
-            deadline = time.monotonic() + wait
-            while True:
-                b = self.receiver.get_bundle(timeout=max(0.0, deadline - time.monotonic()))
-                if self.slots.admit(b):
-                    break
+        a :class:`csrun_runtime.dataplane.Bundle` without its stream tag; with ``positions`` the
+        next batches of its stream only (:meth:`csrun_runtime.position.InputPositions.accept`:
+        a duplicate is dropped). One of a slot not opened yet is held. Polls the workers when
+        due (:meth:`poll`, whose errors it raises). Raises ``TimeoutError`` (the receiver's
+        message, naming each worker's last bundle) after ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            b = self._admitted(deadline)
+            if self.positions is not None:
+                first = untag(b.nest)[0]
+                self.positions.snapshot(b.worker, first, state_of(b.nest))  # a stateful dataset's
+                drop = self.positions.accept(b.worker, first, max(1, b.n))
+                if drop >= max(1, b.n):
+                    continue
+                b = untag_bundle(b, drop)
+            else:
+                b = untag_bundle(b)
+            break
         self.last[b.worker] = time.monotonic()
         self.counts.setdefault(b.worker, 0)
         return b
+
+    def _admitted(self, deadline: float) -> Any:
+        """A held bundle of an opened slot, else the next received one of an opened slot."""
+        b = self.slots.held()
+        if b is not None:
+            return b
+        if self._fatal:
+            raise InputStalled(self._fatal)
+        self.poll()
+        while True:
+            b = self.receiver.get_bundle(timeout=max(0.0, deadline - time.monotonic()))
+            if self.slots.admit(b):
+                return b
 
     # ------------------------------------------------------------------ the record
     def describe(self) -> dict[str, Any]:

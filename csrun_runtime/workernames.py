@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["set_rank", "job_index", "name", "renumber", "WORKER_LISTS", "SLOT_LISTS", "SLOT_MAPS"]
+__all__ = ["set_rank", "job_worker", "job_index", "name", "renumber", "WORKER_LISTS", "SLOT_LISTS", "SLOT_MAPS"]
 
 _state = {"rank": 0, "world_size": 1}
 
@@ -28,6 +28,17 @@ SLOT_MAPS = ("batches_per_worker", "worker_nodes", "batches_per_element", "bytes
 def set_rank(rank: int, world_size: int) -> None:
     """This task's trainer rank (a chief's own, an input worker's the rank it feeds) and the world size."""
     _state["rank"], _state["world_size"] = int(rank), max(1, int(world_size))
+
+
+def job_worker(slot: Any, rank: int, world_size: int) -> Any:
+    """The job-wide index ``slot × world_size + rank`` of rank ``rank``'s input worker ``slot``
+    (:func:`csrun_common.ranks.worker_rank`'s inverse), a string when ``slot`` was one; another key
+    (``"in-process"``) unchanged."""
+    text = str(slot)
+    if not text.isdigit():
+        return slot
+    g = int(text) * world_size + rank
+    return str(g) if isinstance(slot, str) else g
 
 
 def job_index(slot: int) -> int:

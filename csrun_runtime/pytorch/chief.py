@@ -209,7 +209,8 @@ class Chief:
         autoscale = autoscale_spec(os.environ, self.num_input_workers) if remote else None
         if remote and self.rdv is not None:
             self._check_workers_loader()  # before the endpoint is published: no worker builds a bad one
-            source: Any = RemoteSource(self.rdv, self.role, self.rc, streams=autoscale.initial if autoscale else None)
+            source: Any = RemoteSource(self.rdv, self.role, self.rc, streams=autoscale.initial if autoscale else None,
+                                       start=start)
             self.own_input.start()
         else:
             source = _LocalSource(self._train_loader())

@@ -41,6 +41,7 @@ from csrun_common.roles import Role
 
 from .. import preemption, workernames
 from ..params import ParamsError
+from ..position import InputPositions
 from ..rendezvous import Rendezvous
 from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
 
@@ -92,6 +93,8 @@ class RemoteSource(StreamMerge):
             in the environment (``csrun_wse --survive-node-loss``).
         streams: slots read from the start (``0 .. streams-1``, clamped to ``[1, W]``), default
             all ``W``; the others are opened by :meth:`add_stream` (``--autoscale``).
+        start: the global step the model was restored at: every stream resumes at the position
+            committed with that checkpoint (:meth:`csrun_runtime.position.InputPositions.restore`).
 
     Every slot ``0 .. W-1`` is watched from the start: its registration (``status: failed``
     raises :class:`WorkerFailed`) and heartbeat are read at each :meth:`poll`. Raises
@@ -99,7 +102,7 @@ class RemoteSource(StreamMerge):
     """
 
     def __init__(self, rdv: Rendezvous, role: Role, rc: dict[str, Any], adopt: bool | None = None,
-                 streams: int | None = None):
+                 streams: int | None = None, start: int = 0):
         w = role.num_input_workers
         # runconfig.input_read_ahead_batches: what a worker reads ahead of what this chief took
         ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
@@ -110,8 +113,10 @@ class RemoteSource(StreamMerge):
                  "" if receiver.bulk_port is None
                  else f", bulk channel on port {receiver.bulk_port} (runconfig.dataplane_bulk)")
         # the workers register after the endpoint is published: their registrations are read in poll()
+        positions = InputPositions.restore(rc.get("model_dir") or ".", start, rc, slots=w, rank=role.rank,
+                                           world_size=role.world_size)
         super().__init__(rdv, receiver, {}, w if streams is None else max(1, min(w, int(streams))), slots=w,
-                         adopt=adopt, addresses=[endpoint] * w)  # one receiver for every slot
+                         adopt=adopt, addresses=[endpoint] * w, positions=positions)  # one receiver for every slot
         self.role, self.rc, self.endpoint = role, rc, endpoint
         self.r = receiver
         self.nodes: dict[int, str | None] = {}  # Slurm node of each worker (its registration)

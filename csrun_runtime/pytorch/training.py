@@ -35,6 +35,11 @@ class OneBatch:
     who: Any
     steps: int = 1
 
+    @property
+    def worker(self) -> Any:
+        """The input worker's slot (the loop moves its stream's position: :mod:`csrun_runtime.position`)."""
+        return self.who
+
 
 class LossTracker:
     """The training losses kept on the device: no step reads one on the host. It keeps the

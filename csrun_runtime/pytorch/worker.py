@@ -36,6 +36,7 @@ from .. import workernames
 from ..bundles import AUTOSCALE_MAX_BUNDLE, MAX_BUNDLE
 from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import ParamsError, Resolved, load_shard_plan
+from ..position import report_resumed, start_state, tag, wait_position
 from ..rendezvous import CHIEF_LOST_SECS, Heartbeat, Rendezvous
 from ..sharding import make_data_dir_view, plan_files
 from ..usererror import UserCodeError, guarded
@@ -43,12 +44,12 @@ from .contract import (
     ContractError,
     batch_size_of,
     call_data_fn,
-    epochs,
     process_params,
     seed_process,
     to_numpy,
     torch_seed,
 )
+from .resume import epochs_from, stateful
 from .streamers import StreamerFacts, set_facts
 
 __all__ = ["InputWorker", "POLL_SECS", "build_loader", "send_batches"]
@@ -214,18 +215,35 @@ class InputWorker:
         # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
         # windows must see a paused worker)
         cap = AUTOSCALE_MAX_BUNDLE if os.environ.get(AUTOSCALE_ENV) else MAX_BUNDLE
-        # what the user's Dataset, sampler or collate function raises: named with its frames
-        # (csrun_runtime.usererror.describe), registered for the chief to show once and exit 2
-        batches = guarded(epochs(loader), "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
+        stream = None
         try:
-            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent)
+            # where its stream resumes: the chief's positions (a restored checkpoint's), or for a
+            # replacement what the chief took from its predecessor (csrun_runtime/position.py)
+            start = wait_position(self.rdv, self.index, self.attempt, self._check,
+                                  float(self.rc["worker_start_timeout_secs"]))
+            stream = epochs_from(loader, start, self._resumed, start_state(self.rdv, self.index, self.attempt))
+            # what the user's Dataset, sampler or collate function raises: named with its frames
+            # (csrun_runtime.usererror.describe), registered for the chief to show once and exit 2
+            batches = guarded(stream, "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
+            send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start,
+                         state_of=loader.dataset.state_dict if stateful(loader) else None)
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None
-        except (ContractError, UserCodeError) as e:
+        except (ContractError, UserCodeError, TimeoutError) as e:
             self._fail([str(e)])
         finally:
             sender.close(timeout=1.0)
+            if stream is not None:  # the DataLoader's worker processes end now, before the report: the
+                stream.close()      # chief's exit follows the reports, and srun ends a task still running
+
+    def _resumed(self, info: dict[str, Any]) -> None:
+        """Where the stream resumed (:func:`.resume.epochs_from`): told to the chief, logged."""
+        report_resumed(self.rdv, self.index, self.attempt, info["batches"], info["seconds"], info["how"],
+                       info.get("pass"), info.get("batch_in_pass"))
+        self.info["resumed"] = info
+        log.info("streaming from batch %d of this worker's stream (pass %s, batch %s): %s in %.3f s",
+                 info["batches"], info.get("pass"), info.get("batch_in_pass"), info["how"], info["seconds"])
 
     def _sent(self, batch: Any) -> None:
         self.batches += 1
@@ -236,7 +254,8 @@ _END = object()
 
 
 def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
-                 check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None) -> None:
+                 check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None,
+                 first: int | None = None, state_of: Callable[[], Any] | None = None) -> None:
     """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
     iterator such as :func:`.chief.epochs`) with ``sender`` (a
     :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
@@ -260,18 +279,27 @@ def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
     chief, plus those pending, fewer than the window), and bundles hold at most half the window,
     so that the worker reads the next bundle while the chief trains on the last one.
 
+    With ``first`` (the stream index of the first batch: an input worker's) each bundle carries
+    its batches' stream indices (:func:`csrun_runtime.position.tag`) and, with ``state_of``, the
+    stream's state before its first batch (``state_of()``, called before that batch is taken; not
+    for the first bundle: the stream may be restored as its first batch is taken).
+
     Raises:
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.
         ContractError: a batch is not a nest of tensors/arrays.
     """
-    bundler = _Bundler(sender, cap, check)
+    bundler = _Bundler(sender, cap, check, first)
     room = getattr(sender, "room", None)
     it = iter(batches)
     last_check = time.monotonic()
+    taken = False
     while True:
         if room is not None:
             bundler.wait_for_room(room)
+        if state_of is not None and not bundler.pending and taken:  # (before the first batch a
+            bundler.state = state_of()  # resumed stream is not restored yet) its state before the bundle
         batch = next(it, _END)
+        taken = True
         if batch is _END:
             break
         bundler.add(batch)
@@ -288,8 +316,10 @@ class _Bundler:
     into one data-plane bundle when it is full (:data:`csrun_runtime.dataplane.BUNDLE_BYTES`,
     ``cap`` batches) or flushed."""
 
-    def __init__(self, sender: Any, cap: int, check: Callable[[], None]):
+    def __init__(self, sender: Any, cap: int, check: Callable[[], None], first: int | None = None):
         self.sender, self.cap, self.check = sender, cap, check
+        self.first = first  # the stream index of the next bundle's first batch (None: untagged)
+        self.state: Any = None  # the stream's state before that batch (a stateful dataset's)
         self.pending: list[list[np.ndarray]] = []
         self.key: Any = None
         self.tree: Any = None
@@ -316,6 +346,7 @@ class _Bundler:
         k = (repr(t), tuple((a.dtype.str, a.shape) for a in leaves))
         if self.pending and k != self.key:
             self.flush()
+            self.state = None  # taken before the flushed bundle: not this one's
         self.key, self.tree = k, t
         self.pending.append(leaves)
         self.nbytes += sum(a.nbytes for a in leaves)
@@ -331,10 +362,15 @@ class _Bundler:
             return
         n = len(self.pending)
         leaves = stack(self.pending)  # one batch: views of it, no copy
+        nest = unflatten(self.tree, leaves)
+        if self.first is not None:
+            nest = tag(nest, self.first, n, self.state)
         while True:  # send_bundle sends nothing when it times out: retry the same bundle
             try:
-                self.sender.send_bundle(unflatten(self.tree, leaves), n, timeout=POLL_SECS)
+                self.sender.send_bundle(nest, n, timeout=POLL_SECS)
                 break
             except TimeoutError:
                 self.check()
-        self.pending, self.nbytes = [], 0
+        self.pending, self.nbytes, self.state = [], 0, None
+        if self.first is not None:
+            self.first += n

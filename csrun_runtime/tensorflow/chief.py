@@ -260,7 +260,7 @@ class Chief:
             return 0
         if self.role.is_rank_zero:
             write_params_yaml(self.model_dir, self.params, "train")
-        source = self.streams.training_source(ds, addresses)
+        source = self.streams.training_source(ds, addresses, start=int(step_var.numpy()))
         assert batch_size is not None  # the training input's contract fixes it
         training_loop(self.loop_context(), model, step_var, mgr, source, batch_size, evaluating).run()
         return preemption.exit_code()  # 75 after --requeue's signal, 130/143 after Ctrl-C/SIGTERM, else 0

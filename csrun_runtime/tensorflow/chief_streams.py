@@ -22,6 +22,7 @@ from csrun_common.roles import Role
 from .. import chief_input, workernames
 from ..coverage import check_job_files
 from ..params import ParamsError
+from ..position import InputPositions
 from ..rendezvous import Rendezvous
 from . import remote
 from .contract import Refused, check_dataset, check_signature, check_workers
@@ -150,12 +151,10 @@ class ChiefStreams:
             raise Refused(rep.violations)
         return ds, ds.element_spec, rep.info["train_input"]["batch_size"]
 
-    def training_source(self, ds: Any, addresses: list[str]) -> BatchSource:
-        """Where training batches come from: the merged streams of the input workers (each
-        bundled as its worker registered it), else the in-process pipeline bundled by
-        ``runconfig.input_bundle``; on a GPU with its elements prefetched to the device
-        (:meth:`device_prefetch`; without a GPU the source is the same as before). Logs the
-        bundling and keeps it for performance.json (:attr:`ingest_info`)."""
+    def training_source(self, ds: Any, addresses: list[str], start: int = 0) -> BatchSource:
+        """The input workers' streams (bundled as each registered, resumed at the positions of checkpoint
+        ``start``: :mod:`..position`), else the in-process pipeline bundled by ``runconfig.input_bundle``;
+        on a GPU prefetched to the device (:meth:`device_prefetch`); the bundling logged and kept."""
         setting = self.rc.get("input_bundle", "auto")
         prefetch = self.device_prefetch(streamed=bool(addresses))
         if addresses:
@@ -171,7 +170,9 @@ class ChiefStreams:
                 "batches_per_element": {str(i): p.get("batches_per_element") for i, p in plans.items()},
                 "reason": first.get("reason")}
             self.addresses, self.registry = list(addresses), registry
-            streamed = self._remote_source(addresses, registry)
+            positions = InputPositions.restore(self.rc["model_dir"], start, self.rc, slots=len(addresses),
+                                               rank=self.role.rank, world_size=self.role.world_size)
+            streamed = self._remote_source(addresses, registry, positions)
             streamed.start_prefetch(prefetch)
             return streamed
         plan = plan_bundle(ds.element_spec, setting)
@@ -197,21 +198,22 @@ class ChiefStreams:
         self.ingest_info["device_prefetch"] = plan.describe()
         return plan
 
-    def _remote_source(self, addresses: list[str],
-                       registry: dict[int, dict[str, Any]]) -> ServiceSource | remote.DataplaneSource:
-        """The input workers' merged streams (tf.data service or the data plane); with
-        ``--autoscale`` only the first ``autoscale.initial`` of them, the rest idle."""
+    def _remote_source(self, addresses: list[str], registry: dict[int, dict[str, Any]],
+                       positions: InputPositions) -> ServiceSource | remote.DataplaneSource:
+        """The input workers' merged streams (tf.data service or the data plane) from ``positions``;
+        with ``--autoscale`` the first ``autoscale.initial`` of them."""
         if self.autoscale is not None:
             n = self.autoscale.initial
             log.info("autoscale (%s policy, %g s windows): reading input workers 0..%d of %d slot(s), "
                      "between %d and %d at a time", self.autoscale.policy, self.autoscale.window_s, n - 1,
                      len(addresses), self.autoscale.min_workers, self.autoscale.max_workers)
             if self._receiver is not None:
-                return remote.chief_source(self.rendezvous, self._receiver, registry, n)
-            return ServiceSource(self.rendezvous, addresses[:n], registry, queue_size=2)  # a short buffer
+                return remote.chief_source(self.rendezvous, self._receiver, registry, n, positions)
+            return ServiceSource(self.rendezvous, addresses[:n], registry, queue_size=2,  # a short buffer
+                                 positions=positions)
         if self._receiver is not None:
-            return remote.chief_source(self.rendezvous, self._receiver, registry)
-        return ServiceSource(self.rendezvous, addresses, registry)
+            return remote.chief_source(self.rendezvous, self._receiver, registry, positions=positions)
+        return ServiceSource(self.rendezvous, addresses, registry, positions=positions)
 
     # ------------------------------------------------------------------ the input workers
     @property

@@ -32,10 +32,12 @@ from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from ..bundles import map_nest
+from ..position import tag
 from ..rendezvous import SUPERSEDED, Heartbeat, Rendezvous
 from ..streams import STREAM_ERROR
 from .pipeline import WorkerInput
-from .service import BundlePlan, bundle_dataset, limit_threads
+from .resume import stream_hooks
+from .service import BundlePlan, limit_threads
 
 __all__ = ["serve", "Pump", "ServedWorker"]
 
@@ -47,18 +49,28 @@ PREFETCH = 2
 SEND_POLL_SECS = 0.5
 
 
+class _Halted(Exception):
+    """The pump was stopped while it waited for its starting position."""
+
+
 class Pump(threading.Thread):
-    """Send the elements of ``ds`` (bundles of ``bundle`` batches; ``bundle == 1``: plain
-    batches, given a leading axis of 1) to ``endpoint`` as input worker ``index``/``attempt``
-    until the dataset ends, :meth:`stop` is called or the receiver refuses this attempt.
-    ``counter[0]`` counts the bundles sent; ``error`` holds a pipeline error (``None``: none),
-    also given to ``on_error``."""
+    """Send ``ds``'s batches in bundles of ``bundle`` (``bundle == 1``: plain batches, given a
+    leading axis of 1) to ``endpoint`` as input worker ``index``/``attempt`` until the dataset
+    ends, :meth:`stop` is called or the receiver refuses this attempt. ``counter[0]`` counts the
+    bundles sent; ``error`` holds a pipeline error (``None``: none), also given to ``on_error``.
+
+    With ``position`` (``position(check) -> n``: the stream index to start at, waited for while
+    ``check()`` raises when stopped) the stream starts at batch ``n`` of ``ds`` (read and
+    discarded: ``Dataset.skip``), ``resumed(info)`` says where and in how long, and each bundle
+    carries its batches' stream indices (:func:`csrun_runtime.position.tag`)."""
 
     def __init__(self, ds: Any, bundle: int, endpoint: str, index: int, attempt: int, counter: list[int],
-                 on_error: Callable[[str], None] | None = None):
+                 on_error: Callable[[str], None] | None = None, position: Callable[[Callable[[], None]], int] | None
+                 = None, resumed: Callable[[dict[str, Any]], None] = lambda info: None):
         super().__init__(daemon=True, name=f"dataplane-send-{index}.{attempt}")
         self.ds, self.bundle, self.endpoint, self.index, self.attempt = ds, bundle, endpoint, index, attempt
         self.counter, self.on_error = counter, on_error
+        self.position, self.resumed = position, resumed
         self.error: str | None = None
         self.ended = False  # the dataset ended (a finite input_fn)
         self._halt = threading.Event()
@@ -67,14 +79,36 @@ class Pump(threading.Thread):
         """Ask the pump to leave after the send it is waiting in (within SEND_POLL_SECS)."""
         self._halt.set()
 
+    def _check_halt(self) -> None:
+        if self._halt.is_set():
+            raise _Halted()
+
+    def _served(self, start: int) -> Any:
+        """The bundles from batch ``start`` of ``ds`` (the ones before read and discarded), the
+        next bundle prepared on tf.data's threads while this one is sent."""
+        from .service import bundle_dataset
+
+        return bundle_dataset(self.ds.skip(start) if start else self.ds, self.bundle).prefetch(PREFETCH)
+
+    def _told(self, start: int, seconds: float) -> None:
+        how = (f"read and discarded {start:,} batch(es) (Dataset.skip: its iterator is not checkpointed)"
+               if start else "from its beginning")
+        self.resumed({"batches": start, "pass": None, "batch_in_pass": None, "seconds": seconds, "how": how})
+
     def run(self) -> None:
         from ..dataplane import ReceiverGone, Sender
 
         sender = Sender(self.endpoint, self.index, self.attempt, bundle=1)
         try:
-            for el in self.ds.as_numpy_iterator():
+            start = 0 if self.position is None else self.position(self._check_halt)
+            t0 = time.monotonic()
+            for k, el in enumerate(self._served(start).as_numpy_iterator()):
                 if self.bundle <= 1:
                     el = map_nest(lambda a: a[None], el)
+                if self.position is not None:
+                    if not k:
+                        self._told(start, time.monotonic() - t0)
+                    el = tag(el, start + k * self.bundle, self.bundle)
                 while not self._halt.is_set():
                     try:
                         sender.send_bundle(el, self.bundle, timeout=SEND_POLL_SECS)
@@ -85,6 +119,8 @@ class Pump(threading.Thread):
                     return
                 self.counter[0] += 1
             self.ended = True
+        except _Halted:
+            return
         except ReceiverGone as e:
             log.info("the chief's receiver stopped reading this worker: %s", e)
         except Exception as e:  # noqa: BLE001 - any error of the user's pipeline is reported
@@ -139,18 +175,19 @@ def serve(worker: ServedWorker, endpoint: str) -> int:
         worker.left_unserved(None, "failed")
         return 2
     batch_size, built = got
-    ds = built.dataset
     ti = built.params["train_input"]
-    # prefetch: the next bundle is stacked on tf.data's threads while the pump sends this one
-    served = bundle_dataset(limit_threads(ds, worker.role.cpus_per_task), worker.bundling.bundle).prefetch(PREFETCH)
+    rdv, index, attempt = worker.rdv, worker.index, worker.attempt
 
     def record(error: str) -> None:
-        write_json(worker.rdv.workers_dir / STREAM_ERROR.format(index=worker.index),
-                   {"error": error, "attempt": worker.attempt, "node": worker.role.node, "pid": os.getpid(),
+        write_json(rdv.workers_dir / STREAM_ERROR.format(index=index),
+                   {"error": error, "attempt": attempt, "node": worker.role.node, "pid": os.getpid(),
                     "time": time.time()})
 
-    pump = Pump(served, worker.bundling.bundle, endpoint, worker.index, worker.attempt, worker.counter, record)
-    pump.start()
+    # its stream resumes where the chief says (csrun_runtime/position.py): published before the
+    # chief reads, or for a replacement answered when the chief sees the registration below
+    position, resumed = stream_hooks(rdv, index, attempt, float(built.params["runconfig"]["worker_start_timeout_secs"]))
+    pump = Pump(limit_threads(built.dataset, worker.role.cpus_per_task), worker.bundling.bundle, endpoint, index,
+                attempt, worker.counter, record, position=position, resumed=resumed)
     worker.rdv.register_worker(worker.index, {
         **worker.me, "status": "ok", "transport": "dataplane", "dispatcher": endpoint,
         "batch_size": batch_size, "shuffle_seed": ti.get("shuffle_seed"), "data_files": ti.get("data_files"),
@@ -160,6 +197,7 @@ def serve(worker: ServedWorker, endpoint: str) -> int:
              "%s; bundling %s)", endpoint, worker.attempt, batch_size, ti.get("shuffle_seed"),
              f"{len(worker.files)} file(s) listed by its pipeline" if worker.files is not None else "files not seen",
              worker.bundling.reason)
+    pump.start()
     code, status = worker.serve_until_done()
     pump.stop()
     pump.join(timeout=3.0)

@@ -96,6 +96,7 @@ class RankChunk:
 
     def __init__(self, source: Any, steps: int, timeout: float, what: str):
         self.source, self.steps, self.timeout, self.what = source, int(steps), timeout, what
+        self.worker: Any = None  # the taken chunk's worker, set by settle
 
 
 class TFRanks:
@@ -231,7 +232,7 @@ class TFRanks:
         big = 1 << 40
         n = big - self.agree(big - chunk.steps)  # the minimum of every rank's, through the maximum's collective
         taken = chunk.source.get_chunk(max(1, n), chunk.timeout, chunk.what)
-        chunk.steps = taken.steps
+        chunk.steps, chunk.worker = taken.steps, taken.worker  # what the loop counts as trained
         return taken
 
     # ------------------------------------------------------------------ rank 0's evaluation

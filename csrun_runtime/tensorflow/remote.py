@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..bundles import map_nest
+from ..position import InputPositions
 from ..rendezvous import Rendezvous
 from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
 from .deviceprefetch import to_device
@@ -61,6 +62,7 @@ class DataplaneSource(StreamMerge, ChunkedSource):
             (at most one credit window) is kept for when it is opened.
         convert: applied to every leaf of a received bundle before it is handed out (the
             chief passes ``tf.convert_to_tensor``); ``None``: numpy arrays over the frames.
+        positions: every slot's stream position (:class:`csrun_runtime.streams.StreamMerge`'s).
 
     ``get_chunk(max_steps, timeout)`` returns a :class:`~csrun_runtime.tensorflow.service.Chunk` (its
     ``batches`` a bundle: every leaf ``[n, ...]``) and ``get(timeout)`` one batch ``(worker,
@@ -73,9 +75,11 @@ class DataplaneSource(StreamMerge, ChunkedSource):
     """
 
     def __init__(self, rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping],
-                 streams: int | None = None, convert: Callable[[Any], Any] | None = None):
+                 streams: int | None = None, convert: Callable[[Any], Any] | None = None,
+                 positions: InputPositions | None = None):
         ChunkedSource.__init__(self)
-        StreamMerge.__init__(self, rdv, receiver, registry, len(registry) if streams is None else int(streams))
+        StreamMerge.__init__(self, rdv, receiver, registry, len(registry) if streams is None else int(streams),
+                             positions=positions)
         self.convert = convert
         self._bundles = self.slots.bundle_n  # batches per bundle, by worker (the chunks' sizes)
         self._last_poll = time.monotonic()  # the first look at the workers after POLL_SECS
@@ -86,7 +90,7 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         self._watchdog_waiting = threading.Event()
 
     # ------------------------------------------------------------------ bundles
-    def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
+    def _next_element(self, timeout: float, what: str) -> tuple[int, Any, int]:
         """The next bundle of an opened slot (:meth:`~csrun_runtime.streams.StreamMerge.next_bundle`),
         its leaves converted; InputStalled after ``timeout`` s without one, or at once when
         every worker stopped (:func:`csrun_runtime.streams.raise_if_stalled`)."""
@@ -102,8 +106,8 @@ class DataplaneSource(StreamMerge, ChunkedSource):
                 finally:
                     self._watchdog_waiting.clear()
 
-    def _pull(self, wait: float) -> tuple[int, Any]:
-        """The next bundle as ``(worker, nest)``, its leaves converted; raises ``TimeoutError``
+    def _pull(self, wait: float) -> tuple[int, Any, int]:
+        """The next bundle as ``(worker, nest, batches)``, its leaves converted; raises ``TimeoutError``
         after ``wait`` seconds (:meth:`~csrun_runtime.streams.StreamMerge.next_bundle`). With the
         device prefetch only its thread calls it."""
         while self._watchdog_waiting.is_set():  # the loop's watchdog reads the workers' state first
@@ -115,16 +119,16 @@ class DataplaneSource(StreamMerge, ChunkedSource):
             nest = map_nest(lambda a: a[None], nest)
         if self.convert is not None:
             nest = map_nest(self.convert, nest)
-        return b.worker, nest
+        return b.worker, nest, max(1, b.n)
 
-    def _stage(self, item: tuple[int, Any], device: str) -> tuple[int, Any]:
-        worker, nest = item
-        return worker, to_device(nest, device)
+    def _stage(self, item: tuple[int, Any, int], device: str) -> tuple[int, Any, int]:
+        worker, nest, n = item
+        return worker, to_device(nest, device), n
 
     def _fill(self, timeout: float, what: str) -> Pending:
         if self._pending is None:
-            i, el = self._next_element(timeout, what)
-            self._pending = Pending(i, el, True, self._bundles[i])
+            i, el, n = self._next_element(timeout, what)
+            self._pending = Pending(i, el, True, n)
         return self._pending
 
     def get_chunk(self, max_steps: int, timeout: float, what: str = "runconfig.input_timeout_secs") -> Chunk:
@@ -195,9 +199,10 @@ def start_for_chief(rdv: Rendezvous, host: str, num_input_workers: int,
 
 
 def chief_source(rdv: Rendezvous, receiver: Any, registry: Mapping[int, Mapping],
-                 streams: int | None = None) -> DataplaneSource:
+                 streams: int | None = None, positions: InputPositions | None = None) -> DataplaneSource:
     """The chief's :class:`DataplaneSource`, its bundles converted to tensors for the train
     steps (``tf.convert_to_tensor``: one copy per bundle; no Python per batch)."""
     import tensorflow as tf
 
-    return DataplaneSource(rdv, receiver, registry, streams=streams, convert=tf.convert_to_tensor)
+    return DataplaneSource(rdv, receiver, registry, streams=streams, convert=tf.convert_to_tensor,
+                           positions=positions)

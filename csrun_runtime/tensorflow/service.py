@@ -32,13 +32,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import workernames
 from ..bundles import BUNDLE_TARGET_BYTES, MAX_BUNDLE
 from ..elastic import WorkerWatch
+from ..position import InputPositions, untag
 from ..rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 from ..streams import InputStalled, announce_stopped, open_slot, raise_if_stalled, stall_report
 from .deviceprefetch import DevicePrefetch, PrefetchPlan, prefetch_in_process, to_device
@@ -242,16 +243,20 @@ def bundle_dataset(ds: Any, bundle: int) -> Any:
 
 
 def register_stream(address: str, ds: Any, plan: BundlePlan, counter: list[int],
-                    dataset_id: str = DATASET_ID, compression: str | None = None) -> Any:
+                    dataset_id: str = DATASET_ID, compression: str | None = None,
+                    positioned: Callable[[Any, int], Any] | None = None) -> Any:
     """Register an input worker's training dataset with its dispatcher (``host:port``), the
-    way the runtime's input workers do: bundled by ``plan``, each element counted in
-    ``counter[0]`` (:func:`count_elements`; service elements, i.e. bundles), no compression
-    (measured: compression costs the chief CPU and gained nothing on loopback). Returns the
-    registered dataset. The WorkerServer serving it must already be attached to the
-    dispatcher (or be started later)."""
+    way the runtime's input workers do: bundled by ``plan`` (with ``positioned``:
+    ``positioned(ds, bundle)`` makes the bundles, from the stream's position:
+    :func:`csrun_runtime.tensorflow.resume.positioned`), each element counted in ``counter[0]``
+    (:func:`count_elements`; service elements, i.e. bundles), no compression (measured:
+    compression costs the chief CPU and gained nothing on loopback). Returns the registered
+    dataset. The WorkerServer serving it must already be attached to the dispatcher (or be
+    started later)."""
     import tensorflow as tf
 
-    served = count_elements(bundle_dataset(ds, plan.bundle), counter)
+    bundles = bundle_dataset(ds, plan.bundle) if positioned is None else positioned(ds, plan.bundle)
+    served = count_elements(bundles, counter)
     tf.data.experimental.service.register_dataset(service=f"grpc://{address}", dataset=served,
                                                   compression=compression, dataset_id=dataset_id)
     return served
@@ -305,7 +310,7 @@ class ChunkedSource:
         #: the device prefetch thread (:meth:`start_prefetch`), None when off
         self.prefetch: DevicePrefetch | None = None
 
-    def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
+    def _next_element(self, timeout: float, what: str) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def _pull(self, wait: float) -> Any:
@@ -452,6 +457,8 @@ class ServiceSource(ChunkedSource):
             batches per service element of that worker's stream, 1 when absent).
         queue_size: bound of the merge queue in service elements (default ``max(4, 2 n)``).
         dataset_id: the dataset id the workers registered (:data:`DATASET_ID`).
+        positions: every slot's stream position (published at once): each stream's elements
+            handed out in stream order, duplicates dropped (:mod:`csrun_runtime.position`).
 
     ``get_chunk(max_steps, timeout)`` returns a :class:`Chunk` and ``get(timeout)`` one batch
     ``(worker_index, (features, labels))``; both raise :class:`InputStalled` naming the workers
@@ -464,9 +471,11 @@ class ServiceSource(ChunkedSource):
     """
 
     def __init__(self, rdv: Rendezvous, addresses: list[str], registry: Mapping[int, Mapping],
-                 queue_size: int = 0, dataset_id: str = DATASET_ID):
+                 queue_size: int = 0, dataset_id: str = DATASET_ID, positions: InputPositions | None = None):
         super().__init__()
-        self.rdv = rdv
+        self.rdv, self.positions = rdv, positions
+        if positions is not None:  # before any stream is read: its worker's dataset reads it
+            positions.publish(rdv)
         self.registry = dict(registry)
         self.n = len(addresses)
         self.dataset_id = dataset_id
@@ -523,7 +532,7 @@ class ServiceSource(ChunkedSource):
         reg = self.registry.get(i) or {}
         return f"{workernames.name(i)} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
-    def _put(self, item: tuple[int, int, Any]) -> bool:
+    def _put(self, item: tuple[int, int, Any, int | None]) -> bool:
         while not self._stop.is_set():
             try:
                 self._q.put(item, timeout=0.5)
@@ -534,15 +543,16 @@ class ServiceSource(ChunkedSource):
 
     def _read(self, i: int, gen: int) -> None:
         try:
-            for element in self._datasets[i]:
-                if not self._put((i, gen, element)):
+            for tagged in self._datasets[i]:
+                first, element = untag(tagged)  # the stream index of its first batch (position.py)
+                if not self._put((i, gen, element, first)):
                     return
                 while not self._flowing[i].wait(0.5):  # paused: read nothing more
                     if self._stop.is_set():
                         return
-            self._put((i, gen, StopIteration("the stream ended")))
+            self._put((i, gen, StopIteration("the stream ended"), None))
         except BaseException as e:  # noqa: BLE001 - reported to the consumer
-            self._put((i, gen, e))
+            self._put((i, gen, e, None))
 
     def pause(self, i: int) -> None:
         """Stop reading worker ``i``'s stream (autoscale's *remove*): its reader thread takes
@@ -578,6 +588,8 @@ class ServiceSource(ChunkedSource):
         error, :meth:`add_stream` opens a new stream of the dataset on a new reader thread.
         Returns ``"resumed"`` or ``"reopened"`` (``"not streaming"`` for a slot whose stream
         autoscale never opened: only its registration is kept)."""
+        if self.positions is not None:
+            self.positions.answer(self.rdv, i, int(registration.get("attempt") or 0))
         if i not in self._threads:
             self.registry[i] = dict(registration)
             return "not streaming"
@@ -626,9 +638,11 @@ class ServiceSource(ChunkedSource):
                 # death record, exact in time and cause, before any stopped stream)
                 self._check_heartbeats()
                 self.watch.poll(self)
+                if self.positions is not None:
+                    self.positions.poll_resumed(self.rdv, range(self.n))
                 self._next_check = now + HEARTBEAT_SECS
             try:
-                i, gen, item = self._next_item(0.5)
+                i, gen, item, first = self._next_item(0.5)
             except queue.Empty:
                 raise_if_stalled(self, start, timeout, what)
                 continue
@@ -636,17 +650,21 @@ class ServiceSource(ChunkedSource):
                 if gen == self._generation[i]:  # an error of a stream add_stream replaced is old news
                     self._handle_error(i, item)
                 continue
+            size = _steps_in(item) if self._bundles.get(i, 1) > 1 else 1
+            drop = self.positions.accept(i, first, size) if self.positions is not None else 0
+            if drop >= size:  # its batches were handed out already
+                continue
             self.last[i] = time.monotonic()
-            return i, item
+            return i, (item if not drop else map_structure(lambda t, d=drop: t[d:], item))
 
-    def _pull(self, wait: float) -> tuple[int, int, Any]:
-        """The merge queue's next ``(worker, stream generation, element or error)``; raises
-        ``queue.Empty`` after ``wait`` seconds."""
+    def _pull(self, wait: float) -> tuple[int, int, Any, int | None]:
+        """The merge queue's next ``(worker, stream generation, element or error, stream index of
+        its first batch)``; raises ``queue.Empty`` after ``wait`` seconds."""
         return self._q.get(timeout=wait)
 
-    def _stage(self, item: tuple[int, int, Any], device: str) -> tuple[int, int, Any]:
-        i, gen, element = item
-        return item if isinstance(element, BaseException) else (i, gen, to_device(element, device))
+    def _stage(self, item: tuple[int, int, Any, int | None], device: str) -> tuple[int, int, Any, int | None]:
+        i, gen, element, first = item
+        return item if isinstance(element, BaseException) else (i, gen, to_device(element, device), first)
 
     def describe(self) -> dict[str, Any]:
         """Per-worker batch counts (batches handed to training), nodes and batches per
@@ -681,11 +699,11 @@ def count_elements(ds: tf.data.Dataset, counter: list[int]) -> tf.data.Dataset:
         counter[0] += 1
         return np.int64(counter[0])
 
-    def fn(features, labels):
+    def fn(*element):  # (features, labels), or one nest (a positioned stream's bundle)
         n = tf.py_function(tick, [], tf.int64)
         with tf.control_dependencies([n]):
-            features = tf.nest.map_structure(tf.identity, features)
-        return features, labels
+            head = tf.nest.map_structure(tf.identity, element[0])
+        return (head, *element[1:]) if len(element) > 1 else head
 
     return ds.map(fn)
 

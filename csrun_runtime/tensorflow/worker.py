@@ -39,6 +39,7 @@ from ..rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Ren
 from ..sharding import TF_CONFIG_VAR
 from .contract import check_dataset
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
+from .resume import resume_at
 from .service import (
     BundlePlan,
     limit_threads,
@@ -129,7 +130,7 @@ class InputWorker:
             self.left_unserved(None, "failed")
             return 2
         register_stream(address, limit_threads(served[1].dataset, self.role.cpus_per_task), self.bundling,
-                        self.counter)
+                        self.counter, positioned=resume_at(self.rdv, self.index, self.attempt, self.start_timeout))
         server = self._start_server(address)
         batch_size, built = served
         self._register(address, server, batch_size, built)

@@ -8,8 +8,8 @@
 - the exit status of an interrupted launch (130 for SIGINT, 143 for SIGTERM);
 - site policies (time limit, QOS, account, a verbatim option) as Slurm records them.
 
-The training runs use tests/fixtures/paced/run.py: the digits example with its input paced
-to ~20 ms per batch, so that a run's length in seconds depends little on the host's load.
+The training runs use tests/fixtures/paced/run.py: the digits example with each training step
+paced to ~20 ms, so that a run's length in seconds depends little on the host's load.
 """
 from __future__ import annotations
 
@@ -65,17 +65,16 @@ def wait_gone(job_id: str, env, timeout: float) -> float:
 
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory):
-    """The digits TFRecord shards and a params file: input paced to 20 ms per batch, every
-    global step logged, no periodic checkpoint (only the stop signal's and the final one)."""
+    """The digits TFRecord shards and a params file: each training step paced to 20 ms (the
+    chief's step, not the input: every allocation resumes the input stream at its position, by
+    reading, and a paced input would make each resume re-read the run so far at the pace:
+    docs/RESILIENCE.md "The input position"), every global step logged, no periodic checkpoint
+    (only the stop signal's and the final one)."""
     root = tmp_path_factory.mktemp("paced")
     data = helpers.prepare_digits(root / "data")
-    path = helpers.digits_params(root, data, train_input={"pace_ms": 20}, log_steps=1, checkpoint_steps=0,
+    path = helpers.digits_params(root, data, model={"step_pace_ms": 20}, log_steps=1, checkpoint_steps=0,
                                  eval_frequency=None, keep_checkpoint_max=2)
-    (root / "dataplane").mkdir()
-    dataplane = helpers.digits_params(root / "dataplane", data, train_input={"pace_ms": 20}, log_steps=1,
-                                      checkpoint_steps=0, eval_frequency=None, keep_checkpoint_max=2,
-                                      transport="dataplane")
-    return {"root": root, "params": path, "params_dataplane": dataplane}
+    return {"root": root, "params": path}
 
 
 def logged_steps(text: str) -> list[int]:
@@ -142,46 +141,6 @@ def test_scontrol_requeue_of_a_running_job_resumes(cli_env, paced):
     wait_gone(job, cli_env, timeout=400)
     allocs = check_run(model_dir, out.read_text(), max_steps)
     assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGTERM" and allocs[0]["end_step"] >= 100
-
-
-@pytest.mark.tf
-@pytest.mark.slow
-@pytest.mark.parametrize("transport", ["service", "dataplane"])
-def test_srun_path_requeue_launches_again(cli_env, paced, transport):
-    """On the srun path (an interactive job cannot be requeued) csrun_wse itself launches the
-    same srun again after the chief stopped on the warning signal (sent here by scancel). Also
-    on csrun's data plane (``runconfig.transport: dataplane``): each launch's chief binds its
-    own receiver and that launch's input worker sends to it."""
-    # the warning signal comes ~3 s into training (~150 steps at ~45 steps/s): 500 steps leave the
-    # first launch ~7 s short of max_steps and the second ~8 s of training
-    max_steps = 500
-    model_dir = paced["root"] / f"srun_path_{transport}"
-    before = queued(cli_env)
-    params = paced["params_dataplane" if transport == "dataplane" else "params"]
-    proc = subprocess.Popen([str(BIN / "csrun_wse"), "--requeue", *SMALL, "python-ws", PACED, "--params",
-                             str(params), "--model_dir", str(model_dir), "--mode", "train", "--max_steps",
-                             str(max_steps)], env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    new: set[str] = set()
-    while time.monotonic() < deadline and not (new and list(model_dir.glob("events.out.tfevents.*"))):
-        new = queued(cli_env) - before
-        time.sleep(0.5)
-    assert new, "no job started"
-    time.sleep(3)
-    subprocess.run(["scancel", "--signal=USR2", *new], env=cli_env, check=True, capture_output=True)
-    stdout, stderr = proc.communicate(timeout=400)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert stderr.count("Launching: srun ") == 2 and "launching again (requeue 1 of 3)" in stderr
-    allocs = check_run(model_dir, stdout + stderr, max_steps)
-    assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1
-    assert allocs[0]["job_id"] != allocs[1]["job_id"]
-    statuses = sorted(json.loads(p.read_text())["status"] for p in model_dir.glob(".csrun/*/done.json"))
-    assert statuses == ["ok", "stopped"], statuses  # each launch's done.json (a PyTorch chief's too)
-    if transport == "dataplane":  # both launches fed by the data plane, no tf.data service
-        assert stderr.count("data plane: one receiver at tcp://") == 2 and "tf.data service:" not in stderr
-        perf = json.loads((model_dir / "performance" / "performance.json").read_text())
-        assert perf["transport"] == "dataplane" and perf["dataplane"]["0"]["bundles"] > 0
-        assert perf["dataplane"]["0"]["errors"] == 0 and perf["dataplane_errors"] == []
 
 
 def test_check_a_job_that_fits_and_ones_that_cannot(cli_env, tmp_path):

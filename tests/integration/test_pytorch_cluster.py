@@ -2,7 +2,8 @@
 digits example trained by a chief fed by 3 input workers over the data plane, then evaluated;
 and an input worker killed during a paced run, replaced by its task (same index and seed) and
 read again, the job reaching max_steps; input worker 0 in the chief's own task
-(``--chief-input-cpus``); ``--autoscale`` growing the input workers from 1 (docs/AUTOSCALE.md). A lost node
+(``--chief-input-cpus``). ``--autoscale`` growing the input workers from 1 (docs/AUTOSCALE.md) and
+``--requeue`` on the srun path: tests/integration/test_exactly_once_cluster.py. A lost node
 (``--survive-node-loss``): tests/integration/test_pytorch_node_loss_cluster.py."""
 from __future__ import annotations
 
@@ -152,57 +153,6 @@ def test_killed_pytorch_input_worker_is_replaced(digits, cli_env):
     assert "(runconfig.dataplane_bulk)" in output and all(int(v) > 0 for v in perf["batches_per_worker"].values())
 
 
-def test_pytorch_requeue_on_the_srun_path_resumes_without_losing_a_step(digits, cli_env):
-    """csrun_wse --requeue on the srun path: the warning signal (sent here by scancel) makes the
-    PyTorch chief save at the step it reached and exit 75; csrun_wse launches again and the next
-    allocation resumes from exactly that step (csrun_runtime.preemption, reused)."""
-    import yaml
-
-    params = json.loads(json.dumps(digits["yaml"]))
-    params["train_input"].update(num_workers=0, pace_ms=10)
-    for k in ("prefetch_factor", "persistent_workers"):
-        params["train_input"].pop(k)
-    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=50)
-    path = digits["root"] / "requeue.yaml"
-    path.write_text(yaml.safe_dump(params))
-    md = digits["root"] / "md_requeue"
-    max_steps = 800
-
-    def queued() -> set[str]:
-        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=cli_env, capture_output=True, text=True)
-        return set(out.stdout.split())
-
-    before = queued()
-    proc = subprocess.Popen([str(BIN / "csrun_wse"), "--requeue", "--total-nodes", "1", "--tasks-per-node", "2",
-                             "--cpus-per-task", "1", "python-pt", PACED, "--params", str(path), "--model_dir", str(md),
-                             "--mode", "train", "--max_steps", str(max_steps)], env=cli_env, cwd=digits["root"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 240
-        new: set[str] = set()
-        while time.monotonic() < deadline and not (new and list(md.glob("events.out.tfevents.*"))):
-            new = {j.split("+")[0] for j in queued() - before}
-            time.sleep(0.5)
-        assert new, "no job started"
-        time.sleep(3)
-        subprocess.run(["scancel", "--signal=USR2", *new], env=cli_env, check=True, capture_output=True)
-        stdout, stderr = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    assert "launching again (requeue 1 of" in stderr, stderr[-3000:]
-    allocs = json.loads((md / "performance" / "allocations.json").read_text())["allocations"]
-    assert len(allocs) == 2 and allocs[0]["stopped_by"] == "SIGUSR2" and allocs[1]["requeue"] == 1, allocs
-    assert allocs[0]["end_step"] == allocs[1]["start_step"] > 0  # 0 steps lost
-    assert allocs[1]["end_step"] == max_steps
-    perf = json.loads((md / "performance" / "performance.json").read_text())
-    assert perf["allocations"] == 2 and perf["global_step_end"] == max_steps
-    # each launch's done.json, as the input workers read it: the first chief stopped (as TensorFlow's)
-    statuses = sorted(json.loads(p.read_text())["status"] for p in md.glob(".csrun/*/done.json"))
-    assert statuses == ["ok", "stopped"], statuses
-
-
 def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
     """``--chief-input-cpus 1`` with python-pt (docs/CHIEF-INPUT.md): 2 nodes × 1 task, so the
     chief, input worker 1 in the other node's task and input worker 0 a supervised process of
@@ -233,44 +183,3 @@ def test_pytorch_chief_runs_input_worker_zero_in_its_task(digits, cli_env):
     assert rep[1]["batches"] > 0
     assert all(r["batches"] - perf["batches_per_worker"].get(str(i), 0) <= READ_AHEAD_BATCHES for i, r in rep.items())
     assert sorted(r["torch_seed"] for r in rep.values()) == [1234, 1235]
-
-
-def test_pytorch_autoscale_grows_from_one_input_worker(digits, cli_env):
-    """``csrun_wse --autoscale --initial-workers 1`` with python-pt (docs/AUTOSCALE.md): 3
-    input-worker slots, each worker paced at 50 ms a batch (tests/fixtures/pytorch_paced), a
-    chief far faster: the chief reads slot 0 only, its windows (3 s) wait on input, and the
-    framework-neutral autoscaler adds workers (the AutoScaler estimate), which stream; the run
-    reaches max_steps with exit 0 and performance.json records the decisions."""
-    import yaml
-
-    params = json.loads(json.dumps(digits["yaml"]))
-    params["train_input"].update(num_workers=0, pace_ms=50)
-    for k in ("prefetch_factor", "persistent_workers"):
-        params["train_input"].pop(k)
-    params["runconfig"].update(checkpoint_steps=0, eval_frequency=None, log_steps=100)
-    path = digits["root"] / "autoscale.yaml"
-    path.write_text(yaml.safe_dump(params))
-    md = digits["root"] / "md_autoscale"
-    max_steps = 800
-    proc = csrun_wse(LAYOUT + ["--autoscale", "--initial-workers", "1", "--autoscale-window", "3", "python-pt",
-                               PACED, "--params", str(path), "--model_dir", str(md), "--mode", "train",
-                               "--max_steps", str(max_steps)], cli_env, digits["root"], timeout=300)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    assert "autoscale (rate policy, 3 s windows): reading input workers 0..0 of 3 slot(s), between 1 and 3" in log
-    assert "autoscale: add input worker 1 on " in log and "not wired for PyTorch" not in log
-    perf = json.loads((md / "performance" / "performance.json").read_text())
-    assert perf["global_step_end"] == max_steps
-    auto = perf["autoscale"]
-    assert (auto["initial_workers"], auto["min_workers"], auto["max_workers"]) == (1, 1, 3)
-    assert auto["windows"] and auto["windows"][0]["workers"] == 1, auto["windows"]
-    adds = [e for e in auto["events"] if e["action"] == "add"]
-    assert adds and adds[0]["worker"] == 1 and adds[0]["input_wait_fraction"] > 0.1, auto["events"]
-    assert "AutoScaler estimate" in adds[0]["reason"] and adds[0]["workers"] >= 2, auto["events"]
-    last = {e["worker"]: e["action"] for e in auto["events"]}
-    assert perf["workers_paused"] == sorted(i for i, a in last.items() if a == "remove"), auto["events"]
-    per = perf["batches_per_worker"]
-    assert per["0"] > 0 and per["1"] > 0 and sum(per.values()) == max_steps, per
-    rep = reports(md)
-    assert sorted(rep) == [0, 1, 2] and all(r["chief_status"] == "ok" for r in rep.values()), rep
-    assert all(r["num_streamers"] == 3 for r in rep.values())  # slot i is streamer i of 3, as without

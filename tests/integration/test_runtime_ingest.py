@@ -161,7 +161,7 @@ def test_service_source_gains_a_stream_while_training(tmp_path):
     src.add_stream(2, addresses[1])
     assert 2 not in src.failed and 2 not in src.announced
     with src._q.mutex:  # the queue is full (the readers keep it so): the old error goes first
-        src._q.queue.appendleft((2, old, tf.errors.UnavailableError(None, None, "the old stream ends")))
+        src._q.queue.appendleft((2, old, tf.errors.UnavailableError(None, None, "the old stream ends"), None))
     for _ in range(10):
         src.get_chunk(8, 30)
     assert 2 not in src.failed

@@ -89,7 +89,10 @@ def test_rank_zero_alone_writes_the_artifacts_and_evaluates_once(tf_ranks_job):
     mine = [p for p in md.rglob("*") if ".csrun" not in p.relative_to(md).parts and p.is_file()]
     assert [p.relative_to(md) for p in mine if p.name == "performance.json"] == [Path("performance/performance.json")]
     assert {p.name for p in mine if p.name.startswith("model-ckpt-")} == {
-        f"model-ckpt-{MAX_STEPS}.index", f"model-ckpt-{MAX_STEPS}.data-00000-of-00001"}
+        f"model-ckpt-{MAX_STEPS}.index", f"model-ckpt-{MAX_STEPS}.data-00000-of-00001",
+        f"model-ckpt-{MAX_STEPS}.input.json"}  # the input positions of every rank's workers, rank 0's file
+    positions = json.loads((md / f"model-ckpt-{MAX_STEPS}.input.json").read_text())
+    assert positions["num_streams"] == WORKERS and sum(positions["streams"].values()) == WORLD * MAX_STEPS
     assert len([p for p in mine if p.name == "params_train.yaml"]) == 1
     events = [p.relative_to(md) for p in mine if p.name.startswith("events.out.tfevents.")]
     assert sorted(len(p.parts) for p in events) == [1, 2] and events, events  # train (md/) and eval (md/eval/)

@@ -235,7 +235,7 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
         "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
         "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks",
-        "rankgroup", "handoff", "dataplane.bulk", "workernames", "facts", "usererror", "lifecycle")
+        "rankgroup", "handoff", "dataplane.bulk", "workernames", "facts", "usererror", "lifecycle", "position")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():

@@ -24,6 +24,8 @@ ALLOWED = {
     ("csrun_runtime/pytorch/report.py", "loader.num_workers"): "torch DataLoader's own attribute (validate report)",
     ("csrun_runtime/pytorch/worker.py", "loader.num_workers"): "torch DataLoader's own attribute (the worker's log)",
     ("csrun_runtime/pytorch/input_backend.py", "loader.num_workers"): "torch DataLoader's own attribute (probe info)",
+    ("csrun_runtime/pytorch/resume.py", "loader.num_workers"): "torch DataLoader's own attribute (whose "
+                                                                "processes hold an IterableDataset's state)",
 }
 
 

@@ -57,8 +57,8 @@ def _take(src: RemoteSource, k: int) -> list[int]:
 
 
 def _source(tmp_path: Path, key: str, slots: int, streams: int | None = None) -> tuple[RemoteSource, str]:
-    src = RemoteSource(Rendezvous(tmp_path, key), SimpleNamespace(num_input_workers=slots, host="127.0.0.1"), RC,
-                       adopt=False, streams=streams)
+    role = SimpleNamespace(num_input_workers=slots, host="127.0.0.1", rank=0, world_size=1)
+    src = RemoteSource(Rendezvous(tmp_path, key), role, RC, adopt=False, streams=streams)
     return src, src.r.endpoint.replace("0.0.0.0", "127.0.0.1")
 
 
