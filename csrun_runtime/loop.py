@@ -272,14 +272,9 @@ def record_allocation(s: LoopSetup, clock: LoopClock, start: int, step: int, tar
 
 
 class TrainingDriver:
-    """Train from the restored global step (``setup.start``) to the target with a framework's :class:`StepBackend`.
-
-    Each call trains a chunk: at most ``runconfig.steps_per_execution`` steps (``auto``: as
-    many as the chunk the input hands out holds; the backend's chunks may be single batches)
-    and never past the next step the loop stops at (see the module docstring). With
-    ``setup.autoscale`` an :class:`csrun_runtime.autoscale.Autoscaler` over ``backend.source``
-    is made once the batch size is known and given every later chunk's wait and compute seconds.
-    """
+    """Train from the restored global step (``setup.start``) to the target with a framework's
+    :class:`StepBackend`, a chunk of steps per call (the module docstring); with ``setup.autoscale``
+    an :class:`csrun_runtime.autoscale.Autoscaler` over ``backend.source``, once the batch size is known."""
 
     def __init__(self, setup: LoopSetup, backend: StepBackend):
         self.setup, self.backend = setup, backend

@@ -1,4 +1,5 @@
-"""The PyTorch trainer ranks' weights digest (csrun_runtime/pytorch/ranks.py)."""
+"""The PyTorch trainer ranks' digests (csrun_runtime/pytorch/ranks.py): trainable weights apart
+from statistics (buffers), 0-dim tensors included."""
 from __future__ import annotations
 
 import pytest
@@ -6,10 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def test_the_weights_digest_takes_a_zero_dimensional_buffer():
-    from csrun_runtime.pytorch.ranks import weights_digest
+def test_the_digests_take_a_zero_dimensional_buffer():
+    from csrun_runtime.pytorch.ranks import statistics_digest, weights_digest
 
     m = torch.nn.BatchNorm1d(3)  # num_batches_tracked: a 0-d int64 buffer (it failed: no byte view of a 0-d tensor)
-    before = weights_digest(m)
+    weights, stats = weights_digest(m), statistics_digest(m)
     m.num_batches_tracked += 1
-    assert before.startswith("sha256:") and weights_digest(m) != before
+    assert weights.startswith("sha256:") and stats.startswith("sha256:")
+    assert weights_digest(m) == weights and statistics_digest(m) != stats  # a statistic, not a weight
