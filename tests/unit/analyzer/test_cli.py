@@ -1,15 +1,17 @@
 """Unit tests of the cs_input_analyzer command line (no TensorFlow, no Slurm)."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
-from analyzer import analyze as A
+from analyzer.cli import AnalyzerGroup
+from tests.unit.paths import REPO
 
 BIN = Path(sys.executable).parent / "cs_input_analyzer"
 
@@ -65,31 +67,6 @@ def test_bad_params_one_line(tmp_path):
     assert "nope.yaml" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-def test_split_command(tmp_path):
-    (tmp_path / "run.py").write_text("")
-    c = A.split_command(["python", "run.py", "--mode", "validate_only"], str(tmp_path))
-    assert c.run_py == str((tmp_path / "run.py").resolve()) and c.argv == ["--mode", "validate_only"]
-    c = A.split_command(["run.py"], str(tmp_path))
-    assert c.python_word is None
-    with pytest.raises(A.CsrunError):
-        A.split_command([], str(tmp_path))
-    with pytest.raises(A.CsrunError):
-        A.split_command(["python", "-c", "1"], str(tmp_path))
-
-
-def test_find_target(tmp_path):
-    assert A.find_target(str(tmp_path))[0] is None
-    (tmp_path / "performance").mkdir()
-    (tmp_path / "performance" / "performance.json").write_text(json.dumps({"est_samples_per_sec": 1234.5}))
-    v, src = A.find_target(str(tmp_path))
-    assert v == 1234.5 and "previous run" in src
-    (tmp_path / "compile_report.txt").write_text("Estimated throughput: 2,500.5 samples/s\n")
-    v, src = A.find_target(str(tmp_path))
-    assert v == 2500.5 and "compile_report.txt" in src
-    (tmp_path / "compile_report.json").write_text(json.dumps({"est_samples_per_sec": 999}))
-    assert A.find_target(str(tmp_path))[0] == 999.0
-
-
 def test_no_slurm_suggests_local(tmp_path):
     (tmp_path / "run.py").write_text("")
     env = {**__import__("os").environ, "SLURM_CONF": str(tmp_path / "missing" / "slurm.conf")}
@@ -99,3 +76,35 @@ def test_no_slurm_suggests_local(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "--local" in lines[0] and "Slurm" in lines[0]
     assert not (tmp_path / "model_dir").exists()
+
+
+def test_default_command_hook():
+    grp = AnalyzerGroup(name="g")
+    seen = {}
+
+    @click.command("analyze", context_settings={"ignore_unknown_options": True})
+    @click.option("--num-nodes", type=int)
+    @click.argument("command", nargs=-1, type=click.UNPROCESSED)
+    def analyze(num_nodes, command):
+        seen.update(num_nodes=num_nodes, command=command)
+
+    @click.command("other")
+    def other():
+        seen["other"] = True
+
+    grp.add_command(analyze)
+    grp.add_command(other)
+    grp.set_default("analyze")
+    r = CliRunner().invoke(grp, ["--num-nodes", "2", "python", "run.py", "--mode", "train"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"num_nodes": 2, "command": ("python", "run.py", "--mode", "train")}
+    assert CliRunner().invoke(grp, ["other"]).exit_code == 0 and seen["other"]
+
+
+def test_cli_import_is_light():
+    code = ("import sys, analyzer.cli; "
+            "heavy = [m for m in ('numpy', 'tensorflow', 'pandas', 'tqdm') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(REPO))
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analyzer import model as M
+from tests.unit.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+FIX = FIXTURES / "probes"
 
 
 def load(name: str) -> pd.DataFrame:

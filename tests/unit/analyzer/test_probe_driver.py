@@ -6,8 +6,6 @@ import math
 import pytest
 
 from analyzer import probe_driver as P
-from analyzer.probe_worker import cpus_for
-from csrun_runtime.tensorflow.input_backend import tf_samples_and_bytes as samples_and_bytes
 
 
 def row(t, c, rate, util=0.95, kind="pipeline", status="ok", contended=False):
@@ -106,48 +104,8 @@ def test_summarize_served_splits_chief_and_worker_cpu():
     assert r["worker_cpu_seconds_per_sample"] == pytest.approx(1.8 / 1000)
 
 
-def test_served_probe_pins_workers_apart_from_the_chief():
-    from analyzer.probe_worker import probe_cpus
-
-    assert probe_cpus("served", 1, 2, 1, [0, 1, 2, 3]) == [0]
-    assert probe_cpus("served", 0, 2, 1, [0, 1, 2, 3]) == [1, 2, 3]
-    assert probe_cpus("served", 0, 2, 1, [5]) == [5] and probe_cpus("served", 1, 2, 1, [5]) == [5]
-    assert probe_cpus("ingest", 1, 3, 2, [0, 1]) == [0, 1]
-    assert probe_cpus("pipeline", 1, 2, 1, [0, 1]) == [1]
-
-
 def test_timing_scales_with_budget():
     small, big = P.Timing.for_budget(30), P.Timing.for_budget(120)
     assert small.measure_s <= big.measure_s
     assert small.measure_s >= 1.5 and big.measure_s <= 10
     assert small.first_probe_timeout_s <= 60 + small.warmup_s + small.measure_s
-
-
-def test_cpus_for_wraps_when_oversubscribed():
-    allowed = [0, 1, 2, 3]
-    assert cpus_for(0, 2, allowed) == [0, 1]
-    assert cpus_for(1, 2, allowed) == [2, 3]
-    assert cpus_for(2, 2, allowed) == [0, 1]
-    assert cpus_for(5, 1, allowed) == [1]
-    assert cpus_for(0, 8, allowed) == allowed
-
-
-class _T:
-    def __init__(self, shape, size=4):
-        self.shape = _S(shape)
-        self.dtype = type("D", (), {"size": size})()
-
-
-class _S(tuple):
-    def num_elements(self):
-        n = 1
-        for d in self:
-            n *= d
-        return n
-
-
-def test_samples_and_bytes():
-    el = (_T((32, 8)), _T((32,), 8))
-    s, b = samples_and_bytes(el, lambda e: list(e))
-    assert s == 32 and b == 32 * 8 * 4 + 32 * 8
-    assert samples_and_bytes((_T(()),), lambda e: list(e))[0] == 1

@@ -1,16 +1,15 @@
 """Unit tests of analyzer.recommend: extending the node model to layouts and choosing one."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from analyzer import model as M
 from analyzer import recommend as R
 from csrun_common.layout import LayoutSpec
+from tests.unit.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+FIX = FIXTURES / "probes"
 
 
 def node_model(n=8, r1=1000.0, p=0.9, k=None, **kw) -> M.NodeModel:

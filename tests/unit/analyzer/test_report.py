@@ -8,8 +8,9 @@ import pandas as pd
 
 from analyzer import analyze as A
 from analyzer import report as RP
+from tests.unit.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+FIX = FIXTURES / "probes"
 
 
 def test_train_command():
@@ -82,15 +83,3 @@ def test_clean_json_has_no_nan(tmp_path):
     RP.write_json(tmp_path, {"a": float("nan"), "b": [float("inf"), 1.0], "_private": 1})
     d = json.loads((tmp_path / RP.REPORT_JSON).read_text())
     assert d == {"a": None, "b": [None, 1.0]}
-
-
-def test_topology_pinned_nodes_are_independent():
-    info = {"nodes": ["node1", "node2"], "node_cpus": 1, "node_hosts": ["vm", "vm"], "host_cores": {"vm": 2}}
-    hello = [{"host": "vm", "cpu_count": 2}]
-    assert A._topology(info, hello) is None  # 1 + 1 declared CPUs on a 2-core host: pinned
-    shared = {"nodes": [f"node{i}" for i in range(1, 6)], "node_cpus": 2, "node_hosts": ["vm"] * 5,
-              "host_cores": {"vm": 10}}
-    topo = A._topology(shared, hello)
-    assert topo["host_cores"] == {"vm": 2} and topo["shared_hosts"] == ["vm"]
-    assert A._topology({**shared, "node_hosts": [f"h{i}" for i in range(5)],
-                        "host_cores": {f"h{i}": 2 for i in range(5)}}, hello) is None  # one node per host

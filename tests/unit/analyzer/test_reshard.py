@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from analyzer import reshard as rs
 from csrun_common import tfrecord as tfr
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.paths import REPO
 
 
 def make_sources(root: Path, files: list[list[bytes]]) -> list[str]:

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 
-from analyzer.cli import AnalyzerGroup, main
+from analyzer.cli import main
 from csrun_common import shardplan_schema as schema
 from csrun_common import tfrecord as tfr
 
@@ -189,38 +185,6 @@ def test_plan_after_reshard_is_balanced(data, tmp_path):
     summary = json.loads(r.output)
     # 100 equal records in 6 shards (17,17,17,17,16,16) -> 2 shards per worker: 34/33/33
     assert summary["imbalance"] == pytest.approx(34 / (100 / 3), abs=1e-5) and summary["warnings"] == []
-
-
-def test_default_command_hook():
-    grp = AnalyzerGroup(name="g")
-    seen = {}
-
-    @click.command("analyze", context_settings={"ignore_unknown_options": True})
-    @click.option("--num-nodes", type=int)
-    @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-    def analyze(num_nodes, command):
-        seen.update(num_nodes=num_nodes, command=command)
-
-    @click.command("other")
-    def other():
-        seen["other"] = True
-
-    grp.add_command(analyze)
-    grp.add_command(other)
-    grp.set_default("analyze")
-    r = CliRunner().invoke(grp, ["--num-nodes", "2", "python", "run.py", "--mode", "train"])
-    assert r.exit_code == 0, r.output
-    assert seen == {"num_nodes": 2, "command": ("python", "run.py", "--mode", "train")}
-    assert CliRunner().invoke(grp, ["other"]).exit_code == 0 and seen["other"]
-
-
-def test_cli_import_is_light():
-    code = ("import sys, analyzer.cli; "
-            "heavy = [m for m in ('numpy', 'tensorflow', 'pandas', 'tqdm') if m in sys.modules]; "
-            "print(heavy); sys.exit(1 if heavy else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=str(Path(__file__).resolve().parents[2]))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_from_report_of_several_trainer_ranks(data, tmp_path):

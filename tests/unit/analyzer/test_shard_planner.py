@@ -1,8 +1,7 @@
-"""Shard planning: exact LPT, its bound, every file exactly once, seeds, warnings with
-fixes, gathering/counting, data-file discovery ("Performance Optimization Practices", "Shard your input data")."""
+"""analyzer/shard_planner.py: every file exactly once, seeds, warnings with fixes, a large plan
+balanced ("Performance Optimization Practices", "Shard your input data")."""
 from __future__ import annotations
 
-import heapq
 import json
 import os
 from collections import Counter
@@ -12,65 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.datafiles import expand_sources, read_params
-from analyzer.filescan import FileTable, gather_files
-from analyzer.lpt import lpt_assign
+from analyzer.filescan import FileTable
 from analyzer.shard_planner import PlanOptions, ShuffleBuffers, plan_shards, suggest_num_shards, worker_seed
-from analyzer.shardplan import ShardPlan, parse_size
+from analyzer.shardplan import ShardPlan
 from csrun_common import shardplan_schema as schema
-from csrun_common import tfrecord as tfr
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def reference_lpt(weights, W):
-    """Textbook LPT: sort by (-weight, position), pop the (load, index)-least worker."""
-    eff = [max(int(w), 1) for w in weights]
-    items = sorted(range(len(eff)), key=lambda i: (-eff[i], i))
-    heap = [(0, w) for w in range(W)]
-    owner = [0] * len(eff)
-    for i in items:
-        load, w = heapq.heappop(heap)
-        owner[i] = w
-        heapq.heappush(heap, (load + eff[i], w))
-    return owner
-
-
-weights_st = st.one_of(
-    st.lists(st.integers(0, 10 ** 12), max_size=400),
-    st.lists(st.integers(0, 5), max_size=400),               # many ties and zeros
-    st.lists(st.sampled_from([1, 1000, 10 ** 9]), max_size=400),
-)
-
-
-@FAST
-@given(weights_st, st.integers(1, 300))
-def test_lpt_is_exact_lpt_and_bounded(weights, W):
-    owner, loads = lpt_assign(weights, W)
-    assert owner.shape == (len(weights),)
-    assert owner.tolist() == reference_lpt(weights, W)  # bulk steps == textbook LPT
-    eff = np.maximum(np.asarray(weights, dtype=np.int64), 1)
-    assert loads.tolist() == [int(eff[owner == w].sum()) for w in range(W)]
-    if weights:
-        # Graham's bound: max <= mean + max item  <=>  W*max <= sum + W*max_item.
-        assert W * int(loads.max()) <= int(eff.sum()) + W * int(eff.max())
-        if len(weights) >= W:
-            assert (loads > 0).all()  # every worker gets a file
-
-
-def test_lpt_large_worker_counts_match_reference():
-    rng = np.random.default_rng(7)
-    for F, W in ((5000, 1000), (3000, 64), (20000, 2000)):
-        w = rng.lognormal(10, 2, F).astype(np.int64)
-        w[:50] = 123  # ties
-        assert lpt_assign(w, W)[0].tolist() == reference_lpt(w.tolist(), W)
-
-
-def test_lpt_rejects_bad_input():
-    with pytest.raises(ValueError, match="num_input_workers"):
-        lpt_assign([1, 2], 0)
-    with pytest.raises(ValueError, match="weights"):
-        lpt_assign([1, -2], 2)
 
 
 def _table(sizes, records=None):
@@ -172,89 +118,6 @@ def test_shuffle_memory_warning_and_fix():
     assert ok.shuffle["fits"] is True and not ok.warnings
     unchecked = plan_shards(_table([100] * 10), 10, PlanOptions(shuffle=ShuffleBuffers(buffer_elements=10)))
     assert unchecked.shuffle["checked"] is False
-
-
-def test_parse_size():
-    assert parse_size("4096") == 4096
-    assert parse_size("64G") == 64 * 2 ** 30
-    assert parse_size("1.5M") == int(1.5 * 2 ** 20)
-    assert parse_size("2GB") == 2 * 10 ** 9
-    for bad in ("x", "12Q", "-1", ""):
-        with pytest.raises(ValueError):
-            parse_size(bad)
-
-
-# ----------------------------------------------------------------- gathering & files
-
-def _write(path, n, size=20):
-    tfr.write_records(path, [bytes([i % 256]) * size for i in range(n)])
-
-
-def test_gather_counts_records_and_drops_empty(tmp_path):
-    for i, n in enumerate((3, 10, 0, 7)):
-        _write(tmp_path / f"p{i}.tfrecord", n)
-    paths, _ = expand_sources([str(tmp_path)])
-    g = gather_files(paths)
-    assert g.records_exact and g.table.records.tolist() == [3, 10, 7]
-    assert g.mean_record_bytes == 20.0
-    assert [w.code for w in g.warnings] == ["EMPTY_FILES"]
-    plan = plan_shards(g.table, 2)
-    assert plan.balance_by == "records" and plan.total_records == 20
-
-
-def test_gather_budget_and_non_tfrecord(tmp_path):
-    for i in range(4):
-        _write(tmp_path / f"p{i}.tfrecord", 5)
-    paths, _ = expand_sources([str(tmp_path / "*.tfrecord")])
-    g = gather_files(paths, budget_s=0)
-    assert not g.records_exact and g.table.records is None
-    assert any(w.code == "RECORDS_NOT_COUNTED" for w in g.warnings)
-    assert g.records_estimate == 20  # extrapolated from the counted file(s) by bytes
-    assert plan_shards(g.table, 2).balance_by == "bytes"
-    (tmp_path / "z.csv").write_text("a,b\n" * 100)
-    mixed = paths + [str(tmp_path / "z.csv")]
-    g2 = gather_files(mixed)
-    assert g2.table.records is None and [w.code for w in g2.warnings] == ["NOT_TFRECORD"]
-    with pytest.raises(ValueError, match="--count yes"):
-        gather_files(mixed, count="yes")
-    assert gather_files(mixed, count="no").counted_files == 0
-
-
-def test_expand_sources_rules(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    for n in ("b.tfrecord", "a.tfrecord", "meta.json", ".hidden.tfrecord"):
-        (d / n).write_bytes(b"x")
-    paths, dups = expand_sources([str(d), str(d / "a.tfrecord")])
-    assert [os.path.basename(p) for p in paths] == ["a.tfrecord", "b.tfrecord"] and dups == 1
-    assert len(expand_sources([str(d)], pattern="*.json")[0]) == 1
-    with pytest.raises(ValueError, match="'.*nope\\*': matched no files"):
-        expand_sources([str(d / "nope*")], what="SOURCES")
-    with pytest.raises(ValueError, match="no such file"):
-        expand_sources([str(tmp_path / "missing")])
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "x.bin").write_bytes(b"1")
-    assert [os.path.basename(p) for p in expand_sources([str(other)])[0]] == ["x.bin"]
-
-
-def test_read_params(tmp_path, monkeypatch):
-    (tmp_path / "d1").mkdir()
-    y = tmp_path / "params.yaml"
-    y.write_text("train_input:\n  data_dir: ./d1\n  batch_size: 32\n  shuffle_seed: 9\n")
-    monkeypatch.chdir("/")
-    p = read_params(str(y))
-    assert p.data_dirs == [str(tmp_path / "d1")] and p.shuffle_buffer == 320 and p.shuffle_seed == 9
-    y.write_text("train_input:\n  data_dir: [/a, /b]\n  shuffle_buffer: 7\n")
-    assert read_params(str(y)).data_dirs == ["/a", "/b"] and read_params(str(y)).shuffle_buffer == 7
-    y.write_text("train_input:\n  data_dir: 3\n")
-    with pytest.raises(ValueError, match="train_input.data_dir: expected a path or a list of paths, got 3"):
-        read_params(str(y))
-    y.write_text("model: {}\n")
-    with pytest.raises(ValueError, match="train_input: missing"):
-        read_params(str(y))
-    with pytest.raises(ValueError, match="no such file"):
-        read_params(str(tmp_path / "nope.yaml"))
 
 
 def test_large_plan_assigns_every_file_once_and_stays_balanced():

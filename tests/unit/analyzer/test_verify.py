@@ -8,14 +8,7 @@ import pytest
 
 from analyzer import analyze as A
 from analyzer import verify as V
-from analyzer import verify_task as D
 from csrun_common.layout import LayoutSpec
-
-
-def test_drain_argv_forces_training_mode():
-    assert D._train_argv(["--params", "p.yaml", "--mode", "validate_only"]) == \
-        ["--params", "p.yaml", "--mode", "train", "--max_steps", str(10 ** 9)]
-    assert D._train_argv(["--compile_only", "--max_steps=5"]) == ["--max_steps=5", "--mode", "train"]
 
 
 def _report(tmp_path: Path) -> Path:

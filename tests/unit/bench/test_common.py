@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.unit.paths import REPO
+
+BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402

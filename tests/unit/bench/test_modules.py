@@ -5,11 +5,12 @@ unnoticed until its next run."""
 import ast
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.unit.paths import REPO
+
+BENCH = REPO / "bench"
 MODULES = sorted(p for p in BENCH.glob("bench_*.py"))
 #: bench's helper modules, by the name the benchmarks import them as.
 HELPERS = ("common", "clusters", "results_table")

@@ -16,8 +16,7 @@ from analyzer import verify as V
 from csrun_common.errors import CsrunError
 from csrun_common.layout import FLAGS, RECORD_KEYS, LayoutSpec
 from launcher.layout import plan, plan_layout
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.paths import REPO as ROOT
 
 specs = st.builds(LayoutSpec, nodes=st.integers(1, 64), tasks_per_node=st.integers(1, 64),
                   cpus_per_task=st.one_of(st.none(), st.integers(1, 128)), single_task_nodes=st.integers(0, 8),
@@ -111,3 +110,17 @@ def test_no_second_layout_flags_encoder():
                         if isinstance(a, ast.Constant) and a.value in FLAGS.values() and text:
                             found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {a.value}")
     assert not found, "encode layout flags with csrun_common.layout.LayoutSpec.to_flags:\n" + "\n".join(found)
+
+
+def test_layout_rules_of_several_ranks():
+    spec = LayoutSpec(4, 2, 1, chief_input_cpus=1, chief_nodes=2, chief_tasks_per_node=2).check()
+    assert spec.world_size == 4 and spec.num_input_workers == 8
+    assert spec.to_flags()[-4:] == ["--chief-nodes", "2", "--chief-tasks-per-node", "2"]
+    assert LayoutSpec.from_record(spec.record()) == spec
+    with pytest.raises(CsrunError, match=r"^--total-nodes 5 --tasks-per-node 2: 6 input workers for 4 trainer "
+                                         r"ranks; .*\(4, 8 would be\)$"):
+        LayoutSpec(5, 2, 1, chief_nodes=2, chief_tasks_per_node=2).check()
+    with pytest.raises(CsrunError, match="^--single-task-nodes 1: not with several trainer ranks"):
+        LayoutSpec(4, 2, 1, single_task_nodes=1, chief_tasks_per_node=2).check()
+    with pytest.raises(CsrunError, match="^--chief-nodes 2: must be less than --total-nodes 2"):
+        LayoutSpec(2, 2, 1, chief_nodes=2).check()

@@ -138,3 +138,31 @@ def test_roles_does_not_import_tensorflow():
                           "csrun_runtime.params, csrun_runtime; "
                           "print('tensorflow' in sys.modules)"], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+_JOB = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "CSRUN_NUM_WORKERS": "8", "CSRUN_WORLD_SIZE": "4",
+        "CSRUN_LOCAL_WORLD_SIZE": "2"}
+
+
+def test_every_task_of_the_chiefs_group_is_a_rank_with_its_share_of_the_workers():
+    rank3 = resolve_role({**_JOB, "CSRUN_ROLE": "chief", "CSRUN_TASK_OFFSET": "0", "SLURM_PROCID": "3",
+                          "SLURM_LOCALID": "1"})
+    assert (rank3.kind, rank3.rank, rank3.local_rank, rank3.world_size, rank3.num_input_workers) == (
+        "chief", 3, 1, 4, 2)
+    assert rank3.rendezvous_key == "42.0.rank3" and not rank3.is_rank_zero
+    worker = resolve_role({**_JOB, "CSRUN_ROLE": "worker", "CSRUN_TASK_OFFSET": "4", "CSRUN_WORKER_OFFSET": "0",
+                           "SLURM_PROCID": "9"})  # input worker 5 of 8
+    assert (worker.rank, worker.worker_index, worker.streamer_index, worker.num_input_workers,
+            worker.num_streamers) == (1, 1, 5, 2, 8)
+    assert worker.rendezvous_key == "42.0.rank1" and worker.describe().startswith("input worker 5 of rank 1")
+    own = resolve_role({**_JOB, "CSRUN_ROLE": "chief-input", "CSRUN_TASK_OFFSET": "2", "CSRUN_WORKER_OFFSET": "2",
+                        "SLURM_PROCID": "2"})  # rank 2's own input worker
+    assert (own.rank, own.worker_index, own.streamer_index) == (2, 0, 2)
+    with pytest.raises(RoleError, match="CSRUN_NUM_WORKERS=6 is not a multiple of CSRUN_WORLD_SIZE=4"):
+        resolve_role({**_JOB, "CSRUN_NUM_WORKERS": "6", "CSRUN_ROLE": "chief", "SLURM_PROCID": "0"})
+
+
+def test_one_rank_keeps_the_original_roles():
+    chief = resolve_role({"SLURM_JOB_ID": "42", "CSRUN_NUM_WORKERS": "3", "CSRUN_ROLE": "chief", "SLURM_PROCID": "0"})
+    worker = resolve_role({"SLURM_JOB_ID": "42", "CSRUN_NUM_WORKERS": "3", "CSRUN_ROLE": "chief", "SLURM_PROCID": "2"})
+    assert chief.is_rank_zero and chief.rendezvous_key == "42.0" and chief.world_size == 1
+    assert (worker.kind, worker.worker_index, worker.streamer_index, worker.num_streamers) == ("worker", 1, 1, 3)

@@ -22,6 +22,7 @@ from csrun_runtime.params import (
     validate_params,
     worker_params,
 )
+from tests.unit.paths import REPO
 
 BASE = {
     "train_input": {"data_dir": "d", "batch_size": 8, "shuffle_seed": 100},
@@ -234,8 +235,7 @@ def test_modes_constant():
 
 
 def test_every_runconfig_key_is_documented():
-    from pathlib import Path
-    doc = (Path(__file__).resolve().parents[2] / "csrun_runtime" / "README.md").read_text()
+    doc = (REPO / "csrun_runtime" / "README.md").read_text()
     for key in RUNCONFIG_KEYS:
         assert f"`{key}`" in doc, key
 
@@ -260,3 +260,25 @@ def test_the_model_zoo_r16_pytorch_runconfig_keys_are_known(tmp_path):
     r = resolve_params(["--params", write(tmp_path, {**BASE, "runconfig": rc})])
     assert not [w for w in r.warnings if "not a known runconfig key" in w], r.warnings
     assert any("runconfig.show_debug_metrics is a Model Zoo key" in w for w in r.warnings)
+
+# --------------------------------------------------------------------------- the runtime's own flags
+def test_runtime_options_are_not_expanded_from_prefixes():
+    assert parse_args(["--max_steps", "5"]).max_steps == 5
+    for prefix in (["--max_step", "5"], ["--mod", "train"], ["--param", "p.yaml"]):
+        with pytest.raises(ParamsError, match="unrecognized arguments"):
+            parse_args(prefix)
+
+
+def test_runconfig_transport_is_validated_with_one_line_naming_key_and_value():
+    from csrun_runtime.params import ParamsError, validate_params
+
+    def params(**rc):
+        return {"train_input": {"batch_size": 8}, "runconfig": {"max_steps": 10, **rc}}
+
+    assert validate_params(params())[0]["runconfig"]["transport"] == "service"
+    assert validate_params(params(transport="dataplane"))[0]["runconfig"]["transport"] == "dataplane"
+    with pytest.raises(ParamsError) as e:
+        validate_params(params(transport="grpc"))
+    (problem,) = e.value.problems
+    assert problem.startswith("runconfig.transport must be service") and problem.endswith("got 'grpc'")
+    assert "\n" not in problem

@@ -14,7 +14,7 @@ from csrun_runtime import preemption
 @pytest.fixture()
 def handlers():
     """Restore the signal dispositions and forget the recorded signal after a test."""
-    old = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
     preemption.reset()
     yield
     for s, h in old.items():
@@ -120,3 +120,41 @@ def test_rendezvous_key_of_a_requeued_job():
     assert resolve_role(base).rendezvous_key == "42.0"
     assert resolve_role({**base, "SLURM_RESTART_COUNT": "0"}).rendezvous_key == "42.0"
     assert resolve_role({**base, "SLURM_RESTART_COUNT": "2"}).rendezvous_key == "42.0.r2"
+
+
+def test_interrupt_outside_the_loop_raises_quietly(handlers):
+    assert preemption.install_interrupts() == ["SIGINT", "SIGTERM"]
+    with pytest.raises(preemption.Interrupted) as e:
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert e.value.signal == "SIGTERM" and e.value.code == 143
+    assert not isinstance(e.value, Exception)  # `except Exception` lets it through, as KeyboardInterrupt
+
+
+def test_interrupt_inside_deferred_is_recorded_and_later_signals_too(handlers, capfd):
+    preemption.install_interrupts()
+    with preemption.deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # Slurm ending the step follows with SIGTERM
+        assert preemption.stop_requested() and preemption.stop_signal() == "SIGINT"
+    assert preemption.exit_code() == 130 and not preemption.requeue_requested()
+    os.kill(os.getpid(), signal.SIGTERM)  # after the first, nothing raises any more
+    assert "received SIGINT: the task" in capfd.readouterr().err
+
+
+def test_requeue_signals_keep_exit_75(handlers):
+    preemption.install_from_env({preemption.STOP_SIGNALS_ENV: "USR2:TERM"})
+    assert preemption.install_interrupts() == ["SIGINT"]  # TERM stays --requeue's
+    os.kill(os.getpid(), signal.SIGTERM)  # outside a deferred block: recorded, never raised
+    assert preemption.requeue_requested() and preemption.exit_code() == preemption.REQUEUE_EXIT
+
+
+def test_a_stop_signal_ends_a_wait_for_input_but_not_a_step(handlers):
+    preemption.install_interrupts()
+    with preemption.deferred():
+        with pytest.raises(preemption.Interrupted):
+            with preemption.waiting_for_input():  # an input-bound loop blocked on its next batch
+                os.kill(os.getpid(), signal.SIGINT)
+        assert preemption.stop_signal() == "SIGINT"
+        with pytest.raises(preemption.Interrupted):  # a signal already recorded: no new wait
+            with preemption.waiting_for_input():
+                pass

@@ -10,13 +10,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from csrun_runtime import probing, registry
+from csrun_runtime import probing as D
+from tests.unit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 FRAMEWORK_PACKAGES = ("tensorflow", "torch")
 #: the framework-neutral harnesses and the core module they share
 NEUTRAL = sorted((REPO / "analyzer").glob("*.py")) + [REPO / "csrun_runtime" / "probing.py"]
@@ -125,3 +127,26 @@ def test_a_served_probe_on_a_gpu_names_the_device_feed_in_the_report():
     assert analyze._device_feed_note([gpu]).startswith("; into cuda:0 the device feed delivered 2.00 GB/s")
     cpu = summarize("served", 2, 1, 4, [res(0, "cpu"), res(1, "")], "ok", "", 0.0, 3.0, 1.0, "n", 2)
     assert cpu["feed_device"] == "cpu" and analyze._device_feed_note([cpu]) == ""
+
+
+def test_process_tree_counts_the_workers_children():
+    # a child (the supervisor) with a child (the worker): both are counted
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                             "'import time; time.sleep(30)'])"])
+    try:
+        pids: list[int] = []
+        for _ in range(100):
+            pids = D.process_tree(proc.pid)
+            if len(pids) >= 2:
+                break
+            time.sleep(0.05)
+        assert pids[0] == proc.pid and len(pids) >= 2
+    finally:
+        for pid in reversed(D.process_tree(proc.pid)):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    assert D.process_tree(proc.pid) == [proc.pid]  # gone: just itself

@@ -146,7 +146,7 @@ def _zoo_model():
     buffers of every dtype the digest reads."""
     import torch
 
-    from tests.unit.csrun_runtime.pytorch.test_tensorbytes import zoo_buffers
+    from tests.unit.csrun_runtime.pytorch.test_ranks import zoo_buffers
 
     class Zoo(torch.nn.Module):
         def __init__(self):

@@ -1,13 +1,9 @@
-"""Unit tests of the analyzer's ``--chief-input-cpus`` (input worker 0 in the chief's task):
-the model (analyzer.recommend), the choice, the report's command, verify's layout and drain
-command (no cluster, no TensorFlow)."""
+"""The analyzer's ``--chief-input-cpus`` (input worker 0 in the chief's task), across
+analyzer/model.py, analyzer/recommend.py, analyzer/report.py and analyzer/verify.py: the model,
+the choice, the report's command, verify's layout and drain command (no cluster, no TensorFlow)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,6 @@ from analyzer import report as RP
 from analyzer import verify as V
 from csrun_common.errors import CsrunError
 from csrun_common.layout import LayoutSpec
-from csrun_runtime import probing as D
 
 
 def node_model(n=8, r1=1000.0, p=0.9, k=None, **kw) -> M.NodeModel:
@@ -34,9 +29,6 @@ def ingest(k_c: float, h: float = 0.0) -> dict:
 
 def rate(pr: dict) -> float:
     return pr["predicted_samples_per_sec"]
-
-
-# --------------------------------------------------------------------------- the model
 
 
 def test_spare_chief_cpus_add_about_one_task():
@@ -139,9 +131,6 @@ def test_bad_chief_input_cpus_raise():
         R.predict_layout(m, LayoutSpec(2, 2, 2, chief_input_cpus=-1))
 
 
-# --------------------------------------------------------------------------- the choice
-
-
 def test_choices():
     m = node_model(n=8, r1=1000.0, p=0.9, k=1e-3)
     assert R.chief_input_choices(m, LayoutSpec(2, 8, 1)) == [1]
@@ -183,9 +172,6 @@ def test_recommend_prefers_no_chief_input_when_it_adds_nothing():
     assert "--chief-input-cpus" not in RP.csrun_wse_command(rec, ["python", "run.py"])
 
 
-# --------------------------------------------------------------------------- the report
-
-
 def _rec(**kw) -> dict:
     rec = {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 4, "single_task_nodes": 0, "chief_input_cpus": 3,
            "input_workers": 4, "predicted_samples_per_sec": 12000.0, "interval": [11000.0, 13000.0],
@@ -209,9 +195,6 @@ def test_report_command_and_text_say_it():
     assert "2 node(s) × 2 task(s) × 4 CPU(s): 9,000 samples/s" in text
     plain = RP.render_text({"recommendation": _rec(chief_input_cpus=0), "target": {}})
     assert "chief's task" not in plain
-
-
-# --------------------------------------------------------------------------- verify
 
 
 def _report(tmp_path: Path, **rec_kw) -> Path:
@@ -291,26 +274,3 @@ def test_verify_cli_has_the_option():
     assert res.exit_code == 0 and "--chief-input-cpus" in res.output
     bad = CliRunner().invoke(V.verify_command, ["--chief-input-cpus", "-1"])
     assert bad.exit_code == 2
-
-
-def test_process_tree_counts_the_workers_children():
-    # a child (the supervisor) with a child (the worker): both are counted
-    proc = subprocess.Popen([sys.executable, "-c",
-                             "import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                             "'import time; time.sleep(30)'])"])
-    try:
-        pids: list[int] = []
-        for _ in range(100):
-            pids = D.process_tree(proc.pid)
-            if len(pids) >= 2:
-                break
-            time.sleep(0.05)
-        assert pids[0] == proc.pid and len(pids) >= 2
-    finally:
-        for pid in reversed(D.process_tree(proc.pid)):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-    assert D.process_tree(proc.pid) == [proc.pid]  # gone: just itself

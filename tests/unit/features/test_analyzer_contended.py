@@ -1,11 +1,11 @@
-"""Disturbed (contended) probes: the planner measures them once more, the report leads with
-a warning naming them and their load, and no speed-up larger than the resources added is
+"""Disturbed (contended) probes, across analyzer/probe_driver.py, analyzer/model.py,
+analyzer/report.py and analyzer/analyze.py: the planner measures them once more, the report leads
+with a warning naming them and their load, and no speed-up larger than the resources added is
 evidence (issue 24, item 2). Recorded probe tables and synthetic ones; nothing started."""
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,8 +15,9 @@ from analyzer import analyze as A
 from analyzer import model as M
 from analyzer import probe_driver as P
 from analyzer import report as RP
+from tests.unit.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+FIX = FIXTURES / "probes"
 
 
 def row(t, c, rate, contended=False, other=0.0, kind="pipeline", util=0.95, n=2, pid=0):

@@ -1,7 +1,8 @@
-"""Unit tests of the analyzer for several trainer ranks (issue 32, point 5): the world's target,
-the recommendation (W a multiple of the world size, the chief's nodes kept for ranks), the
-report's lines and csrun_wse command, and verify's per-rank drain parts. No cluster, no
-TensorFlow."""
+"""The analyzer for several trainer ranks (issue 32, point 5), across analyzer/analyze.py,
+analyzer/recommend.py, analyzer/report.py, analyzer/verify.py and analyzer/verify_task.py: the
+world's target, the recommendation (W a multiple of the world size, the chief's nodes kept for
+ranks), the report's lines and csrun_wse command, and verify's per-rank drain parts. No cluster,
+no TensorFlow."""
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from analyzer import report as RP
 from analyzer import verify as V
 from analyzer import verify_task as D
 from csrun_common.layout import LayoutSpec
+from tests.unit.paths import FIXTURES
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "probes"
+FIX = FIXTURES / "probes"
 BIN = Path(sys.executable).parent / "cs_input_analyzer"
 RANKS = {"chief_nodes": 2, "chief_tasks_per_node": 2}  # world size 4
 

@@ -1,4 +1,5 @@
-"""Several trainer ranks in the launcher (docs/MULTI-RANK.md): the plan's shapes, the tasks'
+"""Several trainer ranks in the launcher (docs/MULTI-RANK.md), across csrun_common/layout.py,
+launcher/layout.py, launcher/builders.py and launcher/cli.py: the plan's shapes, the tasks'
 environment, the srun and sbatch text, and the original layouts kept byte for byte."""
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ import itertools
 import pytest
 
 from csrun_common.errors import CsrunError
-from csrun_common.hostlist import expand_hostlist
 from csrun_common.layout import LayoutSpec
 from launcher import cli, slurm
 from launcher.builders import WseRequest, expand_python_word
 from launcher.layout import plan
 from launcher.requeue import RequeueSpec
-
-from .golden import assert_golden
-from .test_cli_prod import cluster, invoke  # noqa: F401  (cluster: the canned Slurm fixture)
+from tests.unit.canned_slurm import invoke
+from tests.unit.golden import assert_golden
 
 PY = "/opt/venv/bin/python"
 
@@ -52,8 +51,6 @@ def test_the_360_original_layouts_are_byte_identical():
     assert len(specs) == 360
     assert_golden("wse_original_layouts.sha256", "".join(_original_line(s) + "\n" for s in specs))
 
-
-# --- several trainer ranks ------------------------------------------------------------------
 
 def ranks_request(n, t, c, chief_nodes, ranks, own=0, cyclic=False, gres="gpu:1", node_cpus=8, **kw):
     spec = LayoutSpec(n, t, c, 0, own, cyclic, chief_nodes, ranks)
@@ -141,14 +138,12 @@ def test_ranks_sbatch_golden(name, kw):
     assert_golden(f"{name}.sbatch", req.materialize_sbatch())
 
 
-# --- csrun_wse's flags (canned Slurm: five 2-CPU nodes, node1 with gpu:1) ---------------------
-
 RANK_FLAGS = ["--total-nodes", "4", "--tasks-per-node", "2", "--cpus-per-task", "1", "--chief-nodes", "2",
               "--chief-tasks-per-node", "2", "--chief-input-cpus", "1"]
 
 
 @pytest.fixture()
-def no_gres(cluster, tmp_path):  # noqa: F811
+def no_gres(cluster, tmp_path):
     """The canned cluster with a site config whose gres.resource is empty; launches recorded."""
     cfg = tmp_path / "site.toml"
     cfg.write_text('[gres]\nresource = ""\n[ranks]\nmaster_port = 29400\n')
@@ -196,7 +191,7 @@ def test_bad_rank_values_one_line_exit_2_nothing_submitted(no_gres, args, msg):
     assert err.count("\n") == 1 and err.startswith("csrun_wse: error: ") and msg in err, err
 
 
-def test_the_partition_must_hold_the_ranks_gres_and_the_workers_nodes(cluster):  # noqa: F811
+def test_the_partition_must_hold_the_ranks_gres_and_the_workers_nodes(cluster):
     code, _, err = invoke(cli.csrun_wse, [*RANK_FLAGS, "python", "x.py"])  # gres.resource gpu:1, on node1 only
     assert code == 2 and err.count("\n") == 1
     assert "--chief-nodes 2 --chief-tasks-per-node 2: 2 node(s) with 2 × gres.resource 'gpu:1' needed, the " \
@@ -210,17 +205,6 @@ def test_autoscale_bounds_count_each_ranks_workers(no_gres):
                                             "python", "x.py"])
     assert code == 0, err
     assert "CSRUN_AUTOSCALE=1:1:2:" in out  # initial:min:max of each rank's 2 input workers
-
-
-def test_gres_node_as_a_hostlist():
-    assert expand_hostlist("node[1-3,5],gpu[08-10],x") == ["node1", "node2", "node3", "node5", "gpu08",
-                                                                 "gpu09", "gpu10", "x"]
-    assert expand_hostlist("") == [] and expand_hostlist("node1") == ["node1"]
-    with pytest.raises(ValueError, match="unbalanced"):
-        expand_hostlist("node[1-2")
-    from launcher.resolve import gres_nodes
-    with pytest.raises(CsrunError, match=r"gres.node = 'n\[2-1\]': not a node name or Slurm hostlist"):
-        gres_nodes("n[2-1]")
 
 
 def test_time_and_requeue_reach_both_groups_of_ranks(no_gres):

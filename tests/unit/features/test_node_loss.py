@@ -1,5 +1,7 @@
-"""``csrun_wse --survive-node-loss``: the two srun lines, the refusals, the role of an adopted
-worker and the one-winner claim of an adoption order (docs/RESILIENCE.md "A lost node")."""
+"""``csrun_wse --survive-node-loss`` (docs/RESILIENCE.md "A lost node"), across launcher/layout.py,
+launcher/builders.py, launcher/cli.py, csrun_common/roles.py, csrun_runtime/rendezvous.py,
+csrun_runtime/elastic.py and csrun_runtime/tensorflow/worker.py: the two srun lines, the
+refusals, the role of an adopted worker and the one-winner claim of an adoption order."""
 from __future__ import annotations
 
 import shlex
@@ -14,8 +16,7 @@ from csrun_runtime.rendezvous import Rendezvous
 from launcher.builders import WseRequest
 from launcher.cli import csrun_wse
 from launcher.layout import plan_layout
-
-from .golden import assert_golden
+from tests.unit.golden import assert_golden
 
 
 def _req(**kw) -> WseRequest:

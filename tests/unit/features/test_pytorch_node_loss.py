@@ -24,8 +24,8 @@ from csrun_runtime.elastic import WorkerWatch  # noqa: E402
 from csrun_runtime.pytorch.remote import RemoteSource, WorkerFailed  # noqa: E402
 from csrun_runtime.rendezvous import Rendezvous  # noqa: E402
 from tests.fixtures.runtime.helpers import task_env, worker_reports  # noqa: E402
+from tests.unit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PACED = REPO / "tests" / "fixtures" / "pytorch_paced" / "run.py"
 #: killed at step 100: the other worker alone (33 steps/s at 30 ms a batch) trains the 900 steps
 #: left in ~27 s, while task 0 starts the replacement (measured: streaming again ~12 s after the kill)

@@ -1,6 +1,6 @@
-"""csrun_runtime.usererror with PyTorch (issue 33 item 9): an exception of the user's Dataset, collate
-or data function, named with its type, message and the last frames in the user's code (none of
-torch's or csrun's), also when a DataLoader worker process raised it; real torch DataLoaders."""
+"""csrun_runtime/usererror.py with PyTorch through csrun_runtime/pytorch/contract.py (issue 33 item 9):
+an exception of the user's Dataset, collate or data function, named with its type, message and the
+last frames in the user's code (not torch's or csrun's), also from a DataLoader worker process."""
 from __future__ import annotations
 
 import pytest

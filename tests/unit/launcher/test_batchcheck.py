@@ -1,8 +1,7 @@
 """One batch before queueing (issue 33 item 9): launcher/batchcheck.py's decision (when the check
-runs, its argv, its bound) and its run (a child process group killed over the bound), and
-csrun_runtime.first_batch on real run.py files: a PyTorch Dataset that raises, a TensorFlow
-``map`` function that raises (through the subprocess, as csrun_wse runs it), a good input, and
-a run.py that cannot be loaded here."""
+runs, its argv, its bound) and its run (a child process group killed over the bound), on real
+run.py files: a PyTorch Dataset that raises and a TensorFlow ``map`` function that raises
+(through the subprocess, as csrun_wse runs it)."""
 from __future__ import annotations
 
 import sys
@@ -15,8 +14,8 @@ import yaml
 from csrun_common.env import BATCH_CHECK_SECS
 from csrun_common.errors import CsrunError
 from launcher import batchcheck
+from tests.unit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_PT = REPO / "tests" / "fixtures" / "first_batch" / "run_pt.py"
 RUN_TF = REPO / "tests" / "fixtures" / "first_batch" / "run_tf.py"
 
@@ -105,24 +104,6 @@ def test_a_raising_dataset_is_shown_with_its_type_message_and_frame(tmp_path):
     assert lines[0] == "train_input: the DataLoader raised ValueError: sample 0: no label (in __getitem__)"
     assert lines[1].strip() == f'File "{RUN_PT}", line 27, in __getitem__'
     assert lines[2].strip() == 'raise ValueError(f"sample {i}: no label")' and len(lines) == 3
-
-
-def test_a_good_pytorch_input_gives_one_batch_in_process(tmp_path):
-    pytest.importorskip("torch")
-    from csrun_runtime.first_batch import EXIT_OK, pull_one_batch
-
-    status, text = pull_one_batch(str(RUN_PT), ["--params", str(_params(tmp_path)), "--mode", "train"], 2, 1)
-    assert (status, text) == (EXIT_OK, "one batch of input worker 0 of 2 pulled")
-
-
-def test_a_run_py_that_cannot_load_here_is_not_checked(tmp_path):
-    from csrun_runtime.first_batch import EXIT_NOT_CHECKED, pull_one_batch
-
-    run_py = tmp_path / "run.py"
-    run_py.write_text("import csrun_runtime\nimport no_such_package_here_xyz\n")
-    status, text = pull_one_batch(str(run_py), [], 1, 1)
-    assert status == EXIT_NOT_CHECKED
-    assert text.startswith("run.py not loaded here: ") and "no_such_package_here_xyz" in text
 
 
 def test_a_tensorflow_map_function_that_raises_exits_2(tmp_path):

@@ -7,40 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from csrun_common.errors import SlurmUnavailable
 from launcher import cli, resolve, slurm
 from launcher.requeue import REQUEUE_EXIT
+from tests.unit.canned_slurm import invoke
 
 BIN = Path(sys.executable).parent
-NODES = [slurm.NodeInfo("node1", 2, "gpu:1", "idle", "batch")] + \
-    [slurm.NodeInfo(f"node{i}", 2, "", "idle", "batch") for i in range(2, 6)]
-
-
-@pytest.fixture()
-def cluster(monkeypatch, tmp_path):
-    """Canned Slurm: five 2-CPU nodes, node1 with gpu:1, no accounting, Slurm 22.05.8."""
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "x.py").write_text("")  # every launch checks its script (launcher.preflight.presubmit)
-    monkeypatch.delenv("CSRUN_CONFIG", raising=False)
-    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    monkeypatch.delenv("CSRUN_VERBOSE", raising=False)
-    monkeypatch.setattr(slurm, "list_nodes", lambda partition="", flag="--partition": list(NODES))
-    monkeypatch.setattr(slurm, "slurm_release", lambda env=None: (22, 5, 8))
-    monkeypatch.setattr(slurm, "accounts", lambda env=None: None)
-    monkeypatch.setattr(slurm, "qos_names", lambda env=None: None)
-    monkeypatch.setattr(slurm, "reservations", lambda env=None: [])
-    monkeypatch.setattr(slurm, "node_features", lambda partition="", env=None: [])
-    return monkeypatch
-
-
-def invoke(command, args):
-    result = CliRunner().invoke(command, args, prog_name=command.name)
-    return result.exit_code, result.stdout, result.stderr
-
-
 def test_dry_run_carries_policies_and_quiet_logging(cluster):
     code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--total-nodes", "3", "--time", "90", "--slurm-arg=--mem=0",
                                             "python", "x.py"])
@@ -147,14 +120,6 @@ def test_srun_path_requeue_relaunches_within_the_budget(cluster):
     assert invoke(cli.csrun_wse, ["--requeue", "python", "x.py"])[0] == 130
 
 
-def test_version_of_the_three_clis():
-    for prog in ("csrun_wse", "csrun_cpu", "cs_input_analyzer"):
-        proc = subprocess.run([str(BIN / prog), "--version"], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        first, second = proc.stdout.splitlines()
-        assert first.startswith(f"{prog} (csrun) ") and second.startswith("Slurm client: ")
-
-
 @pytest.mark.parametrize("prog", ["csrun_wse", "csrun_cpu", "cs_input_analyzer"])
 def test_shell_completion(prog):
     var = f"_{prog.upper()}_COMPLETE"
@@ -171,3 +136,18 @@ def test_completion_of_requeue_flags():
            "COMP_CWORD": "1"}
     words = subprocess.run([str(BIN / "csrun_wse")], env=env, capture_output=True, text=True, timeout=60)
     assert words.stdout.splitlines() == ["plain,--requeue-signal"]
+
+
+def test_cli_exports_the_setting_and_refuses_bounds_without_autoscale(cluster):
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--total-nodes", "3", "--tasks-per-node", "2",
+                                            "--autoscale", "--max-workers", "4", "--autoscale-policy", "step",
+                                            "python", "x.py"])
+    assert code == 0, err
+    assert out.count("CSRUN_AUTOSCALE=1:1:4:step:10,") == 2
+    code, out, err = invoke(cli.csrun_wse, ["--dry-run", "--max-workers", "4", "python", "x.py"])
+    assert code == 2 and err.strip() == "csrun_wse: error: --max-workers 4: needs --autoscale" and not out
+    code, _, err = invoke(cli.csrun_wse, ["--dry-run", "--total-nodes", "2", "--tasks-per-node", "1",
+                                          "--autoscale", "--max-workers", "3", "python", "x.py"])
+    assert code == 2 and err.strip().startswith("csrun_wse: error: --max-workers 3: the layout has only 1")
+    code, out, _ = invoke(cli.csrun_wse, ["--dry-run", "--total-nodes", "3", "python", "x.py"])
+    assert code == 0 and "CSRUN_AUTOSCALE" not in out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 import click
 import pytest
@@ -15,8 +14,7 @@ from launcher.cli import csrun_cpu, csrun_wse
 from launcher.config import FLAG_NOTES, KEY_OF, KEYS, SiteConfig, format_config, load_config
 from launcher.flags import CPU_OPTIONS, GROUPS, WSE_OPTIONS, CpuFlags, WseFlags
 from launcher.policy import SitePolicy
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.paths import REPO as ROOT
 
 
 def _flags(cmd: click.Command) -> set[str]:

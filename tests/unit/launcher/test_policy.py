@@ -1,11 +1,10 @@
-"""Site policies (--time, --account, --qos, --reservation, --constraint, --slurm-arg), the
---requeue spec and their site-config keys: pure checks, one line naming the flag or key."""
+"""Site policies (--time, --account, --qos, --reservation, --constraint, --slurm-arg) and their
+site-config keys (launcher/policy.py): pure checks, one line naming the flag or key."""
 import pytest
 
 from csrun_common.errors import ConfigError, CsrunError
 from launcher.config import format_config, load_config
 from launcher.policy import SitePolicy, check_slurm_arg, constraint_features, format_seconds, parse_time
-from launcher.requeue import RequeueSpec, parse_signal_spec
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -60,36 +59,6 @@ def test_policy_options_order_and_validation():
         SitePolicy(qos="a b").validate({"qos": "slurm.qos"})
     with pytest.raises(CsrunError, match="--account 'x,y'"):
         SitePolicy(account="x,y").validate()
-
-
-@pytest.mark.parametrize("spec,expected", [
-    ("USR2@90", ("USR2", 90)), ("SIGUSR1@30", ("USR1", 30)), ("usr2", ("USR2", 60)), ("12@5", ("USR2", 5)),
-    ("TERM@10", ("TERM", 10)),
-])
-def test_signal_spec(spec, expected):
-    assert parse_signal_spec(spec) == expected
-
-
-@pytest.mark.parametrize("spec,why", [
-    ("KILL@10", "cannot be the warning signal"), ("USR2@0", "1..65535"), ("USR2@70000", "1..65535"),
-    ("USR2@", "not SIGNAL@SECONDS"), ("NOPE@3", "cannot be the warning signal"), ("99@3", "no signal number 99"),
-])
-def test_bad_signal_spec(spec, why):
-    with pytest.raises(CsrunError, match=why) as info:
-        parse_signal_spec(spec)
-    assert str(info.value).startswith(f"--requeue-signal {spec!r}")
-
-
-def test_requeue_spec_budget_and_time_limit():
-    spec = RequeueSpec.parse("USR2@90", 3)
-    assert (spec.sbatch_option(), spec.stop_signals(), spec.max_requeues) == ("--signal=USR2@90", "USR2:TERM", 3)
-    assert RequeueSpec.parse("TERM@5", 0).stop_signals() == "TERM"
-    with pytest.raises(CsrunError, match="--max-requeues -1: must be 0 or more"):
-        RequeueSpec.parse("USR2@90", -1)
-    spec.check_time_limit(None)
-    spec.check_time_limit(91)
-    with pytest.raises(CsrunError, match=r"lead time 90 s must be shorter than the time limit \(--time: 60 s\)"):
-        spec.check_time_limit(60)
 
 
 def _env(tmp_path, text):

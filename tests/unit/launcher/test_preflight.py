@@ -1,9 +1,8 @@
 """Issue 24, launcher side: the cheap checks before every submission (launcher.preflight.presubmit),
-the warning for csrun options after the command, no-argument and ``-V`` handling, the fast
-no-controller dry run, the runtime's own options without prefix expansion, and validate_only
-opening every input file the pipeline lists (csrun_runtime.tensorflow.contract.check_input_files).
+the warning for csrun options after the command, no-argument handling, the flags python-pt
+refuses or takes, and the check's KillWait / MaxBatchRequeue report.
 
-Slurm's answers are canned here (as in tests/unit/test_cli_prod.py); the same behaviour runs
+Slurm's answers are canned here (as in tests/unit/launcher/test_cli.py); the same behaviour runs
 through the real CLIs on the test cluster in tests/integration/test_late_mistakes_cluster.py."""
 from __future__ import annotations
 
@@ -15,11 +14,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from csrun_common.errors import CsrunError, SlurmUnavailable
-from csrun_runtime.params import ParamsError, parse_args
-from launcher import cli, preflight, resolve, slurm
+from csrun_common.errors import CsrunError
+from launcher import cli, preflight, slurm
 from launcher.builders import CpuRequest
-from launcher.config import load_config
 
 PY = sys.executable
 NODES = [slurm.NodeInfo("node1", 2, "gpu:1", "idle", "batch")] + \
@@ -170,29 +167,6 @@ def test_relative_data_dir_found_from_the_scripts_directory(tmp_path):
     assert not failed(preflight.command_checks([PY, run_py], elsewhere, False))  # csrun_cpu: explicit only
 
 
-def test_the_check_and_the_runtime_resolve_a_relative_data_dir_alike(tmp_path, monkeypatch):
-    """issue 33 item 10: one rule (csrun_common.datapaths), the launch directory's, in the
-    pre-submission check and in the runtime's data_dir view (csrun_runtime.sharding)."""
-    from csrun_common.datapaths import data_path_exists, resolve_data_path
-    from csrun_runtime.sharding import make_data_dir_view
-
-    launch = tmp_path / "launch"
-    (launch / "data").mkdir(parents=True)
-    (launch / "data" / "a.tfrecord").write_text("")
-    assert resolve_data_path("data", launch) == str(launch / "data")
-    assert resolve_data_path("/abs/data", launch) == "/abs/data" and resolve_data_path("gs://b/d", launch) == "gs://b/d"
-    assert data_path_exists("data/*.tfrecord", launch) and not data_path_exists("data/*.png", launch)
-    monkeypatch.chdir(launch)  # a task runs in the launch directory
-    assert resolve_data_path("data") == str(launch / "data")
-    own = {str((launch / "data" / "a.tfrecord").resolve())}
-    view = make_data_dir_view("data", own, set(), tmp_path / "view")
-    assert view.data_dir != "data" and not view.notes  # the runtime found it where the check does
-    write_params(tmp_path / "p.yaml", train_input={"data_dir": "data"})
-    (tmp_path / "run.py").write_text("")
-    assert not failed(preflight.command_checks([PY, str(tmp_path / "run.py"), "--params", str(tmp_path / "p.yaml")],
-                                               launch, False))
-
-
 def test_model_dir_parent(tmp_path):
     (tmp_path / "run.py").write_text("")
     (tmp_path / "afile").write_text("")
@@ -317,95 +291,6 @@ def test_no_arguments_points_to_help(cluster, command):
         assert "Missing argument 'COMMAND...'" in err and f"see '{command.name} --help'" in err
 
 
-def test_dash_v_is_version():
-    from analyzer.cli import main as analyzer
-
-    for command, prog in ((cli.csrun_wse, "csrun_wse"), (cli.csrun_cpu, "csrun_cpu"), (analyzer, "cs_input_analyzer")):
-        code, out, _ = invoke(command, ["-V"])
-        assert code == 0 and out.startswith(f"{prog} (csrun) ") and "Slurm client: " in out
-
-
-# --------------------------------------------------------------------------- a dry run without slurmctld
-@pytest.mark.parametrize("text,state", [
-    ("Slurmctld(primary) at vm is UP\n", "up"),
-    ("Slurmctld(primary) at vm is DOWN\n*****\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n", "down"),
-    ("Slurmctld(primary) at a is DOWN\nSlurmctld(backup) at b is UP\n", "up"),
-    ("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error\n", "unknown"),
-])
-def test_parse_ping(text, state):
-    assert slurm.parse_ping(text) == state
-
-
-def test_ping_of_an_unreachable_controller_is_fast(tmp_path, monkeypatch):
-    if not slurm.command.shutil.which("scontrol"):
-        pytest.skip("no Slurm client here")
-    conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=x\nSlurmctldHost=h(127.0.0.1)\nSlurmctldPort=1\nAuthType=auth/none\n"
-                    "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
-    t0 = time.monotonic()
-    state, _ = slurm.ping(env={"SLURM_CONF": str(conf), "PATH": slurm.command.os.environ["PATH"]})
-    assert time.monotonic() - t0 < 1.5 and state in ("down", "unknown", "timeout")
-
-
-def test_dry_run_does_not_wait_for_sinfo_when_the_ping_says_down(monkeypatch, tmp_path):
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("CSRUN_CONFIG", raising=False)
-
-    def never(*a, **k):
-        raise AssertionError("sinfo asked although scontrol ping said DOWN")
-
-    monkeypatch.setattr(slurm, "list_nodes", never)
-    for state in ("down", "timeout"):
-        monkeypatch.setattr(slurm, "ping", lambda timeout=1.0, env=None, s=state: (s, f"slurmctld {s}"))
-        view = resolve.cluster_view("", "slurm.partition", load_config(), dry_run=True)
-        assert not view.online and view.note.startswith(f"slurmctld {state};")
-    monkeypatch.setattr(slurm, "ping", lambda timeout=1.0, env=None: ("down", "slurmctld does not answer (x)"))
-    with pytest.raises(SlurmUnavailable, match="slurmctld does not answer"):
-        resolve.cluster_view("", "slurm.partition", load_config(), dry_run=False)
-    monkeypatch.setattr(slurm, "ping", lambda timeout=1.0, env=None: ("timeout", "no answer"))
-    with pytest.raises(AssertionError, match="sinfo asked"):  # a real launch asks sinfo after a slow ping
-        resolve.cluster_view("", "slurm.partition", load_config(), dry_run=False)
-
-
-# --------------------------------------------------------------------------- the runtime's own flags
-def test_runtime_options_are_not_expanded_from_prefixes():
-    assert parse_args(["--max_steps", "5"]).max_steps == 5
-    for prefix in (["--max_step", "5"], ["--mod", "train"], ["--param", "p.yaml"]):
-        with pytest.raises(ParamsError, match="unrecognized arguments"):
-            parse_args(prefix)
-
-
-# --------------------------------------------------------------------------- validate_only opens the input files
-@pytest.fixture(scope="module")
-def tf():
-    return pytest.importorskip("tensorflow")
-
-
-def test_validate_only_opens_every_listed_file(tf, tmp_path):
-    from csrun_runtime.tensorflow.contract import check_input_files
-
-    real = tmp_path / "train-0.csv"
-    real.write_text("1,2\n")
-    missing = str(tmp_path / HOSTILE)
-    cases = {
-        "tfrecord": tf.data.TFRecordDataset([str(real), missing]).repeat().batch(2),
-        "textline": tf.data.TextLineDataset(missing).batch(2),
-        "csv": tf.data.experimental.CsvDataset([str(real), missing], [tf.int32, tf.int32]),
-        "interleave": tf.data.Dataset.from_tensor_slices([str(real), missing]).interleave(tf.data.TFRecordDataset),
-        "directory": tf.data.TextLineDataset([str(real), str(tmp_path)]),
-    }
-    for name, ds in cases.items():
-        rep = check_input_files(ds, "train_input")
-        (v,) = rep.violations
-        bad = str(tmp_path) if name == "directory" else missing
-        assert v.startswith("train_input: 1 of the ") and repr(bad) in v and "check data_dir" in v, (name, v)
-    ok = tf.data.Dataset.list_files(str(tmp_path / "*.csv")).interleave(tf.data.TextLineDataset).repeat()
-    rep = check_input_files(ok, "eval_input")
-    assert rep.ok and rep.info["eval_input_files"] == {"listed": 1, "unreadable": 0}
-    labels = tf.data.Dataset.from_tensor_slices(["cat", "dog"]).map(tf.strings.length)  # strings, not files
-    assert check_input_files(labels).ok
-
-
 def test_python_pt_refuses_a_flag_listed_as_not_wired(cluster, monkeypatch, tmp_path):
     """docs/PYTORCH.md "Not yet for PyTorch": with ``python-pt`` a flag of
     ``cli.NOT_WIRED_FOR_PYTORCH`` is refused up front (one line naming it, exit 2, nothing
@@ -453,3 +338,20 @@ def test_python_pt_takes_survive_node_loss(cluster, tmp_path):
                                             "1", "--survive-node-loss", "python-pt", "run.py", "--mode", "train"])
     assert code == 0 and "not wired" not in err, err
     assert out.count("srun ") == 2 and "--no-kill" in out and "CSRUN_WORKER_JOB=1" in out, out
+
+
+def test_check_reports_killwait_and_a_lower_maxbatchrequeue(monkeypatch):
+    from launcher import preflight
+    from launcher.builders import WseRequest
+    from launcher.layout import plan_layout
+    from launcher.requeue import RequeueSpec
+
+    req = WseRequest(layout=plan_layout(2, 2, 1, 0, False, "gpu:1", 2), command=("python", "x.py"), python="python",
+                     requeue=RequeueSpec("USR2", 90, 5))
+    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "30 sec", "MaxBatchRequeue": "2"})
+    check = preflight.requeue_check(req)
+    assert check is not None and check.ok
+    assert "KillWait 30 sec" in check.detail and "MaxBatchRequeue is 2, below --max-requeues 5" in check.detail
+    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "5 sec"})  # Slurm 22.05
+    assert "MaxBatchRequeue" not in preflight.requeue_check(req).detail
+    assert preflight.requeue_check(WseRequest(layout=req.layout, command=req.command, python="python")) is None

@@ -7,24 +7,20 @@ nodes), paths rewritten; the golden files hold what csrun_wse shows for each.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from launcher.tasklog import (
     TaskGroup,
     TaskOutput,
-    first_error,
     is_supervisor_notice,
-    last_words,
     parse_label,
     parse_ranges,
     summarise,
 )
+from tests.unit.golden import assert_golden
+from tests.unit.paths import FIXTURES
 
-from .golden import assert_golden
-
-RECORDED = Path(__file__).resolve().parent.parent / "fixtures" / "tasklog"
+RECORDED = FIXTURES / "tasklog"
 GROUPS = (TaskGroup(0, "chief", 0, 2), TaskGroup(1, "worker", 2, 4))
 LOG = "csrun_logs/csrun_wse-31.log"
 
@@ -65,20 +61,6 @@ def test_labels_and_task_ranges():
     assert parse_ranges("0") == [0] and parse_ranges("[0-1]") == [0, 1] and parse_ranges("2,5-6") == [2, 5, 6]
     with pytest.raises(ValueError):
         parse_ranges("node1")
-
-
-def test_error_blocks():
-    chained = ["INFO: start", "Traceback (most recent call last):", '  File "a.py", line 1, in <module>',
-               "KeyError: 'x'", "", "During handling of the above exception, another exception occurred:", "",
-               "Traceback (most recent call last):", '  File "a.py", line 3, in <module>', "ValueError: y",
-               "INFO: cleanup"]
-    assert first_error(chained) == (1, 10)
-    usage = ["usage: run.py [-h] --mode MODE", "run.py: error: unrecognized arguments: --total-nodes 2", "x"]
-    assert first_error(usage) == (0, 2)
-    assert first_error(["ERROR:csrun:runconfig.checkpoint_path: no checkpoint at /x", "INFO: done"]) == (0, 1)
-    assert first_error(["F1125 12:00:00.1 123 op.cc:1] Check failed", "  detail", "I1125 next"]) == (0, 2)
-    assert first_error(["E1125 12:00:00.1 123 cuda_driver.cc:1] failed call to cuInit"]) is None  # noise
-    assert first_error(["INFO:csrun:global_step = 100", "WARNING:csrun: slow input"]) is None
 
 
 def test_the_chief_error_is_held_until_the_chief_goes_on_or_the_job_ends():
@@ -228,16 +210,6 @@ def test_exit_status_is_the_first_failing_tasks_own():
     killed.line("err", "srun: launching StepId=5.0 on host node1, 2 tasks: [0-1]")
     killed.line("err", "srun: error: node1: task 0: Killed")
     assert killed.exit_status(137) == 137  # a signal: srun's status stands
-
-
-def test_last_words_and_a_logged_exception_with_its_traceback():
-    assert last_words(["INFO: start", "run.py failed at import: x", "", ""]) == ["run.py failed at import: x"]
-    assert last_words(["a", "b", "c", "d"]) == ["b", "c", "d"]
-    assert last_words(["INFO: going on"]) == []
-    logged = ["ERROR:csrun:[worker 1 node3] input worker failed", "Traceback (most recent call last):",
-              '  File "/u/data.py", line 9, in __getitem__', "    raise ValueError(i)", "ValueError: 7",
-              "INFO: leaving"]
-    assert first_error(logged) == (0, 5)  # logging's exception(): the record and its whole traceback
 
 
 def _feed(out: TaskOutput, lines: list[tuple[str, str]]) -> None:

@@ -1,25 +1,26 @@
-"""The PyTorch run.py contract (csrun_runtime/pytorch, docs/PYTORCH.md): sharding and seeds for
-1..64 streamers, checkpoints, TensorBoard events, contract errors, and no TensorFlow import."""
+"""The PyTorch run.py contract (csrun_runtime/pytorch/contract.py, docs/PYTORCH.md): sharding and
+seeds for 1..64 streamers, contract errors, epochs, ``to_torch``, a whole local run (stop and
+requeue signals) and no TensorFlow import."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import numpy as np  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
 from csrun_runtime.pytorch import checkpoint, streamers  # noqa: E402
 from csrun_runtime.pytorch import contract as c  # noqa: E402
-from csrun_runtime.pytorch.contract import epochs  # noqa: E402
-from csrun_runtime.pytorch.events import EventWriter, crc32c, read_scalars  # noqa: E402
+from csrun_runtime.pytorch.contract import epochs, to_torch  # noqa: E402
+from csrun_runtime.pytorch.events import read_scalars  # noqa: E402
+from tests.unit.paths import REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 N = 1437  # the digits training set
 
 
@@ -92,18 +93,6 @@ def test_dataloader_worker_processes_get_the_streamers_seed():
     assert seen[0] and seen[1] and not seen[0] & seen[1]
 
 
-def test_streamer_facts():
-    try:
-        streamers.set_facts(streamers.StreamerFacts(6, 5, True))
-        assert (streamers.num_streamers(), streamers.get_streaming_rank(), streamers.is_streamer()) == (6, 5, True)
-        streamers.set_facts(None)
-        assert streamers.facts() == streamers.StreamerFacts(1, 0, True) or os.environ.get("CSRUN_ROLE")
-    finally:
-        streamers.set_facts(None)
-    with pytest.raises(ValueError, match="streaming rank 3 outside"):
-        streamers.StreamerFacts(3, 3, True)
-
-
 # ------------------------------------------------------------------ contract errors
 def _loader(**kw):
     return DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=4, **kw)
@@ -152,58 +141,6 @@ def test_batches_through_the_data_plane_framing():
     back = c.to_torch(unflatten(tree, leaves))
     assert torch.equal(back["x"], batch["x"]) and torch.equal(back["y"][0], batch["y"][0])
     assert back["y"][1][0].dtype == torch.bool and c.batch_size_of(back) == 4
-
-
-# ------------------------------------------------------------------ checkpoints and events
-def test_checkpoint_round_trip_keeps_the_newest_and_resumes(tmp_path):
-    torch.manual_seed(0)
-    m = torch.nn.Linear(3, 2)
-    opt = torch.optim.Adam(m.parameters(), lr=0.1)
-    m(torch.rand(5, 3)).sum().backward()
-    opt.step()
-    for step in (10, 20, 30, 40):
-        checkpoint.save(tmp_path, step, m, opt, keep=2)
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [30, 40]
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    m2 = torch.nn.Linear(3, 2)
-    opt2 = torch.optim.Adam(m2.parameters(), lr=0.1)
-    assert checkpoint.load(checkpoint.latest(tmp_path), m2, opt2) == 40
-    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values(), strict=True))
-    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
-    with pytest.raises(checkpoint.CheckpointError, match="does not fit the model"):
-        checkpoint.load(checkpoint.latest(tmp_path), torch.nn.Linear(4, 2))
-    (tmp_path / "model-ckpt-50.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(checkpoint.CheckpointError, match="model-ckpt-50.pt: cannot be read"):
-        checkpoint.load(checkpoint.latest(tmp_path), m2)
-    assert checkpoint.latest(tmp_path / "missing") is None
-
-
-def test_checkpoint_file_mode_honours_the_umask(tmp_path):
-    """Teammates on a shared cluster read checkpoints: 0o666 & ~umask, as a plain open() gives."""
-    import os
-
-    m = torch.nn.Linear(2, 1)
-    old = os.umask(0o022)
-    try:
-        p = checkpoint.save(tmp_path, 1, m, None, keep=2)
-        os.umask(0o027)
-        q = checkpoint.save(tmp_path, 2, m, None, keep=2)
-    finally:
-        os.umask(old)
-    assert (p.stat().st_mode & 0o777, q.stat().st_mode & 0o777) == (0o644, 0o640)
-
-
-def test_event_file_is_read_back_with_its_crcs(tmp_path):
-    assert crc32c(b"123456789") == 0xE3069283
-    w = EventWriter(tmp_path)
-    w.scalars({"loss": 0.5, "samples_per_sec": 1000.0}, 7)
-    w.close()
-    assert read_scalars(w.path) == [(7, "loss", 0.5), (7, "samples_per_sec", 1000.0)]
-    data = bytearray(w.path.read_bytes())
-    data[-6] ^= 0xFF
-    w.path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="CRC mismatch"):
-        read_scalars(w.path)
 
 
 # ------------------------------------------------------------------ no TensorFlow
@@ -255,18 +192,6 @@ def test_a_whole_local_run_never_imports_tensorflow(tmp_path):
                            "--model_dir", str(md)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "Inconsistent batch sizes detected" in proc.stderr
-
-
-def test_features_not_wired_for_pytorch_are_named(monkeypatch):
-    """Every csrun_wse feature is wired for PyTorch now (no warning); a variable listed in
-    ``runner.NOT_WIRED`` (one is put there here) is named with its flag and value."""
-    from csrun_runtime.pytorch import runner
-
-    assert runner.not_wired({}) == [] and runner.not_wired({"CSRUN_CHIEF_INPUT_CPUS": "0"}) == []
-    assert runner.not_wired({"CSRUN_AUTOSCALE": "2:1:3:rate:30", "CSRUN_WORKER_JOB": "1"}) == []
-    monkeypatch.setattr(runner, "NOT_WIRED", {"CSRUN_AUTOSCALE": "--autoscale"})
-    (w,) = runner.not_wired({"CSRUN_AUTOSCALE": "2:1:3:rate:30"})
-    assert w.startswith("csrun_wse --autoscale (CSRUN_AUTOSCALE=2:1:3:rate:30) is not wired for PyTorch yet")
 
 
 def test_the_example_data_function_shards_with_csruns_facts():
@@ -354,3 +279,14 @@ def test_requeue_signal_exits_75_and_the_next_allocation_loses_no_step(tmp_path)
     perf = json.loads((md / "performance" / "performance.json").read_text())
     assert perf["global_step_start"] == saved and perf["global_step_end"] == saved + 30
     assert perf["allocations"] == 2 and perf["global_steps_per_allocation"] == [[0, saved], [saved, saved + 30]]
+
+
+def test_to_torch_keeps_a_tensor_already_on_the_device():
+    t = torch.arange(6).reshape(2, 3)
+    out = to_torch({"x": t, "y": (np.ones(2, np.float32),)}, torch.device("cpu"))
+    assert out["x"] is t  # already there: neither pinned nor copied
+    assert out["y"][0].dtype == torch.float32
+    assert to_torch(t, "cpu") is t
+    if torch.cuda.is_available():  # issue 31: "cannot pin 'torch.cuda.ByteTensor'"
+        g = torch.zeros(4, dtype=torch.uint8, device="cuda")
+        assert to_torch(g, "cuda") is g and to_torch(g, torch.device("cuda", 0)) is g

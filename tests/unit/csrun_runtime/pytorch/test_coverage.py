@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 from csrun_runtime.pytorch.coverage import FIX_STREAMERS, check_dataloader_files  # noqa: E402
 from csrun_runtime.pytorch.streamers import get_streaming_rank, num_streamers  # noqa: E402
+from tests.unit.paths import REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 FILES = 6
 
 

@@ -1,10 +1,9 @@
-"""The PyTorch chief's device feed (issue 31) on CPU: the reused ring, order, prefetch depth,
-the measured wait, reallocation on a shape change, errors and the end; ``to_torch`` of a batch
-already on its device; the loss read at the logging cadence (a NaN named by its step).
-The CUDA path (pinned ring, copy stream, events) runs in bench/bench_gpu_feed.py on a GPU."""
+"""The PyTorch chief's device feed (csrun_runtime/pytorch/devicefeed.py, issue 31) on CPU: the
+reused ring, order, prefetch depth, the measured wait, reallocation on a shape change, errors
+and the end. The CUDA path (pinned ring, copy stream, events) runs in bench/bench_gpu_feed.py on
+a GPU."""
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -13,7 +12,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from csrun_runtime.pytorch.contract import to_torch  # noqa: E402
 from csrun_runtime.pytorch.devicefeed import DeviceFeed, feed_rate  # noqa: E402
 from csrun_runtime.pytorch.staging import HostRing, nest_bytes  # noqa: E402
 
@@ -170,92 +168,6 @@ def test_feed_rate_counts_the_bytes_moved():
     assert rate > 0
     with pytest.raises(ValueError, match="no batch"):
         feed_rate([], "cpu")
-
-
-def test_to_torch_keeps_a_tensor_already_on_the_device():
-    t = torch.arange(6).reshape(2, 3)
-    out = to_torch({"x": t, "y": (np.ones(2, np.float32),)}, torch.device("cpu"))
-    assert out["x"] is t  # already there: neither pinned nor copied
-    assert out["y"][0].dtype == torch.float32
-    assert to_torch(t, "cpu") is t
-    if torch.cuda.is_available():  # issue 31: "cannot pin 'torch.cuda.ByteTensor'"
-        g = torch.zeros(4, dtype=torch.uint8, device="cuda")
-        assert to_torch(g, "cuda") is g and to_torch(g, torch.device("cuda", 0)) is g
-
-
-# --------------------------------------------------------------------------- the loss at the cadence
-def _backend(tmp_path, losses):
-    from csrun_runtime.pytorch.training import TorchStepBackend
-
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(()))
-
-        def forward(self, b):
-            return self.w * b.sum()
-
-    seq = iter(losses)
-    return TorchStepBackend(model=M(), opt=None, source=ListSource([]), rc={"keep_checkpoint_max": 1},
-                            model_dir=tmp_path, device=torch.device("cpu"), evaluate=lambda m, s: None,
-                            forward_loss=lambda m, b: m.w * 0 + torch.tensor(next(seq)))
-
-
-class _Opt:
-    def zero_grad(self, set_to_none=True):
-        pass
-
-    def step(self):
-        pass
-
-
-def test_the_step_keeps_the_loss_on_the_device_and_a_nan_is_named_at_the_next_read(tmp_path):
-    from csrun_runtime.pytorch.training import DeviceLoss, OneBatch
-
-    b = _backend(tmp_path, [1.0, 2.0, float("nan"), 4.0, 5.0])
-    b.opt = _Opt()
-    out = [b.train(OneBatch(torch.ones(2), 0))[0] for _ in range(5)]  # no exception: nothing read
-    assert all(isinstance(v, DeviceLoss) for v in out) and float(out[1]) == 2.0
-    with pytest.raises(RuntimeError, match=r"loss is nan at global step 3 \(read at global step 5\)"):
-        float(out[4])
-    with pytest.raises(RuntimeError, match="global step 3"):
-        b.save(5)  # a checkpoint reads it too: no NaN model saved
-    assert not list(tmp_path.glob("model-ckpt-*"))
-
-
-def test_the_loop_reports_a_nan_loss_at_its_log_line_naming_the_step(tmp_path, caplog):
-    from csrun_runtime.loop import LoopSetup, TrainingDriver
-    from csrun_runtime.pytorch.training import OneBatch
-
-    b = _backend(tmp_path, [1.0, 0.5, float("inf"), 0.25, 0.1, 0.1])
-    b.opt = _Opt()
-    b.source = ListSource([torch.ones(2)] * 6)
-    b.next_chunk = lambda limit, timeout, what: OneBatch(*b.source.next())  # type: ignore[method-assign]
-    rc = {"log_steps": 4, "checkpoint_steps": 0, "max_steps": 6, "keep_checkpoint_max": 1}
-    setup = LoopSetup(rc=rc, model_dir=tmp_path, mode="train", start=0, t_proc=time.time(), node=None,
-                      num_input_workers=0, params_path=None, evaluating=False)
-    caplog.set_level(logging.INFO, "csrun.runtime")
-    with pytest.raises(RuntimeError, match=r"loss is inf at global step 3 \(read at global step 4\)"):
-        TrainingDriver(setup, b).run()
-    assert "global_step = 1, loss = 1" in caplog.text and "global_step = 4" not in caplog.text
-    perf = (tmp_path / "performance" / "performance.json").read_text()
-    assert "loss is inf at global step 3" in perf
-
-
-def test_a_large_leaf_is_copied_by_several_threads_exactly():
-    """HostRing's split copy (issue 31: one core's memcpy bounds a 38.5 MB batch): chunks of
-    a length no thread count divides, a strided leaf copied whole, the pool ended by close()."""
-    rng = np.random.default_rng(3)
-    big = rng.integers(0, 256, (5 << 20) + 7, dtype=np.uint8)
-    strided = rng.random((1100, 2000), dtype=np.float32)[:, ::2]  # 4.4 MB, not contiguous
-    ring = HostRing(2, pin=False, copy_threads=3)
-    for shift in range(3):  # every slot written, then the first again
-        a = np.roll(big, shift)
-        _, (x, s, none) = ring.fill([a, strided, None])
-        assert np.array_equal(x.numpy(), a) and np.array_equal(s.numpy(), strided) and none is None
-    assert ring._pool is not None and ring.allocations == 1
-    ring.close()
-    assert ring._pool is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in bench/gpu/run.sh on a GPU machine)")

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,7 @@ from csrun_runtime.pytorch.own_input import OwnInput  # noqa: E402
 from csrun_runtime.pytorch.remote import READ_AHEAD_BATCHES  # noqa: E402
 from csrun_runtime.pytorch.runner import NOT_WIRED  # noqa: E402
 from tests.fixtures.runtime.helpers import task_env, worker_reports  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.paths import REPO
 
 
 def _role():

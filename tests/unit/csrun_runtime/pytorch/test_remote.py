@@ -23,8 +23,8 @@ from csrun_runtime.params import ParamsError  # noqa: E402
 from csrun_runtime.pytorch.remote import RemoteSource, autoscale_spec  # noqa: E402
 from csrun_runtime.rendezvous import Rendezvous  # noqa: E402
 from tests.fixtures.runtime.helpers import LocalJob, worker_reports  # noqa: E402
+from tests.unit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PACED = REPO / "tests" / "fixtures" / "pytorch_paced" / "run.py"
 RC = {"input_timeout_secs": 10, "worker_start_timeout_secs": 10}
 

@@ -9,16 +9,19 @@ import logging
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-from csrun_runtime.pytorch import streamers  # noqa: E402
-from csrun_runtime.pytorch.streamers import StreamerFacts, set_facts  # noqa: E402
+import os
 
-REPO = Path(__file__).resolve().parents[2]
+from csrun_runtime.pytorch import (  # noqa: E402
+    streamers,  # noqa: E402
+)
+from csrun_runtime.pytorch.streamers import StreamerFacts, set_facts  # noqa: E402
+from tests.unit.paths import REPO
+
 ZOO = REPO / "tests" / "fixtures" / "modelzoo_pt"
 
 
@@ -125,3 +128,15 @@ def test_an_input_worker_build_binds_before_the_data_function_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own list of ints
     assert len(got) == 20 and len(set(got)) == 20  # a third of 60, not all of them
+
+
+def test_streamer_facts():
+    try:
+        streamers.set_facts(streamers.StreamerFacts(6, 5, True))
+        assert (streamers.num_streamers(), streamers.get_streaming_rank(), streamers.is_streamer()) == (6, 5, True)
+        streamers.set_facts(None)
+        assert streamers.facts() == streamers.StreamerFacts(1, 0, True) or os.environ.get("CSRUN_ROLE")
+    finally:
+        streamers.set_facts(None)
+    with pytest.raises(ValueError, match="streaming rank 3 outside"):
+        streamers.StreamerFacts(3, 3, True)

@@ -2,7 +2,7 @@
 ``BUNDLE_BYTES`` goes as a bundle of one over the batch's own memory (no copy: issue 31's image
 senders spent a 38.5 MB copy per batch here, bench/results/gpu_feed_cpu_sender.json), smaller
 batches are stacked into one bundle with their values in order. The sender records what it is
-given (the transport itself is tested against a real receiver in test_read_ahead.py)."""
+given (the transport itself is tested against a real receiver in tests/unit/features/test_read_ahead.py)."""
 from __future__ import annotations
 
 import numpy as np

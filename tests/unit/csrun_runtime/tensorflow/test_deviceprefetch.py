@@ -27,8 +27,7 @@ from csrun_runtime.tensorflow.deviceprefetch import (
 )
 from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
 from csrun_runtime.tensorflow.service import InputStalled, LocalSource, ServiceSource, plan_bundle
-
-from .test_dataplane_source import BUNDLE, _batches, plane  # noqa: F401 - the real senders' fixture
+from tests.unit.csrun_runtime.tensorflow.test_remote import BUNDLE, _batches, plane  # noqa: F401 - the real senders' fixture
 
 tf = pytest.importorskip("tensorflow")
 

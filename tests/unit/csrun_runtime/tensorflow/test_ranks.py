@@ -11,15 +11,15 @@ import json
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.unit.paths import REPO
 
 pytest.importorskip("tensorflow")
 
 pytestmark = [pytest.mark.tf]
 
-REPO = Path(__file__).resolve().parents[2]
 
 RANK = r'''
 import json, os, sys

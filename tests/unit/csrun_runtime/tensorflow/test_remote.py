@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,8 @@ import pytest
 from csrun_runtime.rendezvous import Rendezvous
 from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
 from csrun_runtime.tensorflow.service import InputStalled
+from tests.unit.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BUNDLE = 4
 
 SENDER = r"""
@@ -223,18 +222,3 @@ def test_a_slot_not_opened_is_held_paused_until_add_stream(plane):
             seqs += [float(c.batches[0][j, 0, 0]) for j in range(c.offset, c.offset + c.steps)]
     assert seqs[:held + 8] == list(range(held + 8))  # the held ones first, in order, then it streams again
     assert source.streaming() == {0, 1}
-
-
-def test_runconfig_transport_is_validated_with_one_line_naming_key_and_value():
-    from csrun_runtime.params import ParamsError, validate_params
-
-    def params(**rc):
-        return {"train_input": {"batch_size": 8}, "runconfig": {"max_steps": 10, **rc}}
-
-    assert validate_params(params())[0]["runconfig"]["transport"] == "service"
-    assert validate_params(params(transport="dataplane"))[0]["runconfig"]["transport"] == "dataplane"
-    with pytest.raises(ParamsError) as e:
-        validate_params(params(transport="grpc"))
-    (problem,) = e.value.problems
-    assert problem.startswith("runconfig.transport must be service") and problem.endswith("got 'grpc'")
-    assert "\n" not in problem

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.paths import REPO
 
 
 def _module(path: Path, name: str):

@@ -1,13 +1,10 @@
-"""launcher.slurm's preflight, site-name and version queries on canned Slurm output (the text
-Slurm 22.05 prints, recorded on the test cluster), and the interrupt exit status."""
-import signal
+"""launcher/slurm/site.py on canned Slurm output (the text Slurm 22.05 prints, recorded on the
+test cluster): ``--test-only``, sacctmgr's lists, reservations and features, the version and
+config values."""
 import subprocess
 
-import pytest
-
-from csrun_common.errors import CsrunError, SlurmUnavailable
-from launcher import resolve, slurm
-from launcher.policy import SitePolicy
+from csrun_common.errors import SlurmUnavailable
+from launcher import slurm
 
 
 def canned(monkeypatch, answers):
@@ -85,47 +82,3 @@ def test_config_values(monkeypatch):
             "MaxBatchRequeue         = 5\nMinJobAge               = 60 sec\n")
     canned(monkeypatch, {"scontrol": (0, text, "")})
     assert slurm.config_values(["KillWait", "MaxBatchRequeue"]) == {"KillWait": "5 sec", "MaxBatchRequeue": "5"}
-
-
-def test_unknown_site_names_are_refused_naming_the_valid_ones(monkeypatch):
-    canned(monkeypatch, {"sacctmgr": (0, "debug\nnormal\n", ""), "scontrol": (0, "ReservationName=maint\n", ""),
-                         "sinfo": (0, "skylake\n", "")})
-    with pytest.raises(CsrunError, match=r"^--qos 'fast': no such QOS in Slurm \(QOS: debug, normal\)$"):
-        resolve.check_site_names(SitePolicy(qos="fast"), {"qos": "--qos"})
-    with pytest.raises(CsrunError, match=r"^slurm\.reservation 'other': no such reservation in Slurm \(reservations: "
-                                         r"maint\)$"):
-        resolve.check_site_names(SitePolicy(reservation="maint,other"), {"reservation": "slurm.reservation"})
-    with pytest.raises(CsrunError, match=r"--constraint 'ib': no such feature in Slurm \(features: skylake\)"):
-        resolve.check_site_names(SitePolicy(constraint="skylake&ib"), {})
-    resolve.check_site_names(SitePolicy(qos="debug", reservation="maint", constraint="skylake"), {})
-
-
-def test_account_and_qos_unchecked_without_accounting(monkeypatch):
-    canned(monkeypatch, {"sacctmgr": (1, "", "You are not running a supported accounting_storage plugin\n")})
-    resolve.check_site_names(SitePolicy(account="anything", qos="anything"), {})
-
-
-@pytest.mark.parametrize("rc,received,expected", [
-    (0, [], 0), (3, [], 3), (-9, [], 137), (-2, [], 130),
-    (137, [signal.SIGINT], 130), (0, [signal.SIGINT], 130), (143, [signal.SIGTERM], 143),
-    (1, [signal.SIGTERM, signal.SIGINT], 143),
-])
-def test_exit_status_says_what_the_user_did(rc, received, expected):
-    assert slurm.exit_status(rc, received) == expected
-
-
-def test_check_reports_killwait_and_a_lower_maxbatchrequeue(monkeypatch):
-    from launcher import preflight
-    from launcher.builders import WseRequest
-    from launcher.layout import plan_layout
-    from launcher.requeue import RequeueSpec
-
-    req = WseRequest(layout=plan_layout(2, 2, 1, 0, False, "gpu:1", 2), command=("python", "x.py"), python="python",
-                     requeue=RequeueSpec("USR2", 90, 5))
-    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "30 sec", "MaxBatchRequeue": "2"})
-    check = preflight.requeue_check(req)
-    assert check is not None and check.ok
-    assert "KillWait 30 sec" in check.detail and "MaxBatchRequeue is 2, below --max-requeues 5" in check.detail
-    monkeypatch.setattr(slurm, "config_values", lambda keys, env=None: {"KillWait": "5 sec"})  # Slurm 22.05
-    assert "MaxBatchRequeue" not in preflight.requeue_check(req).detail
-    assert preflight.requeue_check(WseRequest(layout=req.layout, command=req.command, python="python")) is None
