@@ -22,13 +22,11 @@ def build_report(base: dict[str, Any], rows: list[dict[str, Any]],
     """The report dict from the probe rows: model, bottleneck, ingest, recommendation, the
     rate-vs-nodes curve of the chosen tasks × CPUs (and chief input CPUs), and the csrun_wse
     command. Pure given its inputs (used by :func:`analyzer.analyze.analyze` and by tests on recorded tables)."""
-    # pandas and numpy (the model) are imported here, not at the CLI's start-up.
+    # pandas and numpy (the model) and the backend's facts: when the analysis runs, not at the CLI's start-up
     import pandas as pd
 
-    # the backend's facts (not its framework) once the analysis runs
     from csrun_runtime.probing import facts, framework_of_report
 
-    # numpy + pandas (the model): when the analysis runs, not at the CLI's start-up.
     from . import dataloader_plan as dlp
     from .model import ModelError, classify, fit, ingest_limits
 

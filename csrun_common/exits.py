@@ -1,7 +1,7 @@
 """csrun's exit statuses, declared once for both sides (the CLIs, the batch script, the tasks).
 
 ``docs/ENV.md`` lists them (generated from :data:`STATUSES` by ``python -m csrun_common.env``;
-``tests/unit/test_env_codec.py`` checks it and that no module writes these numbers itself).
+``tests/unit/csrun_common/test_exits.py`` checks it and that no module writes these numbers itself).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ that key's field (:class:`launcher.config.SiteConfig`, :class:`launcher.policy.S
 the launcher's others in :mod:`launcher.flags`. :func:`click_options` builds the click options of a CLI from them, so
 a flag is never written per CLI; the typed values the commands work on
 (:class:`launcher.flags.WseFlags`, :class:`csrun_common.layout.LayoutSpec`) are checked
-against the same tuples (``tests/unit/test_options.py``). The shape follows torchx's
+against the same tuples (``tests/unit/launcher/test_flags.py``). The shape follows torchx's
 ``runopts`` (declared once, read by the CLI, the docs and the dry run).
 
 Pure Python at import (click is imported when the options are built), so the task runtime

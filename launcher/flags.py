@@ -11,7 +11,7 @@ so a flag is not written per CLI. click parses the command line; the command fun
 hold a :class:`WseFlags` or :class:`CpuFlags` instead of an untyped ``**kw`` dict, so a
 misspelt flag name is a type error (mypy) or a ``TypeError`` naming the field at the first
 call, not a ``KeyError`` deep in a launch. The typed fields are checked against the
-declarations, names and defaults, by ``tests/unit/test_options.py``; the layout flags' and the
+declarations, names and defaults, by ``tests/unit/launcher/test_flags.py``; the layout flags' and the
 site-policy flags' values travel as one mapping each (:attr:`WseFlags.layout`,
 :attr:`CommonFlags.policy`), so a new layout or policy flag needs no field here.
 """

@@ -41,8 +41,8 @@ export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
   git -C "$ROOT" log -1 --oneline 2>/dev/null; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
-part 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_pytorch_devicefeed.py tests/unit/test_pytorch_pinned.py \
-  tests/unit/test_dataplane_bulk.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
+part 120 python3 -m pytest -q -p no:cacheprovider tests/unit/csrun_runtime/pytorch/test_devicefeed.py tests/unit/csrun_runtime/pytorch/test_pinned.py \
+  tests/unit/csrun_runtime/dataplane/test_bulk.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
 part 120 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -16
 part 300 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --copy-threads 4 --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
 [ "${SKIP_INGEST:-0}" = 1 ] || part 180 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, 8 I/O threads;bulk channel" \

@@ -28,7 +28,7 @@ whole thing is off (:func:`plan_prefetch`): the source and the dataset are the o
 untouched. It is off too with several trainer ranks (the strategy places each replica's batch
 itself) and under ``--autoscale`` (the autoscaler drives the source from the loop's thread and
 counts what it holds ahead). Only checked on CPU (the device forced to ``/CPU:0`` in
-``tests/unit/test_tf_device_prefetch.py``): the project's GPU machine has no TensorFlow.
+``tests/unit/csrun_runtime/tensorflow/test_deviceprefetch.py``): the project's GPU machine has no TensorFlow.
 
 TensorFlow is imported inside the functions.
 """

@@ -7,7 +7,7 @@ Data: the digits of ``examples/digits`` (scikit-learn's ``load_digits``, the UCI
 digits data set, CC BY 4.0) split 80/20 exactly as that example splits them (1,437 training and
 360 eval examples, 64 floats in [0, 1] and an int64 label), shipped with this example as
 ``digits.npz`` (47 KB: the pixel counts 0..16 as uint8, so that a PyTorch-only install needs
-neither scikit-learn nor TensorFlow; ``tests/unit/test_digits_pt_data.py`` checks it against
+neither scikit-learn nor TensorFlow; ``tests/unit/examples/digits_pt/test_data.py`` checks it against
 scikit-learn's split where scikit-learn is installed), read from
 ``<data_dir>/digits-train.npz`` / ``digits-eval.npz`` (``prepare_data.py``) or, when those are
 absent, from ``digits.npz`` directly.

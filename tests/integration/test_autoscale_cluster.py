@@ -7,7 +7,7 @@ input-worker slots (3 nodes × 2 tasks, the chief alone on the GRES node). Start
 worker, autoscale must grow so that training waits on input for at most 10 % of a window
 (i.e. it trains at >= 90 % of the rate it can take) within 2 minutes; started with all 6, it
 must shrink. Both runs reach max_steps and exit 0; performance.json records the decisions.
-Shrinking on csrun's data plane: tests/unit/test_dataplane_source.py (pauses at the receiver).
+Shrinking on csrun's data plane: tests/unit/csrun_runtime/tensorflow/test_remote.py (pauses at the receiver).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_autoscale_shrinks_an_over_provisioned_start(cli_env, latency_bound):
     # one run, on tf.data service, the default (the suite's time): on the data plane, growing runs
     # through csrun_wse in test_chief_input_cluster.py's [dataplane] run and pausing a worker's
     # stream at the receiver (connected, not yet connected, a slot not opened) in
-    # tests/unit/test_dataplane_source.py with real sender processes
+    # tests/unit/csrun_runtime/tensorflow/test_remote.py with real sender processes
     # 2500 steps (~25 s at 100 steps/s): the first removal comes at the first window (5 s), the
     # next ones a pause (10 s) apart
     res, perf = _run(cli_env, latency_bound, 6, 2500, "service")

@@ -9,7 +9,7 @@ marked DOWN. The run must go on and reach max_steps with csrun_wse's exit 0: the
 the loss within 10 s, the other node's task starts input worker 1 again (same index and seed),
 it streams again, Slurm shrinks the workers' job to the surviving node, and performance.json
 records the loss and the replacement. Native cluster only (the compose cluster's nodes are
-containers). The same run as local processes: tests/unit/test_pytorch_node_loss.py.
+containers). The same run as local processes: tests/unit/features/test_pytorch_node_loss.py.
 """
 from __future__ import annotations
 

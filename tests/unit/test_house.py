@@ -8,13 +8,16 @@ source file over 600 lines outside the tests and bench/ (700 in bench/); and tho
 the task's lifecycle only in the core (no rendezvous, heartbeat, exit-code ladder or ``done.json``
 in a backend's chief or runner), a Protocol for each module the core reaches through the
 registry and no other, no framework name written outside the registry and the backend folders,
-``TRAIN_MODES`` declared once. Read
+``TRAIN_MODES`` declared once; every source module's unit tests at its mirrored path
+``tests/unit/<package>/test_<module>.py`` or listed with the reason, and every unit test file
+mirroring a module, spanning several in ``tests/unit/features/`` or testing the house. Read
 from the files with ``ast``, except the Protocol check (imports the backends' modules, which
 import neither framework) and the import-time checks (``python -X importtime``)."""
 from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -844,3 +847,119 @@ def test_the_private_rule_sees_both_forms(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assert _private_uses("csrun_common.m", f, {"csrun_common"}) == [
         "csrun_common/m.py: from csrun_common.x import _y", "csrun_common/m.py: x._z"]
+
+
+# --------------------------------------------------------------------------- tests mirror the modules
+#: The unit tests, mirroring the packages: module ``<pkg>/<sub>/<name>.py`` is tested in
+#: ``tests/unit/<pkg>/<sub>/test_<name>.py`` (torchx's ``schedulers/test/slurm_scheduler_test.py``).
+UNIT = "tests/unit"
+#: Folders of tests/unit that mirror no package: tests that span modules (each says which in its
+#: docstring), the benchmarks' and the examples'.
+UNMIRRORED = {"features": "tests that span modules", "bench": "bench/'s helpers", "examples": "the examples"}
+#: Test files at the top of tests/unit: they test the house, not a module.
+HOUSE_TESTS = ("test_house.py", "test_names.py")
+#: Source modules without a unit test file of their own, each with the one-line reason and where
+#: it is tested (issue 40, item 5). Keep it short: a module with logic of its own gets a test.
+TESTED_ONLY_IN_INTEGRATION: dict[str, str] = {
+    "analyzer/probe_agent.py": "the node agent a probe session starts (submitit, or python -m with --local): "
+                               "tests/integration/test_analyzer_local.py, test_analyzer_cluster.py",
+    "csrun_runtime/backend.py": "declarations only (the core's Protocols and Failure): tests/unit/test_house.py "
+                                "checks each backend against them",
+    "csrun_runtime/pytorch/chief.py": "the PyTorch chief runs as a task's process: the local runs of "
+                                      "tests/unit/csrun_runtime/pytorch/test_contract.py, "
+                                      "tests/integration/test_pytorch_cluster.py",
+    "csrun_runtime/pytorch/drain.py": "verify's drain task for PyTorch, launched through csrun_wse: "
+                                      "tests/integration/test_analyzer_pytorch_cluster.py",
+    "csrun_runtime/tensorflow/dataplane_serve.py": "an input worker task's sender on the data plane: "
+                                                   "tests/integration/test_dataplane_cluster.py",
+    "csrun_runtime/tensorflow/drain.py": "verify's drain task for TensorFlow, launched through csrun_wse: "
+                                         "tests/integration/test_analyzer_cluster.py",
+    "csrun_runtime/tensorflow/probe.py": "TensorFlow's probe harness, run in the analyzer's probe processes: "
+                                         "tests/integration/test_analyzer_local.py, test_analyzer_cluster.py",
+    "csrun_runtime/tensorflow/statsync.py": "needs several TensorFlow trainer ranks (MultiWorkerMirroredStrategy "
+                                            "over processes): tests/integration/test_tf_ranks_cluster.py",
+    "csrun_runtime/tensorflow/worker.py": "the input worker task (a tf.data service worker server): "
+                                         "tests/integration/test_runtime_service.py, test_main_job.py",
+}
+
+
+def _source_modules() -> list[str]:
+    """Every module of the four packages by its path, ``__init__.py`` and ``__main__.py`` aside."""
+    return sorted(str(p.relative_to(REPO)) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
+                  if p.name not in ("__init__.py", "__main__.py"))
+
+
+def _mirrored(module: str) -> str:
+    """``tests/unit/<dir>/test_<name>.py`` of module ``<dir>/<name>.py``."""
+    folder, _, name = module.rpartition("/")
+    return f"{UNIT}/{folder}/test_{name}"
+
+
+def test_every_source_module_has_its_unit_test_file_or_a_reason():
+    missing = [m for m in _source_modules()
+               if not (REPO / _mirrored(m)).is_file() and m not in TESTED_ONLY_IN_INTEGRATION]
+    assert missing == [], "add tests/unit/<package>/.../test_<module>.py, or list the module with the reason " \
+                          "in TESTED_ONLY_IN_INTEGRATION:\n" + "\n".join(f"{m}: {_mirrored(m)}" for m in missing)
+
+
+def test_the_integration_list_names_modules_without_a_test_file_and_where_they_are_tested():
+    modules = set(_source_modules())
+    for module, reason in TESTED_ONLY_IN_INTEGRATION.items():
+        assert module in modules, f"{module}: no such module"
+        assert not (REPO / _mirrored(module)).is_file(), f"{module} has {_mirrored(module)} now: remove it"
+        assert "\n" not in reason and "tests/" in reason, f"{module}: a one-line reason naming its tests"
+        for named in re.findall(r"tests/(?:integration|unit)/[\w/]+\.py", reason):
+            assert (REPO / named).is_file(), f"{module}: {named} does not exist"
+
+
+def _docstring_modules(path: Path) -> set[str]:
+    """The source modules a file's docstring names (``csrun_runtime/usererror.py`` or
+    ``csrun_runtime.pytorch.contract`` style)."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    modules = set(_source_modules())
+    found = set()
+    pattern = r"\b(?:" + "|".join(PACKAGES) + r")(?:[./]\w+)+"
+    for word in re.findall(pattern, doc):
+        parts = re.split(r"[./]", word.removesuffix(".py"))
+        for n in range(len(parts), 0, -1):
+            if "/".join(parts[:n]) + ".py" in modules:
+                found.add("/".join(parts[:n]) + ".py")
+                break
+    return found
+
+
+def test_every_unit_test_file_mirrors_a_module_or_says_what_it_spans():
+    stray = []
+    for path in sorted((REPO / UNIT).rglob("test_*.py")):
+        rel = path.relative_to(REPO / UNIT)
+        top = rel.parts[0]
+        if len(rel.parts) == 1:
+            if rel.name not in HOUSE_TESTS:
+                stray.append(f"{rel}: a module's test goes to its mirrored path; a test of the house to HOUSE_TESTS")
+        elif top == "features":
+            if len(_docstring_modules(path)) < 2:
+                stray.append(f"{rel}: its docstring names fewer than two of the source modules it spans")
+        elif top in PACKAGES:
+            module = str(rel.parent / rel.name.removeprefix("test_"))
+            if not (REPO / module).is_file():
+                stray.append(f"{rel}: no module {module}")
+        elif top not in UNMIRRORED:
+            stray.append(f"{rel}: {top}/ mirrors no package")
+    assert stray == [], "\n".join(stray)
+
+
+def test_the_mirror_rules_see_a_stray_file_and_a_feature_that_names_one_module(tmp_path, monkeypatch):
+    for rel, doc in (("csrun_common/x.py", ""), ("tests/unit/test_x.py", ""), ("tests/unit/csrun_common/test_y.py", ""),
+                     ("tests/unit/features/test_f.py", '"""csrun_common/x.py only."""\n')):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(doc)
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir(exist_ok=True)
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert _source_modules() == ["csrun_common/x.py"]
+    with pytest.raises(AssertionError, match="csrun_common/x.py: tests/unit/csrun_common/test_x.py"):
+        test_every_source_module_has_its_unit_test_file_or_a_reason()
+    with pytest.raises(AssertionError) as e:
+        test_every_unit_test_file_mirrors_a_module_or_says_what_it_spans()
+    assert "test_x.py: a module's test" in str(e.value) and "test_y.py: no module csrun_common/y.py" in str(e.value)
+    assert "features/test_f.py: its docstring names fewer than two" in str(e.value)

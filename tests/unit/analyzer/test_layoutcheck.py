@@ -10,8 +10,7 @@ from csrun_common.errors import CsrunError
 from launcher import slurm
 from launcher.config import load_config
 from launcher.rankfit import NO_GRES_LINE, layout_error
-
-from ..test_cli_prod import NODES, cluster  # noqa: F401  (cluster: the canned Slurm fixture)
+from tests.unit.canned_slurm import NODES
 
 
 def _specs(world_nodes=1, ranks=2, available=5):
@@ -20,7 +19,7 @@ def _specs(world_nodes=1, ranks=2, available=5):
     return rank_layouts(2, available, world_nodes, ranks)
 
 
-def test_no_layout_of_two_ranks_finds_gpu_2_and_the_refusal_says_what_runs_them(cluster):  # noqa: F811
+def test_no_layout_of_two_ranks_finds_gpu_2_and_the_refusal_says_what_runs_them(cluster):
     from analyzer.layoutcheck import usable_nodes
 
     with pytest.raises(CsrunError) as e:
@@ -31,7 +30,7 @@ def test_no_layout_of_two_ranks_finds_gpu_2_and_the_refusal_says_what_runs_them(
     assert line.endswith(f"no layout of 2 trainer ranks finds that GRES: {NO_GRES_LINE}")
 
 
-def test_without_gres_every_layout_passes_the_launchers_checks(cluster, tmp_path):  # noqa: F811
+def test_without_gres_every_layout_passes_the_launchers_checks(cluster, tmp_path):
     from analyzer.layoutcheck import usable_nodes
 
     cfg = tmp_path / "site.toml"
@@ -45,7 +44,7 @@ def test_without_gres_every_layout_passes_the_launchers_checks(cluster, tmp_path
     assert usable_nodes(_specs(), load_config(), "", 2, 5) == 4
 
 
-def test_one_chief_needs_a_node_with_the_gres(cluster, monkeypatch):  # noqa: F811
+def test_one_chief_needs_a_node_with_the_gres(cluster, monkeypatch):
     from analyzer.layoutcheck import usable_nodes
     from csrun_common.layout import LayoutSpec
 

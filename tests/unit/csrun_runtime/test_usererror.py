@@ -1,5 +1,5 @@
 """csrun_runtime.usererror: one filter of a user's frames for every backend. The PyTorch cases
-(real DataLoaders, a worker process's error) are in tests/unit/test_pytorch_usererror.py; here,
+(real DataLoaders, a worker process's error) are in tests/unit/features/test_pytorch_usererror.py; here,
 without a framework: a traceback of its own, one printed in the message (as TensorFlow prints a
 ``map`` function's), and a framework's generated files left out."""
 from __future__ import annotations

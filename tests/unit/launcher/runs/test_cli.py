@@ -1,20 +1,16 @@
 """``csrun`` (launcher/runs/cli.py) on recorded runs whose end is known (no Slurm asked): list,
 status, describe, logs, cancel of a finished run; bad input one line and exit 2 naming the
-closest ids; a light start-up; and the API's Run pickles and is found again in another process."""
+closest ids; a light start-up (the API: test_api.py)."""
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
-from launcher.runs import api
 from launcher.runs.cli import csrun, since_time
 
 from .conftest import make_run, write_attempt
@@ -83,26 +79,3 @@ def test_start_up_is_light():
             "& set(sys.modules); print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.strip() == "[]"
-
-
-def test_a_run_pickles_and_attaches_in_another_process(store, tmp_path):
-    rec = make_run(store, tmp_path, end=ENDED)
-    Path(rec.model_dir).mkdir(parents=True)
-    store.save(rec)
-    run = api.attach(rec.model_dir)
-    again = pickle.loads(pickle.dumps(run))
-    assert again == run and again.state() == "SUCCEEDED"
-    code = (f"import pickle, sys; from launcher.runs import attach; r = attach({rec.model_dir!r}); "
-            "sys.stdout.buffer.write(pickle.dumps((r, r.state())))")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, cwd="/", env=os.environ.copy(),
-                           timeout=60)
-    attached, state = pickle.loads(other.stdout)
-    assert attached == run and state == "SUCCEEDED"
-
-
-def test_launch_takes_csrun_wses_options_typed():
-    with pytest.raises(TypeError, match=r"launch\(\): .*nodez"):
-        api.wse_flags(nodez=3)
-    assert api.wse_flags(nodes=3, use_sbatch=True).layout["nodes"] == 3
-    with pytest.raises(api.CsrunError, match="dry_run and check launch nothing"):
-        api.launch(["python", "run.py"], dry_run=True)

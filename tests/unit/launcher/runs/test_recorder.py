@@ -1,5 +1,5 @@
 """launcher/runs/recorder.py through csrun_wse and csrun_cpu on canned Slurm (as
-tests/unit/test_presubmit.py): every launch but --dry-run writes one record (its command line,
+tests/unit/launcher/test_preflight.py): every launch but --dry-run writes one record (its command line,
 layout, script or srun line, model_dir, job id); the typed options give back the command line."""
 from __future__ import annotations
 
