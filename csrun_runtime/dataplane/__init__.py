@@ -24,7 +24,9 @@ messages refused naming the worker, and an end-of-stream message. Imports only t
 library, numpy and pyzmq.
 """
 from .framing import FrameError, decode, encode_header, flatten, parse_header, stack, unflatten
-from .transport import BUNDLE_BYTES, WINDOW_BYTES, Bundle, EndOfStream, Receiver, ReceiverGone, Sender
+from .protocol import BUNDLE_BYTES, WINDOW_BYTES, EndOfStream, ReceiverGone
+from .receiver import Bundle, Receiver
+from .sender import Sender
 
 __all__ = ["BUNDLE_BYTES", "WINDOW_BYTES", "Bundle", "EndOfStream", "FrameError", "Receiver", "ReceiverGone",
            "Sender", "decode", "encode_header", "flatten", "parse_header", "stack", "unflatten"]
