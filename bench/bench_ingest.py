@@ -59,9 +59,10 @@ from typing import Any
 
 import common  # bench/ is on sys.path: these modules run as scripts from it
 import psutil
-from ingest_lib import DATAPLANE, HOP_VARIANTS, LEAN, PATHS, ROWS, SIZES
+from ingest_lib import DATAPLANE, DATAPLANE_OPEN, HOP_VARIANTS, LEAN, PATHS, ROWS, SIZES
 
-from csrun_common.env import ADVERTISE_HOST, TaskEnv
+from csrun_common.env import ADVERTISE_HOST, JOB_SECRET, TaskEnv
+from csrun_common.jobsecret import job_secret
 from launcher.slurm import stop_process_group
 
 REPO = common.REPO
@@ -74,6 +75,7 @@ def _task_env(role: str, procid: int, k: int, job_id: str) -> dict[str, str]:
     """The environment csrun_wse gives a task (docs/CONTRACT.md): chief = task 0 of group 0;
     input workers = one component ``worker``."""
     env = {key: v for key, v in os.environ.items() if not key.startswith(("CSRUN_", "SLURM"))}
+    env[JOB_SECRET.name] = job_secret().hex()  # this harness' own: every task of the job shares it
     chief = role == "chief"
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "SLURM_PROCID": str(procid), "SLURM_JOB_ID": job_id,
                 "SLURM_STEP_ID": "0", "SLURMD_NODENAME": f"node{procid + 1}", ADVERTISE_HOST: "localhost"})
@@ -237,7 +239,10 @@ def summarize_ceiling(raw: dict) -> tuple[dict, dict]:
     service / unbundled, and each hop variant / service."""
     ceiling, hop = {}, {}
     for size, recs in raw["runs"].items():
-        paths = {p: _summary(v) for p, v in recs.items() if p in (*PATHS, "raw TCP", "in-process", DATAPLANE)}
+        paths = {p: _summary(v) for p, v in recs.items()
+                 if p in (*PATHS, "raw TCP", "in-process", DATAPLANE, DATAPLANE_OPEN)}
+        if DATAPLANE in recs and DATAPLANE_OPEN in recs:  # what authentication costs (issue 45: >= 0.98)
+            paths["data plane / no authentication"] = _paired(recs, DATAPLANE, DATAPLANE_OPEN)
         if "raw TCP" in recs:
             paths["service / raw TCP"] = _paired(recs, "service", "raw TCP")
         if DATAPLANE in recs and "raw TCP" in recs:
@@ -277,19 +282,21 @@ def _loop_summary(res: dict) -> dict:
             "bundle": res["bundle"], "xla": res["xla"], "log_steps": res["log_steps"]}
 
 
-def run(quick: bool = False, ceiling_only: bool = False) -> dict:
+def run(quick: bool = False, ceiling_only: bool = False, only_ks: list[int] | None = None) -> dict:
     """Every part (see the module docstring). Quick (the CI smoke test): k = 1, 256 KiB, one
     repetition of 1 s windows, no hop variants, a short loop, 2 workers. Full: k = 1, 2, 4, 8,
     16, all sizes, 3 repetitions of 1 s windows (after 0.3 s of warm-up; ~8 minutes in all on
     the 2-core host), the hop variants at k = 1, 16 workers. ``ceiling_only`` (``--ceiling-only``):
-    the ceiling alone (no hop variants, loop or many workers)."""
+    the ceiling alone (no hop variants, loop or many workers); ``only_ks`` (``--ks 1,2``): those
+    sender counts only."""
     if quick:
         ks, hop_ks, sizes, repeats, warmup, window = [1], [], ["256 KiB"], 1, 0.5, 1.0
         loop_spec, many = {"loop_steps": 300, "repeats": 1, "seconds": 0.5}, (2, 300)
     else:
         ks, hop_ks, sizes, repeats, warmup, window = [1, 2, 4, 8, 16], [1], list(SIZES), 3, 0.3, 1.0
         loop_spec, many = {"loop_steps": 20000, "repeats": 3, "seconds": 2.0}, (16, 4000)
-    paths = [*PATHS, "raw TCP", "in-process", DATAPLANE]
+    paths = [*PATHS, "raw TCP", "in-process", DATAPLANE, DATAPLANE_OPEN]
+    ks = only_ks or ks
     if ceiling_only:
         hop_ks = []
     out: dict[str, Any] = {"unit": "batches/s of 64 samples; MB/s = 10^6 bytes/s; CPU-s per MB",
@@ -387,7 +394,9 @@ NOT_MEASURED = {
 
 
 if __name__ == "__main__":
-    result = run(quick="--quick" in sys.argv, ceiling_only="--ceiling-only" in sys.argv)
+    ks_arg = sys.argv[sys.argv.index("--ks") + 1] if "--ks" in sys.argv else ""
+    result = run(quick="--quick" in sys.argv, ceiling_only="--ceiling-only" in sys.argv,
+                 only_ks=[int(k) for k in ks_arg.split(",") if k] or None)
     if "--out" in sys.argv:  # e.g. --out bench/results/extra/ingest_dataplane.json
         common.write_json(Path(sys.argv[sys.argv.index("--out") + 1]), result)
     print(json.dumps(result, indent=1))

@@ -47,6 +47,9 @@ LEAN = "lean TCP transport (numpy, not tf.data service)"
 #: (numpy + pyzmq, no TensorFlow, like the raw TCP senders) each ``Sender.send`` the same batch
 #: (stacked into ~1 MiB bundles), the chief ``Receiver.get_bundle`` on one endpoint.
 DATAPLANE = "data plane (zmq)"
+#: The same without the handshake's proofs (``authenticate=False`` at both ends): what
+#: authentication costs (issue 45: at most 2 % of the ingest rate).
+DATAPLANE_OPEN = "data plane (zmq), no authentication"
 
 
 def write(path: str | Path, obj: Any) -> None:
@@ -156,13 +159,15 @@ def measure_dataplane(k: int, nbytes: int, warmup_s: float, window_s: float, sta
     the CPU of both sides. ``window_bytes``: the receiver's credit window (None: its default);
     ``consume(bundle)``: what the chief does with each bundle before the next (None: nothing);
     ``lend``: what the receiver reads bundles into (:meth:`Receiver.lend`, with ``bulk=True``);
-    ``receiver``: its other arguments (``io_threads``, ``keep_memory``, ``bulk``)."""
+    ``receiver``: its other arguments (``io_threads``, ``keep_memory``, ``bulk``, ``authenticate``:
+    also given to the senders' specs)."""
     from csrun_runtime.dataplane import WINDOW_BYTES, Receiver
 
     rx = Receiver("tcp://127.0.0.1:0", window_bytes=window_bytes or WINDOW_BYTES, expected=k, **receiver)
     if lend is not None and not rx.lend(lend):
         raise ValueError("measure_dataplane: lend needs bulk=True")
-    senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes}) for i in range(k)]
+    auth = {"authenticate": receiver["authenticate"]} if "authenticate" in receiver else {}
+    senders = [start({"endpoint": rx.endpoint, "index": i, "nbytes": nbytes, **auth}) for i in range(k)]
 
     def step() -> int:
         b = rx.get_bundle(60)

@@ -30,6 +30,7 @@ import common  # bench/ is on sys.path: these modules run as scripts from it
 import psutil
 from ingest_lib import (
     DATAPLANE,
+    DATAPLANE_OPEN,
     HOP_VARIANTS,
     LEAN,
     PATHS,
@@ -196,8 +197,8 @@ def _lean_recv(conn: socket.socket, q: Any, i: int) -> None:
 # =========================================================================== ceiling: data plane
 def child_dp_sender(spec: dict) -> None:
     """A data-plane sender (:data:`DATAPLANE`): the batch of :func:`synthetic_dataset`'s shapes
-    as numpy arrays, ``Sender.send`` in a loop (bundled ``spec["bundle"]``, default ``auto``)
-    until the receiver closes."""
+    as numpy arrays, ``Sender.send`` in a loop (bundled ``spec["bundle"]``, default ``auto``;
+    ``spec["authenticate"]``, default True) until the receiver closes."""
     import numpy as np
 
     from csrun_runtime.dataplane import ReceiverGone, Sender
@@ -205,7 +206,7 @@ def child_dp_sender(spec: dict) -> None:
     cols = max(1, (spec["nbytes"] - 4 * ROWS) // (4 * ROWS))
     batch = (np.random.default_rng(spec["index"]).random((ROWS, cols), dtype=np.float32), np.zeros(ROWS, np.int32))
     s = Sender(spec["endpoint"], spec["index"], bundle=spec.get("bundle", "auto"),
-               keep_memory=spec.get("keep_memory", True))
+               keep_memory=spec.get("keep_memory", True), authenticate=spec.get("authenticate", True))
     try:
         while True:
             s.send(batch, timeout=60)
@@ -281,8 +282,9 @@ class Ceiling:
             rec = measure_raw(self.k, nbytes, w, m, self._start_sender)
         elif path == LEAN:
             rec = self._lean(nbytes, w, m)
-        elif path == DATAPLANE:
-            rec = measure_dataplane(self.k, nbytes, w, m, lambda spec: self._start_sender(spec, "--dp-sender"))
+        elif path in (DATAPLANE, DATAPLANE_OPEN):
+            rec = measure_dataplane(self.k, nbytes, w, m, lambda spec: self._start_sender(spec, "--dp-sender"),
+                                    authenticate=path == DATAPLANE)
         elif path == "in-process":
             it = iter(synthetic_dataset(nbytes))
             self._keep.append(it)

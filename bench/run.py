@@ -72,6 +72,7 @@ BENCHMARKS = {
     "read_ahead": "bench_read_ahead",
     "gpu_feed": "bench_gpu_feed",
     "rank_agree": "bench_rank_agree",
+    "auth": "bench_auth",
 }
 DEFAULT_RESULTS = HERE / "results"
 

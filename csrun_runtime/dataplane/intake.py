@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import framing, protocol
+from .auth import Gate
 from .bulk import BulkListener
 from .framing import FrameError
 from .workers import WorkerRecord, Workers
@@ -96,23 +97,27 @@ class BulkPosts:
 
 class Intake:
     """Received messages into bundles: zmq messages (:meth:`message`) and, with the bulk channel
-    (``posts``), its posts (:meth:`post`); bad ones recorded on the workers' records, data
-    acknowledged when asked (``ack``) or dropped."""
+    (``posts``), its posts (:meth:`post`); hellos and answers through ``gate`` (a sender is
+    recorded once it is let in), messages of a routing id not let in dropped unread, bad ones
+    recorded on the workers' records, data acknowledged when asked (``ack``) or dropped. A
+    header declaring more than ``max_bytes`` is a bad message."""
 
-    def __init__(self, workers: Workers, posts: BulkPosts | None):
-        self.workers, self.posts = workers, posts
+    def __init__(self, workers: Workers, posts: BulkPosts | None, gate: Gate, max_bytes: int | None = None):
+        self.workers, self.posts, self.gate, self.max_bytes = workers, posts, gate, max_bytes
         self._layouts: dict[bytes, framing.Layout] = {}
 
     def message(self, frames: list, ack: bool = True) -> Bundle | None:
         """One zmq message (``frames``: routing id, kind, ...): a bundle, or None (control, or dropped)."""
         identity = frames[0].bytes
         kind = frames[1].bytes if len(frames) > 1 else b""
-        if kind == protocol.HELLO:
-            self.workers.hello(identity, frames)
+        if kind in (protocol.HELLO, protocol.ANSWER):
+            hello = (self.gate.hello if kind == protocol.HELLO else self.gate.answer)(identity, frames)
+            if hello is not None:
+                self.workers.hello(identity, *hello)
             return None
         w = self.workers.of(identity)
-        if w is None:
-            self.workers.error(identity, f"message {kind[:8]!r} before its hello; asked to say hello again")
+        if w is None:  # dropped unread: its peer is refused; a sender the receiver forgot says hello again
+            self.gate.stranger(frames)
             self.workers.tell(identity, protocol.UNKNOWN)
             return None
         if w.identity != identity:  # an older attempt's message still in flight
@@ -147,7 +152,7 @@ class Intake:
         try:
             if len(frames) < 3:
                 raise FrameError("data message without a header (truncated?)")
-            layout = framing.parse_header_cached(self._layouts, frames[2].bytes)
+            layout = framing.parse_header_cached(self._layouts, frames[2].bytes, self.max_bytes)
             leaves = framing.decode_leaves(layout, [f.buffer for f in frames[3:]])
             nest = framing.unflatten(layout.tree, leaves)
         except FrameError as e:

@@ -2,18 +2,22 @@
 DEALER sockets connected to one ROUTER bound once, with credit-based flow control
 (docs/DATAPLANE.md). :mod:`.sender` and :mod:`.receiver` speak it.
 
-Messages (zmq multipart; the ROUTER sees the sender's routing id first, ``b"<index>.<attempt>"``):
+Messages (zmq multipart; the ROUTER sees the sender's routing id first,
+``b"<index>.<attempt>.<16 random hex digits>"``: not guessable, so no peer can take over a
+sender's connection):
 
 =========  ===================  ===========================================================
 from       frames               meaning
 =========  ===================  ===========================================================
-sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host"}``
+sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host", "nonce"}``
+receiver   ``C``, JSON          challenge: ``{"nonce", "proof"}``: its nonce and its proof over the hello
+sender     ``K``, JSON          answer: ``{"proof"}``: the sender's proof over the hello and that nonce
 sender     ``D``, header, bufs  data: one bundle (:mod:`.framing`)
 sender     ``E``, JSON          end of stream: ``{"bundles", "batches"}`` the sender sent
 receiver   ``W``, JSON          welcome: ``{"window": bytes, "window_batches": n | null, "paused": bool}``
 receiver   ``A``                one data message consumed (the sender may send more)
 receiver   ``P`` / ``R``        pause / resume this sender
-receiver   ``X``, reason        refused (an older attempt than the worker's current one)
+receiver   ``X``, reason        refused (an older attempt than the worker's current one, or a wrong proof)
 receiver   ``?``                unknown sender (the receiver restarted): say hello again
 receiver   ``F``                end of stream received
 receiver   ``S``                the receiver is closing
@@ -21,6 +25,12 @@ receiver   ``S``                the receiver is closing
 
 The hello and the welcome are JSON objects: a reader takes the keys it knows and ignores others,
 so either may carry more.
+
+Authentication (:mod:`.auth`): the receiver answers a hello with a challenge, and records and
+welcomes the worker only once the sender's answer proves it knows the job's secret; the sender
+checks the receiver's proof before it answers, and sends no data before the welcome. A message of
+a routing id that has not passed is dropped unread (``?`` tells a sender the receiver does not
+know it: it says hello again).
 
 Flow control: a sender keeps at most ``window`` bytes of data messages unacknowledged (one
 message more when it holds none, so a bundle larger than the window still goes) and sends
@@ -50,11 +60,15 @@ from typing import Any
 BUNDLE_BYTES = 1 << 20
 #: Default flow-control window per sender, bytes (4 bundles of :data:`BUNDLE_BYTES`).
 WINDOW_BYTES = 4 << 20
-PROTOCOL = 1
+PROTOCOL = 2
+#: Default site bound on one data message's bytes (:data:`csrun_common.env.DATAPLANE_MAX_MESSAGE`):
+#: a header declaring more is refused before anything is allocated.
+MAX_MESSAGE_BYTES = 1 << 30
 
 # message kinds (the first frame after the routing id)
-HELLO, DATA, END = b"H", b"D", b"E"
-WELCOME, ACK, PAUSE, RESUME, REFUSED, UNKNOWN, ENDED, CLOSING = b"W", b"A", b"P", b"R", b"X", b"?", b"F", b"S"
+HELLO, ANSWER, DATA, END = b"H", b"K", b"D", b"E"
+CHALLENGE, WELCOME, ACK, PAUSE, RESUME, REFUSED, UNKNOWN, ENDED, CLOSING = (
+    b"C", b"W", b"A", b"P", b"R", b"X", b"?", b"F", b"S")
 
 
 class EndOfStream(Exception):
@@ -64,6 +78,11 @@ class EndOfStream(Exception):
 
 class ReceiverGone(ConnectionError):
     """The receiver refused this sender (an older attempt than the one it reads now) or closed."""
+
+
+class NotAuthenticated(ReceiverGone):
+    """The endpoint did not prove it knows the job's secret: nothing was sent to it (its message
+    names the endpoint)."""
 
 
 def ms_left(deadline: float | None) -> int | None:
@@ -76,9 +95,11 @@ def deadline_in(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
-def hello(worker: int, attempt: int) -> dict[str, Any]:
-    """A sender's hello: protocol, worker index, attempt, this process' pid and host."""
-    return {"v": PROTOCOL, "worker": worker, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()}
+def hello(worker: int, attempt: int, nonce: bytes = b"") -> dict[str, Any]:
+    """A sender's hello: protocol, worker index, attempt, this process' pid and host, and its
+    nonce (hex; empty without authentication)."""
+    return {"v": PROTOCOL, "worker": worker, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname(),
+            "nonce": nonce.hex()}
 
 
 def parse_hello(raw: bytes) -> tuple[int, int, dict[str, Any]]:

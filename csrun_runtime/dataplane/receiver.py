@@ -3,18 +3,37 @@
 channel's listener (:mod:`.bulk`); the protocol is :mod:`.protocol`'s (docs/DATAPLANE.md)."""
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import Any
 
 import zmq
 
+from csrun_common.env import DATAPLANE_MAX_MESSAGE
+from csrun_common.jobsecret import job_secret
+
 from . import framing, protocol
+from .auth import Gate, Refusals
 from .bulk import BulkListener
 from .intake import BulkPosts, Bundle, Intake
-from .protocol import WINDOW_BYTES, EndOfStream, deadline_in, ms_left
+from .protocol import MAX_MESSAGE_BYTES, WINDOW_BYTES, EndOfStream, deadline_in, ms_left
 from .receive import auto_io_threads, keep_receive_memory
 from .workers import Workers, last_bundles
+
+
+def _router(ctx: zmq.Context, bind: str, max_bytes: int) -> zmq.Socket:
+    """The receiver's ROUTER bound at ``bind`` (``:0``: a free port): a sender's routing id
+    reconnecting takes over its pipe (its ids are not guessable), a send to a gone sender fails
+    instead of being dropped, and a frame over ``max_bytes`` cuts its peer before it is
+    allocated (zmq's MAXMSGSIZE)."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 100)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
+    return sock
 
 
 class Receiver:
@@ -39,6 +58,18 @@ class Receiver:
             the bind address' interface, a free port: the welcome offers it and senders send
             their data there, read on a thread per sender straight into buffers the consumer
             may lend (:meth:`lend`). Control stays on the ROUTER.
+        secret: the job's secret (default :func:`csrun_common.jobsecret.job_secret`: the
+            environment's ``CSRUN_JOB_SECRET``, else this process' own, which the processes it
+            starts inherit).
+        authenticate: False: let in every sender without the handshake's proofs (benchmarks
+            and tests only).
+        max_message_bytes: the most bytes one data message may declare (default: the site's
+            ``CSRUN_DATAPLANE_MAX_MESSAGE_BYTES``, else :data:`.protocol.MAX_MESSAGE_BYTES`);
+            zmq refuses a larger frame before allocating it, a larger header is a bad message.
+
+    A sender is recorded and welcomed only once it has proved it knows the secret, after the
+    receiver proved it (:mod:`.auth`): a peer that cannot is refused, counted (:meth:`refused`)
+    and logged once per address, and never displaces a worker nor reaches :meth:`get_bundle`.
 
     Received arrays are views on zmq's frames, each holding its frame (:class:`Bundle`). A
     truncated or corrupt message is dropped, recorded (:meth:`errors`, ``counts()[i]
@@ -50,29 +81,29 @@ class Receiver:
 
     def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
                  expected: int | None = None, strict: bool = False, io_threads: int | None = None,
-                 window_batches: int | None = None, keep_memory: bool = True, bulk: bool = False):
+                 window_batches: int | None = None, keep_memory: bool = True, bulk: bool = False,
+                 secret: bytes | None = None, authenticate: bool = True, max_message_bytes: int | None = None):
         if window_batches is not None and window_batches < 1:
             raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
+        self.max_message_bytes = max_message_bytes or DATAPLANE_MAX_MESSAGE.integer(
+            os.environ, MAX_MESSAGE_BYTES, minimum=1)
+        key = (secret if secret is not None else job_secret()) if authenticate else None
         self.window_bytes, self.expected = window_bytes, expected
         self.window_batches = window_batches
         self._taken: bytes | None = None  # window_batches: the bundle handed out last, acknowledged at the next call
         if keep_memory:
             keep_receive_memory()
         self._ctx = zmq.Context(io_threads or auto_io_threads())
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the same id reconnecting takes over
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone sender fails, not drops
-        self._sock.setsockopt(zmq.LINGER, 100)
-        if bind.endswith(":0"):
-            bind = bind[:-2] + ":*"
-        self._sock.bind(bind)
+        self._sock = _router(self._ctx, bind, self.max_message_bytes)
         #: The bound address (``tcp://host:port``; ``0.0.0.0`` when bound to every interface).
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._bulk: BulkListener | None = None
         self._poller: zmq.Poller | None = None
+        self._refusals = Refusals()
         if bulk:
             host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-            self._bulk = BulkListener("" if host in ("*", "0.0.0.0") else host)
+            self._bulk = BulkListener("" if host in ("*", "0.0.0.0") else host, key, self._refusals,
+                                      self.max_message_bytes, window_bytes)
             self._poller = zmq.Poller()
             self._poller.register(self._sock, zmq.POLLIN)
             self._poller.register(self._bulk.wakeup, zmq.POLLIN)
@@ -81,7 +112,8 @@ class Receiver:
             welcome["bulk_port"] = self._bulk.port
         self._workers = Workers(self._sock, welcome, strict)
         self._posts = BulkPosts(self._bulk, self._workers) if self._bulk is not None else None
-        self._intake = Intake(self._workers, self._posts)
+        self._intake = Intake(self._workers, self._posts, Gate(key, self._refusals, self._workers.tell),
+                              self.max_message_bytes)
         self._ready: deque[tuple[Bundle, bytes]] = deque()  # wait_workers' reads: acked when handed out
         self._current: Bundle | None = None
         self._next_batch = 0
@@ -214,6 +246,11 @@ class Receiver:
     def errors(self) -> list[str]:
         """The last (up to 100) bad messages dropped, each naming its sender and the fault."""
         return self._workers.errors()
+
+    def refused(self) -> dict[str, Any]:
+        """The peers refused (:meth:`.auth.Refusals.describe`: ``peers``, ``messages``,
+        ``reasons``, ``addresses``): on zmq and the bulk channel together."""
+        return self._refusals.describe()
 
     @property
     def bulk_port(self) -> int | None:

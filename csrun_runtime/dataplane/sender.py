@@ -3,16 +3,52 @@ chief's receiver under its credit window (:mod:`.protocol`, docs/DATAPLANE.md)."
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from typing import Any
 
 import numpy as np
 import zmq
 
-from . import framing, protocol
+from csrun_common.env import JOB_SECRET
+from csrun_common.jobsecret import job_secret
+
+from . import auth, framing, protocol
 from .bulk import BulkWriter
-from .protocol import BUNDLE_BYTES, Credits, ReceiverGone, deadline_in, ms_left
+from .protocol import BUNDLE_BYTES, Credits, NotAuthenticated, ReceiverGone, deadline_in, ms_left
 from .receive import keep_receive_memory
+
+
+class Stack:
+    """A sender's batches stacked into the next bundle (``bundle`` batches, or ``"auto"``: as
+    many as make ``bundle_bytes``), of one structure, dtype and shape (``key``), and the encoded
+    headers of the layouts it sent (at most 65 kept: a steady stream encodes nothing)."""
+
+    def __init__(self, bundle: int | str, bundle_bytes: int):
+        self.bundle, self.bundle_bytes = bundle, bundle_bytes
+        self.batches: list[list[np.ndarray]] = []
+        self.key: Any = None
+        self.tree: Any = None
+        self.n = 1
+        self._headers: dict[Any, bytes] = {}
+
+    def add(self, tree: Any, leaves: list[np.ndarray], key: Any) -> bool:
+        """Stack one batch (the first of a bundle sets its ``key``); returns whether the bundle is full."""
+        if not self.batches:
+            self.key, self.tree = key, tree
+            batch = sum(a.nbytes for a in leaves)
+            self.n = max(1, self.bundle_bytes // max(1, batch)) if self.bundle == "auto" else int(self.bundle)
+        self.batches.append(leaves)
+        return len(self.batches) >= self.n
+
+    def header(self, tree: Any, leaves: list[np.ndarray], n: int, key: Any) -> bytes:
+        """The header of a bundle of ``n`` batches of ``key``'s layout (:func:`.framing.encode_header`)."""
+        header = self._headers.get((key, n))
+        if header is None:
+            if len(self._headers) > 64:
+                self._headers.clear()
+            header = self._headers[(key, n)] = framing.encode_header(tree, leaves, n)
+        return header
 
 
 class Sender:
@@ -29,41 +65,45 @@ class Sender:
             (``bundle_bytes``), at least 1. Batches of another structure, dtype or shape than the
             pending ones (e.g. a final smaller batch) start a new bundle.
         bundle_bytes: the ``"auto"`` bundle's size, bytes.
-        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to this
-            process (bundles stacked into memory already mapped, not fresh pages).
+        keep_memory: apply :func:`~csrun_runtime.dataplane.receive.keep_receive_memory` to this process.
+        secret: the job's secret (default :func:`csrun_common.jobsecret.job_secret`).
+        authenticate: False: no handshake proofs (benchmarks and tests only: any receiver is trusted).
 
-    Not thread-safe: use one Sender from one thread. Arrays of a one-batch bundle are sent
-    without a copy: do not modify them after :meth:`send` (several batches are stacked into a
-    new array first). When the receiver's welcome offers its bulk channel (:class:`Receiver`
-    ``bulk``), data messages go on a TCP connection of their own (:mod:`.bulk`), written to the
-    kernel before :meth:`send` returns. Raises :class:`ValueError` for a negative index or attempt.
+    The receiver must prove it knows the secret before this sender answers, and no data goes
+    before the welcome: an endpoint that cannot (a foreign listener) gets only the hello, and
+    :meth:`send` raises :class:`NotAuthenticated` naming it. Not thread-safe: one Sender, one
+    thread. Arrays of a one-batch bundle are sent without a copy: do not modify them after
+    :meth:`send`. With the receiver's bulk channel (:class:`Receiver` ``bulk``) data messages go
+    on a TCP connection of their own (:mod:`.bulk`), written to the kernel before :meth:`send`
+    returns. Raises :class:`ValueError` for a negative index or attempt.
     """
 
     def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
-                 bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True):
+                 bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True, secret: bytes | None = None,
+                 authenticate: bool = True):
         if worker_index < 0 or attempt < 0:
             raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
         if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
             raise ValueError(f"bundle {bundle!r}: 'auto' or an integer >= 1")
         self.endpoint, self.worker_index, self.attempt = endpoint, worker_index, attempt
         self.bundle, self.bundle_bytes = bundle, bundle_bytes
+        self._shake = auth.Handshake((secret if secret is not None else job_secret()) if authenticate else None)
         if keep_memory:
             keep_receive_memory()
         self._ctx = zmq.Context(1)
         self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.ROUTING_ID, f"{worker_index}.{attempt}".encode())
+        # not guessable: no other peer can take this connection over (the receiver's ROUTER_HANDOVER)
+        self._identity = f"{worker_index}.{attempt}.{secrets.token_hex(8)}".encode()
+        self._sock.setsockopt(zmq.ROUTING_ID, self._identity)
         # no linger: close() waits for the receiver's confirmation itself, and a context torn
         # down with zero-copy frames still queued and a linger can hang (pyzmq 27, measured)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
         self._credits = Credits()
         self._refused: str | None = None
+        self._untrusted = False  # the endpoint failed to prove it knows the secret
         self._ended = False
-        self._pending: list[list[np.ndarray]] = []
-        self._pending_key: Any = None
-        self._pending_tree: Any = None
-        self._pending_n = 1
-        self._headers: dict[Any, bytes] = {}
+        self._stack = Stack(bundle, bundle_bytes)
         self._bulk: BulkWriter | None = None  # the bulk channel's connection, when the welcome offers one
         self.bundles_sent = self.batches_sent = self.bytes_sent = 0
         self._hello()
@@ -72,17 +112,30 @@ class Sender:
     def _hello(self) -> None:
         self._close_bulk()
         self._credits.reset()
-        self._sock.send_multipart([protocol.HELLO, protocol.encode(protocol.hello(self.worker_index, self.attempt))])
+        self._sock.send_multipart([protocol.HELLO, self._shake.hello(self.worker_index, self.attempt)])
+
+    def _distrust(self, why: str) -> None:
+        """The endpoint failed to prove it knows the secret: nothing more goes to it."""
+        self._untrusted = True
+        self._refused = f"{why}; it does not know this job's secret ({JOB_SECRET.name}): nothing was sent to it"
 
     def _control(self, frames: list[bytes]) -> None:
         kind = frames[0]
+        if self._untrusted:
+            return
+        try:
+            if kind == protocol.CHALLENGE:
+                self._sock.send_multipart([protocol.ANSWER, self._shake.answer(frames)])
+            elif kind == protocol.WELCOME:
+                self._shake.welcomed()
+                info = json.loads(frames[1])
+                self._credits.welcome(info)
+                if info.get("bulk_port"):
+                    self._open_bulk(int(info["bulk_port"]))
+        except NotAuthenticated as e:
+            return self._distrust(str(e))
         if kind == protocol.ACK:
             self._credits.ack()
-        elif kind == protocol.WELCOME:
-            info = json.loads(frames[1])
-            self._credits.welcome(info)
-            if info.get("bulk_port"):
-                self._open_bulk(int(info["bulk_port"]))
         elif kind in (protocol.PAUSE, protocol.RESUME):
             self._credits.paused = kind == protocol.PAUSE
         elif kind == protocol.UNKNOWN:
@@ -104,8 +157,8 @@ class Sender:
 
     def _check(self) -> None:
         if self._refused is not None:
-            raise ReceiverGone(f"input worker {self.worker_index} (attempt {self.attempt}) at {self.endpoint}: "
-                               f"{self._refused}")
+            raise (NotAuthenticated if self._untrusted else ReceiverGone)(
+                f"input worker {self.worker_index} (attempt {self.attempt}) at {self.endpoint}: {self._refused}")
 
     def _wait_credit(self, deadline: float | None, n: int = 1) -> None:
         self._drain(0)
@@ -117,21 +170,22 @@ class Sender:
         self._check()
 
     def _open_bulk(self, port: int) -> None:
-        """Connect to the receiver's bulk channel (its welcome's ``bulk_port``) on the
-        endpoint's host; a failure refuses further sends (:class:`ReceiverGone`)."""
+        """Connect to the bulk channel at the welcome's ``bulk_port``; a failure refuses further sends."""
         if self._bulk is not None and self._bulk.port == port:
             return
         self._close_bulk()
         host = self.endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
         try:
-            self._bulk = BulkWriter(host, port, f"{self.worker_index}.{self.attempt}".encode())
+            self._bulk = BulkWriter(host, port, self._identity, secret=self._shake.secret)
+        except NotAuthenticated as e:
+            self._distrust(str(e))
         except OSError as e:
             self._refused = f"cannot connect to the receiver's bulk channel at {host}:{port}: {e}"
 
     def _close_bulk(self) -> None:
         if self._bulk is not None:
             self._bulk.close()
-            self._bulk = None
+        self._bulk = None
 
     # ----------------------------------------------------------------- data
     def send(self, nest: Any, timeout: float | None = None) -> None:
@@ -146,26 +200,17 @@ class Sender:
         """
         tree, leaves = framing.flatten(nest)
         key = (json.dumps(tree), tuple((a.dtype.str, a.shape) for a in leaves))
-        if self._pending and key != self._pending_key:
+        if self._stack.batches and key != self._stack.key:
             self.flush(timeout)
-        if not self._pending:
-            self._pending_key, self._pending_tree = key, tree
-            if self.bundle == "auto":
-                batch = sum(a.nbytes for a in leaves)
-                self._pending_n = max(1, self.bundle_bytes // max(1, batch))
-            else:
-                self._pending_n = int(self.bundle)
-        self._pending.append(leaves)
-        if len(self._pending) >= self._pending_n:
+        if self._stack.add(tree, leaves, key):
             self.flush(timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send the pending batches now as one bundle (no-op when none). Errors as :meth:`send`."""
-        if not self._pending:
-            return
-        batches = self._pending
-        self._send_leaves(self._pending_tree, framing.stack(batches), len(batches), self._pending_key, timeout)
-        self._pending = []  # (kept when the send timed out: the next send or flush retries)
+        st = self._stack
+        if st.batches:
+            self._send_leaves(st.tree, framing.stack(st.batches), len(st.batches), st.key, timeout)
+            st.batches = []  # (kept when the send timed out: the next send or flush retries)
 
     def send_bundle(self, nest: Any, n: int, timeout: float | None = None) -> None:
         """Send ``n`` batches already stacked (every leaf of ``nest`` has leading axis ``n``,
@@ -180,12 +225,7 @@ class Sender:
         self._send_leaves(tree, leaves, n, key, timeout)
 
     def _send_leaves(self, tree: Any, leaves: list[np.ndarray], n: int, key: Any, timeout: float | None) -> None:
-        hkey = (key, n)
-        header = self._headers.get(hkey)
-        if header is None:
-            if len(self._headers) > 64:
-                self._headers.clear()
-            header = self._headers[hkey] = framing.encode_header(tree, leaves, n)
+        header = self._stack.header(tree, leaves, n, key)
         nbytes = sum(a.nbytes for a in leaves)
         self._wait_credit(deadline_in(timeout), max(1, n))
         if self._bulk is not None:
@@ -213,10 +253,7 @@ class Sender:
         taken but not sent yet: welcomed, and, under a batch window, the batches sent and not
         taken by the chief plus ``pending`` fewer than ``window_batches``. Handles the control
         messages arriving within ``timeout`` seconds and returns as soon as there is room.
-
-        Raises:
-            ReceiverGone: the receiver refused this attempt or closed.
-        """
+        Raises :class:`ReceiverGone` when the receiver refused this attempt or closed."""
         deadline = time.monotonic() + timeout
         while True:
             self._drain(0)
@@ -228,9 +265,8 @@ class Sender:
             self._drain(ms_left(deadline))
 
     def paused(self, timeout: float = 0.0) -> bool:
-        """Whether the receiver has paused this sender, after handling the control messages that
-        arrive within ``timeout`` seconds (it returns as soon as a pause is seen). A pause is
-        asynchronous: a send that began before its message arrived goes out."""
+        """Whether the receiver has paused this sender, after handling the control messages of the
+        next ``timeout`` s (returns at a pause; a send begun before its message arrived goes out)."""
         deadline = time.monotonic() + timeout
         self._drain(0)
         while not self._credits.paused and time.monotonic() < deadline:
@@ -243,7 +279,9 @@ class Sender:
         receiver is gone or slow; what it had not read is lost)."""
         deadline = time.monotonic() + timeout
         try:
-            if self._refused is None:
+            while self._credits.window is None and self._refused is None and time.monotonic() < deadline:
+                self._drain(ms_left(deadline))  # the end goes after the handshake, as data does
+            if self._refused is None and self._credits.window is not None:
                 self.flush(timeout)
                 self._sock.send_multipart([protocol.END, protocol.encode(
                     {"bundles": self.bundles_sent, "batches": self.batches_sent})])

@@ -123,14 +123,10 @@ class Workers:
         if self.strict:
             raise FrameError(msg, w[0] if w else None)
 
-    def hello(self, identity: bytes, frames: list) -> None:
-        """A hello from ``identity``: a newer or the same attempt of its index replaces the
-        record (counts go on) and is welcomed; an older one is refused (``X``)."""
-        try:
-            index, attempt, h = protocol.parse_hello(frames[2].bytes)
-        except (IndexError, ValueError, KeyError, TypeError) as e:
-            self.error(identity, f"bad hello: {e}")
-            return
+    def hello(self, identity: bytes, index: int, attempt: int, h: dict[str, Any]) -> None:
+        """Worker ``index`` at ``attempt`` said hello as ``identity`` (``h``: its hello) and was
+        let in: a newer or the same attempt of its index replaces the record (counts go on) and
+        is welcomed; an older one is refused (``X``)."""
         cur = self.by_index.get(index)
         if cur is not None and attempt < cur.attempt:
             self.tell(identity, protocol.REFUSED, f"worker {index} is read at attempt {cur.attempt} now".encode())

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from csrun_common.atomic import write_json
 from csrun_common.autoscale import AutoscaleSpec
 from csrun_common.autoscale import parse_env as parse_autoscale
 from csrun_common.roles import Role
@@ -109,7 +108,7 @@ class RemoteSource(StreamMerge):
         ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
         receiver, endpoint = start_receiver(role.host, window_batches=ahead or None,
                                             bulk=bool(rc.get("dataplane_bulk", False)))
-        write_json(rdv.dir / DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
+        rdv.write(DATAPLANE_FILE, {"endpoint": endpoint, "num_workers": w, "created": time.time()})
         log.info("data plane: receiving from %d input worker(s) at %s%s", w, endpoint,
                  "" if receiver.bulk_port is None
                  else f", bulk channel on port {receiver.bulk_port} (runconfig.dataplane_bulk)")

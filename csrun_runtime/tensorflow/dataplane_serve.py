@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from ..bundles import map_nest
@@ -68,7 +67,7 @@ class Pump(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        from ..dataplane import ReceiverGone, Sender
+        from ..dataplane import NotAuthenticated, ReceiverGone, Sender
 
         sender = Sender(self.endpoint, self.index, self.attempt, bundle=1)
         try:
@@ -85,6 +84,8 @@ class Pump(threading.Thread):
                     return
                 self.counter[0] += 1
             self.ended = True
+        except NotAuthenticated as e:  # a foreign listener: one line, and nothing sent there
+            log.error("%s", e)
         except ReceiverGone as e:
             log.info("the chief's receiver stopped reading this worker: %s", e)
         except Exception as e:  # noqa: BLE001 - any error of the user's pipeline is reported
@@ -145,9 +146,9 @@ def serve(worker: ServedWorker, endpoint: str) -> int:
     served = bundle_dataset(limit_threads(ds, worker.role.cpus_per_task), worker.bundling.bundle).prefetch(PREFETCH)
 
     def record(error: str) -> None:
-        write_json(worker.rdv.workers_dir / STREAM_ERROR.format(index=worker.index),
-                   {"error": error, "attempt": worker.attempt, "node": worker.role.node, "pid": os.getpid(),
-                    "time": time.time()})
+        worker.rdv.write("workers/" + STREAM_ERROR.format(index=worker.index),
+                         {"error": error, "attempt": worker.attempt, "node": worker.role.node, "pid": os.getpid(),
+                          "time": time.time()})
 
     pump = Pump(served, worker.bundling.bundle, endpoint, worker.index, worker.attempt, worker.counter, record)
     pump.start()
