@@ -137,7 +137,7 @@ class Handshake:
     def welcomed(self) -> None:
         """A welcome came: raises :class:`~.protocol.NotAuthenticated` unless the receiver proved itself."""
         if self.secret is not None and not self.proved:
-            raise protocol.NotAuthenticated("the receiver welcomed this sender without proving it knows the secret")
+            raise protocol.NotAuthenticated("the receiver welcomed this sender without a proof")
 
 
 def peer_address(frame: Any) -> str:

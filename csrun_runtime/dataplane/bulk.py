@@ -132,11 +132,10 @@ class BulkWriter:
         try:
             reply = _recv_exact(self.sock, auth.NONCE_BYTES + auth.PROOF_BYTES, "the listener's proof")
         except _Cut as e:
-            raise NotAuthenticated(f"the bulk channel at port {self.port} closed before proving it knows this "
-                                   f"job's secret ({e})") from None
+            raise NotAuthenticated(f"the bulk channel at port {self.port} closed before its proof ({e})") from None
         theirs, given = reply[:auth.NONCE_BYTES], reply[auth.NONCE_BYTES:]
         if not auth.valid(secret, given, auth.BULK_RECEIVER, identity, ours, theirs):
-            raise NotAuthenticated(f"the bulk channel at port {self.port} did not prove it knows this job's secret")
+            raise NotAuthenticated(f"the bulk channel at port {self.port} gave a wrong proof")
         self.sock.sendall(auth.proof(secret, auth.BULK_SENDER, identity, ours, theirs))
 
     def send(self, header: bytes, leaves: Sequence[np.ndarray]) -> None:

@@ -117,7 +117,7 @@ class Sender:
     def _distrust(self, why: str) -> None:
         """The endpoint failed to prove it knows the secret: nothing more goes to it."""
         self._untrusted = True
-        self._refused = f"{why}; it does not know this job's secret ({JOB_SECRET.name}): nothing was sent to it"
+        self._refused = f"{why}: it does not know this job's secret ({JOB_SECRET.name}); nothing was sent to it"
 
     def _control(self, frames: list[bytes]) -> None:
         kind = frames[0]

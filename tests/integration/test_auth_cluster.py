@@ -135,7 +135,8 @@ def _check(md: Path, tmp: Path, attack: dict, watch: Watch, rss_before: float, o
     refused = perf["dataplane_refused"]
     reasons = refused["reasons"]
     assert refused["peers"] >= 4 and refused["messages"] >= 70, refused
-    assert reasons.get("a wrong proof", 0) >= 2 and reasons.get("a message before its handshake") == 1, refused
+    # (random bytes on the zmq port may read as a ZMTP 1.0 peer's messages: refused the same way)
+    assert reasons.get("a wrong proof", 0) >= 2 and reasons.get("a message before its handshake", 0) >= 1, refused
     assert perf["workers_replaced"] == [] and perf["workers_lost"] == []  # worker 0 was never displaced
     if "dataplane" in perf:  # TensorFlow's record: worker 0 read at attempt 0 throughout
         assert perf["dataplane"]["0"]["attempt"] == 0 and perf["dataplane"]["0"]["errors"] == 0
@@ -143,6 +144,7 @@ def _check(md: Path, tmp: Path, attack: dict, watch: Watch, rss_before: float, o
     assert len(lines) >= MAX_STEPS and all(ln.split()[0] == "0" for ln in lines), "the model trained a marker"
     assert max(watch.rss) - rss_before < RSS_BOUND_MB, (rss_before, max(watch.rss))
     assert "refused a peer at" in output
+    print(f"refused: {refused}; the chief's RSS {rss_before:.0f} MB before, at most {max(watch.rss):.0f} MB after")
     secret = watch.secret
     assert not watch.seen, watch.seen
     leaks = [str(p) for p in tmp.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]

@@ -174,7 +174,7 @@ def test_a_sender_refuses_a_foreign_listener_and_sends_it_nothing(listener):
     ctx.term()
     msg = str(ei.value)
     assert msg.startswith(f"input worker 0 (attempt 0) at {endpoint}: ") and "\n" not in msg
-    assert "does not know this job's secret (CSRUN_JOB_SECRET): nothing was sent to it" in msg
+    assert "it does not know this job's secret (CSRUN_JOB_SECRET); nothing was sent to it" in msg
     assert got == [b"H"]
 
 
@@ -283,7 +283,7 @@ def test_without_authentication_both_ends_speak_the_plain_protocol():
     with Receiver("tcp://127.0.0.1:0", authenticate=False) as rx:  # an authenticating sender refuses it
         reader = Reader(rx)
         s = Sender(rx.endpoint, 1, bundle=1, secret=SECRET)
-        with pytest.raises(NotAuthenticated, match="welcomed this sender without proving"):
+        with pytest.raises(NotAuthenticated, match="welcomed this sender without a proof"):
             s.send(np.ones(4, np.float32), timeout=10)
         s.close(timeout=0.5)
         reader.join()
