@@ -13,12 +13,16 @@ and pyzmq, no TensorFlow):
    handshake and, with the bulk channel, the bulk connection's), senders one after another in
    this process while a thread reads the receiver, with and without authentication (target:
    <= 10 ms per sender).
-3. **Why not CURVE** (``curve``): a bare zmq DEALER into a ROUTER in this process, messages of
+3. **Per message** (``per_message``): microseconds the receiver's intake spends on one data
+   message already received (a bundle of each size, from a sender that passed its handshake),
+   in this process, with and without authentication, alternating: the steady stream's only path
+   (:meth:`Intake.message`), without the scheduling noise of the ingest rows.
+4. **Why not CURVE** (``curve``): a bare zmq DEALER into a ROUTER in this process, messages of
    16 KiB, 256 KiB and 4 MiB, plain and under ZeroMQ's CURVE mechanism (every frame encrypted
    and authenticated): MB/s and the ratio.
 
-Run: ``python bench/bench_auth.py [--quick] [--out bench/results/auth.json]`` (~4 minutes on the
-2-core host; quick: k = 1, 256 KiB, one repetition).
+Run: ``python bench/bench_auth.py [--quick] [--repeats N] [--out bench/results/auth.json]`` (~5
+minutes on the 2-core host; quick: k = 1, 256 KiB, one repetition).
 """
 from __future__ import annotations
 
@@ -110,6 +114,41 @@ def setup(n: int) -> dict[str, Any]:
     return out
 
 
+def per_message(sizes: list[str], repeats: int, seconds: float) -> dict[str, Any]:
+    """Part 3: per size, µs per data message through the receiver's intake, authenticated and open."""
+    import numpy as np
+    import zmq
+
+    from csrun_runtime.dataplane import Receiver, Sender, framing
+
+    out: dict[str, Any] = {}
+    for size in sizes:
+        nbytes = ingest_lib.SIZES[size]
+        n = max(1, (1 << 20) // nbytes)
+        leaves = [np.zeros((n, nbytes // 4), np.float32)]
+        got: dict[str, list[float]] = {"authenticated": [], "open": []}
+        for _ in range(repeats):
+            for name in got:
+                rx = Receiver("tcp://127.0.0.1:0", authenticate=name == "authenticated")
+                s = Sender(rx.endpoint, 0, authenticate=name == "authenticated")
+                t = threading.Thread(target=s.room, kwargs={"timeout": 10}, daemon=True)
+                t.start()
+                rx.wait_workers(1, 10)
+                t.join(10)
+                frames = [zmq.Frame(s._identity), zmq.Frame(b"D"),
+                          zmq.Frame(framing.encode_header(0, leaves, n)), *[zmq.Frame(a.tobytes()) for a in leaves]]
+                calls, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    rx._intake.message(frames, ack=False)
+                    calls += 1
+                got[name].append((time.perf_counter() - t0) / calls * 1e6)
+                s.close(timeout=0.5)
+                rx.close()
+        out[size] = {"us_per_message": {k: common.spread(v, 2) for k, v in got.items()},
+                     "authenticated / open": common.compare(got["authenticated"], got["open"])}
+    return out
+
+
 def _curve_rate(curve: bool, nbytes: int, seconds: float) -> float:
     """MB/s of one DEALER sending ``nbytes`` messages to a ROUTER in this process (a thread each)."""
     import zmq
@@ -160,32 +199,40 @@ def curve(sizes: list[str], repeats: int, seconds: float) -> dict[str, Any]:
     return out
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Every part (module docstring); quick: k = 1, 256 KiB, one repetition, 5 senders."""
-    ks, sizes, repeats = ([1], ["256 KiB"], 1) if quick else ([1, 2], list(ingest_lib.SIZES), 3)
+def run(quick: bool = False, repeats: int = 4) -> dict[str, Any]:
+    """Every part (module docstring); ``repeats`` of the ingest, 4 by default (each of the four
+    variants once in each position of the rotating order); quick: k = 1, 256 KiB, one
+    repetition, 5 senders."""
+    ks, sizes = ([1], ["256 KiB"]) if quick else ([1, 2], list(ingest_lib.SIZES))
+    repeats = 1 if quick else repeats
     res: dict[str, Any] = {
         "what": "the data plane's authentication: ingest MB/s (10^6 bytes/s) authenticated vs open, "
                 "connection setup ms per sender, and zmq's CURVE beside plain zmq",
         "repeats": repeats, "warmup_s": 0.3, "window_s": 1.0, "order": "rotating per repetition",
         "ingest": ingest(ks, sizes, repeats, 0.3, 1.0),
         "setup": setup(5 if quick else 20),
+        "per_message": per_message(sizes, 1 if quick else 5, 0.3 if quick else 1.0),
         "curve": curve(sizes, repeats, 1.0),
     }
     ratios = {f"{k}, {size}, {ch}": cell[f"{ch}: authenticated / open"]["median_ratio"]
               for k, by_size in res["ingest"].items() for size, cell in by_size.items()
               for ch in ("zmq", "bulk channel")}
     setup_ms = {v: rec["median"] for v, rec in res["setup"].items() if "authenticated" in v}
+    per_msg = {size: rec["authenticated / open"]["median_ratio"] for size, rec in res["per_message"].items()}
     res["targets"] = {
         "ingest_authenticated_vs_open_ge_0.98": {"ratios": ratios, "met": all(r >= 0.98 for r in ratios.values()),
                                                  "worst": min(ratios.values())},
         "setup_le_10ms_per_sender": {"median_ms": setup_ms, "met": all(m <= 10 for m in setup_ms.values())},
+        "per_message_authenticated_vs_open_le_1.02": {"ratios": per_msg,
+                                                      "met": all(r <= 1.02 for r in per_msg.values())},
     }
     res["meta"] = common.metadata(quick)
     return res
 
 
 if __name__ == "__main__":
-    result = run(quick="--quick" in sys.argv)
+    result = run(quick="--quick" in sys.argv,
+                 repeats=int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 4)
     if "--out" in sys.argv:
         common.write_json(Path(sys.argv[sys.argv.index("--out") + 1]), result)
     print(json.dumps({k: result[k] for k in ("targets", "setup")}, indent=1))

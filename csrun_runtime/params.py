@@ -220,9 +220,11 @@ RUNCONFIG_KEYS: dict[str, _Key] = {
                            "their own, read straight into the chief's buffers (pinned ones on a CUDA "
                            "PyTorch chief: one host copy instead of two), control staying on zmq "
                            "(docs/DATAPLANE.md \"The bulk channel\")"),
-    "transport": _Key(_transport, "service",
-                      "how input workers' batches reach the chief: service (tf.data service) or "
-                      "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
+    "transport": _Key(_transport, "dataplane",
+                      "how input workers' batches reach the chief: dataplane (csrun's zmq data plane, "
+                      "every connection authenticated with the job's secret; docs/DATAPLANE.md \"The "
+                      "TensorFlow path\") or service (tf.data service: no authentication of its own, "
+                      "docs/SECURITY.md)"),
 }
 
 #: Model Zoo / TF Estimator runconfig keys that are accepted but not implemented (warned about).
