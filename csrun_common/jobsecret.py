@@ -26,8 +26,7 @@ def new_secret() -> str:
 
 
 def with_new_secret(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with a fresh :data:`~csrun_common.env.JOB_SECRET` (an inherited one replaced: two
-    launches never share one)."""
+    """``env`` with a fresh :data:`~csrun_common.env.JOB_SECRET` (an inherited one replaced)."""
     return {**env, JOB_SECRET.name: new_secret()}
 
 

@@ -248,8 +248,7 @@ class Receiver:
         return self._workers.errors()
 
     def refused(self) -> dict[str, Any]:
-        """The peers refused (:meth:`.auth.Refusals.describe`: ``peers``, ``messages``,
-        ``reasons``, ``addresses``): on zmq and the bulk channel together."""
+        """The peers refused on zmq and the bulk channel (:meth:`.auth.Refusals.describe`)."""
         return self._refusals.describe()
 
     @property
