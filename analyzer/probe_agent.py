@@ -26,6 +26,7 @@ from types import FrameType
 
 from csrun_common import exits
 from csrun_common.env import PROBE_INDEX, PROBE_PARENT
+from csrun_common.jobsecret import with_new_secret
 
 __all__ = ["agent"]
 
@@ -55,8 +56,9 @@ def agent(spec_path: str, workers: int) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    shared = with_new_secret(os.environ)  # one session's processes: a chief apart and its senders share it
     for i in range(workers):
-        env = {**os.environ, PROBE_INDEX: str(i), PROBE_PARENT: str(os.getpid())}
+        env = {**shared, PROBE_INDEX: str(i), PROBE_PARENT: str(os.getpid())}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with open(logs / f"worker_{i}.log", "ab") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "analyzer.probe_worker", spec_path],

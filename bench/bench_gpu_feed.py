@@ -160,7 +160,7 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
     """``step()`` (returns bytes delivered) for the warm-up, then the window; GB/s, the chief's
     cores (this process) and the others' (``pids``), the chief's minor page faults per MB."""
     import psutil
-    from bench_ingest import _cpu as cpu  # summed user+system CPU seconds of pids
+    from ingest_lib import cpu  # summed user+system CPU seconds of pids
 
     t_end = time.perf_counter() + plan["warmup_s"]
     while time.perf_counter() < t_end:
@@ -188,7 +188,7 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
     named ``bulk channel, ...``: receive only, and the device feed, which on CUDA lends the
     receiver its pinned pool (one host copy, by the kernel), beside the same feed not lending (the
     ring's copy); no to_torch row."""
-    from bench_ingest import reap
+    from ingest_lib import reap
 
     from csrun_runtime.pytorch.contract import to_torch
     from csrun_runtime.pytorch.devicefeed import DeviceFeed
@@ -276,7 +276,7 @@ def one_copy_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pat
     import threading
 
     import torch
-    from bench_ingest import reap
+    from ingest_lib import reap
 
     cuda = dev.type == "cuda"
     nbytes = sum(t.nbytes for t in make_batch(kind, quick))
@@ -430,7 +430,7 @@ def step_rows(dev: Any, k: int, work: Path, depth: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     import torchvision
-    from bench_ingest import reap
+    from ingest_lib import reap
 
     from csrun_runtime.pytorch.devicefeed import DeviceFeed
     from csrun_runtime.pytorch.training import OneBatch, TorchStepBackend
@@ -540,9 +540,9 @@ def main(argv: list[str] | None = None) -> int:
 
         keep_receive_memory(top_pad=0)  # first in this process: the receivers' later calls keep it
     if a.io_threads:
-        from csrun_runtime.dataplane import transport
+        from csrun_runtime.dataplane import receiver
 
-        transport.auto_io_threads = lambda: a.io_threads
+        receiver.auto_io_threads = lambda: a.io_threads
     res = run(a.quick, a.ks, a.depth, kinds=a.kinds.split(","), step=not a.no_step, split=a.split_cores)
     res["meta"]["io_threads"] = a.io_threads or "auto"
     res["meta"]["top_pad"] = not a.no_top_pad

@@ -2,11 +2,11 @@
 more (issue 23; ``bench/results/ingest_dataplane.json`` measured 0.44-0.69 of raw TCP there).
 
 ``k`` light sender processes (numpy + pyzmq, no TensorFlow) send the ceiling's batch
-(:data:`bench_ingest.ROWS` rows, float32 features and int32 labels, 256 KiB or 4 MiB) to this
+(:data:`ingest_lib.ROWS` rows, float32 features and int32 labels, 256 KiB or 4 MiB) to this
 process on loopback, as fast as each path lets them. Side by side, in rotating order within each
 repetition, each variant peeling one layer off csrun's data plane:
 
-* ``raw TCP``: :func:`bench_ingest.measure_raw` (``k`` receiver threads ``recv_into`` one
+* ``raw TCP``: :func:`ingest_lib.measure_raw` (``k`` receiver threads ``recv_into`` one
   reused buffer; the sender ``sendall`` s one payload): the host's transport limit;
 * ``zmq bare``: the data plane's socket pattern and messages without csrun: each sender a zmq
   DEALER sending the data plane's bundle message (``[b"D", header, x, y]``, the bundle stacked
@@ -44,7 +44,7 @@ k = 1, 2, 4, 8 senders × 16 KiB / 256 KiB / 4 MiB (``--study``: every variant, 
 study; ``--ks 1,2,4`` narrows k).
 
 and, in this process alone, ``framing only``: MB/s of the receiver's per-message Python
-(``Receiver._data``: cached header, ``np.frombuffer`` per leaf, the nest) on frames already
+(the receiver's ``Intake.data``: cached header, ``np.frombuffer`` per leaf, the nest) on frames already
 received, the bound the framing sets by itself.
 
 Statistics: medians over the repetitions of MB/s (10^6 bytes/s) and CPU-s per MB (the chief's,
@@ -65,8 +65,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import bench_ingest as bi  # bench/ is on sys.path: these modules run as scripts from it
-import common
+import common  # bench/ is on sys.path: these modules run as scripts from it
+import ingest_lib as bi
+import ingest_roles
 
 #: The variants measured through senders, in the order of the first repetition.
 VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "data plane, bundle 1",
@@ -94,7 +95,7 @@ HWM = 4  # zmq bare: messages buffered per pipe at each end (the data plane's 4 
 
 
 def _batch(nbytes: int, seed: int = 0) -> tuple[Any, Any]:
-    """The ceiling's batch as numpy arrays (as :func:`bench_ingest.child_dp_sender` builds it)."""
+    """The ceiling's batch as numpy arrays (as :func:`ingest_roles.child_dp_sender` builds it)."""
     import numpy as np
 
     cols = max(1, (nbytes - 4 * bi.ROWS) // (4 * bi.ROWS))
@@ -113,16 +114,16 @@ def _bundle(nbytes: int, seed: int = 0) -> tuple[tuple[Any, Any], int]:
 
 
 def child_sender(spec: dict) -> None:
-    """One sender of ``spec["mode"]``: ``raw`` (:func:`bench_ingest.child_sender`), ``dp``
-    (:func:`bench_ingest.child_dp_sender`; ``dp1``: with ``bundle=1``), ``dp-bundle`` (``send_bundle`` of a pre-stacked
+    """One sender of ``spec["mode"]``: ``raw`` (:func:`ingest_roles.child_sender`), ``dp``
+    (:func:`ingest_roles.child_dp_sender`; ``dp1``: with ``bundle=1``), ``dp-bundle`` (``send_bundle`` of a pre-stacked
     bundle) or ``zmq`` (a bare DEALER sending the data plane's message) until the chief goes."""
     mode = spec["mode"]
     if mode == "raw":
-        return bi.child_sender(spec)
+        return ingest_roles.child_sender(spec)
     if mode == "dp":
-        return bi.child_dp_sender(spec)
+        return ingest_roles.child_dp_sender(spec)
     if mode == "dp1":
-        return bi.child_dp_sender({**spec, "bundle": 1})
+        return ingest_roles.child_dp_sender({**spec, "bundle": 1})
     import zmq
 
     from csrun_runtime.dataplane import ReceiverGone, Sender, framing
@@ -170,7 +171,7 @@ def _measure_zmq(k: int, nbytes: int, warmup_s: float, window_s: float, start: A
         def step() -> int:
             sock.recv_multipart(copy=False)
             return n
-        return bi._window(step, warmup_s, window_s, [p.pid for p in senders])
+        return bi.window(step, warmup_s, window_s, [p.pid for p in senders])
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -178,7 +179,7 @@ def _measure_zmq(k: int, nbytes: int, warmup_s: float, window_s: float, start: A
 
 
 def _measure_copied_out(k: int, nbytes: int, warmup_s: float, window_s: float, start: Any) -> dict[str, float]:
-    """As :func:`bench_ingest.measure_dataplane`, but each bundle's leaves are copied into
+    """As :func:`ingest_lib.measure_dataplane`, but each bundle's leaves are copied into
     buffers allocated once (as the PyTorch device feed copies into its pinned ring), so the
     received frames live through a copy and several are alive at once, as in the chief."""
     import numpy as np
@@ -207,12 +208,13 @@ def _measure_lent(k: int, nbytes: int, warmup_s: float, window_s: float, start: 
 
 
 def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
-    """MB/s of :meth:`Receiver._data` alone on one bundle's frames (already received), in
-    this process: the receive path's Python per message, without zmq or the network."""
+    """MB/s of the receiver's intake of one data message (``Intake.data``) alone on one bundle's
+    frames (already received), in this process: the receive path's Python per message, without
+    zmq or the network."""
     import zmq
 
     from csrun_runtime.dataplane import Receiver, framing
-    from csrun_runtime.dataplane.transport import _Worker
+    from csrun_runtime.dataplane.workers import WorkerRecord
 
     nest, n = _bundle(nbytes)
     tree, leaves = framing.flatten(nest)
@@ -220,10 +222,10 @@ def framing_only(nbytes: int, seconds: float = 1.0) -> dict[str, float]:
               *(zmq.Frame(a.tobytes()) for a in leaves)]
     rx = Receiver("tcp://127.0.0.1:0")
     try:
-        w = _Worker(0, 0, b"0.0")
+        w = WorkerRecord(0, 0, b"0.0")
         calls, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            rx._data(w, frames)
+            rx._intake.data(w, frames)
             calls += 1
         dt = time.perf_counter() - t0
     finally:

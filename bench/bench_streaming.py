@@ -50,6 +50,7 @@ import common  # bench/ is on sys.path: these modules run as scripts from it
 from analyzer.probe_worker import samples_in
 from csrun_common import atomic
 from csrun_common.env import ADVERTISE_HOST, TaskEnv
+from csrun_common.jobsecret import job_secret
 from csrun_common.roles import resolve_role
 from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
@@ -208,6 +209,7 @@ class _Procs:
         spec_path = self.workdir / f"{name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         log = open(self.workdir / f"{name}.log", "ab")
+        job_secret()  # this harness' own secret, in os.environ: the chief and its workers share it
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                    PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         self.procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), role, str(spec_path)],
@@ -335,7 +337,7 @@ def _pytorch_runs(pipeline: str, k: int, repeats: int, warmup: float, window: fl
             "paired_dataplane": common.compare(dp, conc)}
 
 
-def run(quick: bool = False, short: bool = False, frameworks: bool = False) -> dict:
+def run(quick: bool = False, short: bool = False, frameworks: bool = False, transports: bool = False) -> dict:
     """For each pipeline and ``k`` (quick: digits and digits_pt, k = 1, 2 repetitions, 2 s windows;
     short: digits, digits_pt and images, k = 1, 2, 3 repetitions, 4 s windows, no each-worker-alone
     runs; full: the same, 6 s windows, plus each TensorFlow worker alone), the delivered
@@ -343,14 +345,17 @@ def run(quick: bool = False, short: bool = False, frameworks: bool = False) -> d
     PyTorch pipelines: the data plane only, :func:`_pytorch_runs`), the standalone samples/s,
     and their ratios (see the module docstring). Each repetition rotates the order of the three
     measurements. ``frameworks``: the digits only, as a TensorFlow and as a PyTorch run.py,
-    k = 1, 2, the short mode's windows (``--frameworks``: into results/streaming_frameworks.json)."""
+    k = 1, 2, the short mode's windows (``--frameworks``: into results/streaming_frameworks.json).
+    ``transports`` (``--transports``): the TensorFlow pipelines only (digits, images; k = 1, 2),
+    the short mode's windows: the two transports side by side (results/streaming_transport.json)."""
     if quick:
         plan, repeats, warmup, window, alone = [("digits", 1), ("digits_pt", 1)], 2, 1.0, 2.0, False
     elif frameworks:  # the digits through TensorFlow and through PyTorch, side by side
         plan = [("digits", 1), ("digits_pt", 1), ("digits", 2), ("digits_pt", 2)]
         repeats, warmup, window, alone = 3, 2.0, 4.0, False
-    elif short:
+    elif short or transports:
         plan = [("digits", 1), ("digits", 2), ("digits_pt", 1), ("digits_pt", 2), ("images", 1), ("images", 2)]
+        plan = [(p, k) for p, k in plan if not (transports and p in PYTORCH)]
         repeats, warmup, window, alone = 3, 2.0, 4.0, False
     else:
         plan = [("digits", 1), ("digits", 2), ("digits_pt", 1), ("digits_pt", 2), ("images", 1), ("images", 2)]
@@ -414,8 +419,12 @@ def run(quick: bool = False, short: bool = False, frameworks: bool = False) -> d
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("--chief", "--worker", "--standalone"):
         _child_main(sys.argv[1:])
-    res = run(quick="--quick" in sys.argv, short="--short" in sys.argv, frameworks="--frameworks" in sys.argv)
+    res = run(quick="--quick" in sys.argv, short="--short" in sys.argv, frameworks="--frameworks" in sys.argv,
+              transports="--transports" in sys.argv)
     if "--frameworks" in sys.argv:  # its own file: the recorded streaming.json stays the full run's
         res["meta"] = common.metadata(False)
         common.write_json(common.BENCH / "results" / "streaming_frameworks.json", res)
+    if "--transports" in sys.argv:  # the transports side by side (docs/DATAPLANE.md, docs/SECURITY.md)
+        res["meta"] = common.metadata(False)
+        common.write_json(common.BENCH / "results" / "streaming_transport.json", res)
     print(json.dumps(res, indent=1))

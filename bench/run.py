@@ -78,6 +78,7 @@ BENCHMARKS = {
     "rank_checks": "bench_rank_checks",
     "runs": "bench_runs",
     "resume": "bench_resume",
+    "auth": "bench_auth",
 }
 DEFAULT_RESULTS = HERE / "results"
 

@@ -34,6 +34,7 @@ import common  # bench/ is on sys.path: these modules run as scripts from it
 
 from csrun_common import atomic
 from csrun_common.env import ADVERTISE_HOST, TaskEnv
+from csrun_common.jobsecret import job_secret
 
 REPO = common.REPO
 CPUS_PER_WORKER = 1
@@ -137,6 +138,7 @@ def _popen(procs: list[subprocess.Popen], wd: Path, name: str, argv: list[str], 
 
 
 def _env() -> dict[str, str]:
+    job_secret()  # this harness' own secret, in os.environ: the chief and its workers share it
     return dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 

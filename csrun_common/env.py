@@ -168,6 +168,11 @@ RENDEZVOUS_KEY = Var("CSRUN_RENDEZVOUS_KEY", "str", "job",
 REQUEUE_COUNT = Var("CSRUN_REQUEUE_COUNT", "int >= 0", "job", "csrun_wse (launcher.cli, srun path of --requeue)",
                     "csrun_runtime.preemption", "how many times csrun_wse relaunched the srun (the batch path has "
                     "SLURM_RESTART_COUNT)")
+JOB_SECRET = Var("CSRUN_JOB_SECRET", "64 hex digits", "job",
+                 "csrun_wse (launcher.cli through csrun_common.jobsecret: in its own environment, never in argv, "
+                 "the sbatch script or the Launching line); a process without it makes its own",
+                 "csrun_runtime.dataplane (Sender, Receiver, the bulk channel: docs/SECURITY.md)",
+                 "the job's secret: every data-plane and bulk-channel connection proves knowledge of it both ways")
 WORKER_INDEX = Var("CSRUN_WORKER_INDEX", "int >= 0", "runtime", "csrun_runtime.supervise (Adopter)", _ROLES,
                    "the input-worker index of a worker adopted after its node was lost (replaces the task's own)")
 WORKER_ATTEMPT = Var("CSRUN_WORKER_ATTEMPT", "int >= 0", "runtime", "csrun_runtime.supervise",
@@ -192,6 +197,10 @@ DATAPLANE_KEEP_MEMORY = Var("CSRUN_DATAPLANE_KEEP_MEMORY", "0 | 1", "user", "the
                             "csrun_runtime.dataplane.receive.keep_receive_memory",
                             "0: the data plane leaves glibc's malloc settings alone in this process (default 1: "
                             "received frames reuse pages already mapped)")
+DATAPLANE_MAX_MESSAGE = Var("CSRUN_DATAPLANE_MAX_MESSAGE_BYTES", "int >= 1 (bytes)", "user", "the user or site",
+                            "csrun_runtime.dataplane (Receiver)",
+                            "the site bound on one data message's bytes: a header declaring more is refused before "
+                            "anything is allocated (default 1 GiB)")
 LOG_DIR = Var("CSRUN_LOG_DIR", "path", "user", "the user", "launcher.slurm.task_log",
               "where csrun_wse writes its task logs (default ./csrun_logs)")
 RUN_ID = Var("CSRUN_RUN_ID", "run id", "user", "launcher.runs.api.launch", "launcher.runs.recorder",
@@ -224,10 +233,10 @@ DEVELOPMENT = tuple(Var(name, kind, "development", "the developer", "slurm-test-
 #: Every declared variable, by name.
 VARIABLES: dict[str, Var] = {v.name: v for v in (
     ROLE, HET_GROUP, TASK_OFFSET, WORKER_OFFSET, NUM_WORKERS, NUM_TASKS, CPUS_PER_TASK, EXECUTION_MODE,
-    STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT,
+    STOP_SIGNALS, AUTOSCALE, CHIEF_INPUT_CPUS, WORKER_JOB, SHARD_PLAN, RENDEZVOUS_KEY, REQUEUE_COUNT, JOB_SECRET,
     WORKER_INDEX, WORKER_ATTEMPT, SUPERVISOR_STATE, PIN_CPUS, NICE, CONFIG, VERBOSE, NO_PATH_CHECKS, LOG_DIR, RUN_ID,
-    BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, ADVERTISE_HOST, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_PORT,
-    PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT, *RANK_VARS)}
+    BATCH_CHECK_SECS, DATAPLANE_KEEP_MEMORY, DATAPLANE_MAX_MESSAGE, ADVERTISE_HOST, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    MASTER_PORT, PROBE_INDEX, PROBE_PARENT, *DEVELOPMENT, *RANK_VARS)}
 
 #: Values of :data:`ROLE` (docs/CONTRACT.md): the three het-component roles csrun_wse sets,
 #: and ``chief-input``, set by the chief for the input worker it runs in its own task.

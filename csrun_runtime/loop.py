@@ -566,7 +566,7 @@ def log_summary(s: LoopSetup, desc: dict[str, Any], steps: int, total_samples: i
         nodes = desc.get("worker_nodes", {})
         log.info("batches received per input worker: %s",
                  ", ".join(f"{i} ({nodes.get(i)}): {n}" for i, n in per.items()))
-        write_json(s.rdv.dir / "chief.json", {**desc, "steps": steps})
+        s.rdv.write("chief.json", {**desc, "steps": steps})
     if quiet:
         return
     log.info("Training finished with %d samples in %.3f seconds, %.2f samples/second.",

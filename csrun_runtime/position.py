@@ -267,9 +267,9 @@ class InputPositions:
         with :meth:`next_index` (what it sent before and the merge took is not sent again; what
         it had in flight is dropped by the receiver and sent again). Returns that index."""
         at = self.next_index(slot)
-        write_json(rdv.workers_dir / RESUME_FILE.format(index=slot),
-                   {"attempt": int(attempt), "batches": at, "state": self._st(slot).state_at(at),
-                    "time": round(time.time(), 3)})
+        rdv.write("workers/" + RESUME_FILE.format(index=slot),
+                  {"attempt": int(attempt), "batches": at, "state": self._st(slot).state_at(at),
+                   "time": round(time.time(), 3)})
         return at
 
     def snapshot(self, slot: int, first: int | None, state: Any) -> None:
@@ -280,9 +280,9 @@ class InputPositions:
     def publish(self, rdv: Rendezvous) -> None:
         """The starting position of every slot, ``positions.json``: write it before any batch
         is read (attempt 0 of every worker waits for it)."""
-        write_json(rdv.dir / POSITIONS_FILE, {"streams": {str(i): s.base for i, s in sorted(self._s.items())},
-                                              "states": {str(i): s.state_at(s.base) for i, s in self._s.items()},
-                                              "restored_step": self.restored_step, "time": round(time.time(), 3)})
+        rdv.write(POSITIONS_FILE, {"streams": {str(i): s.base for i, s in sorted(self._s.items())},
+                                   "states": {str(i): s.state_at(s.base) for i, s in self._s.items()},
+                                   "restored_step": self.restored_step, "time": round(time.time(), 3)})
 
     # ------------------------------------------------------------------ the loop's side
     def trained(self, slot: Any, steps: int) -> None:
@@ -387,9 +387,9 @@ def report_resumed(rdv: Rendezvous, index: int, attempt: int, batches: int, seco
     """Input worker: say where its stream resumed (``batches`` into it; ``pass_index`` /
     ``batch_in_pass`` where the pipeline has passes), how (``how``) and in how many seconds
     (``workers/<index>.resumed.json``; the chief logs it)."""
-    write_json(rdv.workers_dir / RESUMED_FILE.format(index=index),
-               {"attempt": int(attempt), "batches": int(batches), "pass": pass_index, "batch_in_pass": batch_in_pass,
-                "seconds": round(float(seconds), 4), "how": how, "time": round(time.time(), 3)})
+    rdv.write("workers/" + RESUMED_FILE.format(index=index),
+              {"attempt": int(attempt), "batches": int(batches), "pass": pass_index, "batch_in_pass": batch_in_pass,
+               "seconds": round(float(seconds), 4), "how": how, "time": round(time.time(), 3)})
 
 
 def commit(positions: InputPositions, model_dir: str | Path, step: int, ranks: Any, writes: bool) -> dict[int, int]:

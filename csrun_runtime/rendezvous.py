@@ -16,7 +16,9 @@ watch each other's heartbeats and agree that the job is done.
   :mod:`csrun_runtime.lifecycle`); workers write
   ``workers/<i>.report.json`` (files, elements produced) and exit 0.
 
-Two jobs or two steps never share a directory (job and step ids name it). Pure Python.
+Two jobs or two steps never share a directory (job and step ids name it). Every directory here
+is 0700 and every file 0600 (only the job's user may read or rewrite where a worker connects:
+docs/SECURITY.md). Pure Python.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from csrun_common.atomic import read_json, write_json
 
-__all__ = ["Rendezvous", "Heartbeat", "HEARTBEAT_SECS", "STALE_SECS", "CHIEF_LOST_SECS", "ENDPOINTS"]
+__all__ = ["Rendezvous", "Heartbeat", "HEARTBEAT_SECS", "STALE_SECS", "CHIEF_LOST_SECS", "ENDPOINTS", "private_dir"]
 
 #: seconds between heartbeat touches (and between the chief's looks at them).
 HEARTBEAT_SECS = 1.0
@@ -48,6 +50,26 @@ SUPERSEDED = "superseded"
 ENDPOINTS = "endpoints.json"
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents owner-only (0700), and make ``path`` 0700 if it
+    exists already with more (an older csrun's); a directory of another user is left as it is."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    try:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError:
+        pass
+
+
 class Rendezvous:
     """Files of one job step under ``<model_dir>/.csrun/<job>.<step>/`` (shared file system).
 
@@ -61,20 +83,26 @@ class Rendezvous:
         self.workers_dir = self.dir / "workers"
 
     def reset(self) -> None:
-        """Chief, at start: move a stale directory of the same key aside, create a fresh one."""
+        """Chief, at start: move a stale directory of the same key aside, create a fresh one
+        (``.csrun/``, the key's directory and ``workers/`` 0700: :func:`private_dir`)."""
         if self.dir.exists():
             stale = self.dir.with_name(f"{self.dir.name}.stale-{int(time.time() * 1000)}")
             try:
                 self.dir.rename(stale)
             except OSError:
                 shutil.rmtree(self.dir, ignore_errors=True)
-        self.workers_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir.parent)
+        private_dir(self.workers_dir)
 
     def publish_endpoints(self, addresses: Sequence[str], info: Mapping[str, Any]) -> None:
         """Chief: write :data:`ENDPOINTS`: ``endpoints[i]`` is where input worker ``i`` is read
         from or sends to (a tf.data service dispatcher's ``host:port``, a data-plane receiver's
         ``tcp://host:port``), with ``info`` (``num_workers``, ``transport``, the chief's node ...)."""
-        write_json(self.dir / ENDPOINTS, {"endpoints": list(addresses), "created": time.time(), **dict(info)})
+        self.write(ENDPOINTS, {"endpoints": list(addresses), "created": time.time(), **dict(info)})
+
+    def write(self, name: str, record: Mapping[str, Any]) -> None:
+        """Write ``<dir>/<name>`` (e.g. ``chief.json``, ``workers/3.json``) atomically, 0600."""
+        write_json(self.dir / name, dict(record), private=True)
 
     def endpoints(self) -> dict[str, Any] | None:
         """The published endpoints record (:meth:`publish_endpoints`), or ``None`` while absent."""
@@ -82,7 +110,7 @@ class Rendezvous:
 
     def register_worker(self, index: int, info: Mapping[str, Any]) -> None:
         """Worker: write ``workers/<index>.json``."""
-        write_json(self.workers_dir / f"{index}.json", dict(info))
+        self.write(f"workers/{index}.json", dict(info))
 
     def worker(self, index: int) -> dict[str, Any] | None:
         """A worker's registration, or ``None``."""
@@ -93,7 +121,7 @@ class Rendezvous:
         input worker ``index`` to ``workers/<index>.lost.json`` (``{"deaths": [...]}``)."""
         path = self.workers_dir / f"{index}.lost.json"
         prev = read_json(path) or {}
-        write_json(path, {"deaths": [*prev.get("deaths", []), dict(info)]})
+        self.write(f"workers/{index}.lost.json", {"deaths": [*prev.get("deaths", []), dict(info)]})
 
     def lost(self, index: int) -> list[dict[str, Any]]:
         """The deaths of input worker ``index`` its task's supervisor recorded (oldest first)."""
@@ -104,7 +132,7 @@ class Rendezvous:
         """Chief (``--survive-node-loss``): ask the input workers' job for a new home for input
         worker ``index``, lost with no supervisor left to replace it (its node is gone):
         ``workers/<index>.orphan.json`` with the replacement's ``attempt``."""
-        write_json(self.workers_dir / f"{index}.orphan.json", dict(info))
+        self.write(f"workers/{index}.orphan.json", dict(info))
 
     def adoption_orders(self) -> dict[int, dict[str, Any]]:
         """Every adoption order present, by worker index."""
@@ -116,7 +144,7 @@ class Rendezvous:
         atomic on a local file system and on NFSv3+); returns whether this one did."""
         path = self.workers_dir / f"{index}.adopt-{int(attempt)}"
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except OSError:  # FileExistsError: another claimant won
             return False
         with os.fdopen(fd, "w") as f:
@@ -125,7 +153,7 @@ class Rendezvous:
 
     def write_report(self, index: int, report: Mapping[str, Any]) -> None:
         """Worker: write ``workers/<index>.report.json`` (files read, elements produced)."""
-        write_json(self.workers_dir / f"{index}.report.json", dict(report))
+        self.write(f"workers/{index}.report.json", dict(report))
 
     def reports(self) -> dict[int, dict[str, Any]]:
         """Every worker report present, by worker index."""
@@ -144,9 +172,9 @@ class Rendezvous:
         """Touch the heartbeat file ``<name>.alive`` (``name`` like ``chief`` or ``workers/3``)."""
         p = self.dir / f"{name}.alive"
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            with open(p, "a"):
-                pass
+            if not p.parent.is_dir():
+                private_dir(p.parent)
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
             os.utime(p, None)
         except OSError:
             pass
@@ -160,7 +188,7 @@ class Rendezvous:
 
     def mark_done(self, status: str, reason: str = "", **extra: Any) -> None:
         """Chief: write ``done.json``; workers leave when they see it."""
-        write_json(self.dir / "done.json",
+        self.write("done.json",
                    {"status": status, "reason": reason, "time": time.time(), **extra})
 
     def done(self) -> dict[str, Any] | None:

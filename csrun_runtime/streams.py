@@ -441,12 +441,15 @@ class StreamMerge:
     # ------------------------------------------------------------------ the record
     def describe(self) -> dict[str, Any]:
         """For performance.json: ``batches_per_worker`` (handed to training), ``worker_nodes``,
-        ``workers_paused``, the adapter's data-plane keys (:meth:`_describe_plane`) and the
-        watch's ``workers_lost``, ``workers_replaced`` and ``workers_given_up`` (times: Unix
-        seconds)."""
+        ``workers_paused``, ``dataplane_refused`` (the peers the receiver refused: ones that did
+        not prove they know the job's secret, :meth:`csrun_runtime.dataplane.Receiver.refused`),
+        the adapter's data-plane keys (:meth:`_describe_plane`) and the watch's ``workers_lost``,
+        ``workers_replaced`` and ``workers_given_up`` (times: Unix seconds)."""
+        refused = getattr(self.receiver, "refused", None)
         return {"batches_per_worker": {str(i): self.counts.get(i, 0) for i in self.indices()},
                 "worker_nodes": self._worker_nodes(),
                 "workers_paused": sorted(self.paused),
+                **({"dataplane_refused": refused()} if refused is not None else {}),
                 **self._describe_plane(),
                 **self.watch.describe()}
 

@@ -20,6 +20,7 @@ import click
 from csrun_common.autoscale import AutoscaleSpec, plan_autoscale
 from csrun_common.cli import OneLineErrors
 from csrun_common.errors import CsrunError
+from csrun_common.jobsecret import with_new_secret
 from csrun_common.layout import FLAGS, LayoutSpec, flag, resolve_counts
 from csrun_common.roles import RENDEZVOUS_ENV
 from csrun_common.shardplan_schema import check_plan_workers, load_plan
@@ -368,7 +369,9 @@ class _Recording:
 
 
 def _launch(req: WseRequest | CpuRequest, use_sbatch: bool, dry_run: bool, recording: _Recording | None = None) -> int:
-    env = dict(os.environ)
+    # the job's secret: in the environment srun or sbatch gets (Slurm keeps a batch job's for its
+    # requeues), never in argv, the script or the Launching line (docs/SECURITY.md)
+    env = with_new_secret(os.environ) if isinstance(req, WseRequest) else dict(os.environ)
     if use_sbatch:
         script = req.materialize_sbatch()
         if dry_run:

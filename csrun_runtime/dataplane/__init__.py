@@ -20,11 +20,14 @@ Chief::
 One endpoint for every sender (a zmq ROUTER bound once, DEALER senders), credit-based flow
 control (each sender keeps at most ``window_bytes`` unacknowledged), per-worker counts,
 pause/resume of one worker's stream, replaced workers (a higher ``attempt``) read again, bad
-messages refused naming the worker, and an end-of-stream message. Imports only the standard
-library, numpy and pyzmq.
+messages refused naming the worker, and an end-of-stream message. Both ends prove they know the
+job's secret before any data moves (:mod:`.auth`, docs/SECURITY.md): a peer that cannot is refused.
+Imports only the standard library, numpy and pyzmq.
 """
 from .framing import FrameError, decode, encode_header, flatten, parse_header, stack, unflatten
-from .transport import BUNDLE_BYTES, WINDOW_BYTES, Bundle, EndOfStream, Receiver, ReceiverGone, Sender
+from .protocol import BUNDLE_BYTES, WINDOW_BYTES, EndOfStream, NotAuthenticated, ReceiverGone
+from .receiver import Bundle, Receiver
+from .sender import Sender
 
-__all__ = ["BUNDLE_BYTES", "WINDOW_BYTES", "Bundle", "EndOfStream", "FrameError", "Receiver", "ReceiverGone",
-           "Sender", "decode", "encode_header", "flatten", "parse_header", "stack", "unflatten"]
+__all__ = ["BUNDLE_BYTES", "WINDOW_BYTES", "Bundle", "EndOfStream", "FrameError", "NotAuthenticated", "Receiver",
+           "ReceiverGone", "Sender", "decode", "encode_header", "flatten", "parse_header", "stack", "unflatten"]

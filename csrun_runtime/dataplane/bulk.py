@@ -6,8 +6,16 @@ device feed into its pinned memory).
 
 Opt-in (:class:`~csrun_runtime.dataplane.Receiver` ``bulk=True``; ``runconfig.dataplane_bulk``).
 The zmq ROUTER keeps everything but the data: hello, welcome, credits, pause, resume, end. The
-receiver's welcome names the bulk channel's port; the sender connects to it, says which routing
-id it is (:func:`handshake`), then sends every data message there instead of on zmq::
+receiver's welcome names the bulk channel's port; the sender connects to it and both prove they
+know the job's secret (:mod:`.auth`), the listener first::
+
+    sender:   b"CSH1" | routing id length (uint8) | routing id | sender's nonce (16 bytes)
+    listener: listener's nonce (16 bytes) | its proof (32 bytes)
+    sender:   its proof (32 bytes), once it has checked the listener's
+
+(without a secret, :func:`handshake`: the routing id, length-prefixed). A peer that fails, or
+sends anything else, is refused, counted and closed (a few bytes read, nothing allocated). Then
+the sender sends every data message there instead of on zmq::
 
     b"CSB1" | header length (uint32, little-endian) | header (framing.encode_header) | leaf bytes...
 
@@ -16,6 +24,10 @@ sender keeps at most its window unacknowledged and the receiver acknowledges on 
 bundle is handed out. A connection that ends between messages is a sender that closed; one that
 ends inside a message (a worker killed mid-bundle) drops that bundle, as zmq drops a partial
 multipart message. A stream that cannot be parsed is closed (there is no resynchronising it).
+
+A header declaring more bytes than the receiver's bound, or a message sent beyond the sender's
+credit window (more than a window's bytes read and not yet taken by the receiver), is refused
+before its buffer is allocated, and the connection closed.
 
 Pure transport: standard library, numpy. One :class:`BulkListener` per receiver (an accept
 thread, a reader thread per connection), one :class:`BulkWriter` per sender.
@@ -32,12 +44,20 @@ from typing import Any
 
 import numpy as np
 
-from . import framing
+from . import auth, framing
+from .auth import Refusals
 from .framing import FrameError
+from .protocol import MAX_MESSAGE_BYTES, NotAuthenticated
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"CSB1"
+#: The first bytes of an authenticating sender's handshake.
+HELLO_MAGIC = b"CSH1"
+#: Seconds a connection has to complete its handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Most connections in their handshake at once; more are closed at once (refused).
+MAX_HANDSHAKES = 64
 _PREFIX = struct.Struct("<4sI")
 #: Most bytes of a data message's header the receiver accepts (a bound on what a corrupt
 #: stream makes it allocate before it is refused).
@@ -76,19 +96,47 @@ def message_prefix(header: bytes) -> bytes:
     return _PREFIX.pack(MAGIC, len(header)) + header
 
 
+def auth_hello(identity: bytes, nonce: bytes) -> bytes:
+    """An authenticating sender's first bytes: :data:`HELLO_MAGIC`, its routing id
+    (length-prefixed, uint8) and its nonce."""
+    return HELLO_MAGIC + struct.pack("<B", len(identity)) + identity + nonce
+
+
 class BulkWriter:
-    """A sender's bulk connection to ``(host, port)`` (blocking; one thread).
+    """A sender's bulk connection to ``(host, port)`` (blocking; one thread), as routing id
+    ``identity``, proving it knows ``secret`` once the listener has proved it (None: no
+    authentication, :func:`handshake`).
 
-    Raises ``OSError`` when it cannot connect within ``timeout`` seconds; :meth:`send`
-    raises ``OSError`` (``BrokenPipeError``, ``ConnectionResetError``) when the receiver is
-    gone."""
+    Raises ``OSError`` when it cannot connect or complete the handshake within ``timeout``
+    seconds, :class:`~csrun_runtime.dataplane.protocol.NotAuthenticated` when the listener's
+    proof is wrong (nothing sent but the hello); :meth:`send` raises ``OSError``
+    (``BrokenPipeError``, ``ConnectionResetError``) when the receiver is gone."""
 
-    def __init__(self, host: str, port: int, identity: bytes, timeout: float = 10.0):
+    def __init__(self, host: str, port: int, identity: bytes, timeout: float = 10.0, secret: bytes | None = None):
         self.port = port
         self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.sendall(handshake(identity))
+        try:
+            if secret is None:
+                self.sock.sendall(handshake(identity))
+            else:
+                self._prove(identity, secret)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(None)
+
+    def _prove(self, identity: bytes, secret: bytes) -> None:
+        ours = auth.nonce()
+        self.sock.sendall(auth_hello(identity, ours))
+        try:
+            reply = _recv_exact(self.sock, auth.NONCE_BYTES + auth.PROOF_BYTES, "the listener's proof")
+        except _Cut as e:
+            raise NotAuthenticated(f"the bulk channel at port {self.port} closed before its proof ({e})") from None
+        theirs, given = reply[:auth.NONCE_BYTES], reply[auth.NONCE_BYTES:]
+        if not auth.valid(secret, given, auth.BULK_RECEIVER, identity, ours, theirs):
+            raise NotAuthenticated(f"the bulk channel at port {self.port} gave a wrong proof")
+        self.sock.sendall(auth.proof(secret, auth.BULK_SENDER, identity, ours, theirs))
 
     def send(self, header: bytes, leaves: Sequence[np.ndarray]) -> None:
         """Write one data message: the prefix and header, then each leaf's bytes (C-contiguous
@@ -148,10 +196,52 @@ def _recv_exact(conn: socket.socket, n: int, what: str, at_boundary: bool = Fals
     return bytes(buf)
 
 
+class _Refused(Exception):
+    """A connection that failed its handshake (the message: why, a short phrase)."""
+
+
+def listener_handshake(conn: socket.socket, secret: bytes | None) -> bytes:
+    """The listener's side of a connection's handshake (the module docstring): the sender's
+    routing id once it has proved it knows ``secret`` (None: the unauthenticated handshake).
+    Reads at most 4 + 1 + 255 + 16 + 32 bytes; raises :class:`_Refused` (why) or ``OSError``."""
+    try:
+        if secret is None:
+            (size,) = struct.unpack("<H", _recv_exact(conn, 2, "handshake"))
+            return _recv_exact(conn, size, "handshake")
+        head = _recv_exact(conn, len(HELLO_MAGIC) + 1, "handshake")
+        if head[:len(HELLO_MAGIC)] != HELLO_MAGIC:
+            raise _Refused(f"not a handshake (first bytes {head[:len(HELLO_MAGIC)]!r})")
+        identity = _recv_exact(conn, head[-1], "handshake")
+        theirs = _recv_exact(conn, auth.NONCE_BYTES, "handshake")
+        ours = auth.nonce()
+        conn.sendall(ours + auth.proof(secret, auth.BULK_RECEIVER, identity, theirs, ours))
+        given = _recv_exact(conn, auth.PROOF_BYTES, "the sender's proof")
+    except _Cut as e:
+        raise _Refused(f"the handshake ended early ({e})") from None
+    except TimeoutError:
+        raise _Refused(f"no handshake within {HANDSHAKE_TIMEOUT_S:g} s") from None
+    if not auth.valid(secret, given, auth.BULK_SENDER, identity, theirs, ours):
+        raise _Refused("a wrong proof")
+    return identity
+
+
+class _Conn:
+    """One connection's bytes read and posted, not yet taken by the receiver (its credit in use)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+
 class BulkListener:
     """The receiver's end of the bulk channel: a TCP socket listening on ``host`` (``""``:
-    every interface) and a reader thread per connected sender, which reads each data message
-    into a buffer from the lent ``allocate`` (default: a fresh ``numpy`` array) and posts it.
+    every interface) and a reader thread per connected sender, which completes the handshake
+    (``secret``: the job's, None: without authentication; a failure is counted in
+    ``refusals``), then reads each data message into a buffer from the lent ``allocate``
+    (default: a fresh ``numpy`` array) and posts it. A message whose header declares more than
+    ``max_bytes``, or that starts while the connection holds ``window_bytes`` or more not taken
+    yet, closes the connection before its buffer is allocated.
 
     What the reader threads post is taken on the receiver's thread by :meth:`take`:
     ``("data", identity, layout, leaves)``, ``("end", identity, None, False)`` (the sender
@@ -162,15 +252,19 @@ class BulkListener:
     it cannot listen.
     """
 
-    def __init__(self, host: str = ""):
+    def __init__(self, host: str = "", secret: bytes | None = None, refusals: Refusals | None = None,
+                 max_bytes: int = MAX_MESSAGE_BYTES, window_bytes: int | None = None):
+        self.secret, self.max_bytes, self.window_bytes = secret, max_bytes, window_bytes
+        self.refusals = refusals if refusals is not None else Refusals()
         self._server = socket.create_server((host, 0), backlog=1024)
         self.port: int = self._server.getsockname()[1]
         self.wakeup, self._poke = socket.socketpair()
         self.wakeup.setblocking(False)
         self._poke.setblocking(False)  # a full wakeup buffer already wakes the receiver
-        self._posted: queue.SimpleQueue[tuple[str, bytes, Any, Any]] = queue.SimpleQueue()
+        self._posted: queue.SimpleQueue[tuple[tuple[str, bytes, Any, Any], _Conn | None, int]] = queue.SimpleQueue()
         self._allocate: Allocate = _default_allocate
         self._conns: set[socket.socket] = set()
+        self._handshaking = 0
         self._lock = threading.Lock()
         self._closed = False
         self._threads: list[threading.Thread] = []
@@ -190,34 +284,67 @@ class BulkListener:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                conn, _ = self._server.accept()
+                conn, address = self._server.accept()
             except OSError:
                 return
             with self._lock:
                 if self._closed:
                     conn.close()
                     return
-                self._conns.add(conn)
-                t = threading.Thread(target=self._read, args=(conn,), name="csrun-bulk-read", daemon=True)
-                self._threads.append(t)
-            t.start()
+                busy = self._handshaking >= MAX_HANDSHAKES
+                if not busy:
+                    self._handshaking += 1
+                    self._conns.add(conn)
+                    self._threads = [t for t in self._threads if t.is_alive()]
+                    t = threading.Thread(target=self._read, args=(conn, address), name="csrun-bulk-read",
+                                         daemon=True)
+                    self._threads.append(t)
+            if busy:
+                self.refusals.refuse(_address(address), f"more than {MAX_HANDSHAKES} handshakes at once",
+                                     "bulk channel")
+                conn.close()
+            else:
+                t.start()
 
-    def _post(self, item: tuple[str, bytes, Any, Any]) -> None:
-        self._posted.put(item)
+    def _post(self, item: tuple[str, bytes, Any, Any], conn: _Conn | None = None, nbytes: int = 0) -> None:
+        if conn is not None:
+            with self._lock:
+                conn.held += nbytes
+        self._posted.put((item, conn, nbytes))
         try:
             self._poke.send(b"!")
         except OSError:  # closed, or the wakeup socket's buffer is full: the receiver is reading anyway
             pass
 
-    def _read(self, conn: socket.socket) -> None:
-        identity = b""
+    def _greet(self, conn: socket.socket, address: Any) -> bytes | None:
+        """The handshake of a new connection: the sender's routing id, or None (refused)."""
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            (size,) = struct.unpack("<H", _recv_exact(conn, 2, "handshake"))
-            identity = _recv_exact(conn, size, "handshake")
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            identity = listener_handshake(conn, self.secret)
+            conn.settimeout(None)
+            return identity
+        except _Refused as e:
+            self.refusals.refuse(_address(address), str(e), "bulk channel")
+        except OSError as e:
+            if not self._closed:
+                self.refusals.refuse(_address(address), f"the handshake failed ({e})", "bulk channel")
+        finally:
+            with self._lock:
+                self._handshaking -= 1
+        return None
+
+    def _read(self, conn: socket.socket, address: Any) -> None:
+        identity = b""
+        try:
+            got = self._greet(conn, address)
+            if got is None:
+                return
+            identity, state = got, _Conn()
             layouts: dict[bytes, framing.Layout] = {}
             while True:
-                self._post(("data", identity, *self._message(conn, layouts)))
+                layout, leaves = self._message(conn, layouts, state)
+                self._post(("data", identity, layout, leaves), state, sum(layout.nbytes))
         except _Cut as e:
             self._post(("end", identity, e.mid, False))
         except FrameError as e:
@@ -232,12 +359,20 @@ class BulkListener:
                 self._conns.discard(conn)
             conn.close()
 
-    def _message(self, conn: socket.socket, layouts: dict[bytes, framing.Layout]) -> tuple[Any, list[np.ndarray]]:
-        """One data message's layout and leaves (views of one lent buffer)."""
+    def _message(self, conn: socket.socket, layouts: dict[bytes, framing.Layout],
+                 state: _Conn) -> tuple[Any, list[np.ndarray]]:
+        """One data message's layout and leaves (views of one lent buffer). Raises
+        :class:`FrameError` for a bad prefix or header, one over the bounds, or one sent beyond
+        the connection's credit window, before the leaves' buffer is allocated."""
         magic, hlen = _PREFIX.unpack(_recv_exact(conn, _PREFIX.size, "message prefix", at_boundary=True))
         if magic != MAGIC or hlen > MAX_HEADER_BYTES:
             raise FrameError(f"stream is not a bulk data message (prefix {magic!r}, header {hlen} bytes)")
-        layout = framing.parse_header_cached(layouts, _recv_exact(conn, hlen, "header"))
+        layout = framing.parse_header_cached(layouts, _recv_exact(conn, hlen, "header"), self.max_bytes)
+        with self._lock:
+            held = state.held
+        if self.window_bytes is not None and held and held >= self.window_bytes:
+            raise FrameError(f"a message sent beyond the credit window ({held} bytes not taken yet, window "
+                             f"{self.window_bytes})")
         starts, total = offsets(layout)
         buf = np.frombuffer(self._lent(max(total, 1)), np.uint8, count=max(total, 1))
         view = memoryview(buf)  # type: ignore[arg-type]
@@ -265,18 +400,23 @@ class BulkListener:
 
     # ----------------------------------------------------------------- the receiver's side
     def take(self) -> list[tuple[str, bytes, Any, Any]]:
-        """What the reader threads posted since the last call, in order (non-blocking)."""
+        """What the reader threads posted since the last call, in order (non-blocking); what
+        is taken no longer counts against its connection's window."""
         try:
             while self.wakeup.recv(4096):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
-        out = []
+        out: list[tuple[str, bytes, Any, Any]] = []
         while True:
             try:
-                out.append(self._posted.get_nowait())
+                item, conn, nbytes = self._posted.get_nowait()
             except queue.Empty:
                 return out
+            if conn is not None:
+                with self._lock:
+                    conn.held -= nbytes
+            out.append(item)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop listening, cut every connection and wait up to ``timeout`` s for the threads.
@@ -294,3 +434,8 @@ class BulkListener:
             t.join(timeout)
         self.wakeup.close()
         self._poke.close()
+
+
+def _address(address: Any) -> str:
+    """``host:port`` of an accepted connection's peer."""
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)

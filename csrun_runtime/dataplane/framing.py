@@ -19,6 +19,7 @@ Object arrays (``dtype.hasobject``) are refused on both ends: their bytes are po
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,7 +136,8 @@ class Layout:
 
     def __init__(self, tree: Any, dtypes: list[np.dtype], shapes: list[tuple[int, ...]], n: int):
         self.tree, self.dtypes, self.shapes, self.n = tree, dtypes, shapes, n
-        self.nbytes = [int(np.prod(s, dtype=np.int64)) * d.itemsize for d, s in zip(dtypes, shapes, strict=True)]
+        # Python ints: a hostile header's dimensions cannot overflow into a small count
+        self.nbytes = [math.prod(s) * d.itemsize for d, s in zip(dtypes, shapes, strict=True)]
 
 
 def parse_header(raw: bytes | memoryview) -> Layout:
@@ -169,12 +171,17 @@ def parse_header(raw: bytes | memoryview) -> Layout:
     return Layout(h.get("tree"), dtypes, shapes, n)
 
 
-def parse_header_cached(cache: dict[bytes, Layout], raw: bytes) -> Layout:
+def parse_header_cached(cache: dict[bytes, Layout], raw: bytes, max_bytes: int | None = None) -> Layout:
     """The parsed header ``raw`` (:func:`parse_header`), from ``cache`` when seen (at most 257
-    kept: a receiver's steady stream parses nothing). Raises :class:`FrameError` for a bad header."""
+    kept: a receiver's steady stream parses nothing). Raises :class:`FrameError` for a bad header,
+    and for one declaring more than ``max_bytes`` bytes of leaves (a receiver's bound: checked
+    before anything is allocated for them)."""
     layout = cache.get(raw)
     if layout is None:
         layout = parse_header(raw)
+        if max_bytes is not None and sum(layout.nbytes) > max_bytes:
+            raise FrameError(f"header declares {sum(layout.nbytes)} bytes, more than the receiver's bound of "
+                             f"{max_bytes}")
         if len(cache) > 256:
             cache.clear()
         cache[raw] = layout

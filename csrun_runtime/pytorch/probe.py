@@ -143,11 +143,13 @@ class PlaneSender:
         self.sent += 1
 
     def _run(self) -> None:
-        from ..dataplane import ReceiverGone
+        from ..dataplane import NotAuthenticated, ReceiverGone
         from .worker import send_batches
 
         try:
             send_batches(self.sender, self.built.batches, check=self._check, sent=self._count)
+        except NotAuthenticated as e:  # reported by step(): the probe's chief is not this session's
+            self.error = e
         except (_Stopped, ReceiverGone):
             pass
         except BaseException as e:  # noqa: BLE001 - reported by step()

@@ -209,7 +209,7 @@ class InputWorker:
         return loader
 
     def _stream(self, endpoint: str, loader: Any) -> None:
-        from ..dataplane import ReceiverGone, Sender
+        from ..dataplane import NotAuthenticated, ReceiverGone, Sender
 
         sender = Sender(endpoint, self.index, self.attempt)
         # --autoscale: AUTOSCALE_MAX_BUNDLE (the chief's buffers hold whole bundles, and its
@@ -227,6 +227,9 @@ class InputWorker:
             batches = guarded(stream, "train_input: the DataLoader", passes=lambda e: isinstance(e, ContractError))
             send_batches(sender, batches, cap=cap, check=self._check, sent=self._sent, first=start,
                          state_of=loader.dataset.state_dict if stateful(loader) else None)
+        except NotAuthenticated as e:  # a foreign listener: one line, and nothing sent there
+            log.error("%s", e)
+            raise _Leave(0, "refused the endpoint") from None
         except ReceiverGone:
             self._check()
             raise _Leave(0, "chief closed") from None

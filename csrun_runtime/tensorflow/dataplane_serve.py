@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from csrun_common.atomic import write_json
 from csrun_common.roles import Role
 
 from ..bundles import map_nest
@@ -96,7 +95,7 @@ class Pump(threading.Thread):
         self.resumed({"batches": start, "pass": None, "batch_in_pass": None, "seconds": seconds, "how": how})
 
     def run(self) -> None:
-        from ..dataplane import ReceiverGone, Sender
+        from ..dataplane import NotAuthenticated, ReceiverGone, Sender
 
         sender = Sender(self.endpoint, self.index, self.attempt, bundle=1)
         try:
@@ -121,6 +120,8 @@ class Pump(threading.Thread):
             self.ended = True
         except _Halted:
             return
+        except NotAuthenticated as e:  # a foreign listener: one line, and nothing sent there
+            log.error("%s", e)
         except ReceiverGone as e:
             log.info("the chief's receiver stopped reading this worker: %s", e)
         except Exception as e:  # noqa: BLE001 - any error of the user's pipeline is reported
@@ -179,9 +180,9 @@ def serve(worker: ServedWorker, endpoint: str) -> int:
     rdv, index, attempt = worker.rdv, worker.index, worker.attempt
 
     def record(error: str) -> None:
-        write_json(rdv.workers_dir / STREAM_ERROR.format(index=index),
-                   {"error": error, "attempt": attempt, "node": worker.role.node, "pid": os.getpid(),
-                    "time": time.time()})
+        rdv.write("workers/" + STREAM_ERROR.format(index=index), {"error": error, "attempt": attempt,
+                                                                 "node": worker.role.node, "pid": os.getpid(),
+                                                                 "time": time.time()})
 
     # its stream resumes where the chief says (csrun_runtime/position.py): published before the
     # chief reads, or for a replacement answered when the chief sees the registration below

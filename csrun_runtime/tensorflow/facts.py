@@ -31,9 +31,11 @@ FACTS = BackendFacts(
         "jit_compile": Key(_jit, "auto", "XLA for the train step: auto (try, fall back with a message), true, false"),
         "input_bundle": Key(auto_or_int, "auto",
                             "batches per element an input worker sends (auto: ~1 MiB elements; 1: off)"),
-        "transport": Key(_transport, "service",
-                         "how input workers' batches reach the chief: service (tf.data service) or "
-                         "dataplane (zmq, docs/DATAPLANE.md \"The TensorFlow path\")"),
+        "transport": Key(_transport, "dataplane",
+                         "how input workers' batches reach the chief: dataplane (csrun's zmq data plane, "
+                         "every connection authenticated with the job's secret; docs/DATAPLANE.md \"The "
+                         "TensorFlow path\") or service (tf.data service: no authentication of its own, "
+                         "docs/SECURITY.md)"),
     },
     generated_files=("__autograph_generated_file",),
 )

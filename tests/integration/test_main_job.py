@@ -135,8 +135,10 @@ def test_plan_for_another_worker_count_is_refused(digits, cli_env):
 def test_input_workers_and_chief_talk_across_hosts_with_their_own_ips(trained, compose_cluster):
     """Only the compose cluster can show it (every native node is 127.0.0.1): the chief and the
     input workers run on different hosts with different IPs, and the addresses they publish --
-    the dispatchers' (the chief's host) and each worker server's -- are names every other host
-    resolves to the right container, neither loopback nor a name only their own host knows."""
+    the chief's (its data plane receiver, TensorFlow's default transport; or its tf.data service
+    dispatchers) and each worker server's (tf.data service only: on the data plane the workers
+    connect out) -- are names every other host resolves to the right container, neither loopback
+    nor a name only their own host knows."""
     assert trained["proc"].returncode == 0, trained["proc"].stderr[-3000:]
     env = compose_cluster["env"]
     # the training job's rendezvous, and the eval job's when it ran already: every one shows it
@@ -168,11 +170,13 @@ def _check_cross_host(rdv: Path, env: dict) -> None:
     assert chief["node"] == "node1" and "node1" not in worker_nodes and len(worker_nodes) == 3
     assert len({chief_ip, *worker_ips.values()}) == 4, (chief_ip, worker_ips)  # one IP per host
     for w in workers:
-        dispatcher_host = w["dispatcher"].rsplit(":", 1)[0]
-        worker_host = w["worker_address"].rsplit(":", 1)[0]
+        dispatcher_host = w["dispatcher"].split("://", 1)[-1].rsplit(":", 1)[0]
         assert dispatcher_host == chief["host"] and dispatcher_host not in ("localhost", "127.0.0.1")
-        # the worker's host finds the chief's dispatcher at the chief's container ...
+        # the worker's host finds the chief's receiver (or dispatcher) at the chief's container ...
         assert resolve(w["node"], dispatcher_host) == chief_ip
+        if w.get("transport") == "dataplane":
+            continue
         # ... and the chief's host finds the worker's server at the worker's container
+        worker_host = w["worker_address"].rsplit(":", 1)[0]
         assert worker_host not in ("localhost", "127.0.0.1")
         assert resolve(chief["node"], worker_host) == worker_ips[w["node"]] != chief_ip

@@ -236,9 +236,10 @@ def test_the_length_rule_counts_lines(tmp_path, limit, expected, monkeypatch):
 #: The task runtime's framework-neutral core (docs/ARCHITECTURE.md "A framework backend"):
 #: what both the TensorFlow runtime and ``csrun_runtime/pytorch/`` build on.
 CORE = ("rendezvous", "supervise", "elastic", "autoscale", "preemption", "artifacts", "params", "sharding",
-        "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.transport",
+        "chief_input", "coverage", "capture", "task", "dataplane", "dataplane.framing", "dataplane.protocol",
         "loop", "input_backend", "streams", "bundles", "backend", "registry", "probing", "first_batch", "ranks",
-        "rankgroup", "handoff", "dataplane.bulk", "workernames", "facts", "usererror", "lifecycle", "position")
+        "rankgroup", "handoff", "dataplane.bulk", "workernames", "facts", "usererror", "lifecycle", "position",
+        "dataplane.sender", "dataplane.receiver", "dataplane.workers", "dataplane.intake", "dataplane.auth")
 
 
 def test_core_lists_every_top_level_module_of_the_runtime():

@@ -14,7 +14,9 @@ BENCH = REPO / "bench"
 MODULES = sorted(p for p in BENCH.glob("bench_*.py"))
 #: bench's helper modules, by the name the benchmarks import them as.
 HELPERS = ("common", "clusters", "results_table")
-USERS = [*MODULES, BENCH / "run.py", BENCH / "streaming_pt.py", *(BENCH / f"{h}.py" for h in HELPERS)]
+#: Modules of benchmarks that are not benchmarks themselves (bench_ingest's child roles and helpers).
+PARTS = sorted(BENCH.glob("ingest_*.py"))
+USERS = [*MODULES, *PARTS, BENCH / "run.py", BENCH / "streaming_pt.py", *(BENCH / f"{h}.py" for h in HELPERS)]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import json
 import logging
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,10 +19,12 @@ import zmq
 
 from csrun_runtime.dataplane import EndOfStream, Receiver, Sender, framing
 from csrun_runtime.dataplane.bulk import BulkWriter, handshake, message_prefix, offsets
+from tests.unit.dataplane_peers import bulk_connect, raw_hello
 
 
 class RawSender:
-    """A sender by hand: hello on zmq as worker ``index``, then the bulk connection the welcome offers."""
+    """A sender by hand: hello on zmq as worker ``index`` (its handshake passed), then the bulk
+    connection the welcome offers (its handshake passed)."""
 
     def __init__(self, r: Receiver, index: int, attempt: int = 0):
         self.identity = f"{index}.{attempt}".encode()
@@ -29,11 +32,15 @@ class RawSender:
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.ROUTING_ID, self.identity)
         self.dealer.connect(r.endpoint)
-        self.dealer.send_multipart([b"H", json.dumps({"v": 1, "worker": index, "attempt": attempt}).encode()])
         self.r = r
-        self.welcome = self._until(b"W")
-        self.tcp = socket.create_connection(("127.0.0.1", self.welcome["bulk_port"]))
-        self.tcp.sendall(handshake(self.identity))
+        self.welcome = raw_hello(self.dealer, index, attempt, self._drive)
+        self.tcp = bulk_connect(self.welcome["bulk_port"], self.identity)
+
+    def _drive(self) -> None:
+        try:
+            self.r.get_bundle(timeout=0.01)
+        except TimeoutError:
+            pass
 
     def _until(self, kind: bytes) -> dict:
         """Read the receiver's messages to this sender (driving the receiver meanwhile) until ``kind``."""
@@ -95,6 +102,12 @@ def test_a_stream_that_cannot_be_parsed_is_closed_naming_its_worker(caplog):
         with caplog.at_level(logging.WARNING, logger="csrun_runtime.dataplane"):
             raw.tcp.sendall(b"NOPE" + bytes(60))
             workers = {b.worker for b in drain(r, 20)}
+            t_end = time.monotonic() + 10  # the reader thread's post may come after the good bundles
+            while not r.errors() and time.monotonic() < t_end:
+                try:
+                    r.get_bundle(timeout=0.1)
+                except (TimeoutError, EndOfStream):
+                    pass
         assert workers == {0}
         (err,) = r.errors()
         assert err.startswith("input worker 6 (attempt 1): bulk channel: stream is not a bulk data message "

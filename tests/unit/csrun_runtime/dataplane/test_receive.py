@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import platform
+import threading
 
 import numpy as np
 import pytest
@@ -15,13 +16,15 @@ from csrun_runtime.dataplane import receive as rcv
 
 
 def _bundle_of(rx, nest, n):
-    """Send ``nest`` (leading axis ``n``) as one bundle from a sender and receive it."""
+    """Send ``nest`` (leading axis ``n``) as one bundle from a sender (in a thread: its handshake
+    goes back and forth while the receiver reads) and receive it."""
     s = Sender(rx.endpoint, 0)
-    rx.wait_workers(1, 10)  # its hello read and welcomed: it may send
+    t = threading.Thread(target=s.send_bundle, args=(nest, n), kwargs={"timeout": 10}, daemon=True)
+    t.start()
     try:
-        s.send_bundle(nest, n, timeout=10)
         return rx.get_bundle(timeout=10)
     finally:
+        t.join(10)
         s.close(timeout=0.2)
 
 
@@ -67,8 +70,14 @@ def test_auto_io_threads_scales_with_cores(monkeypatch, cores, want):
 def test_several_io_threads_serve_several_senders_in_order():
     rx = Receiver("tcp://127.0.0.1:0", io_threads=2, expected=3)
     senders = [Sender(rx.endpoint, i, bundle=1) for i in range(3)]
-    rx.wait_workers(3, 10)
     try:
+        # each sender's handshake in a thread of its own (it goes back and forth) while the receiver reads
+        handshakes = [threading.Thread(target=s.room, kwargs={"timeout": 10}, daemon=True) for s in senders]
+        for t in handshakes:
+            t.start()
+        rx.wait_workers(3, 10)
+        for t in handshakes:
+            t.join(10)
         for i, s in enumerate(senders):
             for j in range(3):
                 s.send(np.full((1024,), 10 * i + j, np.int32), timeout=10)
