@@ -91,10 +91,8 @@ def _listening(chief: psutil.Process) -> list[int]:
 
 
 def _endpoint(md: Path) -> str:
-    for name, key in (("dataplane.json", "endpoint"), ("dispatchers.json", "dispatchers")):
-        for f in md.glob(f".csrun/*/{name}"):
-            rec = json.loads(f.read_text())
-            return rec[key] if isinstance(rec[key], str) else rec[key][0]
+    for f in md.glob(".csrun/*/endpoints.json"):
+        return str(json.loads(f.read_text())["endpoints"][0])
     return ""
 
 

@@ -184,8 +184,6 @@ FILE_SKIP = ("tests", ".venv", "slurm-test-cluster/run", "build")
 #: issue 40 (item 4). Remove a file's line when its split lands: a listed file that is no longer
 #: over its limit (or no longer exists) fails test_the_oversize_list_names_only_files_still_over.
 OVERSIZE_BEING_SPLIT = {
-    "csrun_runtime/dataplane/transport.py": "the protocol, the sender, the receiver (issue 45's refactor commit)",
-    "bench/bench_ingest.py": "four benchmarks, five child roles and a library for two others",
     "csrun_runtime/tensorflow/service.py": "the lead splits it once the work in it has landed",
 }
 

@@ -275,8 +275,8 @@ def test_runconfig_transport_is_validated_with_one_line_naming_key_and_value():
     def params(**rc):
         return {"train_input": {"batch_size": 8}, "runconfig": {"max_steps": 10, **rc}}
 
-    assert validate_params(params())[0]["runconfig"]["transport"] == "service"
-    assert validate_params(params(transport="dataplane"))[0]["runconfig"]["transport"] == "dataplane"
+    assert validate_params(params())[0]["runconfig"]["transport"] == "dataplane"  # the default: authenticated
+    assert validate_params(params(transport="service"))[0]["runconfig"]["transport"] == "service"
     with pytest.raises(ParamsError) as e:
         validate_params(params(transport="grpc"))
     (problem,) = e.value.problems

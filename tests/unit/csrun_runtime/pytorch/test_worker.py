@@ -4,7 +4,7 @@ senders spent a 38.5 MB copy per batch here, bench/results/gpu_feed_cpu_sender.j
 batches are stacked into one bundle with their values in order. The sender records what it is
 given (the transport itself is tested against a real receiver in tests/unit/features/test_read_ahead.py).
 csrun_runtime.pytorch.worker against a rewritten rendezvous file (issue 45): a real PyTorch input
-worker process (the environment csrun_wse gives it, a chief's heartbeat) whose ``dataplane.json``
+worker process (the environment csrun_wse gives it, a chief's heartbeat) whose ``endpoints.json``
 points at a foreign listener sends it nothing but its hello, says so in one line and leaves."""
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_worker_pointed_at_a_foreign_listener_sends_it_nothing_and_says_so(tmp
     rdv = Rendezvous(md, "77.0")
     rdv.reset()
     beat = Heartbeat(rdv, "chief").start()
-    rdv.write("dataplane.json", {"endpoint": f"tcp://127.0.0.1:{port}", "num_workers": 1})
+    rdv.publish_endpoints([f"tcp://127.0.0.1:{port}"], {"num_workers": 1})
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"train_input": {"batch_size": 8}, "model": {"trained_log": "/dev/null"},
                                       "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.1},

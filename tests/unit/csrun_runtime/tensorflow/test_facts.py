@@ -20,7 +20,7 @@ def resolve(tmp_path, **runconfig):
 def test_the_defaults_fill_the_runconfig(tmp_path):
     rc = resolve(tmp_path)
     assert {k: rc[k] for k in FACTS.runconfig} == {"jit_compile": "auto", "input_bundle": "auto",
-                                                   "transport": "service"}
+                                                   "transport": "dataplane"}
     assert FACTS.launcher == "python-ws" and FACTS.probe.ingest_probe and not FACTS.probe.dataloader_workers
 
 
@@ -36,5 +36,5 @@ def test_a_bad_value_is_refused_naming_the_key(tmp_path, key, value, says):
 
 
 def test_a_good_value_is_kept(tmp_path):
-    rc = resolve(tmp_path, jit_compile=False, input_bundle=4, transport="dataplane")
-    assert (rc["jit_compile"], rc["input_bundle"], rc["transport"]) == (False, 4, "dataplane")
+    rc = resolve(tmp_path, jit_compile=False, input_bundle=4, transport="service")
+    assert (rc["jit_compile"], rc["input_bundle"], rc["transport"]) == (False, 4, "service")

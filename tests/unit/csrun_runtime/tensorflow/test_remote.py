@@ -222,18 +222,3 @@ def test_a_slot_not_opened_is_held_paused_until_add_stream(plane):
             seqs += [float(c.batches[0][j, 0, 0]) for j in range(c.offset, c.offset + c.steps)]
     assert seqs[:held + 8] == list(range(held + 8))  # the held ones first, in order, then it streams again
     assert source.streaming() == {0, 1}
-
-
-def test_runconfig_transport_is_validated_with_one_line_naming_key_and_value():
-    from csrun_runtime.params import ParamsError, validate_params
-
-    def params(**rc):
-        return {"train_input": {"batch_size": 8}, "runconfig": {"max_steps": 10, **rc}}
-
-    assert validate_params(params())[0]["runconfig"]["transport"] == "dataplane"  # the default: authenticated
-    assert validate_params(params(transport="service"))[0]["runconfig"]["transport"] == "service"
-    with pytest.raises(ParamsError) as e:
-        validate_params(params(transport="grpc"))
-    (problem,) = e.value.problems
-    assert problem.startswith("runconfig.transport must be service") and problem.endswith("got 'grpc'")
-    assert "\n" not in problem
