@@ -17,6 +17,7 @@ import yaml
 import zmq
 
 from csrun_runtime.dataplane import BUNDLE_BYTES
+from csrun_runtime.position import POSITIONS_FILE
 from csrun_runtime.pytorch.worker import send_batches
 from csrun_runtime.rendezvous import Heartbeat, Rendezvous
 from tests.fixtures.runtime.helpers import PY, REPO, task_env
@@ -81,6 +82,7 @@ def test_a_worker_pointed_at_a_foreign_listener_sends_it_nothing_and_says_so(tmp
     rdv.reset()
     beat = Heartbeat(rdv, "chief").start()
     rdv.publish_endpoints([f"tcp://127.0.0.1:{port}"], {"num_workers": 1})
+    rdv.write(POSITIONS_FILE, {"streams": {"0": 0}, "states": {}})  # the real chief's, the rest of its rendezvous
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"train_input": {"batch_size": 8}, "model": {"trained_log": "/dev/null"},
                                       "optimizer": {"optimizer_type": "sgd", "learning_rate": 0.1},
