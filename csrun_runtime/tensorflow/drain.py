@@ -2,11 +2,12 @@
 (:class:`csrun_runtime.probing.DrainBackend`, driven by :mod:`analyzer.verify_task`):
 
 * an **input worker** runs exactly what a training job's worker runs (:func:`worker`:
-  :func:`.worker.run_worker`, its own ``input_fn(params_i)`` behind a tf.data service worker)
-  until the chief is done;
+  :func:`.worker.run_worker`, its own ``input_fn(params_i)`` on the transport the chief
+  publishes: the data plane or a tf.data service worker) until the chief is done;
 * the **chief** (:class:`ChiefDrain`) sets up what the runtime's chief sets up for training —
-  the rendezvous, one dispatcher per input worker, the wait for their registrations
-  (:class:`.chief.Chief`) and the merged stream (:class:`.service.ServiceSource`), or the
+  the rendezvous, the transport of ``runconfig.transport`` (one data-plane receiver, or one
+  dispatcher per input worker), the wait for their registrations and the merged stream from
+  every stream's start (:meth:`.chief_streams.ChiefStreams.training_source`), or the
   in-process pipeline (:class:`.service.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
   the layout's chief input CPUs it splits its CPUs and starts
@@ -101,13 +102,13 @@ class ChiefDrain:
         self.rdv: Rendezvous | None = None
 
     def open(self) -> tuple[DrainSource, list[int]]:
-        """The stream (:meth:`_service_source`, or :meth:`_local_source` with no input worker)
+        """The stream (:meth:`_streamed_source`, or :meth:`_local_source` with no input worker)
         and the pids of the input workers on this host (their CPU is reported apart)."""
         self.chief.model_dir.mkdir(parents=True, exist_ok=True)
         if self.role.num_input_workers > 0:
             self.chief.place_chief_input()  # before the source is built: the chief's threads pinned
             self.rdv = self._rendezvous()
-            return self._service_source(self.rdv)
+            return self._streamed_source()
         return self._local_source(), []
 
     def samples_of(self, batch: Any) -> int:
@@ -140,24 +141,18 @@ class ChiefDrain:
         self.chief.rdv = rdv
         return rdv
 
-    def _service_source(self, rdv: Rendezvous) -> tuple[DrainSource, list[int]]:
-        """The training chief's stream: one dispatcher per input worker, their addresses
-        published, the chief's own input worker started (when placed), the registrations
-        awaited, and the merged stream of every worker. Returns the source and the pids of
-        the input workers on this host."""
-        from . import service
-
+    def _streamed_source(self) -> tuple[DrainSource, list[int]]:
+        """The training chief's stream, by its own code: what ``runconfig.transport`` sets up
+        (one data-plane receiver, or one tf.data service dispatcher per input worker), published;
+        the chief's own input worker started (when placed); the registrations awaited; every
+        stream from its start (``positions.json``: every input worker waits for it) merged.
+        Returns the source and the pids of the input workers on this host."""
         role, chief = self.role, self.chief
-        servers, ports = service.start_dispatchers(role.num_input_workers)
-        _KEEP.append(servers)
-        addresses = [f"{role.host}:{p}" for p in ports]
-        rdv.publish_endpoints(addresses, {
-            "num_workers": role.num_input_workers, "mode": "train (drain)",
-            "chief": {"node": role.node, "host": role.host, "pid": os.getpid()}})
+        addresses = chief.streams.start_dispatchers()
         chief.start_chief_input()
-        registry = chief.wait_workers()
-        source = service.ServiceSource(rdv, addresses, registry)
+        source = chief.streams.training_source(None, addresses, start=0)
         _KEEP.append(source)
+        registry = chief.streams.registry
         local_pids = [int(r["pid"]) for r in registry.values()
                       if r.get("pid") and r.get("host") in (role.host, socket.gethostname())]
         if chief.chief_input is not None:

@@ -163,8 +163,8 @@ def test_an_impostor_gets_nowhere_pytorch_batch_job(cli_env, tmp_path):
     assert "srun" in batch
     attack, watch, rss_before = _attack(md, script, tmp_path / "trained.log", cli_env)
     assert helpers.batch_job_end(job, cli_env, 300) == 0
-    files = [*tmp_path.glob("*.out"), *tmp_path.rglob("csrun_logs/*")]
-    output = "\n".join(p.read_text(errors="replace") for p in files)
+    files = [*tmp_path.glob("*.out"), *tmp_path.glob("csrun_logs/**/*")]
+    output = "\n".join(p.read_text(errors="replace") for p in files if p.is_file())
     _check(md, tmp_path, attack, watch, rss_before, output + sub.stderr)
     assert watch.secret not in batch and JOB_SECRET.name not in batch
 
@@ -188,7 +188,7 @@ def test_an_impostor_gets_nowhere_tensorflow_srun(cli_env, tmp_path):
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert "Launching: srun " in output
-    logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.rglob("csrun_logs/*"))
+    logs = "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("csrun_logs/**/*") if p.is_file())
     _check(md, tmp_path, attack, watch, rss_before, output + logs)
 
 

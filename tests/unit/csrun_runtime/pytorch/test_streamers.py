@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-import os
-
-from csrun_runtime.pytorch import (  # noqa: E402
-    streamers,  # noqa: E402
-)
+from csrun_runtime.pytorch import streamers  # noqa: E402
 from csrun_runtime.pytorch.streamers import StreamerFacts, set_facts  # noqa: E402
-from tests.unit.paths import REPO
+from tests.unit.paths import REPO  # noqa: E402
 
 ZOO = REPO / "tests" / "fixtures" / "modelzoo_pt"
 
@@ -81,6 +79,9 @@ def test_a_model_zoo_imported_after_the_facts_is_bound_too(zoo):
 
 def test_without_a_model_zoo_nothing_is_imported_and_nothing_fails(monkeypatch):
     _forget_modelzoo()
+    # no directory holding a modelzoo package on the path (an earlier test's run.py directory may be)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p or ".") / "modelzoo").exists()])
+    importlib.invalidate_caches()
     monkeypatch.setattr(streamers, "_TRIED", False)
     monkeypatch.setattr(streamers, "_BOUND", None)
     set_facts(StreamerFacts(2, 1, True))
