@@ -98,8 +98,8 @@ def _produce(params: str, seconds: float, index: int, n: int) -> None:
     """Child: iterate input_fn as input worker ``index`` of ``n`` (1 thread) for ``seconds``
     after a warm-up; print ``{"samples_per_sec"}``."""
     from csrun_runtime.capture import load_entry
+    from csrun_runtime.tensorflow.bundling import limit_threads
     from csrun_runtime.tensorflow.pipeline import build_worker_input
-    from csrun_runtime.tensorflow.service import limit_threads
 
     entry = load_entry(str(SERIAL / "run.py"), ["--params", params, "--mode", "train"])
     built = build_worker_input(entry.input_fn, entry.params, index, n, None, job_key="bench", view_root=None)

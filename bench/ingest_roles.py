@@ -47,8 +47,8 @@ from csrun_common.roles import resolve_role
 from csrun_runtime import rendezvous
 from csrun_runtime.capture import load_entry
 from csrun_runtime.params import resolve_params
+from csrun_runtime.tensorflow import bundling, service, sources, training
 from csrun_runtime.tensorflow import chief as chief_mod
-from csrun_runtime.tensorflow import service, training
 
 #: The roles (the first argument) and their functions.
 ROLES = ("--chief", "--worker", "--sender", "--dp-sender", "--loop")
@@ -89,15 +89,15 @@ def child_worker(spec: dict) -> None:
         for name, (setting, compression, prefetch) in WORKER_VARIANTS.items():
             if name not in spec["variants"]:
                 continue
-            ds = service.limit_threads(synthetic_dataset(nbytes), 1)
-            plan = service.plan_bundle(ds.element_spec, setting)
+            ds = bundling.limit_threads(synthetic_dataset(nbytes), 1)
+            plan = bundling.plan_bundle(ds.element_spec, setting)
             counter = [0]
             counters.append(counter)
             ds_id = f"{size}/{name}"
             bundles[ds_id] = plan.bundle
             if prefetch:  # bundle here, prefetch, and register it as it is
-                ds = service.bundle_dataset(ds, plan.bundle).prefetch(2)
-                plan = service.BundlePlan(1, plan.batch_bytes, setting, "bundled before the prefetch")
+                ds = bundling.bundle_dataset(ds, plan.bundle).prefetch(2)
+                plan = bundling.BundlePlan(1, plan.batch_bytes, setting, "bundled before the prefetch")
             keep.append(service.register_stream(address, ds, plan, counter, dataset_id=ds_id,
                                                 compression=compression))
     rdv.register_worker(i, {"status": "ok", "pid": os.getpid(), "node": "localhost", "bundles": bundles})
@@ -118,8 +118,8 @@ def _lean_send(req: dict) -> None:
     import tensorflow as tf  # only in the child processes: the harness never loads it
 
 
-    ds = service.limit_threads(synthetic_dataset(req["nbytes"]), 1)
-    ds = service.bundle_dataset(ds, service.plan_bundle(ds.element_spec, "auto").bundle)
+    ds = bundling.limit_threads(synthetic_dataset(req["nbytes"]), 1)
+    ds = bundling.bundle_dataset(ds, bundling.plan_bundle(ds.element_spec, "auto").bundle)
     s = socket.create_connection(("127.0.0.1", req["port"]))
     try:
         for el in ds:
@@ -427,7 +427,7 @@ def child_loop(spec: dict) -> None:
     ds, spec_, batch_size = chief._check_train_input()
     model = chief._build_model(spec_)
     chief._apply_jit(model)
-    plan = service.plan_bundle(spec_, "auto")
+    plan = bundling.plan_bundle(spec_, "auto")
     x, y = next(iter(ds))
     element = (tf.stack([x] * plan.bundle), tf.stack([y] * plan.bundle))
     floor_el = (tf.stack([x] * 256), tf.stack([y] * 256))
@@ -446,7 +446,7 @@ def child_loop(spec: dict) -> None:
     loops = []
     for _ in range(spec["repeats"]):
         step_var, _ckpt, mgr, _ = chief._checkpointing(model)
-        source = service.LocalSource(ds.take(1).cache().repeat(), plan)
+        source = sources.LocalSource(ds.take(1).cache().repeat(), plan)
         loop = training.training_loop(chief.loop_context(), model, step_var, mgr, source, batch_size, False)
         loop.run()
         c = loop.clock
@@ -454,7 +454,7 @@ def child_loop(spec: dict) -> None:
         n = loop.step - loop.start - 1
         loops.append({"us_per_step": (c.t_end - c.t_first_end) / n * 1e6, "steps": n,
                       "calls": sum(c.chunk_steps.values())})
-    rate_ds = service.limit_threads(ds, 1)
+    rate_ds = bundling.limit_threads(ds, 1)
     it = iter(rate_ds)
     digits_rate = window(lambda: (next(it), 1)[1], 1.0, sec, [])["batches_per_sec"] * batch_size
     write(spec["out"], {"micro_us_per_step": micro, "loop": loops, "bundle": plan.bundle,

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from csrun_common.atomic import write_json
 
+from .bundling import plan_bundle
 from .contract import synthetic_batch, validate
-from .service import plan_bundle
 from .steps import TrainSteps
 
 if TYPE_CHECKING:  # annotations only: TensorFlow is imported inside the functions

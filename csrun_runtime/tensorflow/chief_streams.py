@@ -24,19 +24,14 @@ from ..coverage import check_job_files
 from ..params import ParamsError
 from ..position import InputPositions
 from ..rendezvous import Rendezvous
+from ..streams import InputStalled
 from . import remote
+from .bundling import limit_threads, plan_bundle
 from .contract import Refused, check_dataset, check_signature, check_workers
 from .deviceprefetch import PrefetchPlan, plan_prefetch
 from .pipeline import build_worker_input
-from .service import (
-    BatchSource,
-    InputStalled,
-    LocalSource,
-    ServiceSource,
-    limit_threads,
-    plan_bundle,
-    start_dispatchers,
-)
+from .service import ServiceSource, start_dispatchers
+from .sources import BatchSource, LocalSource
 
 __all__ = ["ChiefStreams"]
 

@@ -34,9 +34,9 @@ from ..bundles import map_nest
 from ..position import tag
 from ..rendezvous import SUPERSEDED, Heartbeat, Rendezvous
 from ..streams import STREAM_ERROR
+from .bundling import BundlePlan, limit_threads
 from .pipeline import WorkerInput
 from .resume import stream_hooks
-from .service import BundlePlan, limit_threads
 
 __all__ = ["serve", "Pump", "ServedWorker"]
 
@@ -85,7 +85,7 @@ class Pump(threading.Thread):
     def _served(self, start: int) -> Any:
         """The bundles from batch ``start`` of ``ds`` (the ones before read and discarded), the
         next bundle prepared on tf.data's threads while this one is sent."""
-        from .service import bundle_dataset
+        from .bundling import bundle_dataset
 
         return bundle_dataset(self.ds.skip(start) if start else self.ds, self.bundle).prefetch(PREFETCH)
 

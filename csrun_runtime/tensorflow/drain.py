@@ -164,9 +164,10 @@ class ChiefDrain:
         run_worker holds an input worker and the runtime's chief its in-process pipeline (and
         as the probes were): on a cluster that does not bind tasks to CPUs the pipeline would
         otherwise use every core of the node."""
-        from . import service
+        from .bundling import limit_threads
+        from .sources import LocalSource
 
         ds, _spec, _bs = self.chief.streams.check_train_input()
-        source = service.LocalSource(service.limit_threads(ds, self.role.cpus_per_task))
+        source = LocalSource(limit_threads(ds, self.role.cpus_per_task))
         _KEEP.append(source)
         return source

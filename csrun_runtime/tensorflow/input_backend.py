@@ -42,13 +42,13 @@ class TFInputBackend:
         """The ``tf.data.Dataset`` :meth:`build` iterates (the ingest probes serve it).
         Raises :class:`InputBuildError` with the contract's violations, or what ``input_fn``
         raises."""
-        from . import contract, pipeline, service
+        from . import bundling, contract, pipeline
 
         ds = pipeline.build_worker_input(self.input_fn, self.params, worker_index, num_input_workers).dataset
         rep = contract.check_dataset(ds, "train")
         if rep.violations:
             raise InputBuildError("; ".join(rep.violations))
-        return service.limit_threads(ds, cpus)
+        return bundling.limit_threads(ds, cpus)
 
 
 def tf_passes(ds: Any, restarts: list[int]) -> Iterator[Any]:

@@ -114,9 +114,9 @@ def _serve_bundled(address: str, ds: Any, counter: list[int]) -> int:
     """Register ``ds`` with the dispatcher at ``address`` as the runtime's input workers do:
     bundled by :func:`.service.plan_bundle` (``input_bundle: auto``), each service element
     counted in ``counter[0]``, no compression. Returns the batches per element."""
-    from . import service
+    from . import bundling, service
 
-    plan = service.plan_bundle(ds.element_spec, "auto")
+    plan = bundling.plan_bundle(ds.element_spec, "auto")
     service.register_stream(address, ds, plan, counter)
     return plan.bundle
 

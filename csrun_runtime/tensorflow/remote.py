@@ -36,7 +36,8 @@ from ..position import InputPositions
 from ..rendezvous import Rendezvous
 from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
 from .deviceprefetch import to_device
-from .service import Chunk, ChunkedSource, Pending, ServiceSource
+from .service import ServiceSource
+from .sources import Chunk, ChunkedSource, Pending
 
 __all__ = ["DataplaneSource", "ServiceSource", "start_receiver", "start_for_chief", "chief_source",
            "TRANSPORT", "STREAM_ERROR"]

@@ -55,7 +55,7 @@ def positioned(ds: Any, bundle: int, read_position: Callable[[], int],
     of each iterator (``info`` as :func:`csrun_runtime.position.report_resumed` takes it)."""
     import tensorflow as tf
 
-    from .service import bundle_dataset
+    from .bundling import bundle_dataset
 
     started: list[float] = [0.0]
 

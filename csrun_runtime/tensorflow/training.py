@@ -19,7 +19,8 @@ from ..loop import LoopSetup, ScalarWriter, TrainingDriver
 from ..rankgroup import LoopRanks
 from .ranks import RankChunk
 from .remote import DataplaneSource
-from .service import BatchSource, Chunk, ServiceSource
+from .service import ServiceSource
+from .sources import BatchSource, Chunk
 from .steps import StepLoss, TrainSteps
 
 if TYPE_CHECKING:

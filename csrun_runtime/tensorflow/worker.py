@@ -37,16 +37,11 @@ from ..elastic import ATTEMPT_ENV, tell_supervisor
 from ..params import ParamsError, Resolved, load_shard_plan
 from ..rendezvous import CHIEF_LOST_SECS, STALE_SECS, SUPERSEDED, Heartbeat, Rendezvous
 from ..sharding import TF_CONFIG_VAR
+from .bundling import BundlePlan, limit_threads, plan_bundle
 from .contract import check_dataset
 from .pipeline import WorkerInput, build_worker_input, pipeline_files
 from .resume import resume_at
-from .service import (
-    BundlePlan,
-    limit_threads,
-    plan_bundle,
-    register_stream,
-    start_worker_server,
-)
+from .service import register_stream, start_worker_server
 
 __all__ = ["run_worker", "InputWorker"]
 

@@ -1,5 +1,5 @@
 """The chief's ingest path with real TensorFlow: bundling small batches into tf.data service
-elements (csrun_runtime.tensorflow.service.plan_bundle, register_stream), handing them out as chunks in
+elements (csrun_runtime.tensorflow.bundling.plan_bundle, register_stream), handing them out as chunks in
 each worker's order (ServiceSource, LocalSource), several training steps per call
 (csrun_runtime.tensorflow.steps.TrainSteps) equal to train_on_batch step by step, and the training
 loop's cadence (logs, checkpoints, evaluations, exact step count) with chunks."""
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
 from csrun_runtime import rendezvous  # noqa: E402
-from csrun_runtime.tensorflow import service  # noqa: E402
+from csrun_runtime.bundles import MAX_BUNDLE  # noqa: E402
+from csrun_runtime.tensorflow import bundling, service, sources  # noqa: E402
 from csrun_runtime.tensorflow.steps import TrainSteps  # noqa: E402
 
 
@@ -28,31 +29,31 @@ def spec(*shapes, dtype=None):
 
 def test_plan_bundle_aims_at_one_mib_elements():
     digits = (tf.TensorSpec([64, 64], tf.float32), tf.TensorSpec([64], tf.int32))  # 16,640 bytes
-    plan = service.plan_bundle(digits)
+    plan = bundling.plan_bundle(digits)
     assert plan.batch_bytes == 16640 and plan.bundle == (1 << 20) // 16640 == 63
     assert "63 batches" in plan.reason
-    assert service.plan_bundle(spec([64, 1024])).bundle == 4               # 256 KiB -> 1 MiB
-    assert service.plan_bundle(spec([64, 3000])).bundle == 1               # 750 KB: already big
-    assert service.plan_bundle(spec([2, 2])).bundle == service.MAX_BUNDLE  # tiny: capped
-    assert service.plan_bundle(digits, 1).bundle == 1 and "off" in service.plan_bundle(digits, 1).reason
-    assert service.plan_bundle(digits, 7).bundle == 7
+    assert bundling.plan_bundle(spec([64, 1024])).bundle == 4               # 256 KiB -> 1 MiB
+    assert bundling.plan_bundle(spec([64, 3000])).bundle == 1               # 750 KB: already big
+    assert bundling.plan_bundle(spec([2, 2])).bundle == MAX_BUNDLE  # tiny: capped
+    assert bundling.plan_bundle(digits, 1).bundle == 1 and "off" in bundling.plan_bundle(digits, 1).reason
+    assert bundling.plan_bundle(digits, 7).bundle == 7
 
 
 def test_plan_bundle_leaves_a_short_run_to_every_worker():
     """300 steps and 6 input workers: at most 300 // 24 = 12 batches per element, so every
     worker can contribute (the merge is first come, first served by element)."""
     digits = (tf.TensorSpec([64, 64], tf.float32), tf.TensorSpec([64], tf.int32))
-    plan = service.plan_bundle(digits, "auto", max_batches=300 // (4 * 6))
+    plan = bundling.plan_bundle(digits, "auto", max_batches=300 // (4 * 6))
     assert plan.bundle == 12 and "capped by the run's length" in plan.reason
-    assert service.plan_bundle(digits, "auto", max_batches=10_000).bundle == 63  # no effect on long runs
-    assert service.plan_bundle(digits, "auto", max_batches=0).bundle == 1
-    assert service.plan_bundle(digits, 40, max_batches=12).bundle == 40           # an explicit N is kept
+    assert bundling.plan_bundle(digits, "auto", max_batches=10_000).bundle == 63  # no effect on long runs
+    assert bundling.plan_bundle(digits, "auto", max_batches=0).bundle == 1
+    assert bundling.plan_bundle(digits, 40, max_batches=12).bundle == 40           # an explicit N is kept
 
 
 def test_plan_bundle_never_stacks_what_batch_cannot():
     for s in (spec([64, None]), (tf.TensorSpec([64], tf.string), tf.TensorSpec([64], tf.int32)),
               (tf.RaggedTensorSpec([64, None], tf.float32), tf.TensorSpec([64], tf.int32))):
-        plan = service.plan_bundle(s, 8)
+        plan = bundling.plan_bundle(s, 8)
         assert plan.bundle == 1 and plan.batch_bytes is None and "static" in plan.reason
 
 
@@ -68,8 +69,8 @@ def seqs(chunk) -> list[int]:
 
 
 def test_local_source_hands_out_chunks_in_order():
-    plan = service.plan_bundle(numbered(0).element_spec, 5)
-    src = service.LocalSource(numbered(0), plan)
+    plan = bundling.plan_bundle(numbered(0).element_spec, 5)
+    src = sources.LocalSource(numbered(0), plan)
     got = []
     for limit in (3, 10, 1, 7, 5, 2):
         c = src.get_chunk(limit, 1)
@@ -93,7 +94,7 @@ def test_service_source_merges_bundled_and_unbundled_streams_in_each_workers_ord
     registry = {}
     for i, (address, bundle) in enumerate(zip(addresses, (4, 1), strict=True)):
         ds = numbered(1000 * i)
-        plan = service.plan_bundle(ds.element_spec, bundle)
+        plan = bundling.plan_bundle(ds.element_spec, bundle)
         service.register_stream(address, ds, plan, counters[i])
         registry[i] = {"node": f"node{i + 2}", "pid": 0, "bundle": plan.bundle}
     rdv = rendezvous.Rendezvous(tmp_path, "job.0")
@@ -130,7 +131,7 @@ def test_service_source_gains_a_stream_while_training(tmp_path):
     workers = [service.start_worker_server(a, "localhost") for a in addresses]
     for i, address in enumerate(addresses):
         ds = numbered(1000 * i)
-        service.register_stream(address, ds, service.plan_bundle(ds.element_spec, 2), [0])
+        service.register_stream(address, ds, bundling.plan_bundle(ds.element_spec, 2), [0])
     rdv = rendezvous.Rendezvous(tmp_path, "job.0")
     rdv.reset()
     src = service.ServiceSource(rdv, addresses[:1], {0: {"node": "node2", "pid": 0, "bundle": 2}})

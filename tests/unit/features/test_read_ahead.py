@@ -1,7 +1,7 @@
 """The read-ahead bound in batches (issue 33, item 4; docs/DATAPLANE.md "Read-ahead in batches"):
 a real input-worker process streams an endless "DataLoader" with the input worker's own
 ``send_batches`` (csrun_runtime/pytorch/worker.py) to a :class:`Receiver` with ``window_batches``
-(csrun_runtime/dataplane/transport.py); the chief takes single batches
+(csrun_runtime/dataplane/receiver.py); the chief takes single batches
 (as the PyTorch chief's ``RemoteSource`` does: a bundle, then its batches) at a training pace,
 and at every step the batches the worker took from its input minus the steps trained stay
 within the bound. Without the bound (bytes only) the same worker reads hundreds ahead."""

@@ -3,7 +3,7 @@ sender cut inside a bundle (a worker killed mid-send) loses that bundle and noth
 stream that cannot be parsed is closed naming its worker; the end of stream, which travels on
 zmq, cannot overtake the bundles still in the connection; bundles land in the buffers a consumer
 lends. Raw sockets on loopback play the broken senders, so the cut falls exactly inside a bundle.
-(test_transport.py runs the transport's common tests on the bulk channel too.)"""
+(test_protocol.py, test_intake.py, test_receiver.py and test_workers.py run their tests on the bulk channel too.)"""
 from __future__ import annotations
 
 import ctypes

@@ -9,7 +9,7 @@ import pytest
 
 from csrun_runtime.tensorflow.chief_streams import ChiefStreams
 from csrun_runtime.tensorflow.contract import Refused
-from csrun_runtime.tensorflow.service import LocalSource
+from csrun_runtime.tensorflow.sources import LocalSource
 from tests.unit.csrun_runtime.tensorflow import tiny
 
 pytestmark = pytest.mark.tf

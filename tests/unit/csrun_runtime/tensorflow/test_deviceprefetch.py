@@ -18,6 +18,8 @@ import pytest
 
 from csrun_common.roles import Role
 from csrun_runtime.rendezvous import Rendezvous
+from csrun_runtime.streams import InputStalled
+from csrun_runtime.tensorflow.bundling import plan_bundle
 from csrun_runtime.tensorflow.chief_streams import ChiefStreams
 from csrun_runtime.tensorflow.deviceprefetch import (
     DevicePrefetch,
@@ -26,7 +28,8 @@ from csrun_runtime.tensorflow.deviceprefetch import (
     to_device,
 )
 from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
-from csrun_runtime.tensorflow.service import InputStalled, LocalSource, ServiceSource, plan_bundle
+from csrun_runtime.tensorflow.service import ServiceSource
+from csrun_runtime.tensorflow.sources import LocalSource
 from tests.unit.csrun_runtime.tensorflow.test_remote import BUNDLE, _batches, plane  # noqa: F401 - the real senders' fixture
 
 tf = pytest.importorskip("tensorflow")

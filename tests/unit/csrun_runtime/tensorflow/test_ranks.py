@@ -29,7 +29,7 @@ os.environ.update(trainer_env(rank, 0, 2, 1, ["localhost", "localhost"], port))
 from csrun_common.roles import Role
 from csrun_runtime.rankgroup import leave
 from csrun_runtime.tensorflow.ranks import TFRanks
-from csrun_runtime.tensorflow.service import ChunkedSource
+from csrun_runtime.tensorflow.sources import ChunkedSource
 from csrun_runtime.tensorflow.steps import TrainSteps
 
 ranks = TFRanks(Role(kind="chief", worker_index=None, num_input_workers=0, rank=rank, world_size=2))

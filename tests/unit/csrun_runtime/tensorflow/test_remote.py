@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from csrun_runtime.rendezvous import Rendezvous
+from csrun_runtime.streams import InputStalled
 from csrun_runtime.tensorflow.remote import STREAM_ERROR, DataplaneSource
-from csrun_runtime.tensorflow.service import InputStalled
 from tests.unit.paths import REPO
 
 BUNDLE = 4

@@ -10,9 +10,9 @@ tf = pytest.importorskip("tensorflow")
 
 from csrun_runtime.position import InputPositions, wait_position  # noqa: E402
 from csrun_runtime.rendezvous import Rendezvous  # noqa: E402
+from csrun_runtime.tensorflow.bundling import BundlePlan  # noqa: E402
 from csrun_runtime.tensorflow.resume import positioned  # noqa: E402
 from csrun_runtime.tensorflow.service import (  # noqa: E402
-    BundlePlan,
     ServiceSource,
     register_stream,
     start_dispatchers,

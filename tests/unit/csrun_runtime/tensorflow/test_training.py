@@ -10,7 +10,8 @@ import json
 import pytest
 
 from csrun_runtime.tensorflow import chief_model
-from csrun_runtime.tensorflow.service import LocalSource, plan_bundle
+from csrun_runtime.tensorflow.bundling import plan_bundle
+from csrun_runtime.tensorflow.sources import LocalSource
 from csrun_runtime.tensorflow.steps import TrainSteps
 from csrun_runtime.tensorflow.training import LoopContext, TFStepBackend, training_loop, write_scalar
 from tests.unit.csrun_runtime.tensorflow import tiny
