@@ -8,7 +8,7 @@
   the rendezvous, the transport of ``runconfig.transport`` (one data-plane receiver, or one
   dispatcher per input worker), the wait for their registrations and the merged stream from
   every stream's start (:meth:`.chief_streams.ChiefStreams.training_source`), or the
-  in-process pipeline (:class:`.service.LocalSource`, its pipeline held to the task's
+  in-process pipeline (:class:`.sources.LocalSource`, its pipeline held to the task's
   ``CSRUN_CPUS_PER_TASK`` threads as an input worker's is) when there is no input worker; with
   the layout's chief input CPUs it splits its CPUs and starts
   input worker 0 in its own task as the runtime's chief does (:mod:`csrun_runtime.chief_input`).
