@@ -44,11 +44,8 @@ SHORT_RUN_CALLS = 3
 
 
 def write_params_yaml(model_dir: str | os.PathLike, params: Mapping[str, Any], kind: str) -> Path:
-    """Write the resolved params as ``<model_dir>/<kind>/params_<kind>.yaml`` ("Weight Streaming Quickstart").
-
-    Args:
-        kind: ``"train"`` or ``"eval"``.
-    """
+    """Write the resolved params as ``<model_dir>/<kind>/params_<kind>.yaml`` ("Weight Streaming Quickstart"),
+    ``kind`` ``"train"`` or ``"eval"``; returns the file's path."""
     path = Path(model_dir) / kind / f"params_{kind}.yaml"
     with atomic_open(path) as f:
         yaml.safe_dump(_plain(params), f, sort_keys=False)

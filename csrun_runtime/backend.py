@@ -41,8 +41,7 @@ class Task(Protocol):
     """A task's whole life (an input worker's)."""
 
     def run(self) -> int:
-        """Run until done; returns the task's exit code (0 done, 1 a runtime failure, 2 a
-        contract violation or bad params)."""
+        """Run until done; returns the exit code (0 done, 1 a runtime failure, 2 a contract violation or bad params)."""
         ...
 
 
@@ -68,13 +67,11 @@ class ChiefTask(Protocol):
         ...
 
     def run_mode(self) -> int:
-        """Run ``runconfig.mode``; returns the exit code (0, or a stop's 75/130/143). Raises what
-        :meth:`Hooks.failure` and the lifecycle's ladder map to exit codes."""
+        """Run ``runconfig.mode``; returns 0 or a stop's 75/130/143; raises what the lifecycle maps to exit codes."""
         ...
 
     def close(self) -> None:
-        """After ``done.json``: release the training source, the chief's own input worker
-        (:mod:`csrun_runtime.chief_input`), temporary files; also after :meth:`run_mode` raised."""
+        """After ``done.json`` (also when :meth:`run_mode` raised): release the source, own input worker, temp files."""
         ...
 
     def missing_reports(self) -> int:
@@ -105,13 +102,11 @@ class Hooks(Protocol):
         ...
 
     def chief(self, role: Role, resolved: Resolved, rdv: Rendezvous | None, t_proc: float, /) -> ChiefTask:
-        """The chief ``role`` (``rdv``: the job step's rendezvous, with input workers; ``t_proc``:
-        the process's start, ``time.time()`` seconds)."""
+        """The chief ``role``; ``rdv``: the rendezvous (with input workers); ``t_proc``: its start, epoch seconds."""
         ...
 
     def failure(self, error: BaseException, ranks: RankGroup | None, /) -> Failure | None:
-        """The exit code and lines of one of this backend's exceptions (a contract violation: 2),
-        ``None`` for another: the lifecycle's ladder decides (:func:`csrun_runtime.lifecycle.failure`)."""
+        """Exit code and lines of this backend's ``error`` (a contract violation: 2); ``None``: the ladder decides."""
         ...
 
 
@@ -146,8 +141,7 @@ class StreamSource(Protocol):
         ...
 
     def add_stream(self, index: int, address: str, registration: Mapping | None = None, /) -> None:
-        """Open worker ``index``'s stream (``address``: where it serves; ``registration``: its
-        ``workers/<index>.json``); ``index >= n`` grows the source."""
+        """Open worker ``index``'s stream (at ``address``; its ``workers/<index>.json``); ``index >= n`` grows it."""
         ...
 
     def reopen(self, i: int, registration: Mapping, /) -> str:
@@ -180,8 +174,7 @@ class RunnerModule(Protocol):
     hooks over those functions."""
 
     def run(self, *fns: Callable[..., Any], argv: Sequence[str] | None = None, exit: bool = True) -> int | None:
-        """Run the task this process is (:func:`csrun_runtime.lifecycle.run`) and leave with its
-        exit code (``exit=False``: return it); in capture mode record the functions and return."""
+        """Run this task, exit with its code (``exit=False``: return it); capture mode: record the functions."""
         ...
 
     def Hooks(self, *fns: Callable[..., Any]) -> Hooks:  # noqa: N802 - a class
@@ -194,14 +187,11 @@ class InputBackendModule(Protocol):
     and the launcher's one-batch check (:mod:`csrun_runtime.first_batch`)."""
 
     def INPUT_BACKEND(self, data_fn: Callable[..., Any], params: dict[str, Any], /) -> InputBackend:  # noqa: N802
-        """The backend's :class:`csrun_runtime.input_backend.InputBackend` class, made from the
-        captured run's training data function and params."""
+        """The backend's :class:`InputBackend` over the captured run's training data function and params."""
         ...
 
     def describe_error(self, error: BaseException, what: str, /) -> str:
-        """The lines an input worker shows for ``error``, raised by the user's input code while
-        building or iterating the input (:func:`csrun_runtime.usererror.describe`, or the
-        backend's contract message as it is)."""
+        """An input worker's lines for ``error`` from user input code (``usererror.describe``, or a contract's)."""
         ...
 
 

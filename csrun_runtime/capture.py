@@ -64,8 +64,7 @@ class CapturedRun:
 
     def worker_params(self, worker_index: int = 0, num_input_workers: int = 1,
                       plan: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Params as input worker ``worker_index`` of ``num_input_workers`` would receive them
-        (see :func:`csrun_runtime.params.worker_params`)."""
+        """Params as input worker ``worker_index`` of ``num_input_workers`` gets them (``params.worker_params``)."""
         return worker_params(self.params, worker_index, num_input_workers, plan)
 
 

@@ -160,8 +160,7 @@ def place(role: Role, env: Mapping[str, str]) -> CpuSplit | None:
 
 
 def record(split: CpuSplit) -> dict[str, Any]:
-    """performance.json's ``chief_input`` as the chief records it after :func:`place`: worker 0,
-    the split (:meth:`CpuSplit.describe`) and ``chief_affinity``, the CPUs the chief may run on."""
+    """performance.json's ``chief_input``: worker 0, :meth:`CpuSplit.describe`, ``chief_affinity`` (its CPUs)."""
     return {"worker": 0, **split.describe(), "chief_affinity": sorted(os.sched_getaffinity(0))}
 
 

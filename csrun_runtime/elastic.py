@@ -108,10 +108,8 @@ class WorkerWatch:
         self._restarting: set[int] = set()  # pending workers whose supervisor starts a replacement
 
     def known(self, index: int, registration: Mapping[str, Any]) -> None:
-        """A registration of worker ``index``'s current attempt that arrived after the watch
-        began (the PyTorch chief publishes its endpoint before its workers register): its node
-        and pid name the worker in later records. A later attempt's registration is left to
-        :meth:`poll` (a replacement); an unknown index is ignored."""
+        """Take worker ``index``'s node and pid from its current attempt's ``registration``; a later attempt's is
+        :meth:`poll`'s (a replacement); an unknown index is ignored."""
         if index in self.attempt and int(registration.get("attempt") or 0) == self.attempt[index]:
             self.nodes[index], self.pids[index] = registration.get("node"), registration.get("pid")
 

@@ -66,21 +66,16 @@ class BuiltInput:
 
 
 class InputBackend(Protocol):
-    """Build and iterate one input worker's training input (see the module docstring)."""
+    """Build and iterate one input worker's training input (see the module docstring). ``build``'s
+    ``dataloader_workers`` / ``prefetch_factor``: the PyTorch DataLoader's ``train_input.num_workers`` /
+    ``prefetch_factor`` (``None``: the params' value; TensorFlow ignores both)."""
 
     #: ``"tensorflow"`` or ``"pytorch"``.
     framework: str
 
     def build(self, worker_index: int, num_input_workers: int, cpus: int, *,
               dataloader_workers: int | None = None, prefetch_factor: int | None = None) -> BuiltInput:
-        """Input worker ``worker_index`` of ``num_input_workers`` (``0 <= worker_index < num_input_workers``)
-        with ``cpus`` CPUs (>= 1). ``dataloader_workers`` / ``prefetch_factor``: the PyTorch
-        DataLoader's ``train_input.num_workers`` / ``prefetch_factor`` (``None``: the params'
-        value; TensorFlow ignores both).
-
-        Raises:
-            InputBuildError: the input cannot be built at this point.
-        """
+        """Input worker ``worker_index`` (< ``num_input_workers``) on ``cpus`` CPUs; raises :class:`InputBuildError`."""
         ...
 
 

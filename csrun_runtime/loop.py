@@ -151,7 +151,8 @@ class LoopSetup:
 
 
 def _no_scalars(values: Mapping[str, float], step: int) -> None:
-    """The scalar writer of a rank that writes no events (not rank 0)."""
+    # the scalar writer of a rank that writes no events (not rank 0)
+    pass
 
 
 @dataclass
@@ -312,11 +313,8 @@ class TrainingDriver:
         return self.backend.batch_size or 0
 
     def run(self) -> None:
-        """Train to the target, save the final checkpoint, write performance.json and the verdict,
-        evaluate at the end when evaluating. Stop signals are recorded meanwhile
-        (:func:`csrun_runtime.preemption.deferred`): the loop stops between two calls and saves. An
-        exception after the first step still writes performance.json and the verdict
-        (``ended: failed: ...``), then propagates; one before it closes the event file."""
+        """Train to the target, save, write performance.json and the verdict (after a failure past step 1 too,
+        ``ended: failed: ...``), evaluate at the end; stops between two calls at a stop signal (``deferred``)."""
         with preemption.deferred():
             self._run()
 

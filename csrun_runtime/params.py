@@ -472,23 +472,10 @@ def training_target(start_step: int, runconfig: Mapping[str, Any]) -> int:
 
 # --------------------------------------------------------------------------- workers, shard plan
 def load_shard_plan(path: str | os.PathLike, num_input_workers: int) -> dict[str, Any]:
-    """Load and check a shard plan (``CSRUN_SHARD_PLAN``) for a job with ``num_input_workers`` input workers.
-
-    The format, loader and checks are :mod:`csrun_common.shardplan_schema`'s (``csrun.shard_plan``
-    version 1: ``{"num_workers": W, "workers": [{"index": i, "files": [...], "seed": s, ...}]}``).
-
-    Args:
-        path: the plan file.
-        num_input_workers: the job's input-worker count (1 for a chief that reads in-process).
-
-    Returns:
-        The validated plan dict (``workers`` in index order).
-
-    Raises:
-        ParamsError: unreadable or malformed plan (the field named), or a plan made for a
-            different number of workers (both numbers named).
-    """
-
+    """Load and check the shard plan at ``path`` (``CSRUN_SHARD_PLAN``; :mod:`csrun_common.shardplan_schema`'s
+    ``csrun.shard_plan`` version 1) for ``num_input_workers`` (1: a chief reading in-process); returns it,
+    ``workers`` in index order. Raises :class:`ParamsError` for an unreadable or malformed plan (the field
+    named) or one made for another number of workers (both named)."""
     try:
         plan = schema.load_plan(path)
         schema.check_plan_workers(plan, num_input_workers, source=os.fspath(path))

@@ -208,19 +208,16 @@ def waiting_for_input() -> Iterator[None]:
 
 
 def install_from_env(env: Mapping[str, str] | None = None) -> list[str]:
-    """:func:`install` the signals of ``CSRUN_STOP_SIGNALS`` (csrun_wse ``--requeue``);
-    nothing when it is unset (a task not launched with ``--requeue`` keeps the default
-    dispositions)."""
+    """:func:`install` the signals of ``CSRUN_STOP_SIGNALS`` (csrun_wse ``--requeue``); returns those
+    installed, none when it is unset (the default dispositions stay)."""
     value = (os.environ if env is None else env).get(STOP_SIGNALS_ENV, "")
     return install(value.replace(",", ":").split(":")) if value else []
 
 
 def adopt_stop(signum: int, requeue: bool) -> None:
-    """Record stop signal ``signum`` as if this process had received it (``requeue``: one of
-    ``--requeue``'s), unless one was recorded already: a trainer rank that did not receive the
-    signal another rank did stops as that rank does, with the same ``stopped_by`` and exit
-    status (:mod:`csrun_runtime.rankgroup`). Raises ``ValueError`` for a number that is no
-    signal."""
+    """Record stop signal ``signum`` as if received (``requeue``: one of ``--requeue``'s) unless one was
+    recorded already: a trainer rank stops as another did (:mod:`.rankgroup`). Raises ``ValueError`` for
+    a number that is no signal."""
     if _request.signal is not None:
         return
     _request.signal, _request.at = signal.Signals(int(signum)).name, time.time()
@@ -248,8 +245,7 @@ def stop_time() -> float | None:
 
 
 def requeue_requested() -> bool:
-    """The stop signal is one of ``--requeue``'s (``CSRUN_STOP_SIGNALS``): the run asks to
-    be launched again."""
+    """Whether the stop signal is one of ``--requeue``'s (``CSRUN_STOP_SIGNALS``): the run asks to be relaunched."""
     return _request.signal is not None and _request.requeue
 
 

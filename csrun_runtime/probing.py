@@ -34,9 +34,7 @@ DEFAULT_FRAMEWORK: str = registry.DEFAULT_FRAMEWORK
 
 
 def facts(framework: str | None) -> ProbeFacts:
-    """The :class:`csrun_runtime.facts.ProbeFacts` of ``framework`` (``None`` or ``""``:
-    :data:`DEFAULT_FRAMEWORK`), from its backend's facts (imported, not its framework).
-    Raises :class:`csrun_runtime.registry.UnknownFramework` for another name."""
+    """``framework``'s :class:`.facts.ProbeFacts` (``None``/``""``: the default); raises ``UnknownFramework``."""
     return registry.facts(framework or DEFAULT_FRAMEWORK).probe
 
 

@@ -52,7 +52,10 @@ class RankLost(RuntimeError):
 
 class RankGroup(Protocol):
     """The trainer ranks of a job, as the core's training loop uses them (a framework's
-    process group; one object per rank).
+    process group; one object per rank). ``agree``, ``gather`` and ``sync_statistics`` are
+    collectives every rank calls at the same point of the loop (``sync_statistics`` before rank 0
+    saves a checkpoint); each raises :class:`RankLost` when it fails or times out. Weights and
+    statistics are docs/MULTI-RANK.md's ("Weights and statistics").
 
     Attributes:
         rank: this rank, ``0 <= rank < world_size``; ``world_size``: the ranks (> 1).
@@ -62,28 +65,19 @@ class RankGroup(Protocol):
     world_size: int
 
     def agree(self, code: int, /) -> int:
-        """The maximum of every rank's ``code`` (an int >= 0), the same on every rank: a
-        collective all ranks call at the same point of the loop. Raises :class:`RankLost`
-        when it fails or times out."""
+        """The maximum of every rank's ``code`` (an int >= 0), the same on every rank."""
         ...
 
     def gather(self, obj: Any, /) -> list[Any]:
-        """Every rank's ``obj`` (picklable / JSON-able), in rank order, on every rank. Raises
-        :class:`RankLost`."""
+        """Every rank's ``obj`` (picklable / JSON-able), in rank order, on every rank."""
         ...
 
     def digest(self) -> tuple[str, str]:
-        """``(weights, statistics)``: ``sha256:<hex>`` (:func:`weights_digest`) of this rank's
-        trainable weights as they are now (PyTorch: the parameters; TensorFlow: the trainable
-        variables) and of the rest of its model's state, the per-replica statistics (BatchNorm's
-        moving mean and variance, counters), so identical values give identical digests."""
+        """``(weights, statistics)`` of this rank's model now, each ``sha256:<hex>`` (:func:`weights_digest`)."""
         ...
 
     def sync_statistics(self) -> list[str]:
-        """Make the statistics the same on every rank, as the framework would save them
-        (docs/MULTI-RANK.md "Weights and statistics"); every rank calls it before rank 0 saves
-        a checkpoint. Returns the names of this rank's statistics whose values changed. Raises
-        :class:`RankLost`."""
+        """Make the statistics the same on every rank, as the framework would save them; returns the names changed."""
         ...
 
     @property
@@ -140,10 +134,8 @@ def leave(group: RankGroup | None, code: int, together: bool) -> int:
 
 
 def stop_code(input_ended: bool, signum: int, requeue: bool) -> int:
-    """A rank's stop code for :meth:`RankGroup.agree`: ``2 + 2 × signum + requeue`` when a stop
-    signal ``signum`` (> 0) arrived (``requeue``: one of ``--requeue``'s), else
-    :data:`INPUT_ENDED` when the rank's input ended, else 0 (go on). A signal outranks an
-    input end, and of two signals the higher number wins (the same on every rank)."""
+    """A rank's stop code for :meth:`RankGroup.agree`: ``2 + 2 × signum + requeue`` after stop signal ``signum``
+    (> 0; ``requeue``: one of ``--requeue``'s), else :data:`INPUT_ENDED` when its input ended, else 0 (go on)."""
     if signum > 0:
         return 2 + 2 * int(signum) + int(bool(requeue))
     return INPUT_ENDED if input_ended else 0
@@ -342,8 +334,7 @@ class LoopRanks:
         self.synced.update(changed)
 
     def rank_wait_fraction(self, steady_time: float) -> float:
-        """The share (0..1) of ``steady_time`` (s) this rank waited for the others in the stop
-        agreements after the first: kept out of the input wait and the train steps' time."""
+        """The share (0..1) of ``steady_time`` (s) this rank waited in the stop agreements after the first."""
         return round(min(1.0, self.sync_time / steady_time), 4) if steady_time > 0 else 0.0
 
     def gather(self, rec: Mapping[str, Any]) -> dict[str, Any] | None:

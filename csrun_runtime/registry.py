@@ -61,14 +61,9 @@ def framework_of_launcher(launcher: str) -> str:
 
 
 def entry(framework: str, module: str) -> ModuleType:
-    """The backend ``framework``'s entry module ``module`` (e.g. ``entry("pytorch", "runner")``
-    is :mod:`csrun_runtime.pytorch.runner`), imported on first use.
-
-    Raises:
-        UnknownFramework: ``framework`` is not one of :data:`FRAMEWORKS`.
-        ModuleNotFoundError: the backend has no such module, or its framework is not installed
-            (the message names the missing package).
-    """
+    """The backend ``framework``'s entry module ``module`` (``csrun_runtime.<framework>.<module>``), imported on
+    first use. Raises :class:`UnknownFramework` (not in :data:`FRAMEWORKS`) or ``ModuleNotFoundError`` (no
+    such module, or its framework not installed: the package named)."""
     if framework not in FRAMEWORKS:
         raise UnknownFramework(f"framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
     return importlib.import_module(f"csrun_runtime.{framework}.{module}")

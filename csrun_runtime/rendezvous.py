@@ -95,9 +95,7 @@ class Rendezvous:
         private_dir(self.workers_dir)
 
     def publish_endpoints(self, addresses: Sequence[str], info: Mapping[str, Any]) -> None:
-        """Chief: write :data:`ENDPOINTS`: ``endpoints[i]`` is where input worker ``i`` is read
-        from or sends to (a tf.data service dispatcher's ``host:port``, a data-plane receiver's
-        ``tcp://host:port``), with ``info`` (``num_workers``, ``transport``, the chief's node ...)."""
+        """Chief: write :data:`ENDPOINTS`: worker ``i``'s ``host:port`` or ``tcp://host:port`` at ``[i]``, ``info``."""
         self.write(ENDPOINTS, {"endpoints": list(addresses), "created": time.time(), **dict(info)})
 
     def write(self, name: str, record: Mapping[str, Any]) -> None:
@@ -129,9 +127,7 @@ class Rendezvous:
         return list(rec.get("deaths", []))
 
     def order_adoption(self, index: int, info: Mapping[str, Any]) -> None:
-        """Chief (``--survive-node-loss``): ask the input workers' job for a new home for input
-        worker ``index``, lost with no supervisor left to replace it (its node is gone):
-        ``workers/<index>.orphan.json`` with the replacement's ``attempt``."""
+        """Chief, ``--survive-node-loss``: write ``workers/<index>.orphan.json`` (``info``: with ``attempt``)."""
         self.write(f"workers/{index}.orphan.json", dict(info))
 
     def adoption_orders(self) -> dict[int, dict[str, Any]]:

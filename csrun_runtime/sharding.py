@@ -46,17 +46,9 @@ _SEED_MOD = 2 ** 31 - 1
 
 
 def tf_config(worker_index: int, num_input_workers: int) -> dict[str, Any]:
-    """``TF_CONFIG`` of input worker ``worker_index`` of ``num_input_workers``, in the form the
-    Model Zoo's ``shard_dataset`` reads (``len(cluster["worker"])`` shards, shard
-    ``task["index"]``).
-
-    The ``cluster.worker`` entries are placeholders ``input-worker-<k>:0``: no TensorFlow
-    server listens there (the input workers talk to the chief through tf.data service); only
-    the list's length and ``task.index`` carry meaning.
-
-    Raises:
-        ValueError: ``num_input_workers < 1`` or ``worker_index`` outside ``[0, num_input_workers)``.
-    """
+    """``TF_CONFIG`` of input worker ``worker_index`` of ``num_input_workers`` as the Model Zoo's ``shard_dataset``
+    reads it (``len(cluster["worker"])`` shards, shard ``task["index"]``; the ``input-worker-<k>:0`` entries
+    are placeholders). Raises ``ValueError`` for ``num_input_workers < 1`` or an index outside the workers."""
     if num_input_workers < 1 or not 0 <= worker_index < num_input_workers:
         raise ValueError(f"worker_index {worker_index} outside [0, {num_input_workers})")
     return {"cluster": {"worker": [f"input-worker-{k}:0" for k in range(num_input_workers)]},
@@ -73,18 +65,9 @@ def tf_config_for(worker_index: int, num_input_workers: int, has_plan: bool) -> 
 
 
 def file_list_seed(base: int | None, job_key: str | None) -> int:
-    """The job-wide seed of the file-list shuffle of a pipeline that shards its files.
-
-    Args:
-        base: the YAML's ``train_input.shuffle_seed`` (else ``runconfig.seed``), or ``None``.
-        job_key: ``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"`` (the same in every task of a job step),
-            or ``None`` outside a job (checks that build several workers in one process).
-
-    Returns:
-        ``base`` when there is one (so the file order is reproducible run to run, as the
-        Model Zoo's ``list_files(seed=shuffle_seed)`` is); else a value derived from the job
-        key (the same on every worker of the job, different between jobs); else a constant.
-    """
+    """The job-wide seed of a file-sharding pipeline's file-list shuffle: ``base`` (``train_input.shuffle_seed``,
+    else ``runconfig.seed``) when given, else one derived from ``job_key`` (``"<SLURM_JOB_ID>.<SLURM_STEP_ID>"``,
+    the same in every task of a step), else a constant (``job_key`` ``None``: outside a job)."""
     if base is not None:
         return int(base)
     return zlib.crc32((job_key or "csrun-no-job").encode()) % _SEED_MOD
@@ -164,23 +147,19 @@ def make_data_dir_view(data_dir: str | Sequence[str] | None, own: set[str], othe
 
     Each directory entry ``d`` of ``data_dir`` (resolved against the current directory, as the
     Model Zoo does) becomes ``root/<k>``: ``d`` mirrored with symbolic links, leaving out every
-    file of ``others`` (the files the plan gives to other workers). This worker's plan files
-    and every file the plan does not mention (metadata, vocabularies, eval files) stay
-    visible under their own names and relative paths, so a pipeline's own glob
-    (``*.tfrecord*``, ``train/train-*.tfrecords``) matches exactly as before.
+    file of ``others``. This worker's plan files and every file the plan does not mention
+    (metadata, vocabularies, eval files) stay visible under their own names and relative paths,
+    so a pipeline's own glob (``*.tfrecord*``, ``train/train-*.tfrecords``) matches as before.
 
     Args:
         data_dir: ``train_input.data_dir``: a path or a list of paths (the Model Zoo's
             "Path/s to the data files to use"), or ``None``.
         own: real paths of this worker's plan files.
         others: real paths of the other workers' plan files.
-        root: an empty or missing directory for the view, or the view this worker built
-            there before (a replacement after a death rebuilds it in place: measured, a
-            replacement failed with ``FileExistsError`` before links were reused).
+        root: an empty or missing directory, or the view this worker built there before (reused).
 
     Returns:
-        :class:`DataDirView`; ``data_dir`` is ``None`` (no view) when ``data_dir`` names no
-        directory.
+        :class:`DataDirView`; its ``data_dir`` is ``None`` when ``data_dir`` names no directory.
 
     Raises:
         OSError: the view cannot be written under ``root``.

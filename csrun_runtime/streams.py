@@ -66,13 +66,11 @@ class InputStalled(RuntimeError):
 
 def start_receiver(host: str, window_bytes: int | None = None,
                    window_batches: int | None = None, bulk: bool = False) -> tuple[Any, str]:
-    """Bind the chief's receiver on every interface, on a free port, with a credit window of
-    ``window_bytes`` bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`) and,
-    when given, of ``window_batches`` batches not taken by the chief (the read-ahead bound);
-    ``bulk``: with the bulk channel (``runconfig.dataplane_bulk``, :mod:`.dataplane.bulk`).
-    Returns ``(receiver, endpoint)``: the endpoint is ``tcp://<host>:<port>`` with ``host`` the
-    address the input workers reach the chief by. Raises ``zmq.ZMQError`` when nothing can be
-    bound."""
+    """Bind the chief's receiver on every interface, on a free port, with a credit window of ``window_bytes``
+    bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`) and, when given, of ``window_batches``
+    batches not taken by the chief; ``bulk``: with the bulk channel (``runconfig.dataplane_bulk``). Returns
+    ``(receiver, "tcp://<host>:<port>")``, ``host`` the chief's address for the input workers. Raises
+    ``zmq.ZMQError`` when nothing can be bound."""
     from .dataplane import WINDOW_BYTES, Receiver
 
     r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES, window_batches=window_batches or None,
@@ -298,17 +296,13 @@ class StreamMerge:
         return range(self.n if self.w is None else self.w)
 
     def add_stream(self, index: int, address: str = "", registration: Mapping | None = None) -> None:
-        """Read slot ``index`` from now on (autoscale's *add* of a slot never read; a new index
-        grows the merge, indices in between count as stopped); its held bundles come first and
-        its worker, paused while not opened, sends again. ``address`` is not needed: every slot
-        sends to the one receiver."""
+        """Read slot ``index`` from now on (autoscale's *add*; a new index grows the merge, those between count
+        as stopped): its held bundles first, its worker unpaused. ``address`` is unused (one receiver for all)."""
         open_slot(self, index, registration)
         self.slots.open(index)
 
     def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream (autoscale's *remove*): the receiver tells it to send
-        nothing more; what it had in flight (at most one credit window) is still handed out. A
-        worker not connected yet (still building its input) starts paused when it connects."""
+        """Autoscale's *remove*: worker ``i`` sends nothing more (once connected); what is in flight is handed out."""
         self.slots.pause(i)
 
     def resume(self, i: int) -> None:
@@ -334,13 +328,11 @@ class StreamMerge:
         return self.opened - self.paused - self.stopped()
 
     def stopped(self) -> set[int]:
-        """Indices of the workers whose stream ended, or whose heartbeat went stale (not
-        replaced since)."""
+        """Indices of the workers whose stream ended or whose heartbeat went stale (not replaced since)."""
         return set(self.announced) | set(self.failed)
 
     def buffered_batches(self) -> int:
-        """At most how many batches the chief holds ahead of training: one credit window per
-        streaming worker (in batches of that worker's size) and one bundle."""
+        """Most batches the chief holds ahead of training: a credit window per streaming worker, plus one bundle."""
         return self.slots.buffered_batches(self.streaming())
 
     # ------------------------------------------------------------------ the watch
@@ -349,8 +341,7 @@ class StreamMerge:
         return f"{workernames.name(i)} on {reg.get('node', '?')} (pid {reg.get('pid', '?')})"
 
     def status_text(self) -> str:
-        """One clause per worker: node, heartbeat age, batches handed out, last bundle age
-        (:func:`stall_report`)."""
+        """One clause per worker: node, heartbeat age, batches handed out, last bundle age (:func:`stall_report`)."""
         return stall_report(self, self.stopped())
 
     def poll(self) -> None:
@@ -392,12 +383,11 @@ class StreamMerge:
                 self._announce(i, why)
 
     def _look(self, i: int) -> None:
-        """Hook: read worker ``i``'s registration at each poll (default: nothing; the
-        registrations given are kept)."""
+        # hook; by default the registrations given are kept
+        pass
 
     def _announce(self, i: int, why: str) -> None:
-        """Hook: count worker ``i`` as stopped (``why``: ``"no heartbeat for 9 s"``) and log it
-        (default: :func:`announce_stopped`'s warning)."""
+        """Hook: count worker ``i`` stopped (``why``: ``"no heartbeat for 9 s"``); default: :func:`announce_stopped`."""
         announce_stopped(self, i, f": {why}")
 
     # ------------------------------------------------------------------ bundles
@@ -462,6 +452,5 @@ class StreamMerge:
         return {}
 
     def close(self) -> None:
-        """Close the receiver (the workers' next send fails with ReceiverGone and they wait
-        for ``done.json``); arrays already handed out stay valid."""
+        """Close the receiver (the workers' next send raises ReceiverGone); arrays handed out stay valid."""
         self.receiver.close()

@@ -116,8 +116,8 @@ def _dies_with_parent() -> Callable[[], None] | None:
 
 
 def _start(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen:
-    """Start one input worker process (the task's own or an adopted one) that dies with its
-    supervisor. The supervisor runs no threads, so ``preexec_fn`` is safe here."""
+    """Start an input worker process (the task's own or an adopted one) that dies with its supervisor."""
+    # preexec_fn is safe here: the supervisor runs no threads
     return subprocess.Popen(list(argv), env=dict(env), preexec_fn=_dies_with_parent())
 
 

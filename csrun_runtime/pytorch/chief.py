@@ -109,10 +109,8 @@ class Chief:
 
     # ------------------------------------------------------------------ the lifecycle's (csrun_runtime.lifecycle)
     def run_mode(self) -> int:
-        """Run ``runconfig.mode``; returns 0 or a stop's exit code. Raises ``ParamsError``,
-        :class:`.contract.ContractError`, :class:`.checkpoint.CheckpointError`,
-        :class:`.remote.WorkerFailed` and runtime failures: the lifecycle maps them to exit codes
-        (:meth:`.runner.Hooks.failure`)."""
+        """Run ``runconfig.mode``; returns 0 or a stop's code. Raises ``ParamsError``, ``ContractError``,
+        ``CheckpointError``, ``WorkerFailed`` and runtime errors, for :meth:`.runner.Hooks.failure` to map."""
         return {"train": self._train, "train_and_eval": self._train, "eval": self._eval_mode,
                 "validate_only": self._validate_only, "compile_only": self._compile_only}[self.mode]()
 

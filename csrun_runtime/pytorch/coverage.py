@@ -142,9 +142,8 @@ def watch_streamer(train_data_fn: Callable[..., Any], params: Mapping[str, Any],
 
 def files_read(train_data_fn: Callable[..., Any], params: Mapping[str, Any], rank: int, num_streamers: int,
                max_seconds: float = 60.0) -> tuple[list[str], bool]:
-    """The real paths of the files streamer ``rank`` of ``num_streamers``'s DataLoader opens
-    while it is built and iterated for one pass (at most ``max_seconds``), and whether the
-    pass was complete (:func:`watch_streamer`). Raises what the data function raises."""
+    """Real paths of the files streamer ``rank`` of ``num_streamers``'s DataLoader opens in one pass (at most
+    ``max_seconds`` s), and whether it completed (:func:`watch_streamer`). Raises what the data function raises."""
     seen = watch_streamer(train_data_fn, params, rank, num_streamers, max_seconds)
     return seen.files, seen.complete
 

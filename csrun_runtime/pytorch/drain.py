@@ -33,8 +33,9 @@ __all__ = ["prepare", "adjust", "worker", "ChiefDrain"]
 
 
 def prepare() -> None:
-    """Nothing to load before run.py: a PyTorch run.py imports :mod:`csrun_runtime.pytorch`
-    itself, and torch is imported when the DataLoader is built."""
+    # nothing to load before run.py: a PyTorch run.py imports csrun_runtime.pytorch itself, and torch
+    # is imported when the DataLoader is built
+    pass
 
 
 def adjust(resolved: Resolved, captured: Any, dataloader_workers: int | None) -> None:

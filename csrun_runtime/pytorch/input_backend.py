@@ -136,11 +136,9 @@ def _new_pass(loader: Any, n: int) -> bool:
 
 
 def describe_error(error: BaseException, what: str) -> str:
-    """The lines an input worker shows for ``error``, raised while building or iterating the
-    DataLoader: a :class:`.contract.ContractError`'s own message, else ``"{what} raised
-    {Type}: {message} (in {function})"`` and the last frames in the user's code
-    (:func:`csrun_runtime.usererror.describe`; a DataLoader worker process's error read from its
-    message)."""
+    """An input worker's lines for ``error`` from building or iterating the DataLoader: a ``ContractError``'s
+    message, else :func:`csrun_runtime.usererror.describe`'s (a DataLoader worker process's error read
+    from its message)."""
     if isinstance(error, ContractError):
         return str(error)
     return describe(error, what)

@@ -77,13 +77,9 @@ class OwnInput:
             log.info("input worker 0 in the chief's task left with %s", self.worker.stop())
 
     def missing(self) -> int:
-        """Input workers that will write no report: 1 when worker 0 was asked for
-        (the chief's input CPUs) but not started (a mode that streams nothing, or nothing left
-        to train), else 0."""
+        """Input workers that will write no report: 1 when worker 0 was asked for but not started, else 0."""
         return 1 if self.requested and self.worker is None else 0
 
     def describe(self) -> dict[str, Any]:
-        """performance.json's ``chief_input`` (``{}`` when none was placed): the TensorFlow
-        chief's record (:func:`csrun_runtime.chief_input.record`) and, once started, the
-        worker's supervisor ``pid`` and the chief's ``node``."""
+        """performance.json's ``chief_input``, ``{}`` when none was placed (the TensorFlow chief's, pid, node)."""
         return {"chief_input": dict(self.record)} if self.record is not None else {}

@@ -31,10 +31,8 @@ _MAX_BASE_HOPS = 4
 
 
 def size_class(nbytes: int) -> int:
-    """The block size (bytes) a request of ``nbytes`` bytes gets: the power of two at or above
-    it, at least :data:`MIN_BLOCK_BYTES`; bundles of slightly varying sizes reuse the same
-    blocks. torch's pinned-memory allocator rounds its blocks up to powers of two (by default),
-    so finer classes would pin no fewer bytes."""
+    """The block size (bytes) for a request of ``nbytes`` bytes: the power of two at or above it, at least
+    :data:`MIN_BLOCK_BYTES`."""
     n = max(int(nbytes), MIN_BLOCK_BYTES)
     return 1 << (n - 1).bit_length()
 

@@ -68,10 +68,8 @@ def rank_device(role: Role) -> Any:
 
 
 def collective_timeout(rc: Mapping[str, Any]) -> float:
-    """Seconds a collective may wait for the other ranks: :data:`BASE_TIMEOUT_SECS`, or more
-    when the runconfig lets a rank wait longer for its input (``worker_start_timeout_secs``,
-    ``input_timeout_secs``, plus 60 s): a rank waiting for its first batch keeps the others in
-    the stop agreement that long."""
+    """Seconds a collective may wait for the other ranks: :data:`BASE_TIMEOUT_SECS`, or the longer of
+    ``runconfig.worker_start_timeout_secs`` and ``input_timeout_secs`` plus 60 s."""
     waits = [float(rc.get(k) or 0.0) for k in ("worker_start_timeout_secs", "input_timeout_secs")]
     return max(BASE_TIMEOUT_SECS, max(waits) + 60.0)
 

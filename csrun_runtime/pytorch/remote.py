@@ -127,16 +127,11 @@ class RemoteSource(StreamMerge):
         self.cancelled = False  # cancel(): next() returns (None, -1) within POLL_SECS
 
     def cancel(self) -> None:
-        """Make :meth:`next` (waiting on another thread: the device feed's) return ``(None, -1)``
-        within :data:`POLL_SECS` seconds; the only method another thread may call."""
+        """Make :meth:`next` return ``(None, -1)`` within :data:`POLL_SECS` s; the one method another thread calls."""
         self.cancelled = True
 
     def lend(self, allocate: Callable[[int], Any] | None) -> bool:
-        """Have the receiver read each bundle into a buffer ``allocate(nbytes)`` returns (on its
-        bulk channel's reader threads: :class:`.pinned.PinnedPool`'s ``allocate``; None: fresh
-        arrays again). Returns False when the receiver has no bulk channel
-        (``runconfig.dataplane_bulk`` off): nothing is lent (:meth:`Receiver.lend
-        <csrun_runtime.dataplane.Receiver.lend>`)."""
+        """Receive into ``allocate(nbytes)``'s buffers (called on reader threads; None: fresh); False: no bulk."""
         return bool(self.r.lend(allocate))
 
     # ------------------------------------------------------------------ the merge's hooks
@@ -156,9 +151,8 @@ class RemoteSource(StreamMerge):
         log.info("%s on %s: %s", workernames.name(i), self.nodes.get(i), why)
 
     def reopen(self, index: int, registration: Mapping[str, Any]) -> str:
-        """Worker ``index``'s replacement registered (:meth:`csrun_runtime.streams.StreamMerge.reopen`;
-        its node is kept). Returns ``"reconnected"``, or ``"not streaming"`` for a slot
-        autoscale has not opened."""
+        """Worker ``index``'s replacement registered (:meth:`csrun_runtime.streams.StreamMerge.reopen`, node kept):
+        returns ``"reconnected"``, or ``"not streaming"`` for a slot autoscale has not opened."""
         self.nodes[index] = registration.get("node")
         return super().reopen(index, registration)
 

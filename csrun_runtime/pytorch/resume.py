@@ -86,8 +86,7 @@ def _set_epoch(loader: Any, epoch: int) -> None:
 
 
 def _draws_seed(loader: Any, first: bool) -> bool:
-    """Whether a pass's iteration of ``loader`` draws the DataLoader's base seed (every pass,
-    but only the first with persistent worker processes)."""
+    """Whether a pass's iteration of ``loader`` draws the DataLoader's base seed (persistent workers: first only)."""
     return first or not (loader.persistent_workers and loader.num_workers > 0)
 
 

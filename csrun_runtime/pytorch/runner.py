@@ -70,8 +70,8 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
         default_params_fn: ``default_params_fn(params)`` fills defaults: it may change ``params``
             in place or return a dict of sections that the YAML's values override.
         argv: the command line (default ``sys.argv[1:]``; the Model Zoo's, :mod:`csrun_runtime.params`).
-        exit: leave the process with the exit code (``os._exit`` after flushing, so that
-            DataLoader worker processes and zmq threads cannot hold the exit); else return it.
+        exit: leave the process with the exit code (``os._exit`` after flushing, :mod:`csrun_runtime.task`);
+            else return it.
 
     Capture mode (:func:`csrun_runtime.capture.load_entry`, the analyzer's): records the four
     functions' results that matter — ``train_data_fn``, ``model_fn``, ``eval_data_fn`` and the
@@ -89,13 +89,9 @@ def run(model_fn: Callable[..., Any], train_data_fn: Callable[..., Any],
 
 def resolve(argv: Sequence[str], run_py: str | None,
             default_params_fn: Callable[[dict[str, Any]], Any] | None) -> Resolved:
-    """The params of a PyTorch run: :func:`csrun_runtime.params.resolve_params` of ``argv``,
-    then ``default_params_fn(params)`` (it may change them in place or return sections the
-    YAML's values override: :func:`_merge_defaults`).
-
-    Raises:
-        csrun_runtime.params.ParamsError: invalid command line or params.
-    """
+    """The params of a PyTorch run: :func:`csrun_runtime.params.resolve_params` of ``argv``, then
+    ``default_params_fn(params)``, which may change them in place or return sections the YAML's values
+    override (:func:`_merge_defaults`). Raises :class:`csrun_runtime.params.ParamsError`."""
     resolved = resolve_params(list(argv), run_py=run_py)
     if default_params_fn is not None:
         got = default_params_fn(resolved.params)

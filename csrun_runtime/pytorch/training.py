@@ -137,9 +137,8 @@ class TorchStepBackend:
         self.model.train()
 
     def next_chunk(self, limit: int, timeout: float | None, what: str | None) -> OneBatch | None:
-        """The source's next batch (its own timeouts apply: ``runconfig.input_timeout_secs``);
-        with a :class:`.devicefeed.DeviceFeed` as the source already on the device, and the
-        wait for it (the feed's queue, then its copy event) is this call's time."""
+        """The source's next batch (its timeout: ``runconfig.input_timeout_secs``); a :class:`.devicefeed.DeviceFeed`'s
+        is on the device already (the wait for its queue and copy event counted here)."""
         nest, who = self.source.next()
         return None if nest is None else OneBatch(nest, who)
 
@@ -196,10 +195,9 @@ class TorchStepBackend:
             self.writer.close()
 
     def end_input(self) -> None:
-        """Nothing: the chief closes its source after ``done.json``, so that the input workers
-        read the chief's status first."""
+        # nothing: the chief closes its source after done.json, so that the input workers read its status first
+        pass
 
     def info(self) -> dict[str, Any]:
-        """``framework``, ``device`` and the chief's ``info()`` keys (the device feed's are in
-        the source's ``describe()``: ``device_feed``)."""
+        """``framework``, ``device`` and the chief's ``info()`` keys (the device feed's: in the source's)."""
         return {"framework": "pytorch", "device": str(self.device), **self._info()}

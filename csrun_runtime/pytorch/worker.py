@@ -63,17 +63,12 @@ POLL_SECS = 0.5
 def build_loader(fn: Callable[..., Any], params: dict[str, Any], rank: int, num_streamers: int, seed_rank: int,
                  data_dir: Any = None, files: list[str] | None = None, *,
                  threads: int | None = None) -> tuple[Any, dict[str, Any], int | None]:
-    """The training DataLoader of streamer ``rank`` of ``num_streamers``, built as an input
-    worker builds it (and the analyzer's probes, :mod:`.input_backend`): the process's params
-    (:func:`.contract.process_params`, ``train_input`` as given: its ``num_workers`` is the
-    DataLoader's), the streamer facts (:func:`.streamers.set_facts`), torch/random/numpy
-    seeded with :func:`.contract.torch_seed` of ``seed_rank`` (the input worker's index), and
-    ``torch.set_num_threads(threads)`` when ``threads`` is given. Returns ``(loader, the
-    params the data function received, the seed)``.
-
-    Raises:
-        ContractError: the data function raised or returned no valid training DataLoader.
-    """
+    """Streamer ``rank`` of ``num_streamers``'s training DataLoader as an input worker (and the analyzer's
+    probes, :mod:`.input_backend`) builds it: the process's params (:func:`.contract.process_params`,
+    ``train_input.num_workers`` as given), the streamer facts (:func:`.streamers.set_facts`), torch, random
+    and numpy seeded with :func:`.contract.torch_seed` of ``seed_rank`` (the input worker's index), and
+    ``torch.set_num_threads(threads)`` when given. Returns ``(loader, the params the data function
+    received, the seed)``. Raises ``ContractError``: the data function raised or returned no DataLoader."""
     p = process_params(params, rank, num_streamers, True, data_dir, files)
     set_facts(StreamerFacts(num_streamers, rank, True))
     seed = torch_seed(params, seed_rank)
@@ -259,33 +254,20 @@ _END = object()
 def send_batches(sender: Any, batches: Iterable[Any], *, cap: int = MAX_BUNDLE,
                  check: Callable[[], None] = lambda: None, sent: Callable[[Any], None] = lambda b: None,
                  first: int | None = None, state_of: Callable[[], Any] | None = None) -> None:
-    """Send ``batches`` (PyTorch batches: nests of tensors/arrays, normally an endless
-    iterator such as :func:`.chief.epochs`) with ``sender`` (a
-    :class:`csrun_runtime.dataplane.Sender`), as the input worker streams its DataLoader: each
-    batch made numpy (:func:`.contract.to_numpy`), batches of one structure stacked into
-    bundles of about :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most ``cap`` batches
-    (:data:`csrun_runtime.bundles.MAX_BUNDLE`, as the TensorFlow workers': the chief hands out a
-    bundle's batches in a row, so tiny batches must not make one worker's bundle thousands of
-    steps long), and what is pending sent at least every :data:`POLL_SECS` seconds (a slow
-    DataLoader's batches do not wait for a full bundle). A batch that fills a bundle by itself
-    is sent as views of its arrays, without a copy (a 38.5 MB image batch's copy cost the
-    senders 6x their rate on the 2-core host, BENCHMARKS.md "GPU feed"), so a batch must not be
-    modified after it is yielded: the DataLoader's batches are fresh tensors; a loader that
-    refills the same buffers in place must yield copies. ``check()`` runs every
-    :data:`POLL_SECS` seconds and whenever a send times out (the same bundle is sent again
-    after it); what it raises ends the stream. ``sent(batch)`` is called for each batch taken.
-    The sender is not closed here.
+    """Send ``batches`` (nests of tensors/arrays, normally endless: :func:`.chief.epochs`) with ``sender`` (a
+    :class:`csrun_runtime.dataplane.Sender`, not closed here), as an input worker streams its DataLoader: each
+    batch made numpy (:func:`.contract.to_numpy`), batches of one structure stacked into bundles of about
+    :data:`csrun_runtime.dataplane.BUNDLE_BYTES` and at most ``cap`` batches, what is pending sent at least
+    every :data:`POLL_SECS` s. A batch that fills a bundle alone is sent as views of its arrays, without a
+    copy: it must not be modified after it is yielded (a loader refilling its buffers must yield copies).
+    ``check()`` runs every :data:`POLL_SECS` s and after a send timed out (the bundle is then sent again);
+    what it raises ends the stream. ``sent(batch)`` is called for each batch taken.
 
-    Under the receiver's batch window (``sender.window_batches``, the chief's
-    ``runconfig.input_read_ahead_batches``) a batch is taken from ``batches`` only while
-    :meth:`~csrun_runtime.dataplane.Sender.room` says so (the batches sent and not taken by the
-    chief, plus those pending, fewer than the window), and bundles hold at most half the window,
-    so that the worker reads the next bundle while the chief trains on the last one.
-
-    With ``first`` (the stream index of the first batch: an input worker's) each bundle carries
-    its batches' stream indices (:func:`csrun_runtime.position.tag`) and, with ``state_of``, the
-    stream's state before its first batch (``state_of()``, called before that batch is taken; not
-    for the first bundle: the stream may be restored as its first batch is taken).
+    Under the receiver's batch window (``sender.window_batches``: ``runconfig.input_read_ahead_batches``)
+    a batch is taken only while :meth:`~csrun_runtime.dataplane.Sender.room` allows, and a bundle holds at
+    most half the window. With ``first`` (the stream index of the first batch) each bundle carries its
+    batches' stream indices (:func:`csrun_runtime.position.tag`) and, with ``state_of``, the stream's state
+    before its first batch (``state_of()``, called before that batch is taken; not for the first bundle).
 
     Raises:
         csrun_runtime.dataplane.ReceiverGone: the receiver closed.

@@ -132,8 +132,7 @@ class Chief:
 
     # ------------------------------------------------------------------ the lifecycle's (csrun_runtime.lifecycle)
     def close(self) -> None:
-        """Once the job is marked done: the chief's own input worker (it leaves after its report) and the
-        shard-plan views (:meth:`csrun_runtime.tensorflow.chief_streams.ChiefStreams.close`)."""
+        """Once the job is marked done: close the chief's own input worker and the shard-plan views."""
         self.streams.close()
 
     def missing_reports(self) -> int:
@@ -214,10 +213,8 @@ class Chief:
 
 
     def evaluate(self, model: keras.Model, step: int) -> dict[str, float]:
-        """Evaluate ``model`` at global ``step``
-        (:meth:`csrun_runtime.tensorflow.evaluation.Evaluator.evaluate`); returns the metrics.
-        With several trainer ranks rank 0 alone evaluates (the core's loop), on an undistributed
-        copy of the model (:meth:`csrun_runtime.tensorflow.ranks.TFRanks.eval_model`)."""
+        """Evaluate ``model`` at global ``step`` (:meth:`.evaluation.Evaluator.evaluate`); returns the metrics. With
+        several ranks rank 0 alone calls it, on an undistributed copy (:meth:`.ranks.TFRanks.eval_model`)."""
         if self.ranks is not None:
             model = self.ranks.eval_model(self._build, model)
         return self.evaluator.evaluate(model, step)

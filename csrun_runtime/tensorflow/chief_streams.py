@@ -102,10 +102,9 @@ class ChiefStreams:
 
     # ------------------------------------------------------------------ the training input
     def check_position(self) -> tuple[int, int]:
-        """``(index, of)``: the input worker the chief builds the training input as, for its
-        checks and its in-process pipeline: worker 0 of the job's ``W`` (the job-wide count,
-        :attr:`csrun_common.roles.Role.num_streamers`, also with several trainer ranks); with
-        several ranks and no input worker, each rank reads its own shard: ``rank`` of ``world_size``."""
+        """``(index, of)`` the chief builds its training input as (checks, in-process pipeline): worker 0 of the
+        job's ``W`` (:attr:`csrun_common.roles.Role.num_streamers`); with several ranks and no input worker,
+        ``rank`` of ``world_size`` (each rank its own shard)."""
         if self.role.world_size > 1 and not self.num_input_workers:
             return self.role.rank, self.role.world_size
         return 0, max(1, self.role.num_streamers)

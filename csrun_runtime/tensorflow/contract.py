@@ -478,10 +478,8 @@ def check_model(model_fn: Callable[..., Any], params: dict[str, Any],
 
 def build_eval_input(input_fn: Callable[..., Any], params: dict[str, Any],
                      eval_input_fn: Callable[..., Any] | None = None) -> Any:
-    """The eval dataset as the chief builds it (in-process, one worker): ``TF_CONFIG`` of one
-    worker while the eval input function runs, so a Model Zoo processor whose
-    ``eval_input.use_multiple_workers`` is true reads the whole eval set. Raises what the
-    input function raises (see :func:`call_input_fn`)."""
+    """The chief's eval dataset, built in-process under a one-worker ``TF_CONFIG`` (a Model Zoo processor with
+    ``eval_input.use_multiple_workers`` reads the whole set). Raises what the input function raises."""
     with input_environment(tf_config(0, 1), None, set_seed=False):
         return call_input_fn(input_fn, params, "eval", eval_input_fn)
 

@@ -149,8 +149,7 @@ class ServedWorker(Protocol):
     files: list[str] | None  # the files its pipeline lists
 
     def build_and_plan(self) -> tuple[int | None, WorkerInput] | None:
-        """``(batch_size, built input)`` checked and with ``bundling`` planned, or ``None``
-        after registering the violations."""
+        """``(batch_size, built input)`` checked, ``bundling`` planned; ``None`` after registering the violations."""
         ...
 
     def left_unserved(self, chief_status: str | None, status: str = "left") -> None:

@@ -48,8 +48,8 @@ def prepare() -> None:
 
 
 def adjust(resolved: Resolved, captured: Any, dataloader_workers: int | None) -> None:
-    """Nothing to adjust: the params are the task's own (``dataloader_workers`` has no meaning
-    for a ``tf.data`` input and is ignored)."""
+    # nothing to adjust: the params are the task's own (dataloader_workers means nothing to tf.data)
+    pass
 
 
 def worker(role: Role, resolved: Resolved, captured: Any) -> int:

@@ -77,10 +77,7 @@ def tf_samples_and_bytes(element: Any, flatten: Callable) -> tuple[int, int]:
 
 
 def describe_error(error: BaseException, what: str) -> str:
-    """The lines an input worker shows for ``error``, raised by ``input_fn`` or by a function of
-    its pipeline (a ``map`` function traced by AutoGraph, or run by ``tf.py_function``, whose
-    traceback TensorFlow prints in its message): :func:`csrun_runtime.usererror.describe`, with
-    AutoGraph's generated files not the user's."""
+    """The lines an input worker shows for ``error`` raised by ``input_fn`` or its pipeline (``usererror.describe``)."""
     return describe(error, what, generated=FACTS.generated_files)
 
 

@@ -66,11 +66,8 @@ def _accepts_mode(fn: Callable[..., Any]) -> bool:
 
 def call_input_fn(input_fn: Callable[..., Any], params: dict[str, Any], purpose: str = "train",
                   eval_input_fn: Callable[..., Any] | None = None) -> Any:
-    """Build the dataset for ``purpose`` (``"train"`` or ``"eval"``).
-
-    Training calls ``input_fn(params)``. Evaluation calls ``eval_input_fn(params)`` when given,
-    else ``input_fn(params, mode="eval")`` when input_fn has a ``mode`` parameter (Model Zoo
-    style), else raises.
+    """Build the dataset for ``purpose``: ``"train"``: ``input_fn(params)``; ``"eval"``: ``eval_input_fn(params)``
+    when given, else ``input_fn(params, mode="eval")`` when input_fn has a ``mode`` parameter (Model Zoo style).
 
     Raises:
         TypeError: evaluation without an eval input function; whatever input_fn raises.
@@ -274,16 +271,12 @@ def _are_files(names: list[str]) -> bool:
 def pipeline_files(ds: Any) -> list[str] | None:
     """The files a built dataset reads in its first pass, in first-seen order, as real paths.
 
-    Finds, in ``ds``'s input chain, the datasets of file names (scalar strings built only
-    from tensor slices, ``list_files``, shuffle, shard, repeat, take, skip, filter, ...)
-    that feed a reader (``TFRecordDataset`` and the other file readers, ``interleave``,
-    ``flat_map``, ``map``), iterates them (names only: no file is opened) and keeps those whose
-    names are existing files.
-
-    Iterating a dataset object advances the state of its seeded shuffles (the next iteration
-    is the next epoch), so call this on a dataset that will not be iterated in-process again
-    (a dataset registered with tf.data service is rebuilt from its graph on the server:
-    checked on TensorFlow 2.21).
+    Finds in ``ds``'s input chain the datasets of file names (scalar strings from tensor slices,
+    ``list_files``, shuffle, shard, repeat, take, skip, filter, ...) that feed a reader
+    (``TFRecordDataset`` and the other readers, ``interleave``, ``flat_map``, ``map``), iterates
+    them (names only, no file opened) and keeps the names that are existing files. It advances their
+    seeded shuffles: call it on a dataset not iterated in-process again (one registered with tf.data
+    service is rebuilt on the server).
 
     Returns:
         The real paths, or ``None`` when no such dataset is found (files opened in Python,

@@ -86,13 +86,9 @@ def role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> tuple[St
 
 
 def build_dataset(entry: Any, cpus_per_task: int) -> Any:
-    """``input_fn(params)`` (a ``tf.data.Dataset``) built as input worker 0 of 1 through
-    ``entry.backend`` (:meth:`.input_backend.TFInputBackend.dataset`: the contract checked, held
-    to ``cpus_per_task`` cores as the runtime holds its input workers).
-
-    Raises :class:`csrun_runtime.probing.ContractViolation` with the contract's messages, or
-    what input_fn raises.
-    """
+    """``input_fn(params)`` (a ``tf.data.Dataset``) built as input worker 0 of 1 through ``entry.backend``
+    (:meth:`.input_backend.TFInputBackend.dataset`: contract checked, held to ``cpus_per_task`` cores). Raises
+    :class:`csrun_runtime.probing.ContractViolation` with the contract's messages, or what input_fn raises."""
     if not isinstance(entry.backend, TFInputBackend):
         raise ContractViolation("the chief's ingest probes measure tf.data service: TensorFlow only")
     try:

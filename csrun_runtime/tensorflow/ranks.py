@@ -194,7 +194,8 @@ class TFRanks:
         return [json.loads(bytes(b for b in row if b)) for row in rows]
 
     def close(self) -> None:
-        """Nothing to release: the strategy's servers end with the process."""
+        # nothing to release: the strategy's servers end with the process
+        pass
 
     def digest(self) -> tuple[str, str]:
         """:func:`weights_digest` of the model's trainable variables and of the others (its
@@ -216,11 +217,7 @@ class TFRanks:
         return sync_statistics(self.strategy, self.model.non_trainable_weights, self.rank, self.world_size)
 
     def next_chunk(self, source: Any, limit: int, timeout: float, what: str) -> RankChunk:
-        """This rank's next chunk, not yet taken: waits (inside the core loop's input wait, which
-        a stop signal ends) until ``source`` (a :class:`csrun_runtime.tensorflow.service.ChunkedSource`)
-        has batches at hand, and returns a :class:`RankChunk` of at most ``limit`` of them. The
-        core's stop agreement follows; :meth:`settle` then agrees on its steps. Raises what the
-        source raises when it stalls, and :class:`csrun_runtime.preemption.Interrupted`."""
+        """A :class:`RankChunk` of <= ``limit`` batches once ``source`` has some; raises its stall, ``Interrupted``."""
         return RankChunk(source, min(int(limit), source.available(timeout, what)), timeout, what)
 
     def settle(self, chunk: RankChunk) -> Any:

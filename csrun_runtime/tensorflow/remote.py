@@ -153,11 +153,9 @@ class DataplaneSource(StreamMerge, ChunkedSource):
 
     # ------------------------------------------------------------------ the record
     def describe(self) -> dict[str, Any]:
-        """Per-worker batch counts (handed to training), nodes, batches per bundle, the
-        receiver's view (bundles, bytes, attempts, bad messages) and the elastic records; with
-        the device prefetch its figures (its thread stopped first: the receiver is read from
-        one thread at a time)."""
-        stats = self.stop_prefetch()
+        """Per-worker batch counts (handed to training), nodes, batches per bundle, the receiver's view and the
+        elastic records; with the device prefetch its figures (its thread stopped first)."""
+        stats = self.stop_prefetch()  # first: the receiver is read from one thread at a time
         return {"transport": TRANSPORT, "num_workers": self.n, **super().describe(), **stats}
 
     def close(self) -> None:

@@ -92,9 +92,8 @@ def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
         eval_input_fn: ``eval_input_fn(params) -> tf.data.Dataset`` for evaluation; when
             ``None``, ``input_fn(params, mode="eval")`` is used if input_fn takes ``mode``.
         argv: the command line (default ``sys.argv[1:]``), see :mod:`csrun_runtime.params`.
-        exit: end the process with the exit code (default). The process leaves with
-            ``os._exit`` after flushing: tf.data service threads and iterators must not block
-            the exit (ARCHITECTURE.md). With ``exit=False`` the code is returned instead.
+        exit: end the process with the exit code (default; ``os._exit`` after flushing, :mod:`csrun_runtime.task`);
+            with ``exit=False`` return it.
 
     Returns:
         ``None`` in capture mode (:func:`csrun_runtime.capture.load_entry`: the functions and
@@ -104,8 +103,7 @@ def run(input_fn: Callable[..., Any], model_fn: Callable[..., Any],
     worker's pipeline failed, no rendezvous, an exception); 2 invalid command line/params/environment
     or contract violation; 130 / 143 stopped by SIGINT / SIGTERM, 75 by ``csrun_wse --requeue``'s signal.
 
-    The task's role comes from the environment (:func:`csrun_common.roles.resolve_role`):
-    the chief trains (hosting the tf.data service dispatchers when there are input workers);
-    an input worker serves ``input_fn`` through a tf.data service worker until the chief is done.
+    The task's role comes from the environment (:func:`csrun_common.roles.resolve_role`): the
+    chief trains; an input worker serves ``input_fn`` to it until the chief is done.
     """
     return lifecycle.run(Hooks(input_fn, model_fn, eval_input_fn), argv, exit)

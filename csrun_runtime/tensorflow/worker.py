@@ -57,14 +57,7 @@ POLL_SECS = 0.5
 
 
 def run_worker(role: Role, resolved: Resolved, input_fn: Callable[..., Any]) -> int:
-    """The whole life of an input-worker task; returns its exit code.
-
-    0: the chief finished (``done.json``), or the mode needs no streaming (eval, validate_only,
-    compile_only: the worker waits for the chief's done marker). 1: no rendezvous within
-    ``runconfig.worker_start_timeout_secs``, or the chief's heartbeat went stale
-    (:data:`csrun_runtime.rendezvous.CHIEF_LOST_SECS`). 2: the shard plan or the input_fn
-    violates the contract (registered as ``status: failed`` so that the chief names it).
-    """
+    """An input-worker task's whole life (:meth:`InputWorker.run`); returns its exit code."""
     return InputWorker(role, resolved, input_fn).run()
 
 
@@ -98,7 +91,11 @@ class InputWorker:
         self.files: list[str] | None = None  # the files its pipeline lists (pipeline_files)
 
     def run(self) -> int:
-        """Serve, or wait for the chief in modes that stream nothing; returns the exit code."""
+        """Serve, or wait for the chief in modes that stream nothing; returns the exit code. 0: the chief
+        finished (``done.json``), or the mode streams nothing (eval, validate_only, compile_only). 1: no
+        rendezvous within ``runconfig.worker_start_timeout_secs``, or the chief's heartbeat went stale
+        (:data:`csrun_runtime.rendezvous.CHIEF_LOST_SECS`). 2: the shard plan or the input_fn violates the
+        contract (registered as ``status: failed``, so that the chief names it)."""
         tell_supervisor(str(self.rdv.dir), self.index)  # where a death of this process is recorded
         if self.resolved.mode not in TRAIN_MODES:
             return self._wait_for_chief()
@@ -293,13 +290,8 @@ class InputWorker:
             time.sleep(POLL_SECS)
 
     def superseded(self) -> dict[str, Any] | None:
-        """The registration of a later attempt of this worker's index, or ``None``.
-
-        Under ``csrun_wse --survive-node-loss`` the chief orders a replacement for a worker whose
-        heartbeat is older than :data:`csrun_runtime.rendezvous.STALE_SECS`; a worker that was
-        only hung (a stalled node that came back) finds the replacement's ``workers/<i>.json``
-        here within :data:`POLL_SECS` and leaves, so that dispatcher ``i`` is served by one
-        process (docs/RESILIENCE.md "A lost node")."""
+        """The registration of a later attempt of this worker's index, or ``None`` (a hung worker that finds
+        one leaves: docs/RESILIENCE.md "A lost node")."""
         reg = self.rdv.worker(self.index)
         if reg and int(reg.get("attempt") or 0) > self.attempt:
             return reg
