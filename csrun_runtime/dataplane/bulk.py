@@ -86,8 +86,7 @@ def offsets(layout: framing.Layout) -> tuple[list[int], int]:
 
 
 def handshake(identity: bytes) -> bytes:
-    """The first bytes a sender writes on its bulk connection: its zmq routing id,
-    length-prefixed (uint16, little-endian)."""
+    """A sender's first bytes on its bulk connection: its zmq routing id, length-prefixed (uint16, little-endian)."""
     return struct.pack("<H", len(identity)) + identity
 
 
@@ -97,8 +96,7 @@ def message_prefix(header: bytes) -> bytes:
 
 
 def auth_hello(identity: bytes, nonce: bytes) -> bytes:
-    """An authenticating sender's first bytes: :data:`HELLO_MAGIC`, its routing id
-    (length-prefixed, uint8) and its nonce."""
+    """An authenticating sender's first bytes: :data:`HELLO_MAGIC`, its routing id (uint8 length prefix), its nonce."""
     return HELLO_MAGIC + struct.pack("<B", len(identity)) + identity + nonce
 
 
@@ -273,11 +271,7 @@ class BulkListener:
         self._threads.append(t)
 
     def lend(self, allocate: Allocate | None) -> None:
-        """Read later messages into ``allocate(nbytes)`` (None: fresh numpy arrays again).
-        ``allocate`` runs on the reader threads (it must be thread-safe) and returns a writable
-        buffer of at least ``nbytes`` bytes; every received leaf is a view of one uint8 array
-        over it (the leaf's ``.base``, whose ``.base`` is that object), so it stays valid while
-        an array refers to it."""
+        """Read later messages into ``allocate(nbytes)`` (thread-safe; None: numpy arrays): see Receiver.lend."""
         self._allocate = allocate or _default_allocate
 
     # ----------------------------------------------------------------- threads

@@ -80,11 +80,9 @@ def flatten(nest: Any) -> tuple[Any, list[np.ndarray]]:
 
 
 def stack(batches: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
-    """The leaves of one bundle of ``batches`` (each the leaves of one batch of one structure,
-    as :func:`flatten` gives them), each with a leading axis of ``len(batches)``: for a single
-    batch, views of its arrays (no copy: the caller must not modify them until they are sent);
-    for several, ``np.stack`` of each leaf (a new array). Raises ``ValueError`` (numpy's) when
-    the batches' leaf shapes differ."""
+    """The leaves of one bundle of ``batches`` (each :func:`flatten`'s leaves of one batch), with a leading axis of
+    ``len(batches)``: for one batch views of its arrays (no copy: leave them unmodified until sent), for several
+    ``np.stack`` of each leaf (new arrays). Raises ``ValueError`` (numpy's) when the batches' leaf shapes differ."""
     if len(batches) == 1:
         return [a[np.newaxis] for a in batches[0]]
     return [np.stack(col) for col in zip(*batches, strict=True)]

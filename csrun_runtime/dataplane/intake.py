@@ -44,15 +44,11 @@ class Bundle:
 
     @property
     def arrays(self) -> list[np.ndarray]:
-        """The leaves in the nest's flattened order (:func:`.framing.flatten`): C-contiguous
-        arrays over the received frames, each of shape ``(n, *batch_shape)`` (``n == 0``: as
-        sent)."""
+        """The leaves in :func:`.framing.flatten` order: C-contiguous, shape ``(n, *batch_shape)`` (n == 0: as sent)."""
         return list(self._leaves)
 
     def rebuild(self, arrays: list[Any]) -> Any:
-        """The bundle's nest with ``arrays`` (one per leaf of :attr:`arrays`, in its order,
-        of any type: e.g. a consumer's copies in pinned memory) in place of the received ones.
-        Raises :class:`FrameError` when their count differs."""
+        """The nest with ``arrays`` (one a leaf, in order, any type) for the received; FrameError: a count differs."""
         return framing.unflatten(self._tree, arrays)
 
     def batches(self) -> Iterator[Any]:

@@ -63,11 +63,7 @@ def usable_cores() -> int:
 
 
 def auto_io_threads() -> int:
-    """zmq I/O threads for a receiver: one per :data:`CORES_PER_IO_THREAD` usable cores, at
-    least 2 and at most :data:`IO_THREADS_MAX`. zmq reads each connection from one I/O thread;
-    2 rather than 1 on the 2-core host because 2 measured better there in 7 of 9 cells of
-    k = 1, 2, 4 senders x 16 KiB / 256 KiB / 4 MiB (``bench/results/ingest_recv.json``; an idle
-    I/O thread costs nothing)."""
+    """zmq I/O threads for a receiver: usable cores // CORES_PER_IO_THREAD, at least 2, at most IO_THREADS_MAX."""
     return max(2, min(IO_THREADS_MAX, usable_cores() // CORES_PER_IO_THREAD))
 
 

@@ -228,8 +228,7 @@ class Receiver:
         return time.monotonic() - t0
 
     def pause(self, i: int) -> None:
-        """Stop worker ``i``'s stream until :meth:`resume` (what it has in flight, at most its window, is still
-        handed out); an attempt connecting meanwhile (a replacement, or its first) starts paused."""
+        """Stop ``i``'s stream till :meth:`resume` (its in-flight window still comes); new attempts start paused."""
         self._workers.pause(i, True)
 
     def resume(self, i: int) -> None:
@@ -237,10 +236,7 @@ class Receiver:
         self._workers.pause(i, False)
 
     def counts(self) -> dict[int, dict[str, Any]]:
-        """Per worker index: ``bundles``, ``batches``, ``bytes`` received (all attempts),
-        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale``
-        (older attempts' messages dropped), ``done`` (ended its stream), ``paused``,
-        ``last_age_s`` (seconds since its last bundle; None: none yet)."""
+        """Per worker index, its :meth:`.workers.WorkerRecord.count` (bundles, batches, bytes, ..., last_age_s)."""
         return self._workers.counts()
 
     def errors(self) -> list[str]:
@@ -257,12 +253,10 @@ class Receiver:
         return None if self._bulk is None else self._bulk.port
 
     def lend(self, allocate: Any) -> bool:
-        """Receive later bundles of the bulk channel into ``allocate(nbytes) -> writable
-        buffer`` (called on the channel's reader threads: thread-safe; None: fresh numpy arrays
-        again), e.g. a device feed's pinned memory, so that each received byte is copied once,
-        by the kernel. Every leaf of such a bundle is a view of one uint8 array over the buffer
-        (the leaf's ``.base``, whose ``.base`` is the object ``allocate`` returned). Returns
-        False (nothing lent) without ``bulk``."""
+        """Receive later bundles of the bulk channel into ``allocate(nbytes)``, a writable buffer of >= nbytes bytes
+        (e.g. a device feed's pinned memory: each byte is copied once, by the kernel), called on the channel's reader
+        threads: thread-safe; None: fresh numpy arrays again. Each leaf is then a view of one uint8 array over it (its
+        ``.base``, whose ``.base`` is what ``allocate`` returned). Returns False (nothing lent) without ``bulk``."""
         if self._bulk is None:
             return False
         self._bulk.lend(allocate)

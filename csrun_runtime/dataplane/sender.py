@@ -189,15 +189,10 @@ class Sender:
 
     # ----------------------------------------------------------------- data
     def send(self, nest: Any, timeout: float | None = None) -> None:
-        """Add one batch (a nest of arrays, see :mod:`.framing`) to the current bundle; send the
-        bundle when it is full. Blocks while the receiver's window is full or this stream is
-        paused.
-
-        Raises:
-            TimeoutError: no credit within ``timeout`` seconds (None: wait forever).
-            ReceiverGone: the receiver refused this attempt or closed.
-            TypeError: an object array or a bad dict key in ``nest``.
-        """
+        """Add one batch (a nest of arrays, see :mod:`.framing`) to the current bundle, sent when full. Blocks while
+        the receiver's window is full or this stream is paused. Raises ``TimeoutError`` (no credit within ``timeout``
+        seconds; None: wait forever), :class:`ReceiverGone` (the receiver refused this attempt or closed),
+        ``TypeError`` (an object array or a bad dict key in ``nest``)."""
         tree, leaves = framing.flatten(nest)
         key = (json.dumps(tree), tuple((a.dtype.str, a.shape) for a in leaves))
         if self._stack.batches and key != self._stack.key:
@@ -244,8 +239,7 @@ class Sender:
 
     @property
     def window_batches(self) -> int | None:
-        """The receiver's batch window (its welcome's ``window_batches``); None before the welcome
-        or when the receiver bounds bytes only."""
+        """The receiver's batch window (from its welcome); None before the welcome or when the receiver bounds bytes."""
         return self._credits.window_batches
 
     def room(self, pending: int = 0, timeout: float = 0.0) -> bool:

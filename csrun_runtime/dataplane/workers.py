@@ -45,7 +45,9 @@ class WorkerRecord:
             cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused)
 
     def count(self, now: float) -> dict[str, Any]:
-        """:meth:`Receiver.counts`' record of this worker at ``now`` (monotonic s)."""
+        """Receiver.counts' record at ``now`` (monotonic s): ``bundles``, ``batches``, ``bytes`` (all attempts),
+        ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale`` (older attempts'
+        dropped), ``done`` (ended its stream), ``paused``, ``last_age_s`` (s since its last bundle; None: none yet)."""
         return {"bundles": self.bundles, "batches": self.batches, "bytes": self.bytes, "attempt": self.attempt,
                 "pid": self.pid, "host": self.host, "errors": self.errors, "stale": self.stale, "done": self.done,
                 "paused": self.paused, "last_age_s": None if self.last is None else now - self.last}

@@ -93,14 +93,11 @@ def _is_lost_worker_error(e: BaseException) -> bool:
 def register_stream(address: str, ds: Any, plan: BundlePlan, counter: list[int],
                     dataset_id: str = DATASET_ID, compression: str | None = None,
                     positioned: Callable[[Any, int], Any] | None = None) -> Any:
-    """Register an input worker's training dataset with its dispatcher (``host:port``), the
-    way the runtime's input workers do: bundled by ``plan`` (with ``positioned``:
-    ``positioned(ds, bundle)`` makes the bundles, from the stream's position:
-    :func:`csrun_runtime.tensorflow.resume.positioned`), each element counted in ``counter[0]``
-    (:func:`count_elements`; service elements, i.e. bundles), no compression (measured:
-    compression costs the chief CPU and gained nothing on loopback). Returns the registered
-    dataset. The WorkerServer serving it must already be attached to the dispatcher (or be
-    started later)."""
+    """Register an input worker's training dataset with its dispatcher (``host:port``), as the runtime's input workers
+    do: bundled by ``plan`` (with ``positioned``: ``positioned(ds, bundle)`` makes the bundles from the stream's
+    position, :func:`csrun_runtime.tensorflow.resume.positioned`), each element (a bundle) counted in ``counter[0]``
+    (:func:`count_elements`), no compression (docs/DESIGN.md). Returns the registered dataset. The WorkerServer
+    serving it must already be attached to the dispatcher (or be started later)."""
     import tensorflow as tf
 
     bundles = bundle_dataset(ds, plan.bundle) if positioned is None else positioned(ds, plan.bundle)
@@ -181,15 +178,10 @@ class ServiceSource(ChunkedSource):
             self._start_stream(i, addr)
 
     def add_stream(self, index: int, address: str, registration: Mapping | None = None) -> None:
-        """Open (or reopen) input worker ``index``'s stream while training: the dataset
-        :data:`DATASET_ID` of the dispatcher at ``address`` (``host:port``), read
-        by a new reader thread into the shared merge queue. ``registration`` is the worker's
-        ``workers/<index>.json`` (node, pid, ``bundle``: its batches per service element);
-        it replaces the old one. ``index`` may be new (``>= n``: the source grows to
-        ``index + 1`` streams; indices in between, never opened, count as stopped) or a
-        worker reported lost (its failure and stop are forgotten; its batch count goes on).
-        A reader still running on the old stream of ``index`` is not stopped: it ends when
-        that stream fails. Call it from the training loop's thread (between chunks)."""
+        """Open (or reopen) worker ``index``'s stream: a new reader thread reads :data:`DATASET_ID` of the dispatcher
+        at ``address`` (``host:port``) into the merge queue; ``registration`` (``workers/<index>.json``) replaces the
+        old. A new ``index >= n`` grows the source (indices between count as stopped); a lost one's failure and stop
+        are forgotten, its batch count kept. Call it between chunks; an old reader of ``index`` ends with its stream."""
         open_slot(self, index, registration)
         self.addresses += [""] * (self.n - len(self.addresses))
         self.addresses[index] = address
@@ -238,9 +230,8 @@ class ServiceSource(ChunkedSource):
             self._put((i, gen, e, None))
 
     def pause(self, i: int) -> None:
-        """Stop reading worker ``i``'s stream (autoscale's *remove*): its reader thread takes
-        no element after the one it holds, so the worker stops when its buffers are full; the
-        worker is not reported as stopped. :meth:`resume` reads it again."""
+        """Stop reading worker ``i``'s stream (autoscale's *remove*; not reported stopped): its reader takes no element
+        after the one it holds, so the worker stops once its buffers are full. :meth:`resume` reads it again."""
         self.paused.add(i)
         self._flowing[i].clear()
 
@@ -302,8 +293,7 @@ class ServiceSource(ChunkedSource):
                 announce_stopped(self, i, f": no heartbeat for {age:.0f} s")
 
     def status_text(self) -> str:
-        """One clause per worker: node, heartbeat age, batches delivered, last element age
-        (:func:`csrun_runtime.streams.stall_report`)."""
+        """One clause per worker: node, heartbeat age, batches delivered, last element age (streams.stall_report)."""
         return stall_report(self, set(self.failed), failed_prefix="error ")
 
     def _next_element(self, timeout: float, what: str) -> tuple[int, Any]:
@@ -341,8 +331,7 @@ class ServiceSource(ChunkedSource):
             return i, (item if not drop else map_structure(lambda t, d=drop: t[d:], item))
 
     def _pull(self, wait: float) -> tuple[int, int, Any, int | None]:
-        """The merge queue's next ``(worker, stream generation, element or error, stream index of
-        its first batch)``; raises ``queue.Empty`` after ``wait`` seconds."""
+        """Next ``(worker, stream generation, element or error, first batch's stream index)``; Empty after wait s."""
         return self._q.get(timeout=wait)
 
     def _stage(self, item: tuple[int, int, Any, int | None], device: str) -> tuple[int, int, Any, int | None]:
@@ -365,8 +354,7 @@ class ServiceSource(ChunkedSource):
         }
 
     def close(self) -> None:
-        """Stop the reader threads after their current element (they are daemons; nothing is
-        joined: the process leaves with ``os._exit``, and deleting a tf.data service iterator
-        may block for seconds, ARCHITECTURE.md); the device prefetch's thread is stopped."""
+        """Stop the reader threads after their current element, joining none (daemons: deleting a tf.data service
+        iterator may block for seconds; the process leaves with ``os._exit``), and the device prefetch's thread."""
         self._stop.set()
         self.stop_prefetch()

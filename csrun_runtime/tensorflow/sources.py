@@ -122,16 +122,13 @@ class ChunkedSource:
         raise NotImplementedError
 
     def _next_item(self, wait: float) -> Any:
-        """The next raw item (:meth:`_pull`'s), on the device when prefetching. Raises
-        ``queue.Empty`` / ``TimeoutError`` when none came within ``wait`` seconds, and what the
-        source raised."""
+        """The next raw item (:meth:`_pull`'s; on device when prefetching); queue.Empty/TimeoutError after wait s."""
         return self._pull(wait) if self.prefetch is None else self.prefetch.get(wait)
 
     def start_prefetch(self, plan: PrefetchPlan) -> None:
-        """With ``plan.on``: from now on a thread pulls this source's items, copies them to
+        """With ``plan.on``: from now on a thread pulls this source's items (its only reader), copies them to
         ``plan.device`` and keeps ``plan.depth`` of them ahead
-        (:class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch`; the source's own
-        reading then happens on that thread only). Off: nothing changes."""
+        (:class:`~csrun_runtime.tensorflow.deviceprefetch.DevicePrefetch`). Off: nothing changes."""
         if plan.on and self.prefetch is None:
             device = str(plan.device)
             self.prefetch = DevicePrefetch(self._pull, lambda item: self._stage(item, device), plan.depth)
@@ -159,10 +156,8 @@ class ChunkedSource:
         self.counts[p.worker] = self.counts.get(p.worker, 0) + m
 
     def available(self, timeout: float, what: str = "runconfig.input_timeout_secs") -> int:
-        """Batches the next :meth:`get_chunk` can hand out at once (the rest of the element
-        being handed out, else of the next one, waited for): a trainer rank of several agrees on
-        a chunk's steps with the others before it takes it (:mod:`csrun_runtime.tensorflow.ranks`).
-        Raises :class:`~csrun_runtime.streams.InputStalled` (see the subclass)."""
+        """Batches the next :meth:`get_chunk` hands out at once (the current element's rest, else the next one's,
+        waited for; what ranks agree on). Raises :class:`~csrun_runtime.streams.InputStalled` (see the subclass)."""
         p = self._fill(timeout, what)
         return p.size - p.offset
 

@@ -237,10 +237,6 @@ DOCSTRING_CONTRACTS = {
     "analyzer/cli.py:main": "cs_input_analyzer --help's text (click reads the docstring)",
     "launcher/runs/cli.py:csrun": "csrun --help's text (click reads the docstring)",
 }
-#: Where another change of issue 40 is at work (splitting these files); the lead trims their docstrings
-#: once it has landed, then removes the entry: an entry with no long docstring left fails
-#: test_the_docstring_lists_name_only_docstrings_still_long.
-DOCSTRINGS_BEING_TRIMMED = ("csrun_runtime/tensorflow/service.py", "csrun_runtime/dataplane/")
 
 
 def _qualified_functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -278,8 +274,7 @@ def _long_docstrings(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_no_function_docstring_longer_than_its_body_unless_listed():
-    found = {k: v for k, v in _long_docstrings(REPO).items() if not k.startswith(DOCSTRINGS_BEING_TRIMMED)}
-    essays = {k: f"{doc} docstring lines over {body}" for k, (doc, body) in found.items()
+    essays = {k: f"{doc} docstring lines over {body}" for k, (doc, body) in _long_docstrings(REPO).items()
               if k not in DOCSTRING_CONTRACTS}
     assert essays == {}
     assert len(DOCSTRING_CONTRACTS) <= MAX_LONG_DOCSTRINGS
@@ -288,7 +283,6 @@ def test_no_function_docstring_longer_than_its_body_unless_listed():
 def test_the_docstring_lists_name_only_docstrings_still_long():
     found = _long_docstrings(REPO)
     assert sorted(set(DOCSTRING_CONTRACTS) - set(found)) == []
-    assert [p for p in DOCSTRINGS_BEING_TRIMMED if not any(k.startswith(p) for k in found)] == []
 
 
 def test_the_docstring_rule_counts_lines_by_qualified_name_and_skips_tests(tmp_path):
