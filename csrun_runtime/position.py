@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TAG", "STATE", "FORMAT", "POSITIONS_FILE", "RESUME_FILE", "RESUMED_FILE", "InputPositions",
            "sidecar_path", "write_sidecar", "read_sidecar", "prune_sidecars", "tag", "untag", "untag_bundle",
-           "state_of", "wait_position", "start_state", "report_resumed", "where_text", "commit", "checkpoint"]
+           "state_of", "wait_position", "start_state", "report_resumed", "where_text", "commit", "checkpoint",
+           "IN_PROCESS_RESTART", "say_in_process_restart"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -336,6 +337,20 @@ class InputPositions:
                 "duplicates_dropped": {str(self.stream_of(i)): s.duplicates for i, s in sorted(self._s.items())},
                 "batches_missing": {str(self.stream_of(i)): s.skipped for i, s in sorted(self._s.items())},
                 "resumes": list(self.resumes)}
+
+
+#: What a chief without input workers says after a restore: its own pipeline keeps no position
+#: (docs/RESILIENCE.md "What the guarantee needs, and what it does not cover").
+IN_PROCESS_RESTART = ("input position: the chief's own pipeline (no input workers) starts at its beginning after "
+                      "restoring global step {step}: its position is not kept, so batches trained before the "
+                      "checkpoint are trained again (input workers keep theirs)")
+
+
+def say_in_process_restart(step: int) -> bool:
+    """Warn :data:`IN_PROCESS_RESTART` if a chief reading no input worker restored ``step`` > 0; True if so."""
+    if step > 0:
+        log.warning(IN_PROCESS_RESTART.format(step=step))
+    return step > 0
 
 
 def where_text(rec: Mapping[str, Any], short: bool = False) -> str:

@@ -28,6 +28,7 @@ from .. import preemption
 from ..artifacts import write_params_yaml
 from ..loop import LoopSetup, TrainingDriver
 from ..params import Resolved, load_shard_plan, training_target
+from ..position import say_in_process_restart
 from ..rankgroup import LoopRanks
 from ..rendezvous import Rendezvous
 from . import checkpoint
@@ -211,6 +212,7 @@ class Chief:
                                        start=start)
             self.own_input.start()
         else:
+            say_in_process_restart(start)
             source = _LocalSource(self._train_loader())
         # batches staged on the device ahead of the step, received on the feed's thread on CUDA (not
         # under --autoscale: its autoscaler drives the source from the loop's thread)

@@ -22,7 +22,7 @@ from csrun_common.roles import Role
 from .. import chief_input, workernames
 from ..coverage import check_job_files
 from ..params import ParamsError
-from ..position import InputPositions
+from ..position import InputPositions, say_in_process_restart
 from ..rendezvous import Rendezvous
 from ..streams import InputStalled
 from . import remote
@@ -169,6 +169,7 @@ class ChiefStreams:
             streamed = self._remote_source(addresses, registry, positions)
             streamed.start_prefetch(prefetch)
             return streamed
+        say_in_process_restart(start)
         plan = plan_bundle(ds.element_spec, setting)
         log.info("input bundling (in-process pipeline): %s", plan.reason)
         self.ingest_info["input_bundle"] = {

@@ -3,6 +3,7 @@
 rendezvous hand-over to a replacement, and the merge over a real receiver and sender."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -164,3 +165,11 @@ def test_a_stateful_streams_last_state_at_its_position_is_committed_and_handed_o
     assert position.start_state(rdv, 0, 1) == {"at": 12, "state": {"pos": 120}}
     nest = position.tag({"x": np.zeros((2, 1))}, 5, 2, {"pos": 50})
     assert position.state_of(nest) == {"pos": 50} and position.untag(nest)[0] == 5
+
+
+def test_a_chief_without_input_workers_says_its_own_pipeline_restarts_after_a_restore(caplog):
+    caplog.set_level(logging.INFO, logger="csrun.runtime")
+    assert position.say_in_process_restart(0) is False and not caplog.records  # a fresh run: nothing to say
+    assert position.say_in_process_restart(400) is True
+    (rec,) = caplog.records
+    assert rec.levelno == logging.WARNING and "starts at its beginning after restoring global step 400" in rec.message
