@@ -181,6 +181,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], max_deaths: int = MAX
         exit) or was given up. A stopped input worker is not a failure of its own: srun(1)
         reports the worst status of the step's tasks (measured: a worker task terminated
         after the chief exited 3 made srun exit 143), and the chief's task decides the job's.
+        After a stop signal the process ignores the stop signals from then on: Slurm may deliver
+        one more than once, and a late copy must not end the leaving task by the signal.
     """
     stopping: list[int] = []
     child: list[subprocess.Popen] = []
@@ -198,8 +200,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], max_deaths: int = MAX
         return _supervise_loop(argv, {**env, STATE_ENV: state_file}, max_deaths, child, stopping)
     finally:
         os.unlink(state_file)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in previous.items():  # stopped: later copies ignored (Python's exit resets handlers)
+            signal.signal(sig, signal.SIG_IGN if stopping else handler)
 
 
 def _supervise_loop(argv: Sequence[str], env: Mapping[str, str], max_deaths: int,

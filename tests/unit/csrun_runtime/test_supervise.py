@@ -172,3 +172,20 @@ def test_the_worker_dies_with_its_supervisor(tmp_path):
     finally:
         if task.poll() is None:
             task.kill()
+
+
+def test_a_stop_signal_repeated_while_the_task_leaves_does_not_kill_it(tmp_path):
+    """Slurm may deliver ``--requeue``'s SIGUSR2 to a het job's step more than once: a copy that
+    arrives after the child ended, as the supervisor returns, must not end the task by the signal
+    (srun then reports the task "failed first: User defined signal 2" and the job's status is 143)."""
+    starts = tmp_path / "starts"
+    task = _supervised_task(starts)
+    try:
+        _starts(starts, 1, task)
+        while task.poll() is None:  # a copy every 2 ms until the task has left
+            task.send_signal(signal.SIGUSR2)
+            time.sleep(0.002)
+        assert task.wait(timeout=30) == 0
+    finally:
+        if task.poll() is None:
+            task.kill()
