@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from .judge import wait_for
+
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -47,17 +49,6 @@ def _params(path: Path, tap: Path, pace: Path | None, ddp: dict | None = None, m
         "model": {"zoo": True, "unused_parameter": True, **({"step_pace_file": str(pace)} if pace else {})},
         "runconfig": {"max_steps": max_steps, "log_steps": 50, "checkpoint_steps": 0,
                       **({"ddp": ddp} if ddp else {})}}))
-
-
-def _wait(what: str, ok, proc: subprocess.Popen, log: Path, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = ok()
-        if got:
-            return got
-        assert proc.poll() is None, f"csrun_wse ended ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"no {what} in {timeout:.0f} s:\n{log.read_text()[-4000:]}"
-        time.sleep(0.3)
 
 
 def _tapped(tap: Path, pid: int) -> int:
@@ -108,18 +99,18 @@ def ranks_job(slurm_cluster, tmp_path_factory):
                                  str(params), "--model_dir", str(md), "--mode", "train"], env=env, cwd=root,
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait("global step 50", lambda: "csrun:global_step = 50," in log.read_text(), proc, log)
+        wait_for("global step 50", lambda: "csrun:global_step = 50," in log.read_text(), proc, log)
         targets = _jobs(env)
         assert targets, log.read_text()[-3000:]
         subprocess.run(["scancel", "--signal=USR2", *targets], env=env, check=True, capture_output=True)
-        _wait("the first allocation's record", lambda: (md / "performance" / "allocations.json").exists(), proc, log)
+        wait_for("the first allocation's record", lambda: (md / "performance" / "allocations.json").exists(), proc, log)
         job1 = _allocations(md)[0]["job_id"]
-        killed = _wait("rank 1's worker 5 in the second allocation", lambda: _registration(md, 1, 1, 0, not_job=job1),
-                       proc, log)
+        killed = wait_for("rank 1's worker 5 in the second allocation",
+                          lambda: _registration(md, 1, 1, 0, not_job=job1), proc, log)
         os.kill(int(killed["pid"]), signal.SIGKILL)
-        new = _wait("worker 5's replacement", lambda: _registration(md, 1, 1, 1, not_job=job1), proc, log)
+        new = wait_for("worker 5's replacement", lambda: _registration(md, 1, 1, 1, not_job=job1), proc, log)
         # it streams: its tap holds a first pass (it reads ahead of training); then the rest at full pace
-        _wait("the replacement's reads", lambda: _tapped(tap, new["pid"]) >= SAMPLES // WORKERS, proc, log, 120.0)
+        wait_for("the replacement's reads", lambda: _tapped(tap, new["pid"]) >= SAMPLES // WORKERS, proc, log, 120.0)
         time.sleep(2.0)
         pace.write_text("0")
         code = proc.wait(timeout=400)
