@@ -119,11 +119,14 @@ def pin_to_sender_cpus(_worker_id: int = 0) -> None:
 
 
 def source_and_senders(kind: str, k: int, work: Path, quick: bool,
-                       bulk: bool = False) -> tuple[Any, list[subprocess.Popen]]:
+                       path: str = "data plane") -> tuple[Any, list[subprocess.Popen]]:
     """The chief's real ``RemoteSource`` (its own rendezvous directory under ``work``) and k
-    sender processes (:func:`sender_main`) streaming ``kind`` batches into it; ``bulk``: with
-    ``runconfig.dataplane_bulk`` (the data on the bulk channel)."""
+    sender processes (:func:`sender_main`) streaming ``kind`` batches into it, by ``path``:
+    ``data plane`` (zmq, as from other nodes: no shared-memory ring though the senders run here),
+    ``bulk channel`` (``runconfig.dataplane_bulk``) or ``shared memory`` (a ring per sender,
+    ``runconfig.dataplane_shm_bytes``'s default: co-located input workers)."""
     from csrun_common.roles import Role
+    from csrun_runtime.params import SHM_RING_BYTES
     from csrun_runtime.pytorch.remote import RemoteSource
     from csrun_runtime.rendezvous import Rendezvous
 
@@ -131,7 +134,9 @@ def source_and_senders(kind: str, k: int, work: Path, quick: bool,
     rdv.reset()
     role = Role(kind="chief", worker_index=None, num_input_workers=k, host="127.0.0.1")
     src = RemoteSource(rdv, role, {"input_timeout_secs": 60, "worker_start_timeout_secs": 120,
-                                   "dataplane_bulk": bulk}, adopt=False)
+                                   "dataplane_bulk": path == "bulk channel",
+                                   "dataplane_shm_bytes": SHM_RING_BYTES if path == "shared memory" else 0},
+                       adopt=False)
     procs = []
     for i in range(k):
         spec = work / f"sender-{kind}-{k}-{i}-{time.time_ns()}.json"
@@ -182,21 +187,23 @@ def window(step: Any, plan: dict[str, float], dev: Any, pids: list[int]) -> dict
 
 
 def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Path, quick: bool,
-                   depth: int, bulk: bool = False) -> dict[str, Any]:
+                   depth: int, path: str = "data plane") -> dict[str, Any]:
     """k sender processes into one RemoteSource: the device feed's rows (:func:`_feed_variants`),
-    then to_torch's. ``bulk``: the data on the bulk channel (``runconfig.dataplane_bulk``), rows
-    named ``bulk channel, ...``: receive only, and the device feed, which on CUDA lends the
-    receiver its pinned pool (one host copy, by the kernel), beside the same feed not lending (the
-    ring's copy); no to_torch row."""
+    then to_torch's. ``path`` ``bulk channel``: the data on the bulk channel
+    (``runconfig.dataplane_bulk``), rows named ``bulk channel, ...``: receive only, and the device
+    feed, which on CUDA lends the receiver its pinned pool (one host copy, by the kernel), beside
+    the same feed not lending (the ring's copy); no to_torch row. ``shared memory``: the senders
+    as co-located input workers, each bundle in a shared-memory ring the feed registers with CUDA
+    (no host copy by the chief): receive only and the device feed."""
+    bulk = path == "bulk channel"
     from ingest_lib import reap
 
     from csrun_runtime.pytorch.contract import to_torch
     from csrun_runtime.pytorch.devicefeed import DeviceFeed
     from csrun_runtime.pytorch.staging import nest_bytes
 
-    src, procs = source_and_senders(kind, k, work, quick, bulk)
+    src, procs = source_and_senders(kind, k, work, quick, path)
     pids = [p.pid for p in procs]
-    path = "bulk channel" if bulk else "data plane"
     out: dict[str, Any] = {}
     try:
         src.r.wait_workers(k, 120.0)
@@ -211,7 +218,7 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
             return nest_bytes(nest)
 
         out[f"{path}, receive only"] = window(recv, plan, dev, pids)
-        if not bulk:
+        if path == "data plane":
             out["data plane, to_torch"] = window(old, plan, dev, pids)
         for name, feed_args in _feed_variants(path, dev, bulk):
             src.cancelled = False  # the previous feed's stop() cancelled the source's waits
@@ -234,10 +241,13 @@ def dataplane_rows(kind: str, k: int, dev: Any, plan: dict[str, float], work: Pa
 def _feed_variants(path: str, dev: Any, bulk: bool) -> list[tuple[str, dict[str, Any]]]:
     """The device feed rows of :func:`dataplane_rows` for ``path`` (its rows' prefix): each row's
     name and :class:`DeviceFeed`'s arguments. zmq: the default copy threads, 1, ``--copy-threads``
-    and pageable (the last two on CUDA); the bulk channel: lending (the default), and on CUDA not."""
+    and pageable (the last two on CUDA); the bulk channel: lending (the default), and on CUDA not;
+    shared memory: the default (on CUDA the rings registered, each batch copied from its ring)."""
     from csrun_runtime.pytorch.staging import auto_copy_threads
 
     cuda = dev.type == "cuda"
+    if path == "shared memory":
+        return [(f"{path}, device feed", {})]
     if bulk:
         return [(f"{path}, device feed", {"lend": None})] + (
             [(f"{path}, device feed, not lent", {"lend": False})] if cuda else [])
@@ -594,7 +604,8 @@ def _rows(res: dict[str, Any], dev: Any, ks: list[int], plan: dict[str, float], 
                 rows[mode] = h2d_row(kind, mode, dev, plan, a.quick)
             for k in ks:
                 rows[f"k={k}"] = {**dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth),
-                                  **dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth, bulk=True),
+                                  **dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth, "bulk channel"),
+                                  **dataplane_rows(kind, k, dev, plan, Path(tmp), a.quick, a.depth, "shared memory"),
                                   **one_copy_rows(kind, k, dev, plan, Path(tmp), a.quick),
                                   "DataLoader": dataloader_row(kind, k, dev, plan, False, a.quick),
                                   "DataLoader, fresh": dataloader_row(kind, k, dev, plan, True, a.quick)}

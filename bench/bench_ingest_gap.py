@@ -34,6 +34,11 @@ repetition, each variant peeling one layer off csrun's data plane:
   beside the defaults (I/O threads by cores and senders, received frames and stacked bundles in
   memory kept mapped: :mod:`csrun_runtime.dataplane.receive`);
 * ``data plane, 2 I/O threads``: the default receiver with 2 zmq I/O threads whatever the cores.
+* ``shared memory``: the receiver offers each sender (all on its node here) a 256 MiB shared-memory
+  ring (``Receiver(shm_bytes=...)``, issue 43 item 4): the sender writes each bundle into it, zmq
+  carries its header and position, the chief's arrays are views of the ring. Beside ``data plane,
+  copied out`` and ``bulk channel, lent`` it is what a CUDA chief's host does per byte: there the
+  ring is registered with CUDA and the GPU's copy engine reads it, with no host copy.
 
 Every data-plane variant's chief runs in a fresh process (``--chief``), so that one variant's
 malloc settings (process-wide) do not carry into the next; each records the chief's page faults
@@ -74,7 +79,7 @@ VARIANTS = ["raw TCP", "zmq bare", "data plane, pre-stacked", "data plane", "dat
             "data plane, window 16 MiB", "data plane, senders' malloc keeps memory", "data plane, before",
             "data plane, 2 I/O threads", "data plane, 8 I/O threads", "data plane, no top pad",
             "data plane, copied out", "data plane, copied out, no top pad", "bulk channel",
-            "bulk channel, lent"]
+            "bulk channel, lent", "shared memory"]
 #: Issue 31's table 1: the variants, senders and sizes of the default run.
 TABLE = ["raw TCP", "data plane", "data plane, before"]
 TABLE_KS = [1, 2, 4, 8]
@@ -83,7 +88,8 @@ TABLE_SIZES = ["16 KiB", "256 KiB", "4 MiB"]
 RECEIVER = {"data plane, before": {"io_threads": 1, "keep_memory": False},
             "data plane, 2 I/O threads": {"io_threads": 2},
             "data plane, 8 I/O threads": {"io_threads": 8},
-            "bulk channel": {"bulk": True}}
+            "bulk channel": {"bulk": True},
+            "shared memory": {"shm_bytes": 256 << 20}}
 #: glibc settings of the last variant's senders: no mmap/munmap (and page faults) per large
 #: buffer; freed memory kept in the heap for the next bundle.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}

@@ -380,6 +380,29 @@ def _rows_ingest_gap(r: dict) -> list[Row]:
     return rows
 
 
+def _rows_ingest_shm(r: dict) -> list[Row]:
+    """bench_ingest_gap.py's shared-memory rows (issue 43, item 4): per k and element size, GB/s
+    into the chief through the ring beside TCP, and the chief's core-s per GB on each path."""
+    def gbs(cell: dict, v: str) -> Any:
+        x = (cell.get(v) or {}).get("mb_per_sec")
+        return None if x is None else fmt(x / 1000, "GB/s")
+
+    def cost(cell: dict, v: str) -> Any:  # CPU-s per MB (recorded to 5 decimals) x 1000: core-s per GB
+        x = (cell.get(v) or {}).get("chief_cpu_s_per_mb")
+        return None if x is None else "< 0.01" if x == 0 else fmt(x * 1000)
+
+    rows = []
+    for k, by_k in (r.get("results") or {}).items():
+        for size, c in by_k.items():
+            rows.append({"figure": f"co-located worker, {size} batches, {k}: GB/s into the chief, shared memory",
+                         "value": gbs(c, "shared memory"),
+                         "spread": (f"chief {cost(c, 'shared memory')} core-s/GB (TCP {cost(c, 'data plane')}, "
+                                    f"TCP copied out {cost(c, 'data plane, copied out')})"),
+                         "compared": (f"TCP {gbs(c, 'data plane')}, copied out {gbs(c, 'data plane, copied out')}, "
+                                      f"raw TCP {gbs(c, 'raw TCP')}")})
+    return rows
+
+
 def _rows_fanin(r: dict) -> list[Row]:
     rows = []
     for key, cell in (r.get("fanin") or {}).items():
@@ -417,6 +440,7 @@ SUMMARIZERS: dict[str, Callable[[dict], list[Row]]] = {
     "requeue": _rows_requeue, "interrupt": _rows_interrupt, "quiet": _rows_quiet,
     "ingest": _rows_ingest, "autoscale": _rows_autoscale, "chief_input": _rows_chief_input,
     "fanin": _rows_fanin, "ingest_dataplane": _rows_ingest_dataplane, "ingest_gap": _rows_ingest_gap,
+    "ingest_shm": _rows_ingest_shm,
     "streaming_frameworks": _rows_streaming, "verify_frameworks": _rows_verify,
 }
 

@@ -74,8 +74,9 @@ def child_chief(spec: dict) -> None:
     rdv = rendezvous.Rendezvous(spec["model_dir"], role.rendezvous_key or "")
     rdv.reset()
     hb = rendezvous.Heartbeat(rdv, "chief").start()
-    source = RemoteSource(rdv, role, {**rc, **spec.get("rc", {}), "worker_start_timeout_secs": spec["start_timeout_s"],
-                                      "input_timeout_secs": 60})
+    # the workers stand for other nodes' (TCP), though they run on this host: no shared-memory ring
+    source = RemoteSource(rdv, role, {**rc, "dataplane_shm_bytes": 0, **spec.get("rc", {}),
+                                      "worker_start_timeout_secs": spec["start_timeout_s"], "input_timeout_secs": 60})
     res: dict[str, Any] = {}
     try:
         t0 = time.monotonic()

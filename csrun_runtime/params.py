@@ -124,6 +124,11 @@ def _logging(v):
     raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
 
 
+#: ``runconfig.dataplane_shm_bytes``' default: 256 MiB per input worker on the chief's node, six
+#: 38.5 MB image batches (what a CUDA device feed holds, plus the credit window, plus one; a
+#: bundle larger than the ring goes over TCP).
+SHM_RING_BYTES = 256 << 20
+
 #: runconfig keys every backend honours: name -> (checker, default, meaning). Seed 004 for the
 #: Model Zoo ones; the last group are csrun extensions.
 _CORE_KEYS: dict[str, Key] = {
@@ -175,6 +180,12 @@ _CORE_KEYS: dict[str, Key] = {
                           "their own, read straight into the chief's buffers (pinned ones on a CUDA "
                           "PyTorch chief: one host copy instead of two), control staying on zmq "
                           "(docs/DATAPLANE.md \"The bulk channel\")"),
+    "dataplane_shm_bytes": Key(int_min(0), SHM_RING_BYTES,
+                               "data plane: each input worker on the chief's node (the chief's own, or one placed "
+                               "there) writes its batches into a shared-memory ring of this many bytes that the "
+                               "chief reads in place (pinned for the GPU's copy on a CUDA PyTorch chief), instead "
+                               "of sending them over TCP; 0: TCP for every worker (docs/DATAPLANE.md "
+                               "\"Co-located input workers\")"),
     "sync_batchnorm": Key(_bool, False,
                           "several trainer ranks: BatchNorm statistics over every rank's batch (Model Zoo's key): "
                           "PyTorch converts BatchNorm to SyncBatchNorm (CUDA ranks only), TensorFlow sets "

@@ -46,7 +46,7 @@ from .position import InputPositions, state_of, untag, untag_bundle
 from .rendezvous import HEARTBEAT_SECS, STALE_SECS, Rendezvous
 
 __all__ = ["StreamMerge", "StreamSlots", "InputStalled", "STREAM_ERROR", "POLL_SECS", "start_receiver",
-           "open_slot", "announce_stopped", "raise_if_stalled", "stall_report"]
+           "dataplane_options", "plane_note", "open_slot", "announce_stopped", "raise_if_stalled", "stall_report"]
 
 log = logging.getLogger("csrun.runtime")
 
@@ -64,19 +64,38 @@ class InputStalled(RuntimeError):
     ``csrun_runtime.pytorch.remote`` re-export it."""
 
 
+def dataplane_options(rc: Mapping[str, Any]) -> dict[str, Any]:
+    """The receiver's keywords from ``runconfig`` ``rc``: ``bulk`` (``dataplane_bulk``) and ``shm_bytes``
+    (``dataplane_shm_bytes``, default :data:`csrun_runtime.params.SHM_RING_BYTES`; 0: no ring)."""
+    from .params import SHM_RING_BYTES
+
+    shm_bytes = rc.get("dataplane_shm_bytes")
+    return {"bulk": bool(rc.get("dataplane_bulk", False)),
+            "shm_bytes": SHM_RING_BYTES if shm_bytes is None else int(shm_bytes)}
+
+
 def start_receiver(host: str, window_bytes: int | None = None,
-                   window_batches: int | None = None, bulk: bool = False) -> tuple[Any, str]:
+                   window_batches: int | None = None, bulk: bool = False, shm_bytes: int = 0) -> tuple[Any, str]:
     """Bind the chief's receiver on every interface, on a free port, with a credit window of ``window_bytes``
     bytes per worker (default :data:`csrun_runtime.dataplane.WINDOW_BYTES`) and, when given, of ``window_batches``
-    batches not taken by the chief; ``bulk``: with the bulk channel (``runconfig.dataplane_bulk``). Returns
-    ``(receiver, "tcp://<host>:<port>")``, ``host`` the chief's address for the input workers. Raises
-    ``zmq.ZMQError`` when nothing can be bound."""
+    batches not taken by the chief; ``bulk``: with the bulk channel (``runconfig.dataplane_bulk``);
+    ``shm_bytes``: a shared-memory ring of that many bytes per input worker on the chief's node
+    (``runconfig.dataplane_shm_bytes``; 0: none). Returns ``(receiver, "tcp://<host>:<port>")``, ``host`` the
+    chief's address for the input workers. Raises ``zmq.ZMQError`` when nothing can be bound."""
     from .dataplane import WINDOW_BYTES, Receiver
 
     r = Receiver("tcp://*:0", window_bytes=window_bytes or WINDOW_BYTES, window_batches=window_batches or None,
-                 bulk=bulk)
+                 bulk=bulk, shm_bytes=shm_bytes)
     port = r.endpoint.rsplit(":", 1)[1]
     return r, f"tcp://{host}:{port}"
+
+
+def plane_note(receiver: Any) -> str:
+    """The receiver's log line's note of its bulk channel and rings, or ""."""
+    port, ring = receiver.bulk_port, getattr(receiver, "shm_bytes", 0)
+    return ((f", bulk channel on port {port} (runconfig.dataplane_bulk)" if port is not None else "")
+            + (f", a shared-memory ring of {ring >> 20} MiB for each input worker on this node "
+               "(runconfig.dataplane_shm_bytes)" if ring else ""))
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -433,13 +452,16 @@ class StreamMerge:
         """For performance.json: ``batches_per_worker`` (handed to training), ``worker_nodes``,
         ``workers_paused``, ``dataplane_refused`` (the peers the receiver refused: ones that did
         not prove they know the job's secret, :meth:`csrun_runtime.dataplane.Receiver.refused`),
-        the adapter's data-plane keys (:meth:`_describe_plane`) and the watch's ``workers_lost``,
-        ``workers_replaced`` and ``workers_given_up`` (times: Unix seconds)."""
+        ``dataplane_shm`` (``ring_bytes``, and per worker on the chief's node the bundles received
+        through its shared-memory ring), the adapter's data-plane keys (:meth:`_describe_plane`) and
+        the watch's ``workers_lost``, ``workers_replaced`` and ``workers_given_up`` (times: Unix seconds)."""
         refused = getattr(self.receiver, "refused", None)
+        shared = {str(i): c["shm_bundles"] for i, c in self.receiver.counts().items() if c.get("shm_bundles")}
         return {"batches_per_worker": {str(i): self.counts.get(i, 0) for i in self.indices()},
                 "worker_nodes": self._worker_nodes(),
                 "workers_paused": sorted(self.paused),
                 **({"dataplane_refused": refused()} if refused is not None else {}),
+                "dataplane_shm": {"ring_bytes": getattr(self.receiver, "shm_bytes", 0), "bundles_per_worker": shared},
                 **self._describe_plane(),
                 **self.watch.describe()}
 

@@ -5,6 +5,9 @@
 #   env.txt, devicefeed_tests.log     the device, versions; the device feed's and the pinned pool's
 #                                     tests on CUDA (the lent path: received straight into pinned
 #                                     blocks, copied to the GPU from there, blocks reused)
+#                                     and the shared-memory ring's CUDA test (issue 43 item 4: a
+#                                     co-located worker's batches copied to the GPU from its ring,
+#                                     registered with cudaHostRegister)
 #   gpu_feed_shared.json              the image rows at k = 8 with every process on every core (as
 #                                     bench/results/gpu/gpu_feed_h200*.json were measured), now with
 #                                     the bulk channel's rows: receive only, the device feed lent
@@ -14,7 +17,9 @@
 #                                     (--split-cores: input workers on other nodes leave the
 #                                     chief's cores alone), with a row of 4 copy threads beside
 #                                     the default's 2 on those 8 cores (the third run's split chief
-#                                     was staging-bound at 8.5 GB/s with 3.7 of its 8 cores busy)
+#                                     was staging-bound at 8.5 GB/s with 3.7 of its 8 cores busy);
+#                                     its `shared memory, device feed` rows at k = 4 are issue 43's
+#                                     item 4 target (>= 12 GB/s, chief <= 0.1 core-s per GB)
 #   ingest_16core.json, ingest.log    bench_ingest_gap.py: issue 31's table 1 at k = 4, 8 (256 KiB,
 #                                     4 MiB; 2 reps), beside 8 zmq I/O threads and the bulk channel
 #                                     (a reader thread per sender) (the third run's two cells under
@@ -42,7 +47,7 @@ export PYTHONPATH=$ROOT:$ROOT/bench:${PYTHONPATH:-}
 cat "$OUT/env.txt"
 part() { local limit=$1; shift; echo "== $(date -u +%T) $* (limit ${limit}s)"; timeout -k 10 "$limit" "$@"; echo "== exit $?"; }
 part 120 python3 -m pytest -q -p no:cacheprovider tests/unit/csrun_runtime/pytorch/test_devicefeed.py tests/unit/csrun_runtime/pytorch/test_pinned.py \
-  tests/unit/csrun_runtime/dataplane/test_bulk.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
+  tests/unit/csrun_runtime/dataplane/test_bulk.py tests/unit/csrun_runtime/dataplane/test_shm.py 2>&1 | tee "$OUT/devicefeed_tests.log" | tail -5
 part 120 python3 bench/bench_gpu_feed.py --kinds images --ks 8 --no-step --out "$OUT/gpu_feed_shared.json" 2>&1 | tail -16
 part 300 python3 bench/bench_gpu_feed.py --split-cores --ks "${KS:-4,8}" --copy-threads 4 --out "$OUT/gpu_feed_split.json" 2>&1 | tee "$OUT/gpu_feed.log"
 [ "${SKIP_INGEST:-0}" = 1 ] || part 180 python3 bench/bench_ingest_gap.py --variants "raw TCP;data plane;data plane, 8 I/O threads;bulk channel" \

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import framing, protocol
 from .auth import Gate
-from .bulk import BulkListener
+from .bulk import BulkListener, offsets
 from .framing import FrameError
 from .workers import WorkerRecord, Workers
 
@@ -119,11 +119,18 @@ class Intake:
         if w.identity != identity:  # an older attempt's message still in flight
             w.stale += 1
             return None
-        if kind == protocol.DATA:
-            b = self.data(w, frames)
+        if kind in (protocol.DATA, protocol.SHM_DATA):
+            b = self.data(w, frames) if kind == protocol.DATA else self.shm_data(w, frames)
             if ack or b is None:  # handed out now (or dropped): the sender may send again
                 self.workers.tell(identity, protocol.ACK)
             return b
+        if kind == protocol.ATTACHED:
+            try:
+                said = json.loads(frames[2].bytes)
+                self.workers.attached(w, bool(said.get("ok")), str(said.get("error", "")))
+            except (IndexError, ValueError, AttributeError):
+                self.workers.attached(w, False, "a malformed answer to the ring's offer")
+            return None
         if kind == protocol.END:
             self.end(w, frames)
             return None
@@ -155,6 +162,26 @@ class Intake:
             self.workers.error(w.identity, str(e))
             return None
         return self.accept(w, layout, leaves, nest)
+
+    def shm_data(self, w: WorkerRecord, frames: list) -> Bundle | None:
+        """Worker ``w``'s bundle in its shared-memory ring (``M``, header, position): leaves that are views of the
+        ring, or None when it is bad (recorded)."""
+        try:
+            if w.ring is None or not w.shm:
+                raise FrameError("shared-memory data from a sender without an attached ring")
+            if len(frames) != 4 or len(frames[3].bytes) != 8:
+                raise FrameError("shared-memory data message without a header and a position (truncated?)")
+            layout = framing.parse_header_cached(self._layouts, frames[2].bytes, self.max_bytes)
+            starts, total = offsets(layout)
+            lease = w.ring.lease(int.from_bytes(frames[3].bytes, "little"), total)
+        except FrameError as e:
+            self.workers.error(w.identity, str(e))
+            return None
+        buf = np.frombuffer(lease, np.uint8, count=max(total, 1))
+        leaves = [buf[start:start + nb].view(dt).reshape(shape) if nb else np.empty(shape, dt)
+                  for start, nb, dt, shape in zip(starts, layout.nbytes, layout.dtypes, layout.shapes, strict=True)]
+        w.shm_bundles += 1
+        return self.accept(w, layout, leaves)
 
     def accept(self, w: WorkerRecord, layout: framing.Layout, leaves: list[np.ndarray], nest: Any = None) -> Bundle:
         """Count one received bundle of worker ``w`` and make it (``nest``: the leaves rebuilt,

@@ -9,12 +9,15 @@ sender's connection):
 =========  ===================  ===========================================================
 from       frames               meaning
 =========  ===================  ===========================================================
-sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host", "nonce"}``
+sender     ``H``, JSON          hello: ``{"v", "worker", "attempt", "pid", "host", "node", "nonce"}``
 receiver   ``C``, JSON          challenge: ``{"nonce", "proof"}``: its nonce and its proof over the hello
 sender     ``K``, JSON          answer: ``{"proof"}``: the sender's proof over the hello and that nonce
 sender     ``D``, header, bufs  data: one bundle (:mod:`.framing`)
+sender     ``M``, header, pos   data in the sender's shared-memory ring at position ``pos`` (uint64, :mod:`.shm`)
+sender     ``U``, JSON          the ring the welcome offered: ``{"ok": bool, "error": str}`` (attached or not)
 sender     ``E``, JSON          end of stream: ``{"bundles", "batches"}`` the sender sent
-receiver   ``W``, JSON          welcome: ``{"window": bytes, "window_batches": n | null, "paused": bool}``
+receiver   ``W``, JSON          welcome: ``{"window": bytes, "window_batches": n | null, "paused": bool}``,
+                               and ``bulk_port`` / ``shm`` (a ring: ``{"path", "token", "bytes", "start"}``)
 receiver   ``A``                one data message consumed (the sender may send more)
 receiver   ``P`` / ``R``        pause / resume this sender
 receiver   ``X``, reason        refused (an older attempt than the worker's current one, or a wrong proof)
@@ -66,7 +69,7 @@ PROTOCOL = 2
 MAX_MESSAGE_BYTES = 1 << 30
 
 # message kinds (the first frame after the routing id)
-HELLO, ANSWER, DATA, END = b"H", b"K", b"D", b"E"
+HELLO, ANSWER, DATA, END, SHM_DATA, ATTACHED = b"H", b"K", b"D", b"E", b"M", b"U"
 CHALLENGE, WELCOME, ACK, PAUSE, RESUME, REFUSED, UNKNOWN, ENDED, CLOSING = (
     b"C", b"W", b"A", b"P", b"R", b"X", b"?", b"F", b"S")
 
@@ -95,11 +98,16 @@ def deadline_in(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
+def local_node() -> str:
+    """This process' node: Slurm's ``SLURMD_NODENAME`` (in every task), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
 def hello(worker: int, attempt: int, nonce: bytes = b"") -> dict[str, Any]:
-    """A sender's hello: protocol, worker index, attempt, this process' pid and host, and its
-    nonce (hex; empty without authentication)."""
+    """A sender's hello: protocol, worker index, attempt, this process' pid, host and node
+    (:func:`local_node`), and its nonce (hex; empty without authentication)."""
     return {"v": PROTOCOL, "worker": worker, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname(),
-            "nonce": nonce.hex()}
+            "node": local_node(), "nonce": nonce.hex()}
 
 
 def parse_hello(raw: bytes) -> tuple[int, int, dict[str, Any]]:

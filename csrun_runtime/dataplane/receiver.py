@@ -13,7 +13,7 @@ import zmq
 from csrun_common.env import DATAPLANE_MAX_MESSAGE
 from csrun_common.jobsecret import job_secret
 
-from . import framing, protocol
+from . import framing, protocol, shm
 from .auth import Gate, Refusals
 from .bulk import BulkListener
 from .intake import BulkPosts, Bundle, Intake
@@ -54,18 +54,17 @@ class Receiver:
             dropping it; the next call reads on) instead of only recording it.
         io_threads: zmq I/O threads (None: :func:`.receive.auto_io_threads`, by cores).
         keep_memory: apply :func:`.receive.keep_receive_memory` to this process.
-        bulk: also listen for the bulk channel (:mod:`.bulk`; ``runconfig.dataplane_bulk``) on
-            the bind address' interface, a free port: the welcome offers it and senders send
-            their data there, read on a thread per sender straight into buffers the consumer
-            may lend (:meth:`lend`). Control stays on the ROUTER.
-        secret: the job's secret (default :func:`csrun_common.jobsecret.job_secret`: the
-            environment's ``CSRUN_JOB_SECRET``, else this process' own, which the processes it
-            starts inherit).
+        bulk: also listen for the bulk channel (:mod:`.bulk`; ``runconfig.dataplane_bulk``) on the bind
+            address' interface: senders send their data there, read straight into buffers lent (:meth:`lend`).
+        secret: the job's secret (default :func:`csrun_common.jobsecret.job_secret`: ``CSRUN_JOB_SECRET``,
+            else this process' own, which the processes it starts inherit).
         authenticate: False: let in every sender without the handshake's proofs (benchmarks
             and tests only).
         max_message_bytes: the most bytes one data message may declare (default: the site's
             ``CSRUN_DATAPLANE_MAX_MESSAGE_BYTES``, else :data:`.protocol.MAX_MESSAGE_BYTES`);
             zmq refuses a larger frame before allocating it, a larger header is a bad message.
+        shm_bytes, shm_dir: a shared-memory ring of that many bytes in that directory for each
+            sender on this node (:class:`.shm.Rings`; ``runconfig.dataplane_shm_bytes``); 0: none.
 
     A sender is recorded and welcomed only once it has proved it knows the secret, after the
     receiver proved it (:mod:`.auth`): a peer that cannot is refused, counted (:meth:`refused`)
@@ -82,7 +81,8 @@ class Receiver:
     def __init__(self, bind: str = "tcp://127.0.0.1:0", window_bytes: int = WINDOW_BYTES,
                  expected: int | None = None, strict: bool = False, io_threads: int | None = None,
                  window_batches: int | None = None, keep_memory: bool = True, bulk: bool = False,
-                 secret: bytes | None = None, authenticate: bool = True, max_message_bytes: int | None = None):
+                 secret: bytes | None = None, authenticate: bool = True, max_message_bytes: int | None = None,
+                 shm_bytes: int = 0, shm_dir: str = shm.SHM_DIR):
         if window_batches is not None and window_batches < 1:
             raise ValueError(f"window_batches {window_batches}: None or an integer >= 1")
         self.max_message_bytes = max_message_bytes or DATAPLANE_MAX_MESSAGE.integer(
@@ -110,7 +110,9 @@ class Receiver:
         welcome = {"window": self.window_bytes, "window_batches": self.window_batches}
         if self._bulk is not None:
             welcome["bulk_port"] = self._bulk.port
-        self._workers = Workers(self._sock, welcome, strict)
+        self.shm_bytes = int(shm_bytes)
+        self.rings = shm.Rings(self.shm_bytes, shm_dir) if self.shm_bytes else None
+        self._workers = Workers(self._sock, welcome, strict, self.rings.offer if self.rings else None)
         self._posts = BulkPosts(self._bulk, self._workers) if self._bulk is not None else None
         self._intake = Intake(self._workers, self._posts, Gate(key, self._refusals, self._workers.tell),
                               self.max_message_bytes)
@@ -262,13 +264,18 @@ class Receiver:
         self._bulk.lend(allocate)
         return True
 
+    def on_shared_memory(self, register: shm.Register | None) -> bool:
+        """Pin each ring, now and later, with ``register(address, nbytes) -> undo`` (:meth:`.shm.Rings.pin`)."""
+        return self.rings is not None and self.rings.pin(register)
+
     def close(self) -> None:
-        """Tell every sender the receiver is closing (their next send raises
-        :class:`ReceiverGone`) and close the socket. Arrays already handed out stay valid."""
+        """Tell every sender the receiver is closing (their next send raises :class:`ReceiverGone`) and close
+        the socket. Arrays handed out stay valid (a ring stays mapped till the last array over it goes)."""
         if self._sock.closed:
             return
         for w in self._workers.by_index.values():
             self._tell(w.identity, protocol.CLOSING, b"the receiver closed")
+            self._workers.drop_ring(w)
         if self._bulk is not None:
             self._bulk.close()
         self._sock.close(linger=100)

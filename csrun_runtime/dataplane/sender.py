@@ -3,7 +3,9 @@ chief's receiver under its credit window (:mod:`.protocol`, docs/DATAPLANE.md)."
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import struct
 import time
 from typing import Any
 
@@ -17,6 +19,10 @@ from . import auth, framing, protocol
 from .bulk import BulkWriter
 from .protocol import BUNDLE_BYTES, Credits, NotAuthenticated, ReceiverGone, deadline_in, ms_left
 from .receive import keep_receive_memory
+from .shm import RingWriter, attach
+
+log = logging.getLogger(__name__)
+_POSITION = struct.Struct("<Q")
 
 
 class Stack:
@@ -51,6 +57,67 @@ class Stack:
         return header
 
 
+class Outlet:
+    """How one sender's data messages travel: on its zmq socket ``sock`` (``D``), or on what the
+    receiver's welcome offers: the shared-memory ring (:mod:`.shm`, ``M``; ``accept_ring``: take it)
+    or else the bulk channel (:mod:`.bulk`), reached at ``endpoint``'s host as routing id
+    ``identity``, proving ``secret``. One thread."""
+
+    def __init__(self, sock: zmq.Socket, endpoint: str, identity: bytes, secret: bytes | None, accept_ring: bool):
+        self.sock, self.endpoint, self.identity, self.secret = sock, endpoint, identity, secret
+        self.accept_ring = accept_ring
+        self.bulk: BulkWriter | None = None
+        self.ring: RingWriter | None = None
+        self.shm_bundles = 0  # bundles sent through a ring
+
+    def welcome(self, info: dict[str, Any]) -> str | None:
+        """Open what the welcome ``info`` offers: its ring (mapped or declined, said back with ``U``:
+        the receiver then unlinks it), else its bulk channel. Returns why nothing more may be sent
+        (the bulk channel cannot be reached), or None. Raises NotAuthenticated: the bulk listener's
+        proof is wrong."""
+        if info.get("shm"):
+            self.close()
+            self.ring, error = attach(info["shm"], self.accept_ring)
+            self.sock.send_multipart([protocol.ATTACHED, protocol.encode({"ok": self.ring is not None,
+                                                                          "error": error})])
+        port = int(info.get("bulk_port") or 0)
+        if not port or self.ring is not None or (self.bulk is not None and self.bulk.port == port):
+            return None
+        self.close()
+        host = self.endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        try:
+            self.bulk = BulkWriter(host, port, self.identity, secret=self.secret)
+        except OSError as e:
+            return f"cannot connect to the receiver's bulk channel at {host}:{port}: {e}"
+        return None
+
+    def send(self, header: bytes, leaves: list[np.ndarray], batches: list[list[np.ndarray]] | None) -> str | None:
+        """Send one data message (``batches``: the ``n`` batches that stack into ``leaves``, whose
+        arrays then give only dtypes and shapes): through the ring when it has room, else on the bulk
+        channel or zmq. Returns why nothing more may be sent (the bulk channel broke), or None."""
+        pos = self.ring.put(header, leaves, batches) if self.ring is not None else None
+        if pos is not None:
+            self.sock.send_multipart([protocol.SHM_DATA, header, _POSITION.pack(pos)])
+            self.shm_bundles += 1
+        elif self.bulk is not None and batches is None:
+            try:
+                self.bulk.send(header, leaves)
+            except OSError as e:
+                return f"the bulk channel broke: {e}"
+        else:  # on zmq (no room in the ring: its batches stacked now)
+            frames: list[Any] = [protocol.DATA, header, *(leaves if batches is None else framing.stack(batches))]
+            self.sock.send_multipart(frames, copy=False)
+        return None
+
+    def close(self) -> None:
+        """Close the bulk connection and unmap the ring (a new hello, or the end)."""
+        if self.bulk is not None:
+            self.bulk.close()
+        if self.ring is not None:
+            self.ring.close()
+        self.bulk = self.ring = None
+
+
 class Sender:
     """The sending end of one input worker: batches (nests of arrays) stacked into bundles and
     sent to the chief's :class:`~csrun_runtime.dataplane.Receiver` at ``endpoint``.
@@ -75,12 +142,15 @@ class Sender:
     thread. Arrays of a one-batch bundle are sent without a copy: do not modify them after
     :meth:`send`. With the receiver's bulk channel (:class:`Receiver` ``bulk``) data messages go
     on a TCP connection of their own (:mod:`.bulk`), written to the kernel before :meth:`send`
-    returns. Raises :class:`ValueError` for a negative index or attempt.
+    returns. On the receiver's node (its welcome offers a ring, :class:`Receiver` ``shm_bytes``)
+    each bundle is written into shared memory (:mod:`.shm`; on zmq when the ring has no room
+    within :data:`.shm.ROOM_WAIT_S`) and only its header goes on zmq; ``shm=False`` declines.
+    Raises :class:`ValueError` for a negative index or attempt.
     """
 
     def __init__(self, endpoint: str, worker_index: int, attempt: int = 0, bundle: int | str = "auto",
                  bundle_bytes: int = BUNDLE_BYTES, keep_memory: bool = True, secret: bytes | None = None,
-                 authenticate: bool = True):
+                 authenticate: bool = True, shm: bool = True):
         if worker_index < 0 or attempt < 0:
             raise ValueError(f"worker_index {worker_index} and attempt {attempt} must be >= 0")
         if bundle != "auto" and (not isinstance(bundle, int) or bundle < 1):
@@ -104,13 +174,18 @@ class Sender:
         self._untrusted = False  # the endpoint failed to prove it knows the secret
         self._ended = False
         self._stack = Stack(bundle, bundle_bytes)
-        self._bulk: BulkWriter | None = None  # the bulk channel's connection, when the welcome offers one
+        self._out = Outlet(self._sock, endpoint, self._identity, self._shake.secret, shm)
         self.bundles_sent = self.batches_sent = self.bytes_sent = 0
         self._hello()
 
     # ----------------------------------------------------------------- control
+    @property
+    def shm_bundles(self) -> int:
+        """Bundles sent through the shared-memory ring."""
+        return self._out.shm_bundles
+
     def _hello(self) -> None:
-        self._close_bulk()
+        self._out.close()
         self._credits.reset()
         self._sock.send_multipart([protocol.HELLO, self._shake.hello(self.worker_index, self.attempt)])
 
@@ -130,8 +205,7 @@ class Sender:
                 self._shake.welcomed()
                 info = json.loads(frames[1])
                 self._credits.welcome(info)
-                if info.get("bulk_port"):
-                    self._open_bulk(int(info["bulk_port"]))
+                self._refused = self._out.welcome(info) or self._refused
         except NotAuthenticated as e:
             return self._distrust(str(e))
         if kind == protocol.ACK:
@@ -169,24 +243,6 @@ class Sender:
                 raise TimeoutError(f"input worker {self.worker_index} at {self.endpoint}: {self._credits.state()}")
         self._check()
 
-    def _open_bulk(self, port: int) -> None:
-        """Connect to the bulk channel at the welcome's ``bulk_port``; a failure refuses further sends."""
-        if self._bulk is not None and self._bulk.port == port:
-            return
-        self._close_bulk()
-        host = self.endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-        try:
-            self._bulk = BulkWriter(host, port, self._identity, secret=self._shake.secret)
-        except NotAuthenticated as e:
-            self._distrust(str(e))
-        except OSError as e:
-            self._refused = f"cannot connect to the receiver's bulk channel at {host}:{port}: {e}"
-
-    def _close_bulk(self) -> None:
-        if self._bulk is not None:
-            self._bulk.close()
-        self._bulk = None
-
     # ----------------------------------------------------------------- data
     def send(self, nest: Any, timeout: float | None = None) -> None:
         """Add one batch (a nest of arrays, see :mod:`.framing`) to the current bundle, sent when full. Blocks while
@@ -204,7 +260,12 @@ class Sender:
         """Send the pending batches now as one bundle (no-op when none). Errors as :meth:`send`."""
         st = self._stack
         if st.batches:
-            self._send_leaves(st.tree, framing.stack(st.batches), len(st.batches), st.key, timeout)
+            n = len(st.batches)
+            if self._out.ring is not None and n > 1:  # stacked straight into the ring, not into new arrays first
+                shapes = [np.broadcast_to(a[np.newaxis], (n, *a.shape)) for a in st.batches[0]]
+                self._send_leaves(st.tree, shapes, n, st.key, timeout, st.batches)
+            else:
+                self._send_leaves(st.tree, framing.stack(st.batches), n, st.key, timeout)
             st.batches = []  # (kept when the send timed out: the next send or flush retries)
 
     def send_bundle(self, nest: Any, n: int, timeout: float | None = None) -> None:
@@ -219,19 +280,17 @@ class Sender:
         key = (json.dumps(tree), tuple((a.dtype.str, a.shape[1:]) for a in leaves))
         self._send_leaves(tree, leaves, n, key, timeout)
 
-    def _send_leaves(self, tree: Any, leaves: list[np.ndarray], n: int, key: Any, timeout: float | None) -> None:
+    def _send_leaves(self, tree: Any, leaves: list[np.ndarray], n: int, key: Any, timeout: float | None,
+                     batches: list[list[np.ndarray]] | None = None) -> None:
+        """Send one bundle: ``leaves`` with leading axis ``n``, or (``batches``) ``n`` batches whose leaves stack
+        into them (then ``leaves`` give only the dtypes and shapes: the ring is written from ``batches``)."""
         header = self._stack.header(tree, leaves, n, key)
         nbytes = sum(a.nbytes for a in leaves)
         self._wait_credit(deadline_in(timeout), max(1, n))
-        if self._bulk is not None:
-            try:
-                self._bulk.send(header, leaves)
-            except OSError as e:
-                self._refused = f"the bulk channel broke: {e}"
-                self._check()
-        else:
-            frames: list[Any] = [protocol.DATA, header, *leaves]
-            self._sock.send_multipart(frames, copy=False)
+        broke = self._out.send(header, leaves, batches)
+        if broke is not None:
+            self._refused = broke
+            self._check()
         self._credits.sent(nbytes, max(1, n))
         self.bundles_sent += 1
         self.batches_sent += n
@@ -284,7 +343,7 @@ class Sender:
         except (TimeoutError, ReceiverGone):
             pass
         finally:
-            self._close_bulk()
+            self._out.close()
             self._sock.close(linger=0)
             self._ctx.term()
         return self._ended

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,20 +38,25 @@ class WorkerRecord:
     attempt_bundles: int = 0  # bundles of this attempt received (the bulk channel's end check)
     end_bundles: int | None = None  # bundles its end of stream says it sent (bulk: not yet done)
     bulk_ended: bool = False  # its bulk connection ended (everything it wrote was read)
+    ring: Any = None  # this attempt's shared-memory ring (:class:`.shm.SharedRing`), when offered
+    shm: bool = False  # the sender attached to its ring
+    shm_bundles: int = 0  # bundles received through a ring (all attempts)
 
     def carry_counts(self, cur: WorkerRecord) -> None:
         """Go on with ``cur``'s counts and pause (a replacement attempt of the same index, or
         the same attempt reconnecting)."""
-        self.bundles, self.batches, self.bytes, self.errors, self.stale, self.paused = (
-            cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused)
+        self.bundles, self.batches, self.bytes, self.errors, self.stale, self.paused, self.shm_bundles = (
+            cur.bundles, cur.batches, cur.bytes, cur.errors, cur.stale, cur.paused, cur.shm_bundles)
 
     def count(self, now: float) -> dict[str, Any]:
         """Receiver.counts' record at ``now`` (monotonic s): ``bundles``, ``batches``, ``bytes`` (all attempts),
         ``attempt`` (current), ``pid``, ``host``, ``errors`` (bad messages dropped), ``stale`` (older attempts'
-        dropped), ``done`` (ended its stream), ``paused``, ``last_age_s`` (s since its last bundle; None: none yet)."""
+        dropped), ``done`` (ended its stream), ``paused``, ``last_age_s`` (s since its last bundle; None: none yet),
+        ``shm`` (the current attempt sends through a shared-memory ring), ``shm_bundles`` (all attempts)."""
         return {"bundles": self.bundles, "batches": self.batches, "bytes": self.bytes, "attempt": self.attempt,
                 "pid": self.pid, "host": self.host, "errors": self.errors, "stale": self.stale, "done": self.done,
-                "paused": self.paused, "last_age_s": None if self.last is None else now - self.last}
+                "paused": self.paused, "last_age_s": None if self.last is None else now - self.last,
+                "shm": self.shm, "shm_bundles": self.shm_bundles}
 
     def received(self, layout: framing.Layout) -> int:
         """Count one bundle of ``layout`` received from this attempt; returns its bytes."""
@@ -87,10 +93,13 @@ class Workers:
             socket closed before its context).
         welcome: the welcome's fixed keys (``window``, ``window_batches``, ``bulk_port``).
         strict: :meth:`error` raises :class:`FrameError` after recording.
+        rings: ``rings(hello) -> SharedRing | None``: the shared-memory ring offered to a sender
+            let in with that hello (its welcome's ``shm``), or None: no ring.
     """
 
-    def __init__(self, sock: zmq.Socket, welcome: dict[str, Any], strict: bool = False):
-        self._sock, self._welcome, self.strict = sock, dict(welcome), strict
+    def __init__(self, sock: zmq.Socket, welcome: dict[str, Any], strict: bool = False,
+                 rings: Callable[[dict[str, Any]], Any] | None = None):
+        self._sock, self._welcome, self.strict, self._rings = sock, dict(welcome), strict, rings
         self.by_index: dict[int, WorkerRecord] = {}
         self.ids: dict[bytes, tuple[int, int]] = {}  # routing id -> (index, attempt)
         self.paused: set[int] = set()  # indices paused (connected or not yet)
@@ -137,9 +146,33 @@ class Workers:
         w = WorkerRecord(index, attempt, identity, h.get("pid"), h.get("host"), connected_at=time.monotonic())
         if cur is not None:  # a replacement (or the same attempt reconnecting): counts go on
             w.carry_counts(cur)
+            self.drop_ring(cur)
         w.paused = index in self.paused  # also when paused before it ever connected
         self.by_index[index] = w
-        self.tell(identity, protocol.WELCOME, protocol.encode({**self._welcome, "paused": w.paused}))
+        welcome = {**self._welcome, "paused": w.paused}
+        w.ring = self._rings(h) if self._rings is not None else None
+        if w.ring is not None:
+            welcome["shm"] = w.ring.offer()
+        self.tell(identity, protocol.WELCOME, protocol.encode(welcome))
+
+    def attached(self, w: WorkerRecord, ok: bool, error: str) -> None:
+        """Worker ``w`` mapped its ring (``ok``) or could not (``error``): the ring's name goes (without ``ok``,
+        the ring too)."""
+        if w.ring is None:
+            return
+        w.ring.unlink()
+        w.shm = bool(ok)
+        if not ok:
+            log.info("data plane: input worker %d (attempt %d) on this node sends over TCP: %s",
+                     w.index, w.attempt, error or "its shared-memory ring was not attached")
+            self.drop_ring(w)
+
+    @staticmethod
+    def drop_ring(w: WorkerRecord) -> None:
+        """No more bundles through ``w``'s ring: it goes once no array is over it."""
+        if w.ring is not None:
+            w.ring.close()
+            w.ring, w.shm = None, False
 
     def pause(self, i: int, paused: bool) -> None:
         """Pause (or resume) worker ``i``, also one not connected yet."""

@@ -9,6 +9,10 @@ event only (``Stream.wait_event``, no host sync) and each device tensor is
 step's use of it is done. ``runconfig.device_prefetch`` batches (default
 :data:`DEVICE_PREFETCH`) wait on the device, or in flight to it, ahead of the step.
 
+On CUDA the feed also has its source pin the shared-memory rings of input workers on this node
+(``on_shared_memory``: ``cudaHostRegister``), and the stager copies their leaves to the GPU from
+the ring itself (docs/DATAPLANE.md "Co-located input workers").
+
 On CUDA with the ring the feed also lends its source a pool of pinned blocks
 (:class:`.pinned.PinnedPool`, through the source's ``lend(allocate)`` when it has one: the
 data-plane receiver's bulk receive reads each bundle into one of them); the stager copies those
@@ -93,7 +97,8 @@ class DeviceFeed:
         self.stats = FeedStats()
         # before the threads start: the source receives into the pool from its first bundle on
         self.pool = _lend_pool(source, self.cuda, (self.cuda and self.copy) if lend is None else lend)
-        self.stager = Stager(self.device, self.cuda, self.ring, self.stats, self.pool)
+        self.rings_pinned = _pin_rings(source, self.cuda)
+        self.stager = Stager(self.device, self.cuda, self.ring, self.stats, self.pool, shared=self.rings_pinned)
         self.handed: dict[str, int] = {}  # batches handed to the step, per worker
         self.last_wait = 0.0
         self.threaded = self.cuda if threaded is None else bool(threaded)
@@ -221,7 +226,9 @@ class DeviceFeed:
         """performance.json's ``device_feed``: device, depth, thread, ring (pinned, slots,
         allocations), lent (None: no pool lent to the source; else the pool's ``allocations``,
         ``reuses``, ``bytes_pinned`` and the ``direct_batches`` staged from lent memory),
-        batches, bytes, the step loop's waits and the thread's staging seconds."""
+        ``rings_pinned`` (the source's shared-memory rings registered with CUDA) and
+        ``direct_batches`` (staged from lent or registered memory, no host copy), batches, bytes,
+        the step loop's waits and the thread's staging seconds."""
         s, pool = self.stats, None if self.pool is None else self.pool.counters()
         return {"device": str(self.device), "device_prefetch": self.depth, "threaded": self.threaded,
                 "ring": None if self.ring is None else {"pinned": self.ring.pin, "slots": self.ring.slots,
@@ -230,6 +237,7 @@ class DeviceFeed:
                 "lent": None if pool is None else {"allocations": pool["allocations"], "reuses": pool["reuses"],
                                                    "bytes_pinned": pool["bytes_pinned"],
                                                    "direct_batches": self.stager.direct_batches},
+                "rings_pinned": self.rings_pinned, "direct_batches": self.stager.direct_batches,
                 "batches": s.batches, "bytes": s.bytes, "wait_s": round(s.wait_s, 4),
                 "copy_event_wait_s": round(s.event_wait_s, 4), "stage_s": round(s.stage_s, 4)}
 
@@ -267,6 +275,19 @@ class DeviceFeed:
         close = getattr(self.source, "close", None)
         if callable(close):
             close()
+
+
+def _pin_rings(source: Any, cuda: bool) -> bool:
+    """On CUDA, have the source pin its shared-memory rings (``on_shared_memory``, when it has one:
+    :meth:`.remote.RemoteSource.on_shared_memory`) with ``cudaHostRegister``
+    (:func:`.pinned.cuda_host_register`): batches of input workers on this node are then copied to
+    the GPU from the ring itself. Returns whether the source took it."""
+    offer = getattr(source, "on_shared_memory", None)
+    if not cuda or not callable(offer):
+        return False
+    from .pinned import cuda_host_register
+
+    return bool(offer(cuda_host_register))
 
 
 def _lend_pool(source: Any, cuda: bool, lend: bool) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PinnedPool", "MAX_FREE_BYTES", "MIN_BLOCK_BYTES", "size_class"]
+__all__ = ["PinnedPool", "MAX_FREE_BYTES", "MIN_BLOCK_BYTES", "size_class", "cuda_host_register"]
 
 #: Bytes of free blocks a pool keeps by default; a block freed beyond that is dropped.
 MAX_FREE_BYTES = 2 << 30
@@ -28,6 +28,24 @@ MAX_FREE_BYTES = 2 << 30
 MIN_BLOCK_BYTES = 4 << 10
 #: Arrays :meth:`PinnedPool.owns` looks through to a lease (numpy's collapse leaves one).
 _MAX_BASE_HOPS = 4
+
+
+#: ``cudaHostRegisterPortable``: pinned for every CUDA context, not only the current one.
+_HOST_REGISTER_PORTABLE = 1
+
+
+def cuda_host_register(address: int, nbytes: int) -> Any:
+    """Page-lock ``nbytes`` bytes of host memory at ``address`` (e.g. a data-plane shared-memory
+    ring) for CUDA's copy engine: ``cudaHostRegister`` through ``torch.cuda.cudart()``. Returns the
+    undo (``cudaHostUnregister``), to call before the memory is unmapped. Raises RuntimeError naming
+    CUDA's error when the driver refuses (e.g. the locked-memory limit)."""
+    import torch
+
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(address, nbytes, _HOST_REGISTER_PORTABLE)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes: CUDA error {int(err)} ({err})")
+    return lambda: cudart.cudaHostUnregister(address)
 
 
 def size_class(nbytes: int) -> int:

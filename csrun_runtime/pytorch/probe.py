@@ -198,8 +198,9 @@ def plane_role(entry: Any, cmd: dict[str, Any], index: int, workdir: Path) -> Pl
         chief = Role(kind="chief", worker_index=None, num_input_workers=T - 1, node=socket.gethostname(), host=host)
         # the user's runconfig.dataplane_bulk: the probe's chief receives as the training chief would
         user_rc = (getattr(entry, "params", None) or {}).get("runconfig") or {}
+        # no shared-memory ring: the probe measures the TCP path of input workers on other nodes
         rc = {"input_timeout_secs": max(timeout, 60.0), "worker_start_timeout_secs": max(timeout, 60.0),
-              "dataplane_bulk": bool(user_rc.get("dataplane_bulk", False))}
+              "dataplane_bulk": bool(user_rc.get("dataplane_bulk", False)), "dataplane_shm_bytes": 0}
         return PlaneCounter(RemoteSource(rdv, chief, rc, adopt=False))
     deadline = time.monotonic() + timeout
     while (rec := rdv.endpoints()) is None:

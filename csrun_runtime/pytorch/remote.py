@@ -43,7 +43,7 @@ from .. import preemption, workernames
 from ..params import ParamsError
 from ..position import InputPositions
 from ..rendezvous import Rendezvous
-from ..streams import POLL_SECS, InputStalled, StreamMerge, start_receiver
+from ..streams import POLL_SECS, InputStalled, StreamMerge, dataplane_options, plane_note, start_receiver
 
 __all__ = ["RemoteSource", "InputStalled", "WorkerFailed", "POLL_SECS",
            "READ_AHEAD_BATCHES", "autoscale_spec"]
@@ -106,12 +106,9 @@ class RemoteSource(StreamMerge):
         w = role.num_input_workers
         # runconfig.input_read_ahead_batches: what a worker reads ahead of what this chief took
         ahead = int(rc.get("input_read_ahead_batches", READ_AHEAD_BATCHES) or 0)
-        receiver, endpoint = start_receiver(role.host, window_batches=ahead or None,
-                                            bulk=bool(rc.get("dataplane_bulk", False)))
+        receiver, endpoint = start_receiver(role.host, window_batches=ahead or None, **dataplane_options(rc))
         rdv.publish_endpoints([endpoint] * w, {"num_workers": w})
-        log.info("data plane: receiving from %d input worker(s) at %s%s", w, endpoint,
-                 "" if receiver.bulk_port is None
-                 else f", bulk channel on port {receiver.bulk_port} (runconfig.dataplane_bulk)")
+        log.info("data plane: receiving from %d input worker(s) at %s%s", w, endpoint, plane_note(receiver))
         # the workers register after the endpoint is published: their registrations are read in poll()
         positions = InputPositions.restore(rc.get("model_dir") or ".", start, rc, slots=w, rank=role.rank,
                                            world_size=role.world_size)
@@ -133,6 +130,10 @@ class RemoteSource(StreamMerge):
     def lend(self, allocate: Callable[[int], Any] | None) -> bool:
         """Receive into ``allocate(nbytes)``'s buffers (called on reader threads; None: fresh); False: no bulk."""
         return bool(self.r.lend(allocate))
+
+    def on_shared_memory(self, register: Callable[[int, int], Any] | None) -> bool:
+        """Pin the shared-memory rings with ``register`` (:meth:`csrun_runtime.dataplane.Receiver.on_shared_memory`)."""
+        return bool(self.r.on_shared_memory(register))
 
     # ------------------------------------------------------------------ the merge's hooks
     def _look(self, i: int) -> None:

@@ -216,7 +216,8 @@ class Stager:
     an event recorded after them; a ring slot is written again only after its previous copy's
     event completed. Adds its seconds to ``stats.stage_s``.
 
-    A leaf received into memory lent by ``pool`` (a view of one of its leases) skips the ring:
+    A leaf received into memory lent by ``pool`` (a view of one of its leases), or into a pinned
+    shared-memory ring (``shared``), skips the ring:
     on CUDA it is copied to the device from where it is (pinned), and the stager keeps a
     reference to it until its copy's event completed (looked at in each :meth:`stage`; all of
     them waited for in :meth:`close`), so that its block is not reused while the copy reads it.
@@ -227,12 +228,16 @@ class Stager:
             torch can use. ``ring``: a :class:`HostRing` or None (no host copy).
         stats: the feed's :class:`FeedStats`.
         pool: the :class:`.pinned.PinnedPool` lent to the source, or None.
+        shared: the source's shared-memory rings are pinned (:func:`csrun_runtime.dataplane.shm.pinned`):
+            a leaf in one is lent memory too.
     """
 
-    def __init__(self, device: Any, cuda: bool, ring: HostRing | None, stats: FeedStats, pool: Any = None):
+    def __init__(self, device: Any, cuda: bool, ring: HostRing | None, stats: FeedStats, pool: Any = None,
+                 shared: bool = False):
         import torch
 
         self.device, self.cuda, self.ring, self.stats, self.pool = device, cuda, ring, stats, pool
+        self.shared = shared
         self.stream = torch.cuda.Stream(device=device) if cuda else None
         self.slot_events: dict[int, Any] = {}
         self.held: list[tuple[Any, list[Any]]] = []  # (copy event, lent host leaves it reads)
@@ -278,11 +283,18 @@ class Stager:
         return _rebuild(nest, iter(leaves)), event
 
     def _lent(self, x: Any) -> bool:
-        """Whether leaf ``x`` is a numeric numpy array in memory lent by the pool."""
+        """Whether leaf ``x`` is a numeric numpy array in memory lent by the pool, or in a pinned shared-memory ring."""
         import numpy as np
 
-        return (self.pool is not None and isinstance(x, np.ndarray) and x.dtype.kind in "biufc"
-                and bool(self.pool.owns(x)))
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "biufc":
+            return False
+        if self.pool is not None and self.pool.owns(x):
+            return True
+        if self.shared:
+            from ..dataplane.shm import pinned
+
+            return pinned(x)
+        return False
 
     def _release_held(self) -> None:
         """Drop the references to lent leaves whose copy event completed (their blocks go back

@@ -24,7 +24,7 @@ from ..coverage import check_job_files
 from ..params import ParamsError
 from ..position import InputPositions, say_in_process_restart
 from ..rendezvous import Rendezvous
-from ..streams import InputStalled
+from ..streams import InputStalled, dataplane_options
 from . import remote
 from .bundling import limit_threads, plan_bundle
 from .contract import Refused, check_dataset, check_signature, check_workers
@@ -228,7 +228,7 @@ class ChiefStreams:
                 self.rendezvous, self.role.host, self.num_input_workers, {
                     "num_workers": self.num_input_workers, "mode": self.mode,
                     "chief": {"node": self.role.node, "host": self.role.host, "pid": os.getpid()}},
-                bulk=bool(self.rc.get("dataplane_bulk", False)))
+                dataplane_options(self.rc))
             return addresses
         self._servers, ports = start_dispatchers(self.num_input_workers)
         addresses = [f"{self.role.host}:{p}" for p in ports]

@@ -34,7 +34,7 @@ from typing import Any
 from ..bundles import map_nest
 from ..position import InputPositions
 from ..rendezvous import Rendezvous
-from ..streams import STREAM_ERROR, StreamMerge, raise_if_stalled, start_receiver
+from ..streams import STREAM_ERROR, StreamMerge, plane_note, raise_if_stalled, start_receiver
 from .deviceprefetch import to_device
 from .service import ServiceSource
 from .sources import Chunk, ChunkedSource, Pending
@@ -176,24 +176,19 @@ class DataplaneSource(StreamMerge, ChunkedSource):
         }
 
 
-def _bulk_note(receiver: Any) -> str:
-    """The receiver's log line's note of its bulk channel (``runconfig.dataplane_bulk``), or ""."""
-    port = receiver.bulk_port
-    return "" if port is None else f", bulk channel on port {port} (runconfig.dataplane_bulk)"
-
-
 def start_for_chief(rdv: Rendezvous, host: str, num_input_workers: int,
-                    info: Mapping[str, Any], bulk: bool = False) -> tuple[Any, list[str]]:
+                    info: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
     """The chief with ``runconfig.transport: dataplane``: bind the receiver
     (:func:`start_receiver`) and publish it in ``endpoints.json`` for every input worker
     (``transport: dataplane``, ``endpoints[i]`` the endpoint, ``info`` added). Returns
-    ``(receiver, addresses)``: keep the receiver for :func:`chief_source`. ``bulk``:
-    ``runconfig.dataplane_bulk`` (the bulk channel, :mod:`csrun_runtime.dataplane.bulk`)."""
-    receiver, endpoint = start_receiver(host, bulk=bulk)
+    ``(receiver, addresses)``: keep the receiver for :func:`chief_source`. ``options``: the
+    receiver's keywords from runconfig (:func:`csrun_runtime.streams.dataplane_options`: the bulk
+    channel, the shared-memory rings)."""
+    receiver, endpoint = start_receiver(host, **dict(options or {}))
     addresses = [endpoint] * num_input_workers
     rdv.publish_endpoints(addresses, {**dict(info), "transport": TRANSPORT})
     log.info("data plane: one receiver at %s for %d input worker(s) (runconfig.transport = dataplane)%s",
-             endpoint, num_input_workers, _bulk_note(receiver))
+             endpoint, num_input_workers, plane_note(receiver))
     return receiver, addresses
 
 

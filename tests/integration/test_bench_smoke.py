@@ -82,10 +82,12 @@ def test_bench_gpu_feed_quick(tmp_path):
         rows = data["kinds"][kind]
         for row in ("data plane, receive only", "data plane, device feed", "data plane, to_torch", "DataLoader",
                     "DataLoader, fresh", "one copy, receive only", "one copy, to device",
-                    "bulk channel, receive only", "bulk channel, device feed"):
+                    "bulk channel, receive only", "bulk channel, device feed", "shared memory, receive only",
+                    "shared memory, device feed"):
             assert rows["k=1"][row]["gb_per_sec"] > 0, (kind, row)
             assert rows["k=1"][row]["chief_cores"] >= 0
         assert rows["to_torch alone"]["gb_per_sec"] > 0 and rows["pageable H2D"]["gb_per_sec"] > 0
         assert rows["k=1"]["data plane, device feed"]["feed"]["batches"] > 0
         assert rows["k=1"]["bulk channel, device feed"]["feed"]["batches"] > 0
+        assert rows["k=1"]["shared memory, device feed"]["feed"]["batches"] > 0
     assert "skipped" in data["step"] or data["step"]["step_ms_fed"] > 0

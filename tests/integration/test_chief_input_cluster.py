@@ -15,8 +15,8 @@ node, workers 2 and 3 on the other) plus input worker 0 in the chief's own task,
 
 It runs on both transports (``runconfig.transport``): tf.data service, and csrun's data plane
 (docs/DATAPLANE.md), where worker 0 and the others send to the chief's one receiver, slots
-autoscale has not opened yet are held paused at it, and the replaced worker 0 connects again
-as attempt 1.
+autoscale has not opened yet are held paused at it, the replaced worker 0 connects again
+as attempt 1, and the workers on the chief's node send through shared-memory rings.
 """
 from __future__ import annotations
 
@@ -110,6 +110,10 @@ def test_the_chiefs_task_streams_input_worker_zero_first(cli_env, tmp_path, tran
         plane = perf["dataplane"]
         assert plane["0"]["attempt"] == 1 and all(plane[str(i)]["bundles"] > 0 for i in adds + [0]), plane
         assert all(c["errors"] == 0 for c in plane.values()) and perf["dataplane_errors"] == []
+        # the chief's node's workers (0, and 1 if autoscale opened it) through shared-memory rings
+        # (docs/DATAPLANE.md "Co-located input workers"), workers 2 and 3 (the other node) over TCP
+        shared = perf["dataplane_shm"]["bundles_per_worker"]
+        assert shared.get("0", 0) > 0 and "2" not in shared and "3" not in shared, shared
 
 
 def test_a_chief_task_holding_its_whole_node_pins_training_and_worker_zero_apart(cli_env, tmp_path):

@@ -49,12 +49,13 @@ def _params(root: Path, **train_input) -> tuple[Path, dict]:
     return path, params
 
 
-def _check_the_record(out: str, md: Path, world: int = 1) -> dict:
-    """What every test's run said and recorded: the replacement's resume line, one line for each
+def _check_the_record(out: str, md: Path, world: int = 1, worker: int = 1) -> dict:
+    """What every test's run said and recorded: the replacement's resume line (input worker
+    ``worker``'s), one line for each
     restart's resume (the requeue's, from the step it stopped at, 0 steps lost; the resubmission's,
     from a periodic checkpoint), three launches, and performance.json's ``input_positions`` of the
     last allocation (``world`` trainer ranks: a batch each a step). Returns performance.json."""
-    assert "input worker 1 (replacement 1) resumed its stream at batch " in out, out[-4000:]
+    assert f"input worker {worker} (replacement 1) resumed its stream at batch " in out, out[-4000:]
     resumed = [line for line in out.splitlines() if "input resumed at the positions of checkpoint" in line]
     m = re.search(r"stopped by SIGUSR2 at global step (\d+): checkpoint model-ckpt-\1 saved", out)
     assert m and f"training from global step {m.group(1)} to {STEPS}" in out, out[-3000:]  # 0 steps lost
@@ -78,20 +79,29 @@ def _check_the_record(out: str, md: Path, world: int = 1) -> dict:
 
 
 def test_pytorch_map_style_input_is_trained_exactly_once_through_every_fault(cli_env, tmp_path):
+    """Input worker 0 runs in the chief's task (``--chief-input-cpus 1``) and streams through a
+    shared-memory ring (docs/DATAPLANE.md "Co-located input workers"); it is the worker killed, and
+    its replacement streams through a ring of its own: the judge's sample ids came out of the rings
+    intact. Workers 1 and 2 are tasks on the other nodes, over TCP."""
     pytest.importorskip("torch")
     path, params = _params(tmp_path, num_workers=1)  # DataLoader worker processes
     md, log = tmp_path / "md", tmp_path / "csrun_wse.log"
-    argv = [str(BIN / "csrun_wse"), "--requeue", *LAYOUT, "python-pt", PT_RUN, "--params", str(path),
+    argv = [str(BIN / "csrun_wse"), "--requeue", "--total-nodes", "3", "--tasks-per-node", "1", "--cpus-per-task",
+            "1", "--chief-input-cpus", "1", "python-pt", PT_RUN, "--params", str(path),
             "--model_dir", str(md), "--mode", "train"]
-    codes = run_with_faults(argv, cli_env, tmp_path, log, md, tmp_path / "trained", kill_worker_at=75,
+    codes = run_with_faults(argv, cli_env, tmp_path, log, md, tmp_path / "trained", kill_worker_at=75, worker=0,
                             speed_up=lambda: _write(path, params, FAST))
     out = log.read_text()
     assert codes[0] != 0 and codes[1] == 0, (codes, out[-4000:])
     # the judge: every step, each batch the next unread one of its worker's stream
     given = judge(trained(tmp_path / "trained")[0], pt_streams(params, range(3), 3, STEPS), STEPS)
     assert sum(given.values()) == STEPS and all(given.values()), given
-    _check_the_record(out, md)
+    perf = _check_the_record(out, md, worker=0)
     assert "skipped at the sampler, no sample read" in out
+    # the last allocation: worker 0 through its ring, the others (other nodes) over TCP
+    shared = perf["dataplane_shm"]
+    assert shared["ring_bytes"] == 256 << 20 and set(shared["bundles_per_worker"]) == {"0"}, shared
+    assert "a shared-memory ring of 256 MiB for each input worker on this node" in out
 
 
 def _tf_params(root: Path, transport: str) -> tuple[Path, dict]:

@@ -1,5 +1,6 @@
-"""Fixtures of the data plane's unit tests: a receiver on loopback with its data on zmq or on the
-bulk channel, and a bare ROUTER with the DEALER peers a test connects to it."""
+"""Fixtures of the data plane's unit tests: a receiver on loopback with its data on zmq, on the
+bulk channel or through shared-memory rings, and a bare ROUTER with the DEALER peers a test
+connects to it."""
 from __future__ import annotations
 
 import pytest
@@ -8,15 +9,17 @@ from csrun_runtime.dataplane import Receiver
 from tests.unit.dataplane_peers import Router
 
 
-@pytest.fixture(params=[False, True], ids=["zmq", "bulk"])
-def bulk(request):
-    """Data on zmq, or on the bulk channel (csrun_runtime.dataplane.bulk): the same tests hold."""
-    return request.param
+@pytest.fixture(params=[{}, {"bulk": True}, {"shm_bytes": 8 << 20}], ids=["zmq", "bulk", "shm"])
+def transport(request):
+    """The receiver's keywords for data on zmq, on the bulk channel (csrun_runtime.dataplane.bulk) or
+    through a shared-memory ring per sender (csrun_runtime.dataplane.shm: every sender of these
+    tests runs on the receiver's node): the same tests hold on each."""
+    return dict(request.param)
 
 
 @pytest.fixture
-def rx(bulk):
-    r = Receiver("tcp://127.0.0.1:0", bulk=bulk)
+def rx(transport):
+    r = Receiver("tcp://127.0.0.1:0", **transport)
     yield r
     r.close()
 

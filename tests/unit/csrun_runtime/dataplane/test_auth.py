@@ -71,12 +71,11 @@ def _replies(dealer: zmq.Socket, seconds: float) -> list[list[bytes]]:
     return out
 
 
-@pytest.mark.parametrize("bulk", [False, True], ids=["zmq", "bulk"])
-def test_an_impostor_never_displaces_a_worker_nor_reaches_the_consumer(bulk, caplog):
+def test_an_impostor_never_displaces_a_worker_nor_reaches_the_consumer(transport, caplog):
     """(a) a hello as worker 0 with attempt 7 and a made-up proof, then marker data all the same,
     and marker data from a peer that never said hello: refused, counted, logged once per address;
     worker 0 (attempt 0) streams on and no marker reaches get_bundle."""
-    with Receiver("tcp://127.0.0.1:0", secret=SECRET, bulk=bulk) as rx:
+    with Receiver("tcp://127.0.0.1:0", secret=SECRET, **transport) as rx:
         reader, stop = Reader(rx), threading.Event()
         feeder = threading.Thread(target=_feed, args=(rx.endpoint, 0, stop), daemon=True)
         feeder.start()

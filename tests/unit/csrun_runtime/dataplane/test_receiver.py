@@ -17,11 +17,11 @@ from tests.unit.csrun_runtime.dataplane.test_framing import assert_same, wire
 from tests.unit.dataplane_peers import Feeder, follow_bytes_sent, raw_hello, start_sender
 
 
-def test_a_slow_consumer_bounds_the_buffered_bytes(bulk):
+def test_a_slow_consumer_bounds_the_buffered_bytes(transport):
     """A sender process streams 256 KiB batches; the chief stops reading for a second: what the
     sender got out stays within one window (plus one bundle) of what the chief took."""
     window = 1 << 20
-    with Receiver("tcp://127.0.0.1:0", window_bytes=window, bulk=bulk) as r:
+    with Receiver("tcp://127.0.0.1:0", window_bytes=window, **transport) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
             last = follow_bytes_sent(p)
@@ -36,13 +36,13 @@ def test_a_slow_consumer_bounds_the_buffered_bytes(bulk):
             p.wait()
 
 
-def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded(bulk):
+def test_waiting_for_the_other_senders_keeps_the_first_ones_credit_bounded(transport):
     """While the chief waits for every sender's hello (wait_workers), what an early sender gets
     out stays within its window: the bundles kept meanwhile are acknowledged only when handed
     out. (They were acknowledged on receipt: with 256 senders connecting over seconds, the
     chief kept everything the first ones sent, 21.5 GB, and was killed for memory.)"""
     window = 1 << 20
-    with Receiver("tcp://127.0.0.1:0", window_bytes=window, bulk=bulk) as r:
+    with Receiver("tcp://127.0.0.1:0", window_bytes=window, **transport) as r:
         p = start_sender(r.endpoint, 0, kib=256)
         try:
             last = follow_bytes_sent(p)
@@ -85,8 +85,8 @@ def test_pause_and_resume_one_workers_stream(rx):
     assert all(f.error is None for f in feeders)
 
 
-def test_end_of_stream_and_close(bulk):
-    with Receiver("tcp://127.0.0.1:0", expected=2, bulk=bulk) as r:
+def test_end_of_stream_and_close(transport):
+    with Receiver("tcp://127.0.0.1:0", expected=2, **transport) as r:
         feeders = [Feeder(r.endpoint, i, {"x": np.arange(3)}, count=10, bundle=4) for i in (0, 1)]
         for f in feeders:
             f.start()
@@ -100,7 +100,7 @@ def test_end_of_stream_and_close(bulk):
             assert f.confirmed is True and f.error is None
         assert all(c["done"] and c["batches"] == 10 for c in r.counts().values())
     # a sender blocked on credit learns of the close
-    with Receiver("tcp://127.0.0.1:0", window_bytes=1, bulk=bulk) as r:
+    with Receiver("tcp://127.0.0.1:0", window_bytes=1, **transport) as r:
         f = Feeder(r.endpoint, 0, np.zeros(10), bundle=1, count=None)
         f.start()
         r.get_bundle(timeout=10)
@@ -138,11 +138,12 @@ def test_a_message_that_is_not_a_bundle_is_handed_out_as_sent_by_get(rx):
     ctx.term()
 
 
-def test_the_receivers_arguments(bulk):
+def test_the_receivers_arguments(transport):
     with pytest.raises(ValueError, match="window_batches 0: None or an integer >= 1"):
         Receiver("tcp://127.0.0.1:0", window_batches=0)
-    with Receiver("tcp://127.0.0.1:0", bulk=bulk) as r:
+    with Receiver("tcp://127.0.0.1:0", **transport) as r:
         assert r.endpoint.startswith("tcp://127.0.0.1:") and not r.endpoint.endswith(":0")
+        bulk = transport.get("bulk", False)
         assert (r.bulk_port is not None) == bulk and r.lend(None) == bulk
         assert r.counts() == {} and r.errors() == [] and r.refused()["peers"] == 0
         with pytest.raises(TimeoutError, match=r"no batch from any input worker for 0.1 s \(last bundle per worker: "

@@ -17,8 +17,8 @@ from csrun_runtime.dataplane.workers import WorkerRecord, Workers, last_bundles
 from tests.unit.dataplane_peers import start_sender, told
 
 
-def test_a_killed_sender_is_replaced_by_a_higher_attempt(bulk):
-    with Receiver("tcp://127.0.0.1:0", bulk=bulk) as r:
+def test_a_killed_sender_is_replaced_by_a_higher_attempt(transport):
+    with Receiver("tcp://127.0.0.1:0", **transport) as r:
         first = start_sender(r.endpoint, 2, attempt=0)
         while r.counts().get(2, {}).get("bundles", 0) < 5:
             r.get_bundle(timeout=30)
@@ -127,7 +127,7 @@ def test_the_end_of_every_expected_stream_the_counts_and_the_last_bundles(router
     c = w.counts()
     assert list(c) == [0, 1] and c[1]["pid"] == 11 and 1.9 < c[1]["last_age_s"] < 5 and c[0]["last_age_s"] is None
     assert set(c[0]) == {"bundles", "batches", "bytes", "attempt", "pid", "host", "errors", "stale", "done", "paused",
-                         "last_age_s"}
+                         "last_age_s", "shm", "shm_bundles"}
 
 
 def test_through_the_bulk_channel_a_worker_is_done_once_its_last_bundles_are_read_or_its_connection_ended(router):

@@ -201,3 +201,80 @@ def test_cuda_feed_hands_every_batch_exactly_while_the_gpu_is_busy(copy_threads)
         assert feed.feed_info()["ring"]["allocations"] == 1
         assert feed.feed_info()["ring"]["copy_threads"] == copy_threads
     feed.close()
+
+
+class ReceiverSource:
+    """``next()`` over a data-plane Receiver's batches (as RemoteSource hands them out), and its
+    ``on_shared_memory``."""
+
+    def __init__(self, receiver):
+        self.r, self.registered = receiver, []
+
+    def next(self):
+        from csrun_runtime.dataplane import EndOfStream
+
+        try:
+            return self.r.get(timeout=30)[::-1]
+        except EndOfStream:
+            return None, -1
+
+    def on_shared_memory(self, register):
+        self.registered.append(register)
+        return self.r.on_shared_memory(register)
+
+    def describe(self):
+        return {}
+
+
+def _stream_images(endpoint, n, shape=(8, 3, 512, 512)):
+    from csrun_runtime.dataplane import Sender
+
+    with Sender(endpoint, 0, bundle=1) as s:
+        for i in range(n):
+            s.send({"x": np.full(shape, i % 251, np.uint8), "y": np.arange(shape[0], dtype=np.int64) + i})
+
+
+def test_a_cpu_feed_leaves_the_shared_memory_rings_unpinned():
+    from csrun_runtime.dataplane import Receiver
+
+    with Receiver("tcp://127.0.0.1:0", expected=1, shm_bytes=4 << 20) as r:
+        src = ReceiverSource(r)
+        t = threading.Thread(target=_stream_images, args=(r.endpoint, 5, (2, 3, 8, 8)))
+        t.start()
+        feed = DeviceFeed(src, "cpu")
+        got = [int(b["y"][0]) for b, _ in drain(feed)]
+        t.join()
+        assert got == list(range(5)) and src.registered == [] and not feed.feed_info()["rings_pinned"]
+        assert r.counts()[0]["shm_bundles"] == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in bench/gpu/run.sh on a GPU machine)")
+def test_cuda_feed_copies_a_co_located_workers_batches_from_its_pinned_ring():
+    """An input worker on this node streams 40 image batches (6.3 MB) through a 64 MiB ring, which
+    the feed has registered with CUDA: each batch is copied to the GPU from the ring itself
+    (``direct_batches``), exactly, while the GPU is busy, and the ring's bytes are reused only
+    after their copy."""
+    from csrun_runtime.dataplane import Receiver
+
+    with Receiver("tcp://127.0.0.1:0", expected=1, shm_bytes=64 << 20) as r:
+        src = ReceiverSource(r)
+        feed = DeviceFeed(src, "cuda", depth=2)
+        assert feed.rings_pinned
+        t = threading.Thread(target=_stream_images, args=(r.endpoint, 40))
+        t.start()
+        m = torch.randn(2048, 2048, device="cuda")
+        got = 0
+        while True:
+            b, _ = feed.next()
+            if b is None:
+                break
+            for _ in range(3):
+                m = torch.tanh(m @ m)
+            assert b["x"].device.type == "cuda" and int(b["y"][0]) == got
+            assert bool((b["x"] == got % 251).all()), f"batch {got} differs"
+            got += 1
+        t.join()
+        info = feed.feed_info()
+        feed.close()
+        assert got == 40 and info["rings_pinned"] and info["direct_batches"] == 40
+        assert r.counts()[0]["shm_bundles"] == 40
