@@ -3,7 +3,6 @@ chief's receiver under its credit window (:mod:`.protocol`, docs/DATAPLANE.md)."
 from __future__ import annotations
 
 import json
-import logging
 import secrets
 import struct
 import time
@@ -21,7 +20,6 @@ from .protocol import BUNDLE_BYTES, Credits, NotAuthenticated, ReceiverGone, dea
 from .receive import keep_receive_memory
 from .shm import RingWriter, attach
 
-log = logging.getLogger(__name__)
 _POSITION = struct.Struct("<Q")
 
 

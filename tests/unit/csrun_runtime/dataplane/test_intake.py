@@ -1,5 +1,5 @@
 """csrun_runtime/dataplane/intake.py: what arrives turned into bundles. Through a real
-:class:`Receiver` (the data on zmq and on the bulk channel): the bundles' arrays are views on the
+:class:`Receiver` (the data on zmq, the bulk channel or rings): the bundles' arrays are views on the
 received frames, and bad messages are refused naming the worker while the others are served.
 On a bare ROUTER with DEALER peers playing the senders (no authentication: ``Gate(None, ...)``
 lets a hello in at once): a hello recorded and welcomed, a data message counted and acknowledged

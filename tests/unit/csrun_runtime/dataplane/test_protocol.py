@@ -1,7 +1,7 @@
 """csrun_runtime/dataplane/protocol.py: the hello's fields and the refusal of a malformed one,
 the sender's credit (a byte window, a batch window, a pause), deadlines; and nests of every
 shape round-tripping from a :class:`Sender` to a :class:`Receiver` over real zmq sockets on
-loopback (data on zmq and on the bulk channel: the ``rx`` fixture)."""
+loopback (data on zmq, on the bulk channel and through shared-memory rings: the ``rx`` fixture)."""
 from __future__ import annotations
 
 import json

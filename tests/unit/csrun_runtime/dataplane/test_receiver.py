@@ -1,5 +1,5 @@
 """csrun_runtime/dataplane/receiver.py over real zmq sockets on loopback, with real senders (in a
-thread, or in a process of their own where a process matters), the data on zmq and on the bulk
+thread, or in a process of their own where a process matters), the data on zmq, through rings and on the bulk
 channel: flow control bounding what the chief buffers (also while it waits for every sender),
 pause and resume of one worker's stream, the end of stream and the receiver's close, a message
 that is not a bundle handed out as sent, and the receiver's own arguments."""

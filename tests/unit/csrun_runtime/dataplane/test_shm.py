@@ -264,3 +264,29 @@ def test_a_killed_sender_is_replaced_on_a_ring_of_its_own_and_no_file_is_left(tm
         gc.collect()
         assert old_ring._mm.closed  # the killed sender's ring is unmapped with its last array
     assert _rings(tmp_path) == []
+
+
+def test_a_pin_callback_given_late_pins_the_rings_made_before_and_after_it(tmp_path):
+    calls = []
+
+    def register(address, nbytes):
+        calls.append(address)
+        return lambda: calls.append(-address)
+
+    with Receiver("tcp://127.0.0.1:0", expected=2, shm_bytes=MIB, shm_dir=str(tmp_path)) as r:
+        t0 = threading.Thread(target=_stream, args=(r.endpoint, 0, 0, 3, 4096))
+        t0.start()
+        r.wait_workers(1, 10)
+        first = r._workers.by_index[0].ring
+        assert r.on_shared_memory(register) and calls == [first.address] and first.registered
+        t1 = threading.Thread(target=_stream, args=(r.endpoint, 1, 0, 3, 4096))
+        t1.start()
+        _drain(r, {})
+        t0.join()
+        t1.join()
+        second = r._workers.by_index[1].ring
+        assert second.registered and calls[:2] == [first.address, second.address]
+    gc.collect()
+    assert sorted(calls[2:]) == sorted([-first.address, -second.address])  # undone as each ring went
+    with Receiver("tcp://127.0.0.1:0") as plain:
+        assert not plain.on_shared_memory(register)  # no rings: nothing to pin

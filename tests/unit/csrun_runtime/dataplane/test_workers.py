@@ -1,5 +1,5 @@
 """csrun_runtime/dataplane/workers.py: the receiver's record of its senders. With real sender
-processes through a :class:`Receiver` (the data on zmq and on the bulk channel): a killed sender
+processes through a :class:`Receiver` (the data on zmq, the bulk channel or rings): a killed sender
 replaced by a higher attempt, whose counts go on, and an older attempt refused. On a bare ROUTER
 with DEALER peers: the welcome and the refusal, pause before and after a worker connects, bad
 messages recorded naming the worker (raised when strict), the end of every expected stream, the
