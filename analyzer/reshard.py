@@ -45,6 +45,8 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import psutil
+
 from csrun_common import tfrecord
 
 from .datafiles import expand_sources
@@ -147,16 +149,6 @@ def temp_prefix(output: str) -> str:
     return f".{os.path.basename(os.path.abspath(output))}.reshard-{socket.gethostname()}-"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(output: str) -> list[str]:
     parent = os.path.dirname(os.path.abspath(output))
     pre = temp_prefix(output)
@@ -169,7 +161,7 @@ def _remove_stale(output: str) -> list[str]:
         if not n.startswith(pre):
             continue
         pid_text = n[len(pre):].split("-", 1)[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and not psutil.pid_exists(int(pid_text)):
             path = os.path.join(parent, n)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

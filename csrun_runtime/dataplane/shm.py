@@ -82,7 +82,9 @@ _MAX_BASE_HOPS = 4
 
 def sweep(directory: str = SHM_DIR) -> int:
     """Remove this user's rings whose receiver process is gone (a chief killed between making a
-    ring and its sender attaching); returns how many. Never raises."""
+    ring and its sender attaching; alive: ``psutil.pid_exists``); returns how many. Never raises."""
+    import psutil  # here: the data plane imports only the standard library, numpy and pyzmq at start-up
+
     removed = 0
     try:
         names = [n for n in os.listdir(directory) if n.startswith(PREFIX)]
@@ -92,7 +94,7 @@ def sweep(directory: str = SHM_DIR) -> int:
         try:
             pid = int(name[len(PREFIX):].split("-", 1)[0])
             path = os.path.join(directory, name)
-            if os.stat(path).st_uid != os.getuid() or _alive(pid):
+            if os.stat(path).st_uid != os.getuid() or psutil.pid_exists(pid):
                 continue
             os.unlink(path)
             removed += 1
@@ -101,26 +103,55 @@ def sweep(directory: str = SHM_DIR) -> int:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def leased(array: Any) -> SharedRing | None:
-    """The ring whose lease ``array`` (a numpy array, or anything) is a view of, else None. O(1)."""
+def lease_under(array: Any) -> ctypes.Array | None:
+    """The ``ctypes`` array (a lease: a ring's, or :class:`csrun_runtime.pytorch.pinned.PinnedPool`'s) that
+    ``array`` (a numpy array, or anything) is a view of, else None: its ``.base``, or the ``.base`` of its base
+    array (numpy collapses a chain of views only down to the last ndarray: the base of a view of
+    ``np.frombuffer(lease)`` is that frombuffer array, whose base is the lease)."""
     base = getattr(array, "base", None)
     for _ in range(_MAX_BASE_HOPS):
         if not isinstance(base, np.ndarray):
             break
         base = base.base
-    if not isinstance(base, ctypes.Array):
-        return None
-    entry = _LEASES.get(id(base))
+    return base if isinstance(base, ctypes.Array) else None
+
+
+class GiveBack:
+    """What leases give back when they die (on any thread, the garbage collector's too), taken by
+    ``take(item)`` under ``lock`` without ever waiting for it (the collector may run while this
+    thread holds it): an item given while the lock is held waits for the holder's :meth:`drain`."""
+
+    def __init__(self, lock: threading.Lock, take: Callable[[Any], None]):
+        self._lock, self._take = lock, take
+        self._items: collections.deque[Any] = collections.deque()
+
+    def put(self, item: Any) -> None:
+        """Give ``item`` back; taken now unless another section holds the lock."""
+        self._items.append(item)
+        self.settle()
+
+    def settle(self) -> None:
+        """Take what was given back, unless another section holds the lock (call after releasing it)."""
+        while self._items and self._lock.acquire(blocking=False):
+            try:
+                self.drain()
+            finally:
+                self._lock.release()
+
+    def drain(self) -> None:
+        """Take every item given back (the caller holds the lock)."""
+        while self._items:
+            try:
+                item = self._items.popleft()
+            except IndexError:
+                return
+            self._take(item)
+
+
+def leased(array: Any) -> SharedRing | None:
+    """The ring whose lease ``array`` (a numpy array, or anything) is a view of, else None. O(1)."""
+    base = lease_under(array)
+    entry = None if base is None else _LEASES.get(id(base))
     return entry[1] if entry is not None and entry[0]() is base else None
 
 
@@ -173,8 +204,8 @@ class SharedRing:
         self.leases = 0
         self.bundles = 0
         self._freed: dict[int, int] = {}  # start -> end of bytes freed out of order
-        self._returned: collections.deque[tuple[int, int]] = collections.deque()
         self._lock = threading.Lock()
+        self._returned = GiveBack(self._lock, self._take_back)
         self._linked = True
         self._closed = False
         self._undo: Callable[[], Any] | None = None
@@ -234,27 +265,18 @@ class SharedRing:
     def _release(self, key: int, start: int, end: int) -> None:
         """A lease died (any thread, the collector's too): its bytes freed. Never waits for the lock."""
         _LEASES.pop(key, None)
-        self._returned.append((start, end))
-        self._settle()
+        self._returned.put((start, end))
 
-    def _settle(self) -> None:
-        while self._returned and self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
-
-    def _drain(self) -> None:
-        """Returned leases freed, ``tail`` moved and written (the lock held); unmap a closed ring left unused."""
-        while self._returned:
-            try:
-                start, end = self._returned.popleft()
-            except IndexError:
-                break
-            self.leases -= 1
-            self._free(start, end)
+    def _take_back(self, freed: tuple[int, int]) -> None:
+        """A dead lease's bytes freed and ``tail`` moved (the lock held); a closed ring left unused unmapped."""
+        self.leases -= 1
+        self._free(*freed)
         if self._closed and self.leases == 0:
             self._destroy()
+
+    def _drain(self) -> None:
+        """The leases given back taken (the lock held)."""
+        self._returned.drain()
 
     def _free(self, start: int, end: int) -> None:
         self._freed[start] = end
@@ -273,7 +295,7 @@ class SharedRing:
             self._drain()
             if self.leases == 0:
                 self._destroy()
-        self._settle()
+        self._returned.settle()  # what leases gave back while the lock was held
 
     def _destroy(self) -> None:
         if self._mm.closed:

@@ -12,13 +12,12 @@ the block goes back to the pool when the last array over the lease is garbage co
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import threading
 import weakref
 from typing import Any
 
-import numpy as np
+from ..dataplane.shm import GiveBack, lease_under
 
 __all__ = ["PinnedPool", "MAX_FREE_BYTES", "MIN_BLOCK_BYTES", "size_class", "cuda_host_register"]
 
@@ -26,8 +25,6 @@ __all__ = ["PinnedPool", "MAX_FREE_BYTES", "MIN_BLOCK_BYTES", "size_class", "cud
 MAX_FREE_BYTES = 2 << 30
 #: The smallest block (bytes).
 MIN_BLOCK_BYTES = 4 << 10
-#: Arrays :meth:`PinnedPool.owns` looks through to a lease (numpy's collapse leaves one).
-_MAX_BASE_HOPS = 4
 
 
 #: ``cudaHostRegisterPortable``: pinned for every CUDA context, not only the current one.
@@ -86,9 +83,9 @@ class PinnedPool:
         self._free: dict[int, list[Any]] = {}  # size class -> free blocks (uint8 tensors)
         # id(lease) -> (block, weakref to the lease): the leases alive (owns(); outstanding)
         self._live: dict[int, tuple[Any, weakref.ref[Any]]] = {}
-        # (size class, block) returned by leases that died while the lock was held (another
-        # thread's, or the collector running inside a locked section): taken back at the next call
-        self._returned: collections.deque[tuple[int, Any]] = collections.deque()
+        # (size class, block) returned by leases that died, taken back under the lock without
+        # waiting for it (another thread's, or the collector running inside a locked section)
+        self._returned = GiveBack(self._lock, self._take_back)
         self.allocations = 0
         self.reuses = 0
         self.bytes_pinned = 0
@@ -127,18 +124,10 @@ class PinnedPool:
         return lease
 
     def owns(self, array: Any) -> bool:
-        """Whether ``array`` (a numpy array, or anything) is a view of a live lease of this
-        pool: the lease is its ``.base``, or the ``.base`` of its base array. (numpy collapses a
-        chain of views only down to the last ndarray: the base of a view of
-        ``np.frombuffer(lease)`` is that frombuffer array, whose base is the lease.) O(1)."""
-        base = getattr(array, "base", None)
-        for _ in range(_MAX_BASE_HOPS):
-            if not isinstance(base, np.ndarray):
-                break
-            base = base.base
-        if not isinstance(base, ctypes.Array):
-            return False
-        entry = self._live.get(id(base))
+        """Whether ``array`` (a numpy array, or anything) is a view of a live lease of this pool
+        (:func:`csrun_runtime.dataplane.shm.lease_under`). O(1)."""
+        base = lease_under(array)
+        entry = None if base is None else self._live.get(id(base))
         return entry is not None and entry[1]() is base
 
     @property
@@ -167,26 +156,19 @@ class PinnedPool:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
 
     def _release(self, key: int, cls: int, block: Any) -> None:
-        """A lease died (on any thread; the collector's too): its block back to the free list.
-        Never waits for the lock (the collector may run while this thread holds it): when the
-        lock is taken the block waits in ``_returned`` for the next call that takes it."""
+        """A lease died (any thread, the collector's too): its block given back (:class:`GiveBack`)."""
         self._live.pop(key, None)  # before the lease's memory (and so its id) is freed
-        self._returned.append((cls, block))
-        if self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
+        self._returned.put((cls, block))
 
     def _drain(self) -> None:
-        """Returned blocks into the free lists, up to ``max_free_bytes`` (the lock held)."""
-        while self._returned:
-            try:
-                cls, block = self._returned.popleft()
-            except IndexError:
-                return
-            if self._free_bytes + cls <= self.max_free_bytes:
-                self._free.setdefault(cls, []).append(block)
-                self._free_bytes += cls
-            else:
-                self.bytes_pinned -= cls  # dropped: torch frees it when the last reference goes
+        """Returned blocks into the free lists (the lock held)."""
+        self._returned.drain()
+
+    def _take_back(self, returned: tuple[int, Any]) -> None:
+        """One returned block into its free list, up to ``max_free_bytes`` (the lock held)."""
+        cls, block = returned
+        if self._free_bytes + cls <= self.max_free_bytes:
+            self._free.setdefault(cls, []).append(block)
+            self._free_bytes += cls
+        else:
+            self.bytes_pinned -= cls  # dropped: torch frees it when the last reference goes
